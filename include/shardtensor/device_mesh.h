@@ -1,0 +1,110 @@
+// DeviceMesh: an n-d array of ranks, with one communicator per slice along each mesh dimension.
+//
+// A mesh of shape [2, 3] over ranks 0..5 lays them out row-major: rank 4 sits at coordinate
+// (1, 1); mesh dim 1 of that rank is the group {3, 4, 5}, mesh dim 0 is {1, 4}. The mesh is a
+// cheap-to-copy handle: copies share the topology and the communicators. Two meshes compare
+// equal when they have the same shape, the same rank layout and the same device type.
+//
+// What does not live here: process groups themselves (src/comm, the only code that sees c10d),
+// and anything about tensors (spec.h).
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class ProcessGroup;
+}
+
+namespace shardtensor {
+
+class Comm;  // src/comm/comm.h: the collectives a mesh dimension offers
+
+enum class CommBackend { Auto, Gloo, Nccl };
+
+struct MeshOptions {
+  // "cpu" (Gloo) or "cuda" (NCCL when libtorch has it); local tensors live on this device type.
+  std::string device_type = "cpu";
+  // Auto picks Gloo for cpu and NCCL for cuda.
+  CommBackend backend = CommBackend::Auto;
+  // A collective on this mesh that waits longer than this raises on the ranks that wait, so an
+  // error on one rank never leaves the others hanging. Default: $SHARDTENSOR_TIMEOUT_S, else 300 s.
+  std::chrono::milliseconds timeout = default_timeout();
+
+  static std::chrono::milliseconds default_timeout();
+};
+
+class DeviceMesh {
+ public:
+  struct Impl;
+
+  // The usual entry point: a mesh of `shape` over all ranks of the world, laid out in rank order.
+  // The product of `shape` must equal the world size. `dim_names` is empty or one name per dim.
+  // Every rank must create the same meshes in the same order (group names come from a counter).
+  static DeviceMesh create(std::vector<int64_t> shape, std::vector<std::string> dim_names = {},
+                           const MeshOptions& options = {});
+
+  // A mesh with an explicit layout: `ranks` lists the global rank at every coordinate,
+  // row-major; it must be a permutation of 0..world_size-1.
+  static DeviceMesh from_ranks(std::vector<int64_t> shape, std::vector<int64_t> ranks,
+                               std::vector<std::string> dim_names = {}, const MeshOptions& options = {});
+
+  // A mesh over process groups the caller already has: `groups[d]` is the group of this rank's
+  // slice along mesh dim d, whose group ranks follow the mesh coordinate along d.
+  static DeviceMesh from_process_groups(std::vector<int64_t> shape, std::vector<int64_t> ranks,
+                                        std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups,
+                                        std::vector<std::string> dim_names = {},
+                                        const MeshOptions& options = {});
+
+  // A mesh that knows its layout but has no communicators: for planning, rule and spec tests.
+  // Any attempt to communicate on it raises.
+  static DeviceMesh without_comms(std::vector<int64_t> shape, int64_t my_rank,
+                                  std::vector<std::string> dim_names = {});
+
+  int64_t ndim() const;
+  const std::vector<int64_t>& shape() const;
+  int64_t size(int64_t mesh_dim) const;
+  int64_t size() const;  // number of ranks in the mesh
+  const std::vector<std::string>& dim_names() const;
+  int64_t mesh_dim(const std::string& name) const;  // raises for an unknown name
+
+  int64_t rank() const;                              // this process's global rank
+  const std::vector<int64_t>& coordinate() const;    // this process's coordinate
+  std::vector<int64_t> coordinate_of(int64_t global_rank) const;
+  int64_t rank_at(const std::vector<int64_t>& coordinate) const;
+  const std::vector<int64_t>& ranks() const;         // row-major rank layout
+
+  // The 1-D mesh along `mesh_dim` through this rank; it shares this mesh's communicator.
+  DeviceMesh submesh(int64_t mesh_dim) const;
+  DeviceMesh submesh(const std::string& dim_name) const;
+
+  const std::string& device_type() const;
+  std::chrono::milliseconds timeout() const;
+  bool has_comms() const;
+  Comm& comm(int64_t mesh_dim) const;  // raises on a mesh built without_comms
+
+  bool operator==(const DeviceMesh& other) const;
+  bool operator!=(const DeviceMesh& other) const { return !(*this == other); }
+  size_t hash() const;
+  std::string to_string() const;  // "mesh(2x2)" or "mesh(dp=2 x tp=2)"
+
+  explicit DeviceMesh(std::shared_ptr<const Impl> impl);
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const DeviceMesh& mesh);
+
+// This process's place in the world, read from the environment (torchrun or mpirun variables;
+// a single-process world when neither is set).
+int64_t world_rank();
+int64_t world_size();
+
+}  // namespace shardtensor

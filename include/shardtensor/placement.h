@@ -1,0 +1,55 @@
+// Placements: how a tensor is laid out along one mesh dimension.
+//
+// Shard(tensor_dim) splits a tensor dim over the ranks of the mesh dim, Replicate() gives every
+// rank the whole, Partial(op) gives every rank a term of a pending reduction. They are small
+// value types with ==, hash and operator<< (printed like DTensor's short form: S(0), R, P(sum)).
+// Only c10 and the standard library are included here.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace shardtensor {
+
+// The reduction a Partial placement is waiting for.
+enum class ReduceOp : uint8_t { Sum, Avg, Max, Min, Product };
+
+const char* to_string(ReduceOp op);
+
+struct Placement {
+  enum class Kind : uint8_t { Shard, Replicate, Partial };
+
+  Kind kind = Kind::Replicate;
+  int64_t tensor_dim = -1;               // meaningful for Shard only
+  ReduceOp reduce_op = ReduceOp::Sum;    // meaningful for Partial only
+
+  bool is_shard() const { return kind == Kind::Shard; }
+  bool is_shard(int64_t dim) const { return is_shard() && tensor_dim == dim; }
+  bool is_replicate() const { return kind == Kind::Replicate; }
+  bool is_partial() const { return kind == Kind::Partial; }
+
+  bool operator==(const Placement& other) const;
+  bool operator!=(const Placement& other) const { return !(*this == other); }
+  size_t hash() const;
+};
+
+using Placements = std::vector<Placement>;
+
+// Factories that read like DTensor: {Shard(0), Replicate()}.
+Placement Shard(int64_t tensor_dim);
+Placement Replicate();
+Placement Partial(ReduceOp op = ReduceOp::Sum);
+
+std::string to_string(const Placement& p);     // "S(0)", "R", "P(sum)"
+std::string to_string(const Placements& ps);   // "[S(0), R]"
+std::ostream& operator<<(std::ostream& os, const Placement& p);
+std::ostream& operator<<(std::ostream& os, const Placements& ps);
+
+}  // namespace shardtensor
+
+template <>
+struct std::hash<shardtensor::Placement> {
+  size_t operator()(const shardtensor::Placement& p) const { return p.hash(); }
+};

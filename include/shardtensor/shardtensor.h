@@ -1,0 +1,7 @@
+// Everything a user of shardtensor includes.
+#pragma once
+
+#include "shardtensor/device_mesh.h"
+#include "shardtensor/placement.h"
+#include "shardtensor/shard_tensor.h"
+#include "shardtensor/spec.h"

@@ -1,0 +1,102 @@
+// Comm over a c10d process group (Gloo on CPU, NCCL on CUDA, or a group the user built).
+// Every collective waits with the mesh's timeout and turns a failure or a timeout into an
+// error that names the collective and the group, on every rank that was waiting.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#if SHARDTENSOR_C10D_HAS_BACKEND
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+#include "comm/c10d_comm.h"
+#include "util/strings.h"
+
+namespace shardtensor {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return c10d::ReduceOp::SUM;
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+    case ReduceOp::Product: return c10d::ReduceOp::PRODUCT;
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
+}
+
+template <typename Group>
+class C10dComm final : public Comm {
+ public:
+  C10dComm(c10::intrusive_ptr<Group> group, std::vector<int64_t> global_ranks, int64_t my_group_rank,
+           std::chrono::milliseconds timeout)
+      : group_(std::move(group)), ranks_(std::move(global_ranks)), rank_(my_group_rank), timeout_(timeout) {}
+
+  int64_t rank() const override { return rank_; }
+  int64_t size() const override { return static_cast<int64_t>(ranks_.size()); }
+  const std::vector<int64_t>& global_ranks() const override { return ranks_; }
+  std::string backend_name() const override { return group_->getBackendName(); }
+
+  void all_gather(const at::Tensor& input, const at::Tensor& output) override {
+    TORCH_INTERNAL_ASSERT(output.size(0) == size() && output.is_contiguous());
+    std::vector<at::Tensor> inputs{input.contiguous()};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(output.select(0, i));
+    run("all_gather", [&] { return group_->allgather(outputs, inputs); });
+  }
+
+  void all_reduce(const at::Tensor& tensor, ReduceOp op) override {
+    TORCH_INTERNAL_ASSERT(tensor.is_contiguous());
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    run("all_reduce", [&] { return group_->allreduce(tensors, opts); });
+    if (op == ReduceOp::Avg) tensor.div_(size());
+  }
+
+  void broadcast(const at::Tensor& tensor, int64_t root) override {
+    TORCH_INTERNAL_ASSERT(tensor.is_contiguous());
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    run("broadcast", [&] { return group_->broadcast(tensors, opts); });
+  }
+
+  void barrier() override {
+    run("barrier", [&] { return group_->barrier(); });
+  }
+
+ private:
+  template <typename Launch>
+  void run(const char* what, Launch&& launch) {
+    try {
+      auto work = launch();
+      work->wait(timeout_);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "shardtensor: ", what, " on the group of global ranks [", join(ranks_, ", "),
+                  "] failed or timed out (timeout ", timeout_.count() / 1000.0,
+                  " s; another rank may have stopped before this collective): ", e.what());
+    }
+  }
+
+  c10::intrusive_ptr<Group> group_;
+  std::vector<int64_t> ranks_;
+  int64_t rank_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<C10dBackend> group, std::vector<int64_t> global_ranks,
+                                     int64_t my_group_rank, std::chrono::milliseconds timeout) {
+  return std::make_shared<C10dComm<C10dBackend>>(std::move(group), std::move(global_ranks), my_group_rank, timeout);
+}
+
+#if SHARDTENSOR_C10D_HAS_BACKEND
+std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int64_t> global_ranks,
+                                     int64_t my_group_rank, std::chrono::milliseconds timeout) {
+  return std::make_shared<C10dComm<c10d::ProcessGroup>>(std::move(group), std::move(global_ranks), my_group_rank, timeout);
+}
+#endif
+
+}  // namespace shardtensor

@@ -1,0 +1,44 @@
+// Comm: the collectives of one mesh-dimension group, as the layers above see them.
+//
+// Group ranks follow the mesh coordinate along that dim (group rank i is coordinate i). Every
+// call blocks until done and raises, on every rank that waits, if the group's timeout passes,
+// so a rank that failed before a collective makes the others fail instead of hang.
+// This header names no c10d type: src/comm/c10d_*.cpp are the only files that include c10d.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtensor/placement.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace shardtensor {
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+
+  virtual int64_t rank() const = 0;  // this process's rank in the group
+  virtual int64_t size() const = 0;
+  virtual const std::vector<int64_t>& global_ranks() const = 0;
+  virtual std::string backend_name() const = 0;
+
+  // Every rank gives `input` of one shape; `output` ([size(), *input.shape], contiguous) gets
+  // them in group-rank order.
+  virtual void all_gather(const at::Tensor& input, const at::Tensor& output) = 0;
+  // In place. Avg is a sum followed by a division, since Gloo has no average.
+  virtual void all_reduce(const at::Tensor& tensor, ReduceOp op) = 0;
+  // In place: every rank ends with `root`'s tensor (root is a group rank).
+  virtual void broadcast(const at::Tensor& tensor, int64_t root) = 0;
+  virtual void barrier() = 0;
+};
+
+// The group of a mesh dim of size 1: every collective is a local copy.
+std::shared_ptr<Comm> make_self_comm(int64_t global_rank);
+
+}  // namespace shardtensor

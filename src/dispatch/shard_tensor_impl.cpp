@@ -1,0 +1,56 @@
+// See shard_tensor_impl.h.
+#include "dispatch/shard_tensor_impl.h"
+
+#include "dispatch/library.h"
+
+namespace shardtensor {
+
+ShardTensorImpl::ShardTensorImpl(at::Tensor local, ShardTensorSpec spec)
+    : c10::TensorImpl(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), local.dtype(), local.device()),
+      local_(std::move(local)),
+      spec_(std::move(spec)) {
+  TORCH_INTERNAL_ASSERT(!shard_tensor_impl(local_), "a ShardTensor cannot hold another ShardTensor");
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(local_.sizes().vec() == spec_.local_shape());
+  set_storage_access_should_throw();
+  set_sizes_and_strides(spec_.shape(), spec_.stride());
+}
+
+template <typename VersionCounter>
+c10::intrusive_ptr<c10::TensorImpl> ShardTensorImpl::detached_copy(VersionCounter&& version_counter,
+                                                                   bool allow_tensor_metadata_change) const {
+  auto impl = c10::make_intrusive<ShardTensorImpl>(local_, spec_);
+  copy_tensor_metadata(this, impl.get(), std::forward<VersionCounter>(version_counter), allow_tensor_metadata_change);
+  impl->refresh_numel();
+  return impl;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> ShardTensorImpl::shallow_copy_and_detach(const c10::VariableVersion& version_counter,
+                                                                             bool allow_tensor_metadata_change) const {
+  return detached_copy(version_counter, allow_tensor_metadata_change);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> ShardTensorImpl::shallow_copy_and_detach(c10::VariableVersion&& version_counter,
+                                                                             bool allow_tensor_metadata_change) const {
+  return detached_copy(std::move(version_counter), allow_tensor_metadata_change);
+}
+
+void ShardTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
+  auto* other = dynamic_cast<ShardTensorImpl*>(impl.get());
+  TORCH_CHECK(other, "ShardTensor: set_data() needs another ShardTensor, got a plain ", impl->device().str(), " tensor.");
+  copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
+  refresh_numel();
+  local_ = other->local_;
+  spec_ = other->spec_;
+}
+
+ShardTensorImpl* shard_tensor_impl(const at::Tensor& t) {
+  if (!t.defined() || !t.key_set().has(c10::DispatchKey::PrivateUse1)) return nullptr;
+  return dynamic_cast<ShardTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+at::Tensor make_shard_tensor(at::Tensor local, ShardTensorSpec spec) {
+  ensure_dispatch_registered();
+  return at::detail::make_tensor<ShardTensorImpl>(std::move(local), std::move(spec));
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,45 @@
+// ShardTensorImpl: the TensorImpl behind every ShardTensor.
+//
+// It reports the GLOBAL sizes and strides, the LOCAL tensor's device and dtype, and carries the
+// PrivateUse1 dispatch key (the TensorImpl constructor adds AutogradPrivateUse1 and
+// ADInplaceOrView), so every ATen operator on it reaches our kernel. It has no storage: any
+// attempt to read its data raises instead of reading garbage.
+// Invariant: local_.sizes() == spec_.local_shape() and local_ is never a ShardTensor.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include "shardtensor/spec.h"
+
+namespace shardtensor {
+
+class ShardTensorImpl final : public c10::TensorImpl {
+ public:
+  ShardTensorImpl(at::Tensor local, ShardTensorSpec spec);
+
+  const at::Tensor& local() const { return local_; }
+  const ShardTensorSpec& spec() const { return spec_; }
+
+  // Detach and set_data copy the wrapper's fields too, or detach() would lose the local tensor.
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(const c10::VariableVersion& version_counter,
+                                                              bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(c10::VariableVersion&& version_counter,
+                                                              bool allow_tensor_metadata_change) const override;
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
+
+ private:
+  template <typename VersionCounter>
+  c10::intrusive_ptr<c10::TensorImpl> detached_copy(VersionCounter&& version_counter, bool allow_tensor_metadata_change) const;
+
+  at::Tensor local_;
+  ShardTensorSpec spec_;
+};
+
+// The wrapper's impl, or nullptr for any other tensor (including undefined ones).
+ShardTensorImpl* shard_tensor_impl(const at::Tensor& t);
+
+// Wraps without checks; callers (from_local, the kernel) have validated local against spec.
+at::Tensor make_shard_tensor(at::Tensor local, ShardTensorSpec spec);
+
+}  // namespace shardtensor

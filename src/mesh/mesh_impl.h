@@ -1,0 +1,36 @@
+// The shared state behind a DeviceMesh handle. Visible to src/mesh (topology) and src/comm
+// (which fills in the communicators); nothing above those layers includes it.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "shardtensor/device_mesh.h"
+
+namespace shardtensor {
+
+struct DeviceMesh::Impl {
+  std::vector<int64_t> shape;
+  std::vector<std::string> dim_names;     // empty, or one per mesh dim
+  std::vector<int64_t> ranks;             // global rank at each coordinate, row-major
+  int64_t rank = 0;                       // this process's global rank
+  std::vector<int64_t> coordinate;        // this process's coordinate
+  std::vector<std::shared_ptr<Comm>> comms;  // one per mesh dim; empty for without_comms meshes
+  std::string device_type = "cpu";
+  std::chrono::milliseconds timeout{0};
+  size_t hash = 0;
+};
+
+// Validates the layout (shape positive, ranks a permutation of 0..size-1 that contains
+// my_rank, names unique) and fills the topology fields and the hash. Raises with a message
+// that names what was passed; every rank passes the same arguments, so every rank raises.
+std::shared_ptr<DeviceMesh::Impl> make_mesh_topology(std::vector<int64_t> shape,
+                                                     std::vector<int64_t> ranks,
+                                                     std::vector<std::string> dim_names,
+                                                     int64_t my_rank, int64_t world_size);
+
+// Global ranks of the slice through `coordinate` along `mesh_dim`, in coordinate order.
+std::vector<int64_t> ranks_along(const DeviceMesh::Impl& mesh, int64_t mesh_dim,
+                                 const std::vector<int64_t>& coordinate);
+
+}  // namespace shardtensor

@@ -1,0 +1,64 @@
+// Placement value type: equality, hashing and printing. No tensor or mesh knowledge here.
+#include "shardtensor/placement.h"
+
+#include <ostream>
+#include <sstream>
+
+#include "util/hash.h"
+
+namespace shardtensor {
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::Product: return "product";
+  }
+  return "?";
+}
+
+bool Placement::operator==(const Placement& other) const {
+  if (kind != other.kind) return false;
+  switch (kind) {
+    case Kind::Shard: return tensor_dim == other.tensor_dim;
+    case Kind::Partial: return reduce_op == other.reduce_op;
+    case Kind::Replicate: return true;
+  }
+  return true;
+}
+
+size_t Placement::hash() const {
+  size_t h = static_cast<size_t>(kind);
+  if (is_shard()) h = hash_combine(h, static_cast<size_t>(tensor_dim));
+  if (is_partial()) h = hash_combine(h, static_cast<size_t>(reduce_op));
+  return h;
+}
+
+Placement Shard(int64_t tensor_dim) { return Placement{Placement::Kind::Shard, tensor_dim, ReduceOp::Sum}; }
+Placement Replicate() { return Placement{}; }
+Placement Partial(ReduceOp op) { return Placement{Placement::Kind::Partial, -1, op}; }
+
+std::string to_string(const Placement& p) {
+  switch (p.kind) {
+    case Placement::Kind::Shard: return "S(" + std::to_string(p.tensor_dim) + ")";
+    case Placement::Kind::Replicate: return "R";
+    case Placement::Kind::Partial: return std::string("P(") + to_string(p.reduce_op) + ")";
+  }
+  return "?";
+}
+
+std::string to_string(const Placements& ps) {
+  std::string out = "[";
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += to_string(ps[i]);
+  }
+  return out + "]";
+}
+
+std::ostream& operator<<(std::ostream& os, const Placement& p) { return os << to_string(p); }
+std::ostream& operator<<(std::ostream& os, const Placements& ps) { return os << to_string(ps); }
+
+}  // namespace shardtensor
