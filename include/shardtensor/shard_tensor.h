@@ -81,4 +81,9 @@ std::ostream& operator<<(std::ostream& os, const ShardTensor& t);
 // local shape. Needs no communication, so rank 0 can print the whole layout.
 std::string layout_table(const ShardTensorSpec& spec);
 
+// For 1-D and 2-D tensors up to 64 x 64: a grid with the rank(s) owning every element, so
+// uneven boundaries are visible at a glance. Larger or higher-rank tensors get layout_table().
+// Needs no communication.
+std::string visualize_sharding(const ShardTensorSpec& spec);
+
 }  // namespace shardtensor

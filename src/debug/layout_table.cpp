@@ -40,3 +40,45 @@ std::string layout_table(const ShardTensorSpec& spec) {
 }
 
 }  // namespace shardtensor
+
+namespace shardtensor {
+
+std::string visualize_sharding(const ShardTensorSpec& spec) {
+  constexpr int64_t kMaxExtent = 64;
+  const int64_t rows = spec.ndim() == 2 ? spec.shape()[0] : 1;
+  const int64_t cols = spec.ndim() == 0 ? 1 : spec.shape().back();
+  if (spec.ndim() > 2 || rows > kMaxExtent || cols > kMaxExtent) return layout_table(spec);
+
+  // owners[r][c]: the ranks holding element (r, c), joined with '/'.
+  std::vector<std::vector<std::string>> owners(rows, std::vector<std::string>(cols));
+  const DeviceMesh& mesh = spec.mesh();
+  for (int64_t rank : mesh.ranks()) {
+    const std::vector<int64_t> coord = mesh.coordinate_of(rank);
+    std::vector<int64_t> shape = spec.local_shape(coord), offsets = spec.local_offsets(coord);
+    if (spec.ndim() < 2) {  // view a 0-d or 1-d tensor as one row
+      shape.insert(shape.begin(), spec.ndim() == 0 ? 2 : 1, 1);
+      offsets.insert(offsets.begin(), spec.ndim() == 0 ? 2 : 1, 0);
+    }
+    for (int64_t r = offsets[0]; r < offsets[0] + shape[0]; ++r)
+      for (int64_t c = offsets[1]; c < offsets[1] + shape[1]; ++c)
+        owners[r][c] += (owners[r][c].empty() ? "" : "/") + std::to_string(rank);
+  }
+  size_t width = 1;
+  for (const auto& row : owners)
+    for (const auto& cell : row) width = std::max(width, cell.size());
+  std::ostringstream os;
+  os << "  owner of every element of " << spec.to_string() << " (rank numbers" << (spec.is_replicated() || spec.has_partial() ? "; a/b: held by both" : "")
+     << "; | marks a boundary):\n";
+  for (int64_t r = 0; r < rows; ++r) {
+    os << "  " << std::right << std::setw(3) << r << " |";
+    for (int64_t c = 0; c < cols; ++c) {
+      // A bar marks a shard boundary between neighbouring columns.
+      const bool boundary = c > 0 && owners[r][c] != owners[r][c - 1];
+      os << (boundary ? "|" : " ") << std::setw(static_cast<int>(width)) << owners[r][c];
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace shardtensor

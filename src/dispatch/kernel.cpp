@@ -78,11 +78,11 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   const size_t num_args = op.schema().arguments().size();
   const size_t args_begin = stack->size() - num_args;
 
+  // Unwrapping first checks the inputs themselves (plain tensors, mixed meshes), whatever the rule.
+  OpMeta meta{name, unwrap_arguments(name, *stack, args_begin)};
   const Rule* rule = rule_registry().find(name);
   TORCH_CHECK(rule, name, ": no sharding rule for this operator on ShardTensors yet. Call to_local() and ",
               "compute on local tensors, or register a rule for '", name, "'.");
-
-  OpMeta meta{name, unwrap_arguments(name, *stack, args_begin)};
   RuleResult result = (*rule)(meta);
   TORCH_CHECK(result.unsupported_reason.empty(), name, ": the sharding rule refuses inputs ",
               join(meta.inputs, ", "), ": ", result.unsupported_reason);

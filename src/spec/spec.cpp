@@ -71,11 +71,7 @@ void check_explicit_table(const DimShardSizes& given, const DimSharding& shardin
               given.tensor_dim, ", which is split by mesh dims (", join(sharding.mesh_dims, ", "), ") into ",
               expected_entries, " pieces; give one size per piece (", context, ").");
   int64_t total = 0;
-  for (int64_t s : given.sizes) {
-    TORCH_CHECK(s >= 0, "ShardTensorSpec: shard sizes [", join(given.sizes, ", "), "] for tensor dim ",
-                given.tensor_dim, " contain the negative size ", s, "; sizes must be >= 0 (", context, ").");
-    total += s;
-  }
+  for (int64_t s : given.sizes) total += s;
   TORCH_CHECK(total == global_size, "ShardTensorSpec: shard sizes [", join(given.sizes, ", "),
               "] for tensor dim ", given.tensor_dim, " add up to ", total, " but the dim has global size ",
               global_size, " (", context, ").");
@@ -102,6 +98,11 @@ ShardTensorSpec::ShardTensorSpec(DeviceMesh mesh, Placements placements, std::ve
   const int64_t ndim = static_cast<int64_t>(global_shape.size());
   placements = normalize_placements("ShardTensorSpec", mesh, std::move(placements), ndim);
   const std::string context = describe(mesh, placements, global_shape);
+  // Negative shard sizes first: from_local derives the global shape from them.
+  for (const DimShardSizes& given : sizes)
+    for (int64_t s : given.sizes)
+      TORCH_CHECK(s >= 0, "ShardTensorSpec: shard sizes [", join(given.sizes, ", "), "] for tensor dim ",
+                  given.tensor_dim, " contain the negative size ", s, "; sizes must be >= 0 (", context, ").");
   for (int64_t s : global_shape)
     TORCH_CHECK(s >= 0, "ShardTensorSpec: global shape [", join(global_shape, ", "), "] has a negative size.");
 
