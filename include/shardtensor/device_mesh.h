@@ -57,10 +57,14 @@ class DeviceMesh {
 
   // A mesh over process groups the caller already has: `groups[d]` is the group of this rank's
   // slice along mesh dim d, whose group ranks follow the mesh coordinate along d.
+  // For meshes of 2 or more dims, `mesh_group` is a group over all ranks of the mesh whose
+  // group rank is the row-major position; without it, redistributions that move data across
+  // several mesh dims at once raise.
   static DeviceMesh from_process_groups(std::vector<int64_t> shape, std::vector<int64_t> ranks,
                                         std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups,
                                         std::vector<std::string> dim_names = {},
-                                        const MeshOptions& options = {});
+                                        const MeshOptions& options = {},
+                                        c10::intrusive_ptr<c10d::ProcessGroup> mesh_group = {});
 
   // A mesh that knows its layout but has no communicators: for planning, rule and spec tests.
   // Any attempt to communicate on it raises.
@@ -88,6 +92,9 @@ class DeviceMesh {
   std::chrono::milliseconds timeout() const;
   bool has_comms() const;
   Comm& comm(int64_t mesh_dim) const;  // raises on a mesh built without_comms
+  // The group of every rank of the mesh (group rank = row-major position); for 1-D meshes the
+  // same group as comm(0). Redistribution exchanges arbitrary boxes through it.
+  Comm& mesh_comm() const;
 
   bool operator==(const DeviceMesh& other) const;
   bool operator!=(const DeviceMesh& other) const { return !(*this == other); }

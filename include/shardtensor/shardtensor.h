@@ -3,5 +3,6 @@
 
 #include "shardtensor/device_mesh.h"
 #include "shardtensor/placement.h"
+#include "shardtensor/redistribute.h"
 #include "shardtensor/shard_tensor.h"
 #include "shardtensor/spec.h"

@@ -9,6 +9,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
 
+#include "api/conversions.h"
+#include "autograd/grad_fn.h"
 #include "comm/mesh_collectives.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "shardtensor/shard_tensor.h"
@@ -156,6 +158,15 @@ void check_local_matches(const ShardTensorSpec& spec, const at::Tensor& local) {
               "ShardSizing::infer() to take the sizes from the local tensors.");
 }
 
+// The ShardTensor over `local`; the gradient comes back in the forward layout (Partial as
+// Replicate) and leaves as this rank's local piece.
+at::Tensor wrap_differentiably(const at::Tensor& local, ShardTensorSpec spec) {
+  const ShardTensorSpec grad_layout = gradient_layout(spec);
+  return attach_grad_fn(make_shard_tensor(local, std::move(spec)), local,
+                        [grad_layout](const at::Tensor& grad) { return to_local(move_to(grad, grad_layout)); },
+                        "FromLocalBackward");
+}
+
 }  // namespace
 
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
@@ -170,7 +181,7 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
 
   if (sizing.mode() == ShardSizing::Mode::Infer) {
     InferredLayout layout = infer_layout(mesh, normalized, gather_local_shapes(mesh, local));
-    return make_shard_tensor(local, ShardTensorSpec(mesh, normalized, layout.global_shape, local.scalar_type(), layout.sizes));
+    return wrap_differentiably(local, ShardTensorSpec(mesh, normalized, layout.global_shape, local.scalar_type(), layout.sizes));
   }
 
   ShardTensorSpec spec = spec_from_arguments(local, mesh, normalized, sizing);
@@ -187,7 +198,7 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
   } else {
     check_local_matches(spec, local);
   }
-  return make_shard_tensor(local, std::move(spec));
+  return wrap_differentiably(local, std::move(spec));
 }
 
 }  // namespace shardtensor

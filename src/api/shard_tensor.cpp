@@ -4,6 +4,7 @@
 #include <ostream>
 
 #include "dispatch/shard_tensor_impl.h"
+#include "shardtensor/redistribute.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -19,11 +20,17 @@ ShardTensorImpl& checked_impl(const char* api, const at::Tensor& t) {
 
 bool is_shard_tensor(const at::Tensor& t) { return shard_tensor_impl(t) != nullptr; }
 const ShardTensorSpec& spec(const at::Tensor& t) { return checked_impl("spec", t).spec(); }
-at::Tensor to_local(const at::Tensor& t) { return checked_impl("to_local", t).local(); }
+at::Tensor to_local(const at::Tensor& t) {
+  checked_impl("to_local", t);
+  return to_local(t, std::nullopt);  // differentiable when t requires grad (redistribute.cpp)
+}
 
 ShardTensor::ShardTensor(at::Tensor t) : at::Tensor(std::move(t)) { checked_impl("ShardTensor", *this); }
 const ShardTensorSpec& ShardTensor::spec() const { return checked_impl("ShardTensor::spec", *this).spec(); }
-at::Tensor ShardTensor::to_local() const { return checked_impl("ShardTensor::to_local", *this).local(); }
+at::Tensor ShardTensor::to_local() const {
+  checked_impl("ShardTensor::to_local", *this);
+  return shardtensor::to_local(*this);
+}
 
 std::ostream& operator<<(std::ostream& os, const ShardTensor& t) {
   if (!t.defined()) return os << "ShardTensor(undefined)";

@@ -66,6 +66,14 @@ class C10dComm final : public Comm {
     run("barrier", [&] { return group_->barrier(); });
   }
 
+  void all_to_all(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
+                  const std::vector<int64_t>& input_splits) override {
+    TORCH_INTERNAL_ASSERT(input.dim() == 1 && output.dim() == 1 && input.is_contiguous() && output.is_contiguous());
+    at::Tensor in = input, out = output;
+    std::vector<int64_t> out_splits = output_splits, in_splits = input_splits;
+    run("all_to_all", [&] { return group_->alltoall_base(out, in, out_splits, in_splits); });
+  }
+
  private:
   template <typename Launch>
   void run(const char* what, Launch&& launch) {

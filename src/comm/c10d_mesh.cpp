@@ -122,6 +122,10 @@ DeviceMesh build_mesh(std::vector<int64_t> shape, std::vector<int64_t> ranks, st
                              std::to_string(group_ranks.front()) + "/";
     impl->comms.push_back(make_group(group_ranks, env.rank, name, backend, options.timeout));
   }
+  impl->mesh_comm = impl->shape.size() == 1
+                        ? impl->comms.front()
+                        : make_group(impl->ranks, env.rank, "shardtensor/mesh" + std::to_string(mesh_id) + "/all/", backend,
+                                     options.timeout);
   return DeviceMesh(std::move(impl));
 }
 
@@ -140,7 +144,8 @@ DeviceMesh DeviceMesh::from_ranks(std::vector<int64_t> shape, std::vector<int64_
 
 DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vector<int64_t> ranks,
                                            std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups,
-                                           std::vector<std::string> dim_names, const MeshOptions& options) {
+                                           std::vector<std::string> dim_names, const MeshOptions& options,
+                                           c10::intrusive_ptr<c10d::ProcessGroup> mesh_group) {
   const WorldEnv& env = world_env();
   auto impl = make_mesh_topology(std::move(shape), std::move(ranks), std::move(dim_names), env.rank, env.world_size);
   TORCH_CHECK(groups.size() == impl->shape.size(), "DeviceMesh::from_process_groups: ", groups.size(),
@@ -156,6 +161,16 @@ DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vect
                 " and rank ", groups[d]->getRank(), ", but this rank's slice along that dim is global ranks [",
                 join(group_ranks, ", "), "] where it is at position ", impl->coordinate[d], ".");
     impl->comms.push_back(make_c10d_comm(groups[d], group_ranks, impl->coordinate[d], options.timeout));
+  }
+  if (impl->shape.size() == 1) {
+    impl->mesh_comm = impl->comms.front();
+  } else if (mesh_group) {
+    const int64_t position = std::find(impl->ranks.begin(), impl->ranks.end(), env.rank) - impl->ranks.begin();
+    TORCH_CHECK(mesh_group->getSize() == static_cast<int>(impl->ranks.size()) && mesh_group->getRank() == position,
+                "DeviceMesh::from_process_groups: mesh_group has size ", mesh_group->getSize(), " and rank ",
+                mesh_group->getRank(), "; it must span all ", impl->ranks.size(),
+                " ranks with this rank at its row-major position ", position, ".");
+    impl->mesh_comm = make_c10d_comm(mesh_group, impl->ranks, position, options.timeout);
   }
   return DeviceMesh(std::move(impl));
 }

@@ -36,6 +36,11 @@ class Comm {
   // In place: every rank ends with `root`'s tensor (root is a group rank).
   virtual void broadcast(const at::Tensor& tensor, int64_t root) = 0;
   virtual void barrier() = 0;
+  // `input` and `output` are 1-D and contiguous: the first input_splits[0] elements of input go
+  // to group rank 0, the next input_splits[1] to rank 1, ...; output receives output_splits[i]
+  // elements from rank i, in rank order. Splits may be zero (no message) and differ per rank.
+  virtual void all_to_all(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
+                          const std::vector<int64_t>& input_splits) = 0;
 };
 
 // The group of a mesh dim of size 1: every collective is a local copy.

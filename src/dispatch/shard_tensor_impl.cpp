@@ -50,6 +50,8 @@ ShardTensorImpl* shard_tensor_impl(const at::Tensor& t) {
 
 at::Tensor make_shard_tensor(at::Tensor local, ShardTensorSpec spec) {
   ensure_dispatch_registered();
+  // The wrapper carries the autograd history; its local tensor never does.
+  if (local.requires_grad()) local = local.detach();
   return at::detail::make_tensor<ShardTensorImpl>(std::move(local), std::move(spec));
 }
 

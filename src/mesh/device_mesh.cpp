@@ -154,7 +154,10 @@ DeviceMesh DeviceMesh::submesh(int64_t mesh_dim) const {
   sub->ranks = ranks_along(*impl_, mesh_dim, impl_->coordinate);
   sub->rank = impl_->rank;
   sub->coordinate = {impl_->coordinate[mesh_dim]};
-  if (has_comms()) sub->comms = {impl_->comms[mesh_dim]};
+  if (has_comms()) {
+    sub->comms = {impl_->comms[mesh_dim]};
+    sub->mesh_comm = impl_->comms[mesh_dim];  // a 1-D mesh's whole group is its one dim's group
+  }
   sub->device_type = impl_->device_type;
   sub->timeout = impl_->timeout;
   size_t h = 1;
@@ -171,6 +174,14 @@ Comm& DeviceMesh::comm(int64_t mesh_dim) const {
               " was built without communicators (DeviceMesh::without_comms) and cannot run collectives.");
   size(mesh_dim);
   return *impl_->comms[mesh_dim];
+}
+
+Comm& DeviceMesh::mesh_comm() const {
+  TORCH_CHECK(has_comms(), "DeviceMesh: ", to_string(),
+              " was built without communicators (DeviceMesh::without_comms) and cannot run collectives.");
+  TORCH_CHECK(impl_->mesh_comm, "DeviceMesh: ", to_string(), " has no mesh-wide group; it was built with ",
+              "from_process_groups without `mesh_group`. Pass a group over all its ranks to move data across mesh dims.");
+  return *impl_->mesh_comm;
 }
 
 bool DeviceMesh::operator==(const DeviceMesh& other) const {

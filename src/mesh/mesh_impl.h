@@ -16,6 +16,7 @@ struct DeviceMesh::Impl {
   int64_t rank = 0;                       // this process's global rank
   std::vector<int64_t> coordinate;        // this process's coordinate
   std::vector<std::shared_ptr<Comm>> comms;  // one per mesh dim; empty for without_comms meshes
+  std::shared_ptr<Comm> mesh_comm;           // all ranks of the mesh, group rank = row-major position
   std::string device_type = "cpu";
   std::chrono::milliseconds timeout{0};
   size_t hash = 0;

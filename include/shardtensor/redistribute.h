@@ -1,0 +1,44 @@
+// Moving a ShardTensor between layouts, and building ShardTensors from whole tensors.
+//
+// Every function here is differentiable: the gradient flows back through the inverse move
+// (a Partial source gets a Replicate gradient, as in DTensor). All ranks of the mesh must call
+// them together; argument errors are raised on every rank before any collective starts.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "shardtensor/device_mesh.h"
+#include "shardtensor/placement.h"
+#include "shardtensor/spec.h"
+
+namespace shardtensor {
+
+// New shards take torch.chunk sizes; tensor dims sharded exactly as before keep their sizes.
+at::Tensor redistribute(const at::Tensor& t, const Placements& placements);
+// With explicit target sizes: Shard(0) sizes 1,4,2,3 -> Shard(0) sizes 3,3,2,2 is one call.
+at::Tensor redistribute(const at::Tensor& t, const Placements& placements, const ShardSizes& sizes);
+// As above, naming the mesh: it must be the tensor's own mesh (moving between meshes is not
+// supported and raises).
+at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
+                        const std::optional<ShardSizes>& sizes = std::nullopt);
+
+// The whole tensor on every rank, as a plain tensor. Its gradient is laid out as
+// `grad_placements` (default: the tensor's own placements, Partial turned Replicate).
+at::Tensor full_tensor(const at::Tensor& t, const std::optional<Placements>& grad_placements = std::nullopt);
+
+// Differentiable to_local: the gradient of the local tensor comes back as a ShardTensor laid
+// out as `grad_placements` (default: the tensor's placements).
+at::Tensor to_local(const at::Tensor& t, const std::optional<Placements>& grad_placements);
+
+// Shards a tensor every rank has (the rank at coordinate 0 of each mesh dim is the source of
+// truth: its values are broadcast first). Partial placements hold the value on coordinate 0
+// and the reduction's identity elsewhere (all ranks for avg/max/min).
+at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, const Placements& placements,
+                             const std::optional<ShardSizes>& sizes = std::nullopt);
+
+// The plan a redistribution would run, without running it: "[S(0), S(0)] -[Exchange(...)]-> [R, S(0)]".
+std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target);
+
+}  // namespace shardtensor

@@ -1,0 +1,18 @@
+// Internal pieces of the differentiable conversions, shared by from_local.cpp and
+// redistribute.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "shardtensor/spec.h"
+
+namespace shardtensor {
+
+// Differentiable move of a ShardTensor to `target` (same mesh, shape and dtype).
+at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target);
+
+// The layout of the gradient of a tensor laid out as `spec`: Partial becomes Replicate (the
+// gradient of a pending reduction reaches every term whole), everything else stays.
+ShardTensorSpec gradient_layout(const ShardTensorSpec& spec);
+
+}  // namespace shardtensor

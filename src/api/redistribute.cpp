@@ -1,0 +1,127 @@
+// redistribute, full_tensor, differentiable to_local and distribute_tensor: argument checks
+// (on every rank, before any collective), the plan, the executor and the backward functions.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "shardtensor/redistribute.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include "api/conversions.h"
+#include "autograd/grad_fn.h"
+#include "comm/comm.h"
+#include "dispatch/shard_tensor_impl.h"
+#include "redistribute/boxes.h"
+#include "redistribute/executor.h"
+#include "redistribute/plan.h"
+#include "shardtensor/shard_tensor.h"
+#include "spec/placement_checks.h"
+#include "util/strings.h"
+
+namespace shardtensor {
+
+ShardTensorSpec gradient_layout(const ShardTensorSpec& spec) {
+  if (!spec.has_partial()) return spec;
+  Placements ps = spec.placements();
+  for (Placement& p : ps)
+    if (p.is_partial()) p = Replicate();
+  return ShardTensorSpec(spec.mesh(), ps, spec.shape(), spec.dtype(), spec.shard_sizes());
+}
+
+at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target) {
+  const ShardTensorSpec& source = spec(t);
+  const RedistributePlan& plan = plan_redistribute(source, target);
+  at::Tensor local = execute_redistribute(shard_tensor_impl(t)->local(), source, plan);
+  at::Tensor out = make_shard_tensor(std::move(local), target);
+  const ShardTensorSpec grad_target = gradient_layout(source);
+  return attach_grad_fn(out, t, [grad_target](const at::Tensor& grad) { return move_to(grad, grad_target); },
+                        "RedistributeBackward");
+}
+
+namespace {
+
+// `placements` over `spec`'s shape and mesh, keeping the sizes of dims sharded as before.
+// Unlike redistribute_target, Partial is allowed: gradients may be declared Partial.
+ShardTensorSpec relaid(const ShardTensorSpec& spec, const Placements& requested) {
+  Placements ps = normalize_placements("grad_placements", spec.mesh(), requested, spec.ndim());
+  ShardTensorSpec chunked(spec.mesh(), ps, spec.shape(), spec.dtype());
+  ShardSizes sizes;
+  for (const DimSharding& s : chunked.shardings()) {
+    const DimSharding* before = spec.sharding_of(s.tensor_dim);
+    if (before && before->mesh_dims == s.mesh_dims) sizes.push_back({s.tensor_dim, before->sizes});
+  }
+  return ShardTensorSpec(spec.mesh(), ps, spec.shape(), spec.dtype(), sizes);
+}
+
+ShardTensorSpec checked_target(const at::Tensor& t, const DeviceMesh* mesh, const Placements& placements,
+                               const ShardSizes* sizes) {
+  const ShardTensorSpec& source = spec(t);
+  if (mesh) {
+    TORCH_CHECK(*mesh == source.mesh(), "redistribute: the tensor lives on ", source.mesh(), " and the target mesh is ",
+                *mesh, "; redistributing to another mesh is not supported yet. Use to_local() and from_local() on the new mesh.");
+  }
+  return redistribute_target(source, placements, sizes);
+}
+
+}  // namespace
+
+at::Tensor redistribute(const at::Tensor& t, const Placements& placements) {
+  return move_to(t, checked_target(t, nullptr, placements, nullptr));
+}
+
+at::Tensor redistribute(const at::Tensor& t, const Placements& placements, const ShardSizes& sizes) {
+  return move_to(t, checked_target(t, nullptr, placements, &sizes));
+}
+
+at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
+                        const std::optional<ShardSizes>& sizes) {
+  return move_to(t, checked_target(t, &mesh, placements, sizes ? &*sizes : nullptr));
+}
+
+at::Tensor to_local(const at::Tensor& t, const std::optional<Placements>& grad_placements) {
+  const ShardTensorSpec& s = spec(t);
+  const at::Tensor& stored = shard_tensor_impl(t)->local();
+  if (!t.requires_grad() || !at::GradMode::is_enabled()) return stored;
+  const ShardTensorSpec grad_spec = grad_placements ? relaid(s, *grad_placements) : s;
+  TORCH_CHECK(grad_spec.local_shape() == s.local_shape(), "to_local: grad_placements ", to_string(*grad_placements),
+              " give this rank a gradient of shape [", join(grad_spec.local_shape(), ", "), "] but its local tensor has shape [",
+              join(s.local_shape(), ", "), "].");
+  return attach_grad_fn(stored.variable_data(), t,
+                        [grad_spec](const at::Tensor& grad) { return make_shard_tensor(grad, grad_spec); }, "ToLocalBackward");
+}
+
+at::Tensor full_tensor(const at::Tensor& t, const std::optional<Placements>& grad_placements) {
+  const ShardTensorSpec& s = spec(t);
+  at::Tensor replicated = redistribute(t, Placements(s.placements().size(), Replicate()));
+  return to_local(replicated, grad_placements ? grad_placements : Placements(s.placements().size(), Replicate()));
+}
+
+at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, const Placements& placements,
+                             const std::optional<ShardSizes>& sizes) {
+  TORCH_CHECK(global.defined() && !is_shard_tensor(global), "distribute_tensor: expects a plain tensor that every rank holds, got ",
+              global.defined() ? "a ShardTensor; use redistribute" : "an undefined tensor", ".");
+  TORCH_CHECK(c10::DeviceTypeName(global.device().type(), /*lower_case=*/true) == mesh.device_type(),
+              "distribute_tensor: the tensor is on ", global.device(), " but ", mesh, " is a '", mesh.device_type(), "' mesh.");
+  const ShardTensorSpec target(mesh, normalize_placements("distribute_tensor", mesh, placements, global.dim()),
+                               global.sizes().vec(), global.scalar_type(), sizes ? *sizes : ShardSizes{});
+  // The rank at coordinate 0 of each mesh dim is the source of truth.
+  at::Tensor truth = global.detach().clone(at::MemoryFormat::Contiguous);
+  if (truth.numel() > 0)
+    for (int64_t m = 0; m < mesh.ndim(); ++m) mesh.comm(m).broadcast(truth, /*root=*/0);
+  const Box mine = box_of(target, mesh.coordinate());
+  at::Tensor local = truth;
+  for (int64_t d = 0; d < truth.dim(); ++d) local = local.narrow(d, mine.offsets[d], mine.shape[d]);
+  local = local.clone(at::MemoryFormat::Contiguous);
+  // Partial: the value on coordinate 0, the reduction's identity on the others (avg, max and
+  // min keep the value everywhere, which reduces to it too).
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    const Placement& p = target.placements()[m];
+    if (!p.is_partial() || mesh.coordinate()[m] == 0) continue;
+    if (p.reduce_op == ReduceOp::Sum) local.zero_();
+    if (p.reduce_op == ReduceOp::Product) local.fill_(1);
+  }
+  at::Tensor out = make_shard_tensor(local, target);
+  if (global.requires_grad()) out.set_requires_grad(true);  // a leaf, as DTensor's distribute_tensor
+  return out;
+}
+
+}  // namespace shardtensor

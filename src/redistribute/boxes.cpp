@@ -1,0 +1,37 @@
+// See boxes.h.
+#include "redistribute/boxes.h"
+
+#include <algorithm>
+
+namespace shardtensor {
+
+int64_t Box::numel() const {
+  if (nothing) return 0;
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+Box box_of(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate) {
+  return Box{spec.local_offsets(coordinate), spec.local_shape(coordinate)};
+}
+
+Box intersect(const Box& a, const Box& b) {
+  Box out;
+  for (size_t d = 0; d < a.offsets.size(); ++d) {
+    const int64_t lo = std::max(a.offsets[d], b.offsets[d]);
+    const int64_t hi = std::min(a.offsets[d] + a.shape[d], b.offsets[d] + b.shape[d]);
+    out.offsets.push_back(lo);
+    out.shape.push_back(std::max<int64_t>(hi - lo, 0));
+  }
+  return out;
+}
+
+bool feeds(const ShardTensorSpec& source, const std::vector<int64_t>& sender, const std::vector<int64_t>& receiver) {
+  const Placements& ps = source.placements();
+  for (size_t m = 0; m < ps.size(); ++m)
+    if (!ps[m].is_shard() && sender[m] != receiver[m]) return false;
+  return true;
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,35 @@
+// Boxes: the index range a rank owns in the global tensor, and which rank feeds which.
+//
+// Every redistribution that only changes Shard/Replicate placements is an exchange of box
+// intersections: receiver j needs its target box; it gets each part from the one source rank
+// that holds it and "feeds" j. A sender feeds j when it agrees with j on every mesh dim the
+// source layout does not shard (Replicate, or a Partial that stays Partial). Within that set
+// the source boxes tile the tensor, so every element has exactly one sender, and j itself is
+// that sender for everything it already holds, so nothing it has crosses the wire.
+// Pure metadata (c10 + spec), shared by the planner and the executor.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardtensor/spec.h"
+
+namespace shardtensor {
+
+struct Box {
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> shape;
+  bool nothing = false;  // "no box", distinct from the one-element box of a 0-d tensor
+
+  static Box none() { return Box{{}, {}, /*nothing=*/true}; }
+  int64_t numel() const;
+  bool empty() const { return numel() == 0; }
+};
+
+Box box_of(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate);
+Box intersect(const Box& a, const Box& b);  // shape all-zero-extent when disjoint
+
+// Whether `sender` feeds `receiver` under `source` (see the file comment).
+bool feeds(const ShardTensorSpec& source, const std::vector<int64_t>& sender, const std::vector<int64_t>& receiver);
+
+}  // namespace shardtensor

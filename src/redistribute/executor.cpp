@@ -1,0 +1,144 @@
+// The executor: walks a plan's steps over the mesh's communicators. See plan.h for what each
+// step means and boxes.h for who sends what in an Exchange.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "redistribute/executor.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/amin.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/prod.h>
+#include <ATen/ops/sum.h>
+
+#include "comm/comm.h"
+#include "redistribute/boxes.h"
+
+namespace shardtensor {
+namespace {
+
+// The part of `local` (which holds `held`) that covers `part`, as a view.
+at::Tensor view_of(const at::Tensor& local, const Box& held, const Box& part) {
+  at::Tensor v = local;
+  for (int64_t d = 0; d < local.dim(); ++d) v = v.narrow(d, part.offsets[d] - held.offsets[d], part.shape[d]);
+  return v;
+}
+
+at::Tensor fresh_copy(const at::Tensor& t) { return t.clone(at::MemoryFormat::Contiguous); }
+
+at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const AllReduceStep& step) {
+  at::Tensor out = fresh_copy(local);
+  // Every member of the group holds the same (Partial) box, so they all skip empty ones together.
+  if (out.numel() > 0) mesh.comm(step.mesh_dim).all_reduce(out, step.op);
+  return out;
+}
+
+at::Tensor reduce_pieces(const at::Tensor& stacked, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return at::sum(stacked, {0});
+    case ReduceOp::Avg: return at::sum(stacked, {0}).div_(stacked.size(0));
+    case ReduceOp::Max: return at::amax(stacked, {0});
+    case ReduceOp::Min: return at::amin(stacked, {0});
+    case ReduceOp::Product: return at::prod(stacked, 0);
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
+}
+
+// Gloo has no reduce-scatter: each member sends every other member the piece that member will
+// own, which is the bytes a ring reduce-scatter moves, then reduces the n pieces it got.
+at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next,
+                          const ReduceScatterStep& step) {
+  const DeviceMesh& mesh = current.mesh();
+  const Box held = box_of(current, mesh.coordinate());
+  const Box mine = box_of(next, mesh.coordinate());
+  if (held.empty()) return at::empty(mine.shape, local.options());
+  Comm& comm = mesh.comm(step.mesh_dim);
+  std::vector<at::Tensor> pieces;
+  std::vector<int64_t> send_splits, recv_splits;
+  std::vector<int64_t> member = mesh.coordinate();
+  for (int64_t i = 0; i < comm.size(); ++i) {
+    member[step.mesh_dim] = i;
+    at::Tensor piece = view_of(local, held, box_of(next, member));
+    send_splits.push_back(piece.numel());
+    recv_splits.push_back(mine.numel());
+    pieces.push_back(piece.reshape({-1}));
+  }
+  at::Tensor send = at::cat(pieces);
+  at::Tensor received = at::empty({comm.size() * mine.numel()}, local.options());
+  comm.all_to_all(received, send, recv_splits, send_splits);
+  std::vector<int64_t> stacked_shape = mine.shape;
+  stacked_shape.insert(stacked_shape.begin(), comm.size());
+  return reduce_pieces(received.view(stacked_shape), step.op).contiguous();
+}
+
+// Every rank already holds its target box. (An empty target box may lie outside the held one,
+// as for a [0, 7] tensor going from S(1) to S(0): nothing to copy then.)
+at::Tensor local_slice(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next) {
+  const auto& coord = current.mesh().coordinate();
+  const Box wanted = box_of(next, coord);
+  if (wanted.empty()) return at::empty(wanted.shape, local.options());
+  return fresh_copy(view_of(local, box_of(current, coord), wanted));
+}
+
+// One all-to-all over the whole mesh; see boxes.h. Send and receive lists are in row-major
+// mesh position order, which is the mesh group's rank order.
+at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next) {
+  const DeviceMesh& mesh = current.mesh();
+  const std::vector<int64_t>& me = mesh.coordinate();
+  const Box held = box_of(current, me);
+  const Box wanted = box_of(next, me);
+  at::Tensor out = at::empty(wanted.shape, local.options());
+
+  std::vector<at::Tensor> sends;
+  std::vector<int64_t> send_splits, recv_splits;
+  std::vector<Box> incoming;
+  for (int64_t peer_rank : mesh.ranks()) {
+    const std::vector<int64_t> peer = mesh.coordinate_of(peer_rank);
+    Box to_peer = feeds(current, me, peer) ? intersect(held, box_of(next, peer)) : Box::none();
+    Box from_peer = feeds(current, peer, me) ? intersect(box_of(current, peer), wanted) : Box::none();
+    if (peer == me) {  // what I already hold never crosses the wire
+      if (!from_peer.empty()) view_of(out, wanted, from_peer).copy_(view_of(local, held, from_peer));
+      to_peer = from_peer = Box::none();
+    }
+    send_splits.push_back(to_peer.numel());
+    if (!to_peer.empty()) sends.push_back(view_of(local, held, to_peer).reshape({-1}));
+    recv_splits.push_back(from_peer.numel());
+    incoming.push_back(std::move(from_peer));
+  }
+  int64_t total_received = 0;
+  for (int64_t n : recv_splits) total_received += n;
+  at::Tensor send = sends.empty() ? at::empty({0}, local.options()) : at::cat(sends);
+  at::Tensor received = at::empty({total_received}, local.options());
+  mesh.mesh_comm().all_to_all(received, send, recv_splits, send_splits);
+  int64_t offset = 0;
+  for (const Box& part : incoming) {
+    if (part.empty()) continue;
+    view_of(out, wanted, part).copy_(received.narrow(0, offset, part.numel()).view(part.shape));
+    offset += part.numel();
+  }
+  return out;
+}
+
+}  // namespace
+
+at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan) {
+  if (plan.empty()) return fresh_copy(local);
+  at::Tensor current_local = local;
+  const ShardTensorSpec* current = &source;
+  for (const PlannedStep& planned : plan.steps) {
+    const RedistributeStep& step = planned.step;
+    if (auto* s = std::get_if<AllReduceStep>(&step)) {
+      current_local = all_reduce(current_local, source.mesh(), *s);
+    } else if (auto* s = std::get_if<ReduceScatterStep>(&step)) {
+      current_local = reduce_scatter(current_local, *current, planned.after, *s);
+    } else if (std::holds_alternative<LocalSliceStep>(step)) {
+      current_local = local_slice(current_local, *current, planned.after);
+    } else {
+      current_local = exchange(current_local, *current, planned.after);
+    }
+    current = &planned.after;
+  }
+  return current_local;
+}
+
+}  // namespace shardtensor

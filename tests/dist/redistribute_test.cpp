@@ -1,0 +1,240 @@
+// redistribute on every mesh of this world size: a property sweep over random layout pairs
+// (uneven sizes, empty shards, Partial sources whose reduction is known), values and gradients
+// against the single-device reference, plus hand-written cases for known traps and bad input.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "dist/dist_fixture.h"
+#include "redistribute/plan.h"
+
+using namespace shardtensor;
+using namespace shardtensor::testing;
+
+namespace {
+
+Placements without_partial(Placements ps) {
+  for (Placement& p : ps)
+    if (p.is_partial()) p = Replicate();
+  return ps;
+}
+
+// This rank's term of a Partial value: v split over each Partial mesh dim in turn so that the
+// reduction gives v back exactly (in double): sum: v - (1+..+n-1) at 0 and c elsewhere;
+// avg: v + c - (n-1)/2; max: v - c; min: v + c; product: v at 0 and 1 elsewhere.
+at::Tensor partial_term(at::Tensor v, const DeviceMesh& mesh, const Placements& ps) {
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    if (!ps[m].is_partial()) continue;
+    const double c = static_cast<double>(mesh.coordinate()[m]), n = static_cast<double>(mesh.size(m));
+    switch (ps[m].reduce_op) {
+      case ReduceOp::Sum: v = c == 0 ? v - (n - 1) * n / 2 : at::full_like(v, c); break;
+      case ReduceOp::Avg: v = v + (c - (n - 1) / 2); break;
+      case ReduceOp::Max: v = v - c; break;
+      case ReduceOp::Min: v = v + c; break;
+      case ReduceOp::Product: v = c == 0 ? v : at::ones_like(v); break;
+    }
+  }
+  return v.contiguous();
+}
+
+// Random source and target layouts on `mesh`. All Partial dims of the source share one op, so
+// the reduction order does not matter; the target keeps a Partial only when the source has
+// exactly one.
+struct LayoutPair {
+  RandomLayout source, target;
+};
+
+LayoutPair random_pair(std::mt19937& rng, const DeviceMesh& mesh) {
+  LayoutPair pair;
+  pair.source = random_layout(rng, mesh.shape(), /*explicit_sizes=*/rng() % 3 != 0);
+  const ReduceOp op = static_cast<ReduceOp>(rng() % 5);
+  int partial_dims = 0;
+  for (Placement& p : pair.source.placements)
+    if (p.is_partial()) {
+      p = Partial(op);
+      ++partial_dims;
+    }
+  pair.target = random_layout(rng, mesh.shape(), /*explicit_sizes=*/rng() % 2 == 0);
+  pair.target.shape = pair.source.shape;
+  // Re-draw target sizes for the source shape (random_layout drew its own shape).
+  pair.target.sizes.clear();
+  for (size_t m = 0; m < pair.target.placements.size(); ++m) {
+    Placement& p = pair.target.placements[m];
+    if (p.is_shard() && p.tensor_dim >= static_cast<int64_t>(pair.source.shape.size())) p = Shard(p.tensor_dim % pair.source.shape.size());
+    if (p.is_partial()) p = (partial_dims == 1 && pair.source.placements[m].is_partial()) ? pair.source.placements[m] : Replicate();
+  }
+  if (rng() % 2 == 0) {
+    for (int64_t d = 0; d < static_cast<int64_t>(pair.target.shape.size()); ++d) {
+      int64_t pieces = 1;
+      bool sharded = false;
+      for (size_t m = 0; m < mesh.shape().size(); ++m)
+        if (pair.target.placements[m].is_shard(d)) {
+          pieces *= mesh.shape()[m];
+          sharded = true;
+        }
+      if (sharded) pair.target.sizes.push_back({d, random_sizes(rng, pair.target.shape[d], pieces)});
+    }
+  }
+  return pair;
+}
+
+at::Tensor global_values(const std::vector<int64_t>& shape, int64_t salt) {
+  return iota(shape, c10::kDouble) * 0.5 + static_cast<double>(salt);
+}
+
+}  // namespace
+
+TEST(Redistribute, RandomLayoutPairsGiveTheReferenceValuesAndGradients) {
+  const uint32_t seed = 12345;
+  std::mt19937 rng(seed);
+  int cases = 0;
+  for (const DeviceMesh& mesh : test_meshes()) {
+    for (int i = 0; i < 160; ++i, ++cases) {
+      const LayoutPair pair = random_pair(rng, mesh);
+      const ShardTensorSpec src(mesh, pair.source.placements, pair.source.shape, c10::kDouble, pair.source.sizes);
+      const ShardTensorSpec dst(mesh, pair.target.placements, pair.target.shape, c10::kDouble, pair.target.sizes);
+      const std::string trace = "seed " + std::to_string(seed) + " case " + std::to_string(cases) + " on " + mesh.to_string() +
+                                ": " + src.to_string() + " -> " + dst.to_string() + " plan " + plan_redistribute(src, dst).to_string();
+      SCOPED_TRACE(trace);
+      if (std::getenv("SHARDTENSOR_TEST_VERBOSE")) std::cout << trace << std::endl;
+      const at::Tensor value = global_values(src.shape(), cases);
+      const at::Tensor piece = reference_piece(value, mesh.shape(), src.placements(), src.shard_sizes(), mesh.coordinate());
+      at::Tensor local = partial_term(piece, mesh, src.placements()).requires_grad_(true);
+      at::Tensor x = from_local(local, mesh, src.placements(), ShardSizing::given(src.shard_sizes()));
+
+      at::Tensor y = redistribute(x, dst.placements(), dst.shard_sizes());
+      ASSERT_EQ(spec(y), dst);
+      const at::Tensor expected = partial_term(
+          reference_piece(value, mesh.shape(), dst.placements(), dst.shard_sizes(), mesh.coordinate()), mesh, dst.placements());
+      ASSERT_TRUE(at::allclose(to_local(y), expected)) << to_local(y) << " vs " << expected;
+
+      // Gradient: dL/dY = G laid out as Y's gradient; dL/dX must be G laid out as X's gradient.
+      const at::Tensor g = global_values(dst.shape(), 1000 + cases);
+      const Placements grad_out_ps = without_partial(dst.placements());
+      at::Tensor grad_out = from_local(reference_piece(g, mesh.shape(), grad_out_ps, dst.shard_sizes(), mesh.coordinate()),
+                                       mesh, grad_out_ps, ShardSizing::given(dst.shard_sizes()));
+      at::Tensor grad_local = torch::autograd::grad({y}, {local}, {grad_out})[0];
+      const at::Tensor expected_grad = reference_piece(g, mesh.shape(), without_partial(src.placements()), src.shard_sizes(), mesh.coordinate());
+      ASSERT_FALSE(is_shard_tensor(grad_local));
+      ASSERT_TRUE(at::allclose(grad_local, expected_grad)) << grad_local << " vs " << expected_grad;
+    }
+  }
+  if (world_rank() == 0) std::cout << cases << " random redistributions checked (seed " << seed << ")" << std::endl;
+}
+
+namespace {
+at::Tensor distributed(const DeviceMesh& mesh, const std::vector<int64_t>& shape, const Placements& ps, const ShardSizes& sizes = {}) {
+  return distribute_tensor(iota(shape), mesh, ps, sizes);
+}
+const DeviceMesh* mesh_of_shape(const std::vector<int64_t>& shape) {
+  for (const DeviceMesh& m : test_meshes())
+    if (m.shape() == shape) return &m;
+  return nullptr;
+}
+void expect_holds_reference(const at::Tensor& t, const std::vector<int64_t>& shape) {
+  const ShardTensorSpec& s = spec(t);
+  EXPECT_TRUE(at::equal(to_local(t), reference_piece(iota(shape), s.mesh().shape(), s.placements(), s.shard_sizes(), s.mesh().coordinate())))
+      << s;
+}
+}  // namespace
+
+TEST(Redistribute, NestedShardToInnerShardUndoesOnlyWhatItMust) {
+  const DeviceMesh* mesh = mesh_of_shape({2, 2});
+  if (!mesh) GTEST_SKIP() << "needs the 2x2 mesh of 4 ranks";
+  at::Tensor x = distributed(*mesh, {10, 6}, {Shard(0), Shard(0)});
+  at::Tensor y = redistribute(x, {Replicate(), Shard(0)});
+  expect_holds_reference(y, {10, 6});
+  // Rows 0:3 | 3:5 | 5:8 | 8:10 become 0:5 on (a, 0) and 5:10 on (a, 1). One exchange where
+  // each rank receives only rows it lacks: (0, 0) gets 3:5, (0, 1) holds none of 5:10 and gets
+  // all 5 rows (30 elements) from (1, 0) and (1, 1).
+  EXPECT_EQ(plan_redistribute(spec(x), spec(y)).to_string(), "Exchange(mesh_dims=[0, 1], max_received=30)");
+}
+
+TEST(Redistribute, SwappingShardDimsAcrossMeshDims) {
+  const DeviceMesh* mesh = mesh_of_shape({2, 2});
+  if (!mesh) GTEST_SKIP() << "needs the 2x2 mesh of 4 ranks";
+  at::Tensor x = distributed(*mesh, {7, 5}, {Shard(0), Shard(1)});
+  expect_holds_reference(redistribute(x, {Shard(1), Shard(0)}), {7, 5});
+}
+
+TEST(Redistribute, UnevenShardDimChangeIsOneAllToAll) {
+  const DeviceMesh& mesh = test_meshes().front();
+  at::Tensor x = distributed(mesh, {7, 5}, {Shard(0)});
+  at::Tensor y = redistribute(x, {Shard(1)});
+  expect_holds_reference(y, {7, 5});
+  const std::string plan = plan_redistribute(spec(x), spec(y)).to_string();
+  EXPECT_EQ(plan.rfind(world_size() == 1 ? "LocalSlice" : "Exchange(mesh_dims=[0]", 0), 0u) << plan;
+}
+
+TEST(Redistribute, PartialMaxToShardIsAReduceScatter) {
+  const DeviceMesh& mesh = test_meshes().front();
+  at::Tensor value = iota({9, 2}, c10::kDouble);
+  at::Tensor term = partial_term(value, mesh, {Partial(ReduceOp::Max)});
+  at::Tensor x = from_local(term, mesh, {Partial(ReduceOp::Max)}, ShardSizing::given({}));
+  at::Tensor y = redistribute(x, {Shard(0)});
+  EXPECT_TRUE(at::equal(to_local(y), reference_piece(value, mesh.shape(), {Shard(0)}, {}, mesh.coordinate())));
+  EXPECT_EQ(plan_redistribute(spec(x), spec(y)).to_string(), "ReduceScatter(mesh_dim=0, tensor_dim=0, max)");
+}
+
+TEST(Redistribute, RebalancingExplicitSizesIsOneCall) {
+  if (world_size() != 4) GTEST_SKIP() << "the 1,4,2,3 -> 3,3,2,2 case is for 4 ranks; the sweep covers others";
+  const DeviceMesh& mesh = test_meshes().front();
+  at::Tensor x = distributed(mesh, {10, 3}, {Shard(0)}, {{0, {1, 4, 2, 3}}});
+  at::Tensor y = redistribute(x, {Shard(0)}, {{0, {3, 3, 2, 2}}});
+  EXPECT_EQ(spec(y).sharding_of(0)->sizes, (std::vector<int64_t>{3, 3, 2, 2}));
+  expect_holds_reference(y, {10, 3});
+  EXPECT_EQ(plan_redistribute(spec(x), spec(y)).to_string().rfind("Exchange", 0), 0u);
+}
+
+TEST(Redistribute, ReplicateToShardNeedsNoCommunicationAndSameSpecNoWork) {
+  const DeviceMesh& mesh = test_meshes().front();
+  at::Tensor x = distributed(mesh, {5, 4}, {Replicate()});
+  at::Tensor y = redistribute(x, {Shard(1)});
+  expect_holds_reference(y, {5, 4});
+  EXPECT_EQ(plan_redistribute(spec(x), spec(y)).to_string(), "LocalSlice()");
+  EXPECT_TRUE(plan_redistribute(spec(y), spec(y)).empty());
+  at::Tensor same = redistribute(y, {Shard(1)});
+  EXPECT_FALSE(to_local(same).is_same(to_local(y)));  // always a fresh tensor
+  EXPECT_EQ(explain_redistribute(spec(x), spec(y)), "[R] -[LocalSlice()]-> [S(1)]");
+}
+
+TEST(Redistribute, FullTensorGathersAndIsDifferentiable) {
+  for (const DeviceMesh& mesh : test_meshes()) {
+    Placements ps(mesh.ndim(), Replicate());
+    ps.back() = Shard(0);
+    at::Tensor local = reference_piece(iota({6, 2}), mesh.shape(), ps, {}, mesh.coordinate()).requires_grad_(true);
+    at::Tensor x = from_local(local, mesh, ps, ShardSizing::chunk({6, 2}));
+    at::Tensor full = full_tensor(x);
+    EXPECT_FALSE(is_shard_tensor(full));
+    EXPECT_TRUE(at::equal(full, iota({6, 2})));
+    at::Tensor g = iota({6, 2}) + 1;
+    at::Tensor grad = torch::autograd::grad({full}, {local}, {g})[0];
+    EXPECT_TRUE(at::equal(grad, reference_piece(g, mesh.shape(), ps, {}, mesh.coordinate())));
+  }
+}
+
+TEST(Redistribute, DistributeTensorTakesCoordinateZerosValues) {
+  for (const DeviceMesh& mesh : test_meshes()) {
+    at::Tensor mine = iota({4, 3}) + (world_rank() == 0 ? 0 : 100);  // only rank 0's values count
+    Placements ps(mesh.ndim(), Replicate());
+    ps.front() = Shard(1);
+    at::Tensor t = distribute_tensor(mine, mesh, ps);
+    expect_holds_reference(t, {4, 3});
+    at::Tensor leaf = distribute_tensor(iota({4, 3}).requires_grad_(true), mesh, ps);
+    EXPECT_TRUE(leaf.requires_grad());
+    EXPECT_TRUE(leaf.is_leaf());
+  }
+}
+
+TEST(Redistribute, BadTargetsRaiseOnEveryRankBeforeCommunicating) {
+  const DeviceMesh& mesh = test_meshes().front();
+  at::Tensor x = distributed(mesh, {6, 4}, {Shard(0)});
+  EXPECT_ERROR_CONTAINS(redistribute(x, {Partial()}), "cannot make P(sum)", "Partial placements only come out of operators");
+  EXPECT_ERROR_CONTAINS(redistribute(x, {Shard(0), Replicate()}), "2 placements", "one placement per mesh dim");
+  EXPECT_ERROR_CONTAINS(redistribute(x, {Shard(2)}), "Shard(2)", "out of range");
+  EXPECT_ERROR_CONTAINS(redistribute(x, {Shard(0)}, {{0, std::vector<int64_t>(world_size(), 7)}}), "add up to", "global size 6");
+  if (test_meshes().size() > 1) {
+    const DeviceMesh& other = test_meshes()[1];
+    EXPECT_ERROR_CONTAINS(redistribute(x, other, Placements(other.ndim(), Replicate())), "redistributing to another mesh is not supported");
+  }
+  EXPECT_ERROR_CONTAINS(redistribute(at::zeros({2}), {Replicate()}), "expects a ShardTensor");
+}
