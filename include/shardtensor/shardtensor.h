@@ -2,6 +2,7 @@
 #pragma once
 
 #include "shardtensor/device_mesh.h"
+#include "shardtensor/factories.h"
 #include "shardtensor/placement.h"
 #include "shardtensor/redistribute.h"
 #include "shardtensor/shard_tensor.h"

@@ -1,0 +1,44 @@
+// Creating ShardTensors without ever materialising the global tensor: each rank allocates and
+// fills only its own piece. Random factories are sharding-invariant: with the same seed the
+// global tensor is the same whatever the mesh, placements or shard sizes, because every
+// element's value comes from a counter-based generator (Philox 4x32-10) indexed by the
+// element's global position.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+
+#include <optional>
+
+#include "shardtensor/device_mesh.h"
+#include "shardtensor/placement.h"
+#include "shardtensor/spec.h"
+
+namespace shardtensor {
+
+// Shared arguments of the factories. `sizes` gives explicit shard sizes (default torch.chunk).
+struct FactoryLayout {
+  std::vector<int64_t> shape;
+  DeviceMesh mesh;
+  Placements placements;
+  c10::TensorOptions options = {};  // dtype (default float) and requires_grad; device from the mesh
+  ShardSizes sizes = {};
+};
+
+at::Tensor empty(const FactoryLayout& layout);
+at::Tensor zeros(const FactoryLayout& layout);
+at::Tensor ones(const FactoryLayout& layout);
+at::Tensor full(const FactoryLayout& layout, double value);
+// Uniform on [0, 1) and standard normal. Without a seed, the next value of a per-process
+// counter started by manual_seed() (every rank makes the same calls, so they agree).
+at::Tensor rand(const FactoryLayout& layout, std::optional<uint64_t> seed = std::nullopt);
+at::Tensor randn(const FactoryLayout& layout, std::optional<uint64_t> seed = std::nullopt);
+void manual_seed(uint64_t seed);
+
+// Shards a tensor that only `src_rank` has: the other ranks learn its shape and dtype from it
+// (pass an undefined tensor there) and each receives only its own piece. With requires_grad
+// the result is a leaf that requires grad.
+at::Tensor scatter_tensor(const at::Tensor& tensor_on_src, int64_t src_rank, const DeviceMesh& mesh,
+                          const Placements& placements, bool requires_grad = false);
+
+}  // namespace shardtensor

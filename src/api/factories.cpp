@@ -1,0 +1,162 @@
+// Factories and scatter_tensor. Each rank builds only the piece its spec assigns it; random
+// values are a pure function of (seed, global element index), so they do not depend on the
+// layout. See include/shardtensor/factories.h.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "shardtensor/factories.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/tensor.h>
+
+#include <array>
+#include <atomic>
+#include <cmath>
+
+#include "comm/comm.h"
+#include "dispatch/shard_tensor_impl.h"
+#include "redistribute/boxes.h"
+#include "shardtensor/shard_tensor.h"
+#include "spec/placement_checks.h"
+#include "util/strings.h"
+
+namespace shardtensor {
+namespace {
+
+std::atomic<uint64_t> next_seed{0};
+
+ShardTensorSpec spec_of(const FactoryLayout& layout) {
+  const c10::ScalarType dtype = c10::typeMetaToScalarType(layout.options.dtype());
+  return ShardTensorSpec(layout.mesh,
+                         normalize_placements("factory", layout.mesh, layout.placements, static_cast<int64_t>(layout.shape.size())),
+                         layout.shape, dtype, layout.sizes);
+}
+
+c10::TensorOptions local_options(const FactoryLayout& layout) {
+  return layout.options.requires_grad(false).device(c10::Device(layout.mesh.device_type()));
+}
+
+at::Tensor wrap(at::Tensor local, ShardTensorSpec spec, bool requires_grad) {
+  at::Tensor out = make_shard_tensor(std::move(local), std::move(spec));
+  if (requires_grad) out.set_requires_grad(true);
+  return out;
+}
+
+at::Tensor filled(const FactoryLayout& layout, std::optional<double> value) {
+  ShardTensorSpec spec = spec_of(layout);
+  at::Tensor local = at::empty(spec.local_shape(), local_options(layout));
+  if (value) local.fill_(*value);
+  return wrap(std::move(local), std::move(spec), layout.options.requires_grad());
+}
+
+// Philox 4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"): counter =
+// the element's global index, key = the seed.
+std::array<uint32_t, 4> philox(uint64_t counter, uint64_t seed) {
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t{0xD2511F53} * c0, p1 = uint64_t{0xCD9E8D57} * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0, n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9;
+    k1 += 0xBB67AE85;
+  }
+  return {c0, c1, c2, c3};
+}
+
+double uniform_from(uint32_t hi, uint32_t lo) {  // 53 random bits in [0, 1)
+  return static_cast<double>((uint64_t{hi} << 21) ^ (lo >> 11)) * (1.0 / 9007199254740992.0);
+}
+
+// Calls fn(global linear index) for every element of `box` in row-major order.
+template <typename Fn>
+void for_each_global_index(const Box& box, const std::vector<int64_t>& global_shape, Fn&& fn) {
+  if (box.numel() == 0) return;
+  const int64_t ndim = static_cast<int64_t>(global_shape.size());
+  std::vector<int64_t> index(ndim, 0);
+  for (int64_t n = 0; n < box.numel(); ++n) {
+    int64_t linear = 0;
+    for (int64_t d = 0; d < ndim; ++d) linear = linear * global_shape[d] + box.offsets[d] + index[d];
+    fn(linear);
+    for (int64_t d = ndim - 1; d >= 0 && ++index[d] == box.shape[d]; --d) index[d] = 0;
+  }
+}
+
+at::Tensor random(const FactoryLayout& layout, std::optional<uint64_t> seed, bool normal) {
+  ShardTensorSpec spec = spec_of(layout);
+  const uint64_t key = seed ? *seed : next_seed++;
+  at::Tensor values = at::empty(spec.local_shape(), at::TensorOptions().dtype(at::kDouble));
+  double* out = values.data_ptr<double>();
+  for_each_global_index(box_of(spec, layout.mesh.coordinate()), spec.shape(), [&](int64_t linear) {
+    const auto bits = philox(static_cast<uint64_t>(linear), key);
+    const double u1 = uniform_from(bits[0], bits[1]);
+    if (!normal) {
+      *out++ = u1;
+      return;
+    }
+    const double u2 = uniform_from(bits[2], bits[3]);  // Box-Muller, one value per element
+    *out++ = std::sqrt(-2.0 * std::log1p(-u1)) * std::cos(2.0 * M_PI * u2);
+  });
+  return wrap(values.to(local_options(layout)), std::move(spec), layout.options.requires_grad());
+}
+
+}  // namespace
+
+at::Tensor empty(const FactoryLayout& layout) { return filled(layout, std::nullopt); }
+at::Tensor zeros(const FactoryLayout& layout) { return filled(layout, 0.0); }
+at::Tensor ones(const FactoryLayout& layout) { return filled(layout, 1.0); }
+at::Tensor full(const FactoryLayout& layout, double value) { return filled(layout, value); }
+at::Tensor rand(const FactoryLayout& layout, std::optional<uint64_t> seed) { return random(layout, seed, /*normal=*/false); }
+at::Tensor randn(const FactoryLayout& layout, std::optional<uint64_t> seed) { return random(layout, seed, /*normal=*/true); }
+void manual_seed(uint64_t seed) { next_seed = seed; }
+
+at::Tensor scatter_tensor(const at::Tensor& tensor_on_src, int64_t src_rank, const DeviceMesh& mesh,
+                          const Placements& placements, bool requires_grad) {
+  const auto& ranks = mesh.ranks();
+  const auto src_it = std::find(ranks.begin(), ranks.end(), src_rank);
+  TORCH_CHECK(src_it != ranks.end(), "scatter_tensor: source rank ", src_rank, " is not in ", mesh, " (ranks [",
+              join(ranks, ", "), "]).");
+  const int64_t root = src_it - ranks.begin();
+  const bool is_src = mesh.rank() == src_rank;
+  Comm& comm = mesh.mesh_comm();
+  const c10::TensorOptions meta = at::TensorOptions().dtype(at::kLong).device(c10::Device(mesh.device_type()));
+  // The source's header: [defined, ndim, dtype], then its shape. An undefined source tensor
+  // raises on every rank after the first broadcast.
+  at::Tensor header = at::tensor(std::vector<int64_t>{is_src && tensor_on_src.defined(), is_src ? tensor_on_src.dim() : 0,
+                                                      is_src && tensor_on_src.defined() ? static_cast<int64_t>(tensor_on_src.scalar_type()) : 0},
+                                 at::kLong).to(meta.device());
+  comm.broadcast(header, root);
+  header = header.cpu();
+  TORCH_CHECK(header[0].item<int64_t>() == 1, "scatter_tensor: the source rank ", src_rank, " passed an undefined tensor.");
+  const int64_t ndim = header[1].item<int64_t>();
+  const auto dtype = static_cast<c10::ScalarType>(header[2].item<int64_t>());
+  at::Tensor shape_t = is_src ? at::tensor(tensor_on_src.sizes().vec(), at::kLong).to(meta.device()) : at::empty({ndim}, meta);
+  if (ndim > 0) comm.broadcast(shape_t, root);
+  shape_t = shape_t.cpu().contiguous();
+  const std::vector<int64_t> shape(shape_t.data_ptr<int64_t>(), shape_t.data_ptr<int64_t>() + ndim);
+  const ShardTensorSpec spec(mesh, normalize_placements("scatter_tensor", mesh, placements, ndim), shape, dtype);
+
+  // One all-to-all in which only the source sends, each rank exactly its box.
+  const c10::TensorOptions data = at::TensorOptions().dtype(dtype).device(c10::Device(mesh.device_type()));
+  std::vector<int64_t> send_splits(ranks.size(), 0), recv_splits(ranks.size(), 0);
+  std::vector<at::Tensor> pieces;
+  for (size_t p = 0; p < ranks.size(); ++p) {
+    const Box box = box_of(spec, mesh.coordinate_of(ranks[p]));
+    if (is_src) {
+      at::Tensor piece = tensor_on_src.detach();
+      for (int64_t d = 0; d < ndim; ++d) piece = piece.narrow(d, box.offsets[d], box.shape[d]);
+      pieces.push_back(piece.reshape({-1}));
+      send_splits[p] = box.numel();
+    }
+  }
+  recv_splits[root] = box_of(spec, mesh.coordinate()).numel();
+  at::Tensor send = is_src ? at::cat(pieces).to(data.device()) : at::empty({0}, data);
+  at::Tensor received = at::empty({recv_splits[root]}, data);
+  comm.all_to_all(received, send, recv_splits, send_splits);
+  return wrap(received.view(spec.local_shape()), spec, requires_grad);
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,93 @@
+// Factories build only the local piece, random ones give the same global tensor under every
+// layout, and scatter_tensor delivers each rank exactly its piece from one source rank.
+#include <ATen/ATen.h>
+
+#include "dist/dist_fixture.h"
+
+using namespace shardtensor;
+using namespace shardtensor::testing;
+
+namespace {
+std::vector<Placements> layouts_for(const DeviceMesh& mesh) {
+  std::vector<Placements> out = {Placements(mesh.ndim(), Replicate())};
+  Placements rows(mesh.ndim(), Replicate()), cols(mesh.ndim(), Replicate());
+  rows.front() = Shard(0);
+  cols.back() = Shard(1);
+  out.push_back(rows);
+  out.push_back(cols);
+  if (mesh.ndim() >= 2) {
+    Placements both(mesh.ndim(), Replicate());
+    both[0] = Shard(0);
+    both[1] = Shard(1);
+    out.push_back(both);
+  }
+  return out;
+}
+}  // namespace
+
+TEST(Factories, FilledFactoriesHoldTheirValueInTheLocalPieceOnly) {
+  for (const DeviceMesh& mesh : test_meshes()) {
+    for (const Placements& ps : layouts_for(mesh)) {
+      FactoryLayout layout{{7, 5}, mesh, ps, at::TensorOptions().dtype(at::kDouble)};
+      at::Tensor z = zeros(layout), o = ones(layout), f = full(layout, 2.5), e = empty(layout);
+      const ShardTensorSpec expected(mesh, ps, {7, 5}, c10::kDouble);
+      for (const at::Tensor& t : {z, o, f, e}) {
+        EXPECT_EQ(spec(t), expected);
+        EXPECT_EQ(to_local(t).sizes().vec(), expected.local_shape());
+      }
+      EXPECT_TRUE(at::equal(to_local(z), at::zeros(expected.local_shape(), at::kDouble)));
+      EXPECT_TRUE(at::equal(to_local(o), at::ones(expected.local_shape(), at::kDouble)));
+      EXPECT_TRUE(at::equal(to_local(f), at::full(expected.local_shape(), 2.5, at::kDouble)));
+    }
+  }
+  FactoryLayout grad_layout{{3}, test_meshes().front(), {Replicate()}, at::TensorOptions().requires_grad(true)};
+  EXPECT_TRUE(zeros(grad_layout).requires_grad());
+}
+
+TEST(Factories, RandomFactoriesAreShardingInvariant) {
+  const uint64_t seed = 99;
+  for (bool normal : {false, true}) {
+    at::Tensor reference;
+    for (const DeviceMesh& mesh : test_meshes()) {
+      for (const Placements& ps : layouts_for(mesh)) {
+        for (bool uneven : {false, true}) {
+          FactoryLayout layout{{9, 6}, mesh, ps};
+          std::mt19937 rng(3);
+          if (uneven && ps.front().is_shard(0)) layout.sizes = {{0, random_sizes(rng, 9, mesh.size(0))}};
+          at::Tensor t = normal ? randn(layout, seed) : rand(layout, seed);
+          at::Tensor whole = full_tensor(t);
+          if (!reference.defined()) reference = whole;
+          EXPECT_TRUE(at::equal(whole, reference)) << spec(t);
+        }
+      }
+    }
+    if (!normal) {
+      EXPECT_GE(reference.min().item<float>(), 0.0f);
+      EXPECT_LT(reference.max().item<float>(), 1.0f);
+    }
+  }
+  // Statistics of a larger draw: uniform mean 1/2, normal mean 0 and std 1.
+  FactoryLayout big{{128, 128}, test_meshes().front(), {Shard(0)}, at::TensorOptions().dtype(at::kDouble)};
+  at::Tensor u = full_tensor(rand(big, 1)), n = full_tensor(randn(big, 2));
+  EXPECT_NEAR(u.mean().item<double>(), 0.5, 0.01);
+  EXPECT_NEAR(n.mean().item<double>(), 0.0, 0.02);
+  EXPECT_NEAR(n.std().item<double>(), 1.0, 0.02);
+  EXPECT_FALSE(at::equal(full_tensor(rand(big, 1)), full_tensor(rand(big, 3))));
+}
+
+TEST(Factories, ScatterTensorSendsEachRankItsPieceFromTheSource) {
+  for (const DeviceMesh& mesh : test_meshes()) {
+    const int64_t src = world_size() - 1;
+    for (const Placements& ps : layouts_for(mesh)) {
+      at::Tensor on_src = world_rank() == src ? iota({5, 3}, c10::kDouble) : at::Tensor();
+      at::Tensor t = scatter_tensor(on_src, src, mesh, ps, /*requires_grad=*/true);
+      EXPECT_EQ(t.sizes().vec(), (std::vector<int64_t>{5, 3}));
+      EXPECT_EQ(t.scalar_type(), at::kDouble);
+      EXPECT_TRUE(t.requires_grad() && t.is_leaf());
+      EXPECT_TRUE(at::equal(to_local(t), reference_piece(iota({5, 3}, c10::kDouble), mesh.shape(), spec(t).placements(), {},
+                                                         mesh.coordinate())));
+    }
+  }
+  EXPECT_ERROR_CONTAINS(scatter_tensor(at::Tensor(), 0, test_meshes().front(), {Replicate()}), "passed an undefined tensor");
+  EXPECT_ERROR_CONTAINS(scatter_tensor(at::zeros({2}), world_size(), test_meshes().front(), {Replicate()}), "is not in");
+}
