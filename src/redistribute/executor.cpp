@@ -11,6 +11,8 @@
 #include <ATen/ops/prod.h>
 #include <ATen/ops/sum.h>
 
+#include <numeric>
+
 #include "comm/comm.h"
 #include "redistribute/boxes.h"
 
@@ -22,6 +24,32 @@ at::Tensor view_of(const at::Tensor& local, const Box& held, const Box& part) {
   at::Tensor v = local;
   for (int64_t d = 0; d < local.dim(); ++d) v = v.narrow(d, part.offsets[d] - held.offsets[d], part.shape[d]);
   return v;
+}
+
+// Whether `parts` (in order, empty ones skipped) are consecutive row blocks that together are
+// all of `whole`: then a contiguous tensor holding `whole`, flattened, IS their concatenation,
+// and the collective can read from it or write into it without a packing copy.
+bool tiles_in_order(const Box& whole, const std::vector<Box>& parts) {
+  int64_t next_row = whole.shape.empty() ? 0 : whole.offsets[0];
+  int64_t covered = 0;
+  for (const Box& part : parts) {
+    if (part.empty()) continue;
+    if (whole.shape.empty()) return false;
+    if (part.offsets[0] != next_row) return false;
+    for (size_t d = 1; d < whole.shape.size(); ++d)
+      if (part.offsets[d] != whole.offsets[d] || part.shape[d] != whole.shape[d]) return false;
+    next_row += part.shape[0];
+    covered += part.numel();
+  }
+  return covered == whole.numel();
+}
+
+at::Tensor concatenated(const at::Tensor& local, const Box& held, const std::vector<Box>& parts) {
+  std::vector<at::Tensor> pieces;
+  for (const Box& part : parts)
+    if (!part.empty()) pieces.push_back(view_of(local, held, part).reshape({-1}));
+  if (pieces.empty()) return at::empty({0}, local.options());
+  return pieces.size() == 1 ? pieces.front().contiguous() : at::cat(pieces);
 }
 
 at::Tensor fresh_copy(const at::Tensor& t) { return t.clone(at::MemoryFormat::Contiguous); }
@@ -53,17 +81,16 @@ at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& curren
   const Box mine = box_of(next, mesh.coordinate());
   if (held.empty()) return at::empty(mine.shape, local.options());
   Comm& comm = mesh.comm(step.mesh_dim);
-  std::vector<at::Tensor> pieces;
+  std::vector<Box> pieces;
   std::vector<int64_t> send_splits, recv_splits;
   std::vector<int64_t> member = mesh.coordinate();
   for (int64_t i = 0; i < comm.size(); ++i) {
     member[step.mesh_dim] = i;
-    at::Tensor piece = view_of(local, held, box_of(next, member));
-    send_splits.push_back(piece.numel());
+    pieces.push_back(box_of(next, member));
+    send_splits.push_back(pieces.back().numel());
     recv_splits.push_back(mine.numel());
-    pieces.push_back(piece.reshape({-1}));
   }
-  at::Tensor send = at::cat(pieces);
+  at::Tensor send = local.is_contiguous() && tiles_in_order(held, pieces) ? local.view({-1}) : concatenated(local, held, pieces);
   at::Tensor received = at::empty({comm.size() * mine.numel()}, local.options());
   comm.all_to_all(received, send, recv_splits, send_splits);
   std::vector<int64_t> stacked_shape = mine.shape;
@@ -81,7 +108,10 @@ at::Tensor local_slice(const at::Tensor& local, const ShardTensorSpec& current, 
 }
 
 // One all-to-all over the whole mesh; see boxes.h. Send and receive lists are in row-major
-// mesh position order, which is the mesh group's rank order.
+// mesh position order, which is the mesh group's rank order. When the parts this rank sends or
+// receives are consecutive row blocks, the local tensor is the send buffer or the output is
+// the receive buffer, and this rank's own part travels through the collective (Gloo copies it
+// locally); otherwise its own part is copied directly and never enters the collective.
 at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next) {
   const DeviceMesh& mesh = current.mesh();
   const std::vector<int64_t>& me = mesh.coordinate();
@@ -89,27 +119,30 @@ at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, con
   const Box wanted = box_of(next, me);
   at::Tensor out = at::empty(wanted.shape, local.options());
 
-  std::vector<at::Tensor> sends;
-  std::vector<int64_t> send_splits, recv_splits;
-  std::vector<Box> incoming;
+  std::vector<Box> outgoing, incoming;
+  size_t self_position = 0;
   for (int64_t peer_rank : mesh.ranks()) {
     const std::vector<int64_t> peer = mesh.coordinate_of(peer_rank);
-    Box to_peer = feeds(current, me, peer) ? intersect(held, box_of(next, peer)) : Box::none();
-    Box from_peer = feeds(current, peer, me) ? intersect(box_of(current, peer), wanted) : Box::none();
-    if (peer == me) {  // what I already hold never crosses the wire
-      if (!from_peer.empty()) view_of(out, wanted, from_peer).copy_(view_of(local, held, from_peer));
-      to_peer = from_peer = Box::none();
-    }
-    send_splits.push_back(to_peer.numel());
-    if (!to_peer.empty()) sends.push_back(view_of(local, held, to_peer).reshape({-1}));
-    recv_splits.push_back(from_peer.numel());
-    incoming.push_back(std::move(from_peer));
+    if (peer == me) self_position = outgoing.size();
+    outgoing.push_back(feeds(current, me, peer) ? intersect(held, box_of(next, peer)) : Box::none());
+    incoming.push_back(feeds(current, peer, me) ? intersect(box_of(current, peer), wanted) : Box::none());
   }
-  int64_t total_received = 0;
-  for (int64_t n : recv_splits) total_received += n;
-  at::Tensor send = sends.empty() ? at::empty({0}, local.options()) : at::cat(sends);
-  at::Tensor received = at::empty({total_received}, local.options());
+  const bool send_in_place = local.is_contiguous() && tiles_in_order(held, outgoing);
+  const bool receive_in_place = tiles_in_order(wanted, incoming);
+  if (!send_in_place && !receive_in_place) {
+    const Box& own = incoming[self_position];
+    if (!own.empty()) view_of(out, wanted, own).copy_(view_of(local, held, own));
+    outgoing[self_position] = incoming[self_position] = Box::none();
+  }
+  std::vector<int64_t> send_splits, recv_splits;
+  for (size_t p = 0; p < outgoing.size(); ++p) {
+    send_splits.push_back(outgoing[p].numel());
+    recv_splits.push_back(incoming[p].numel());
+  }
+  at::Tensor send = send_in_place ? local.view({-1}) : concatenated(local, held, outgoing);
+  at::Tensor received = receive_in_place ? out.view({-1}) : at::empty({std::accumulate(recv_splits.begin(), recv_splits.end(), int64_t{0})}, local.options());
   mesh.mesh_comm().all_to_all(received, send, recv_splits, send_splits);
+  if (receive_in_place) return out;
   int64_t offset = 0;
   for (const Box& part : incoming) {
     if (part.empty()) continue;

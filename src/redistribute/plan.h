@@ -57,6 +57,9 @@ std::string to_string(const RedistributeStep& step);
 // answer on every rank. Source and target must share mesh, shape and dtype.
 const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target);
 
+// The same plan computed afresh, bypassing the cache (for benchmarks and tests of the planner).
+RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target);
+
 // The chain of layouts a plan walks through: "[S(0), S(0)] -> [R, S(0)] (Exchange ...)".
 std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target);
 

@@ -164,6 +164,10 @@ const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const S
   return it->second;  // unordered_map never moves its values, so the reference stays valid
 }
 
+RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target) {
+  return make_plan(source, target);
+}
+
 std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target) {
   const RedistributePlan& plan = plan_redistribute(source, target);
   std::string out = to_string(source.placements());

@@ -1,0 +1,153 @@
+// Redistribution benchmark: each transition next to the raw c10d collective that moves the
+// minimal bytes, measured in the same run, plus planning time.
+//
+//   shardrun -n 4 ./build/bench/redistribute_bench        (also -n 2)
+//
+// Tensors: 16 MiB of float ([2048, 2048], even) and an awkward [2047, 2049] (uneven). Each
+// figure is the median of 25 runs after 3 warm-ups, with a barrier before every run; the
+// slowest rank's time counts (max over ranks of each run). Rank 0 prints a Markdown table.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+
+#include "comm/comm.h"
+#include "redistribute/boxes.h"
+#include "redistribute/plan.h"
+#include "shardtensor/shardtensor.h"
+
+using namespace shardtensor;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kWarmup = 3, kRuns = 25;
+
+// Median over runs of the slowest rank's time, in milliseconds.
+double time_ms(const DeviceMesh& mesh, const std::function<void()>& fn) {
+  for (int i = 0; i < kWarmup; ++i) fn();
+  std::vector<double> samples;
+  for (int i = 0; i < kRuns; ++i) {
+    mesh.mesh_comm().barrier();
+    const auto start = Clock::now();
+    fn();
+    at::Tensor t = at::tensor(std::vector<double>{std::chrono::duration<double, std::milli>(Clock::now() - start).count()}, at::kDouble);
+    mesh.mesh_comm().all_reduce(t, ReduceOp::Max);
+    samples.push_back(t.item<double>());
+  }
+  std::nth_element(samples.begin(), samples.begin() + kRuns / 2, samples.end());
+  return samples[kRuns / 2];
+}
+
+// The raw collective moving exactly what a redistribution from `src` to `dst` must move: one
+// all_to_all with the intersection sizes (what the executor sends, without our packing).
+void raw_exchange(const ShardTensorSpec& src, const ShardTensorSpec& dst, const at::Tensor& send, const at::Tensor& recv,
+                  const std::vector<int64_t>& send_splits, const std::vector<int64_t>& recv_splits) {
+  src.mesh().mesh_comm().all_to_all(recv, send, recv_splits, send_splits);
+  (void)dst;
+}
+
+struct Row {
+  std::string name, raw_name;
+  double ours_ms, raw_ms;
+};
+
+Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const ShardTensorSpec& dst) {
+  const DeviceMesh& mesh = src.mesh();
+  at::Tensor x = from_local(at::rand(src.local_shape()), mesh, src.placements(), ShardSizing::given(src.shard_sizes()));
+  const double ours = time_ms(mesh, [&] { redistribute(x, dst.placements(), dst.shard_sizes()); });
+  // Minimal bytes: what each receiver lacks, from the rank that holds it (boxes.h).
+  std::vector<int64_t> send_splits, recv_splits;
+  const auto me = mesh.coordinate();
+  for (int64_t r : mesh.ranks()) {
+    const auto peer = mesh.coordinate_of(r);
+    const bool self = peer == me;
+    send_splits.push_back(!self && feeds(src, me, peer) ? intersect(box_of(src, me), box_of(dst, peer)).numel() : 0);
+    recv_splits.push_back(!self && feeds(src, peer, me) ? intersect(box_of(src, peer), box_of(dst, me)).numel() : 0);
+  }
+  int64_t s = 0, r = 0;
+  for (int64_t v : send_splits) s += v;
+  for (int64_t v : recv_splits) r += v;
+  at::Tensor send = at::rand({s}), recv = at::empty({r});
+  const double raw = time_ms(mesh, [&] { raw_exchange(src, dst, send, recv, send_splits, recv_splits); });
+  return {name, "all_to_all (minimal bytes)", ours, raw};
+}
+
+void print(const std::vector<Row>& rows, int64_t world) {
+  std::cout << "\n| transition (" << world << " ranks) | shardtensor ms | raw c10d | raw ms | ratio |\n|---|---|---|---|---|\n";
+  for (const Row& r : rows)
+    std::cout << "| " << r.name << " | " << std::fixed << std::setprecision(3) << r.ours_ms << " | " << r.raw_name << " | "
+              << r.raw_ms << " | " << std::setprecision(2) << r.ours_ms / r.raw_ms << " |\n";
+}
+
+double plan_us(const ShardTensorSpec& a, const ShardTensorSpec& b, bool cached, int reps) {
+  plan_redistribute(a, b);
+  const auto start = Clock::now();
+  for (int i = 0; i < reps; ++i) {
+    if (cached) {
+      volatile bool e = plan_redistribute(a, b).empty();
+      (void)e;
+    } else {
+      volatile bool e = plan_redistribute_uncached(a, b).empty();
+      (void)e;
+    }
+  }
+  return std::chrono::duration<double, std::micro>(Clock::now() - start).count() / reps;
+}
+
+}  // namespace
+
+int main() {
+  const int64_t world = world_size();
+  DeviceMesh mesh = DeviceMesh::create({world});
+  std::vector<Row> rows;
+  for (auto shape : {std::vector<int64_t>{2048, 2048}, std::vector<int64_t>{2047, 2049}}) {
+    const std::string tag = shape[0] == 2048 ? " even" : " uneven";
+    ShardTensorSpec s0(mesh, {Shard(0)}, shape, c10::kFloat), s1(mesh, {Shard(1)}, shape, c10::kFloat),
+        r(mesh, {Replicate()}, shape, c10::kFloat), p(mesh, {Partial()}, shape, c10::kFloat);
+    rows.push_back(measure_exchange("S(0)->R" + tag, s0, r));
+    rows.push_back(measure_exchange("S(0)->S(1)" + tag, s0, s1));
+    // Partial: the raw baselines are all_reduce and an all_to_all of the reduce-scatter bytes.
+    at::Tensor px = from_local(at::rand(shape), mesh, {Partial()}, ShardSizing::given({}));
+    at::Tensor dense = at::rand(shape);
+    rows.push_back({"P(sum)->R" + tag, "all_reduce", time_ms(mesh, [&] { redistribute(px, {Replicate()}); }),
+                    time_ms(mesh, [&] { mesh.comm(0).all_reduce(dense, ReduceOp::Sum); })});
+    at::Tensor flat = at::rand({dense.numel()}), flat_out = at::empty({dense.numel()});
+    std::vector<int64_t> splits;
+    for (int64_t rows_of_piece : chunk_sizes(shape[0], world)) splits.push_back(rows_of_piece * shape[1]);
+    std::vector<int64_t> recv(world, splits[mesh.coordinate()[0]]);
+    at::Tensor recv_buf = at::empty({world * splits[mesh.coordinate()[0]]});
+    rows.push_back({"P(sum)->S(0)" + tag, "all_to_all (reduce-scatter bytes)",
+                    time_ms(mesh, [&] { redistribute(px, {Shard(0)}); }),
+                    time_ms(mesh, [&] { mesh.comm(0).all_to_all(recv_buf, flat, recv, splits); })});
+  }
+  if (world == 4) {
+    ShardTensorSpec a(mesh, {Shard(0)}, {2048, 2048}, c10::kFloat, {{0, {256, 1024, 512, 256}}});
+    ShardTensorSpec b(mesh, {Shard(0)}, {2048, 2048}, c10::kFloat, {{0, {512, 512, 512, 512}}});
+    rows.push_back(measure_exchange("rebalance S(0) 1:4:2:1 -> even", a, b));
+    DeviceMesh grid = DeviceMesh::create({2, 2});
+    ShardTensorSpec nested(grid, {Shard(0), Shard(0)}, {2048, 2048}, c10::kFloat);
+    ShardTensorSpec inner(grid, {Replicate(), Shard(0)}, {2048, 2048}, c10::kFloat);
+    rows.push_back(measure_exchange("(S(0),S(0))->(R,S(0)) 2x2", nested, inner));
+    ShardTensorSpec swap_a(grid, {Shard(0), Shard(1)}, {2048, 2048}, c10::kFloat);
+    ShardTensorSpec swap_b(grid, {Shard(1), Shard(0)}, {2048, 2048}, c10::kFloat);
+    rows.push_back(measure_exchange("(S(0),S(1))->(S(1),S(0)) 2x2", swap_a, swap_b));
+  }
+  if (mesh.rank() == 0) {
+    print(rows, world);
+    DeviceMesh one = DeviceMesh::without_comms({8}, 0), three = DeviceMesh::without_comms({2, 2, 2}, 0);
+    ShardTensorSpec a1(one, {Shard(0)}, {1000, 64}, c10::kFloat), b1(one, {Shard(1)}, {1000, 64}, c10::kFloat);
+    ShardTensorSpec a3(three, {Shard(0), Shard(1), Partial()}, {1000, 64, 8}, c10::kFloat);
+    ShardTensorSpec b3(three, {Replicate(), Shard(0), Shard(2)}, {1000, 64, 8}, c10::kFloat);
+    std::cout << "\n| planning | µs per plan |\n|---|---|\n"
+              << "| cached lookup, 1-D mesh(8) | " << plan_us(a1, b1, true, 200000) << " |\n"
+              << "| cached lookup, 3-D mesh(2x2x2) | " << plan_us(a3, b3, true, 200000) << " |\n"
+              << "| uncached, 1-D mesh(8) | " << plan_us(a1, b1, false, 2000) << " |\n"
+              << "| uncached, 3-D mesh(2x2x2) | " << plan_us(a3, b3, false, 2000) << " |\n"
+              << "\n3-D plan: " << explain_redistribute(a3, b3) << "\n";
+  }
+  return 0;
+}
