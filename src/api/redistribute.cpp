@@ -39,17 +39,9 @@ at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target) {
 
 namespace {
 
-// `placements` over `spec`'s shape and mesh, keeping the sizes of dims sharded as before.
-// Unlike redistribute_target, Partial is allowed: gradients may be declared Partial.
+// `requested` over `spec`'s mesh and shape (see relayout); Partial allowed for gradients.
 ShardTensorSpec relaid(const ShardTensorSpec& spec, const Placements& requested) {
-  Placements ps = normalize_placements("grad_placements", spec.mesh(), requested, spec.ndim());
-  ShardTensorSpec chunked(spec.mesh(), ps, spec.shape(), spec.dtype());
-  ShardSizes sizes;
-  for (const DimSharding& s : chunked.shardings()) {
-    const DimSharding* before = spec.sharding_of(s.tensor_dim);
-    if (before && before->mesh_dims == s.mesh_dims) sizes.push_back({s.tensor_dim, before->sizes});
-  }
-  return ShardTensorSpec(spec.mesh(), ps, spec.shape(), spec.dtype(), sizes);
+  return relayout(spec, normalize_placements("grad_placements", spec.mesh(), requested, spec.ndim()), {});
 }
 
 ShardTensorSpec checked_target(const at::Tensor& t, const DeviceMesh* mesh, const Placements& placements,

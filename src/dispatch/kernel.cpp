@@ -19,11 +19,6 @@
 namespace shardtensor {
 namespace {
 
-std::string op_name_of(const c10::OperatorHandle& op) {
-  const c10::OperatorName& name = op.operator_name();
-  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-}
-
 // Replaces every ShardTensor in [begin, end) of the stack by its local tensor and returns their specs.
 std::vector<ShardTensorSpec> unwrap_arguments(const std::string& op_name, torch::jit::Stack& stack, size_t begin) {
   std::vector<ShardTensorSpec> specs;
@@ -73,8 +68,12 @@ void wrap_outputs(const std::string& op_name, torch::jit::Stack& stack, size_t b
 
 }  // namespace
 
+std::string full_op_name(const c10::OperatorName& name) {
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
 void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const std::string name = op_name_of(op);
+  const std::string name = full_op_name(op.operator_name());
   const size_t num_args = op.schema().arguments().size();
   const size_t args_begin = stack->size() - num_args;
 

@@ -41,8 +41,7 @@ void register_everything() {
       libraries.push_back(std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
       lib = libraries.back().get();
     }
-    const std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-    lib->impl(full.c_str(), kernel_function());
+    lib->impl(full_op_name(name).c_str(), kernel_function());
   }
 }
 

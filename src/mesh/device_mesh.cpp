@@ -25,6 +25,16 @@ std::chrono::milliseconds MeshOptions::default_timeout() {
   return std::chrono::minutes(5);
 }
 
+namespace {
+// Meshes are equal when shape and rank layout are (and device type, compared separately).
+size_t layout_hash(const std::vector<int64_t>& shape, const std::vector<int64_t>& ranks) {
+  size_t h = shape.size();
+  for (int64_t s : shape) h = hash_combine(h, static_cast<size_t>(s));
+  for (int64_t r : ranks) h = hash_combine(h, static_cast<size_t>(r));
+  return h;
+}
+}  // namespace
+
 std::shared_ptr<DeviceMesh::Impl> make_mesh_topology(std::vector<int64_t> shape, std::vector<int64_t> ranks,
                                                      std::vector<std::string> dim_names, int64_t my_rank,
                                                      int64_t world_size) {
@@ -65,10 +75,7 @@ std::shared_ptr<DeviceMesh::Impl> make_mesh_topology(std::vector<int64_t> shape,
     impl->coordinate[d] = rest % impl->shape[d];
     rest /= impl->shape[d];
   }
-  size_t h = impl->shape.size();
-  for (int64_t s : impl->shape) h = hash_combine(h, static_cast<size_t>(s));
-  for (int64_t r : impl->ranks) h = hash_combine(h, static_cast<size_t>(r));
-  impl->hash = h;
+  impl->hash = layout_hash(impl->shape, impl->ranks);
   return impl;
 }
 
@@ -160,10 +167,7 @@ DeviceMesh DeviceMesh::submesh(int64_t mesh_dim) const {
   }
   sub->device_type = impl_->device_type;
   sub->timeout = impl_->timeout;
-  size_t h = 1;
-  h = hash_combine(h, static_cast<size_t>(sub->shape[0]));
-  for (int64_t r : sub->ranks) h = hash_combine(h, static_cast<size_t>(r));
-  sub->hash = h;
+  sub->hash = layout_hash(sub->shape, sub->ranks);
   return DeviceMesh(std::move(sub));
 }
 

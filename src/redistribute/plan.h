@@ -63,6 +63,11 @@ RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const
 // The chain of layouts a plan walks through: "[S(0), S(0)] -> [R, S(0)] (Exchange ...)".
 std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target);
 
+// `placements` (already normalised) over `source`'s mesh, shape and dtype: `given` sizes win,
+// tensor dims sharded by the same mesh dims as before keep their sizes, the others take
+// torch.chunk sizes. No policy on Partial: gradients may be declared Partial.
+ShardTensorSpec relayout(const ShardTensorSpec& source, const Placements& placements, const ShardSizes& given);
+
 // The target spec of redistribute(t, placements[, sizes]): checks the placements; tensor dims
 // sharded by the same mesh dims as before keep their sizes, newly sharded ones take torch.chunk
 // sizes, and explicit `sizes` win. Partial targets are refused unless the same Partial was

@@ -182,16 +182,18 @@ ShardTensorSpec redistribute_target(const ShardTensorSpec& source, const Placeme
                 to_string(placements[m]), " on mesh dim ", m, " from ", to_string(source.placements()),
                 "; Partial placements only come out of operators. Ask for Replicate() or Shard(d).");
   }
-  ShardSizes target_sizes;
-  if (sizes) target_sizes = *sizes;
-  // Dims sharded exactly as before keep their sizes unless given.
-  ShardTensorSpec chunked(source.mesh(), placements, source.shape(), source.dtype(), target_sizes);
+  return relayout(source, placements, sizes ? *sizes : ShardSizes{});
+}
+
+ShardTensorSpec relayout(const ShardTensorSpec& source, const Placements& placements, const ShardSizes& given) {
+  ShardSizes sizes = given;
+  ShardTensorSpec chunked(source.mesh(), placements, source.shape(), source.dtype(), given);
   for (const DimSharding& s : chunked.shardings()) {
-    const bool given = std::any_of(target_sizes.begin(), target_sizes.end(), [&](const DimShardSizes& g) { return g.tensor_dim == s.tensor_dim; });
+    const bool is_given = std::any_of(given.begin(), given.end(), [&](const DimShardSizes& g) { return g.tensor_dim == s.tensor_dim; });
     const DimSharding* before = source.sharding_of(s.tensor_dim);
-    if (!given && before && before->mesh_dims == s.mesh_dims) target_sizes.push_back({s.tensor_dim, before->sizes});
+    if (!is_given && before && before->mesh_dims == s.mesh_dims) sizes.push_back({s.tensor_dim, before->sizes});
   }
-  return ShardTensorSpec(source.mesh(), placements, source.shape(), source.dtype(), target_sizes);
+  return ShardTensorSpec(source.mesh(), placements, source.shape(), source.dtype(), sizes);
 }
 
 }  // namespace shardtensor
