@@ -2,8 +2,10 @@
 #pragma once
 
 #include "shardtensor/device_mesh.h"
+#include "shardtensor/dispatch.h"
 #include "shardtensor/factories.h"
 #include "shardtensor/placement.h"
 #include "shardtensor/redistribute.h"
 #include "shardtensor/shard_tensor.h"
+#include "shardtensor/sharding_rule.h"
 #include "shardtensor/spec.h"

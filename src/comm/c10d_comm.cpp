@@ -9,6 +9,7 @@
 #endif
 
 #include "comm/c10d_comm.h"
+#include "comm/comm_debug.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -77,6 +78,7 @@ class C10dComm final : public Comm {
  private:
   template <typename Launch>
   void run(const char* what, Launch&& launch) {
+    record_collective(what);
     try {
       auto work = launch();
       work->wait(timeout_);

@@ -1,69 +1,83 @@
 // The ShardTensor kernel: one boxed function for every operator.
 //
-// 1. unwrap: collect the specs of the ShardTensor arguments;
-// 2. propagate: the operator's rule gives the input layouts it needs and the output specs;
-// 3. (redistribute inputs whose layout differs: arrives with the redistribute issue, #3;
-//    until then such a call raises instead of computing on the wrong layout);
-// 4. run the operator on the local tensors with the autograd keys excluded, so local tensors
-//    record no second graph;
-// 5. wrap each output tensor with its spec.
+// 1. propagate: look up (or build) the propagation of this call: each input's target layout
+//    with its plan, each output's layout (see propagation.h);
+// 2. unwrap every ShardTensor argument to its local piece, redistributing inputs whose layout
+//    differs from the target;
+// 3. run the operator (or the rule's local kernel) on the local pieces with the autograd keys
+//    excluded, so local tensors record no second graph;
+// 4. wrap each output with its spec; arguments the op writes (self of add_, out= tensors)
+//    come back as the caller's own wrappers, updated.
 #include "dispatch/kernel.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <iostream>
+#include <numeric>
+
+#include "comm/comm_debug.h"
+#include "dispatch/dispatch_state.h"
+#include "dispatch/propagation.h"
 #include "dispatch/shard_tensor_impl.h"
-#include "rules/registry.h"
+#include "redistribute/executor.h"
 #include "util/strings.h"
 
 namespace shardtensor {
 namespace {
 
-// Replaces every ShardTensor in [begin, end) of the stack by its local tensor and returns their specs.
-std::vector<ShardTensorSpec> unwrap_arguments(const std::string& op_name, torch::jit::Stack& stack, size_t begin) {
-  std::vector<ShardTensorSpec> specs;
-  auto unwrap_one = [&](const at::Tensor& t) -> at::Tensor {
-    if (ShardTensorImpl* impl = shard_tensor_impl(t)) {
-      specs.push_back(impl->spec());
-      return impl->local();
-    }
-    TORCH_CHECK(!t.defined() || t.dim() == 0, op_name, ": got a plain ", t.dim(), "-d tensor next to ShardTensors; ",
-                "wrap it with from_local() or distribute it first.");
-    return t;
-  };
-  for (size_t i = begin; i < stack.size(); ++i) {
-    c10::IValue& arg = stack[i];
-    if (arg.isTensor()) {
-      arg = unwrap_one(arg.toTensor());
-    } else if (arg.isTensorList()) {
-      std::vector<at::Tensor> locals;
-      for (const at::Tensor& t : arg.toTensorVector()) locals.push_back(unwrap_one(t));
-      arg = locals;
-    }
-  }
-  for (const ShardTensorSpec& s : specs)
-    TORCH_CHECK(s.mesh() == specs.front().mesh(), op_name, ": inputs are on different meshes (", specs.front().mesh(),
-                " vs ", s.mesh(), "). All sharded inputs must share one mesh; redistribute one input first.");
-  return specs;
+// The spec of an output: global shape from the local result (sharded dims add up their
+// table), dtype from the local result; the local piece must have the size the table promises.
+ShardTensorSpec output_spec(const Propagation& p, const OutputLayout& layout, const at::Tensor& local) {
+  std::vector<int64_t> global = local.sizes().vec();
+  for (const DimShardSizes& table : layout.sizes)
+    global[table.tensor_dim] = std::accumulate(table.sizes.begin(), table.sizes.end(), int64_t{0});
+  ShardTensorSpec spec(p.meta.mesh(), layout.placements, global, local.scalar_type(), layout.sizes);
+  TORCH_INTERNAL_ASSERT(spec.shardings().size() == layout.sizes.size(), p.op_name,
+                        ": the rule shards an output dim without giving its shard sizes: ", spec);
+  TORCH_INTERNAL_ASSERT(local.sizes().equals(spec.local_shape()), p.op_name, ": the rule's output layout ", spec,
+                        " gives this rank a piece of shape [", join(spec.local_shape(), ", "),
+                        "] but the operator computed one of shape [", join(local.sizes().vec(), ", "), "]");
+  return spec;
 }
 
-void wrap_outputs(const std::string& op_name, torch::jit::Stack& stack, size_t begin, const RuleResult& result) {
-  size_t next = 0;
-  auto wrap_one = [&](const at::Tensor& local) {
-    TORCH_INTERNAL_ASSERT(next < result.output_specs.size(), op_name, ": the rule gave ", result.output_specs.size(),
-                          " output specs for more tensor outputs");
-    return make_shard_tensor(local, result.output_specs[next++]);
-  };
-  for (size_t i = begin; i < stack.size(); ++i) {
-    c10::IValue& out = stack[i];
-    if (out.isTensor()) {
-      out = wrap_one(out.toTensor());
-    } else if (out.isTensorList()) {
-      std::vector<at::Tensor> wrapped;
-      for (const at::Tensor& t : out.toTensorVector()) wrapped.push_back(wrap_one(t));
-      out = wrapped;
-    }
+at::Tensor wrap_output(Propagation& p, size_t index, const at::Tensor& local) {
+  if (p.fallback) {
+    const DeviceMesh& mesh = p.meta.mesh();
+    return make_shard_tensor(local, ShardTensorSpec(mesh, Placements(mesh.ndim(), Replicate()), local.sizes().vec(), local.scalar_type()));
   }
+  TORCH_INTERNAL_ASSERT(index < p.result.outputs.size(), p.op_name, ": the rule gave ", p.result.outputs.size(),
+                        " output layouts for more tensor outputs");
+  std::optional<CachedOutput>& cached = p.output_specs[index];
+  if (!cached || cached->spec.dtype() != local.scalar_type() || !local.sizes().equals(cached->local_shape)) {
+    ShardTensorSpec spec = output_spec(p, p.result.outputs[index], local);
+    cached = CachedOutput{spec, spec.local_shape()};
+  }
+  return make_shard_tensor(local, cached->spec);
+}
+
+// Self of an in-place op ran as `target` (moved from its own layout): bring the result home.
+// A Partial self cannot be rebuilt without another reduction, so it keeps the new layout.
+void write_back_self(const at::Tensor& self, const ShardTensorSpec& target, const at::Tensor& result) {
+  ShardTensorImpl* impl = shard_tensor_impl(self);
+  if (impl->spec().has_partial()) {
+    impl->replace(result, target);
+    return;
+  }
+  at::Tensor home = execute_redistribute(result, target, plan_redistribute(target, impl->spec()));
+  impl->local().copy_(home);  // in place: views of self's local see the new values
+}
+
+void log_call(const Propagation& p) {
+  std::ostringstream os;
+  os << "[shardtensor] " << p.op_name << (p.fallback ? " (fallback)" : "") << ":";
+  for (size_t k = 0; k < p.meta.inputs.size(); ++k) {
+    os << " " << to_string(p.meta.inputs[k].spec.placements());
+    if (p.plans[k]) os << "->" << to_string(p.result.input_targets[k].placements());
+  }
+  os << " =>";
+  for (const OutputLayout& out : p.result.outputs) os << " " << to_string(out.placements);
+  std::cerr << os.str() << "\n";
 }
 
 }  // namespace
@@ -73,28 +87,84 @@ std::string full_op_name(const c10::OperatorName& name) {
 }
 
 void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const std::string name = full_op_name(op.operator_name());
-  const size_t num_args = op.schema().arguments().size();
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
   const size_t args_begin = stack->size() - num_args;
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
 
-  // Unwrapping first checks the inputs themselves (plain tensors, mixed meshes), whatever the rule.
-  OpMeta meta{name, unwrap_arguments(name, *stack, args_begin)};
-  const Rule* rule = rule_registry().find(name);
-  TORCH_CHECK(rule, name, ": no sharding rule for this operator on ShardTensors yet. Call to_local() and ",
-              "compute on local tensors, or register a rule for '", name, "'.");
-  RuleResult result = (*rule)(meta);
-  TORCH_CHECK(result.unsupported_reason.empty(), name, ": the sharding rule refuses inputs ",
-              join(meta.inputs, ", "), ": ", result.unsupported_reason);
-  TORCH_INTERNAL_ASSERT(result.input_targets.size() == meta.inputs.size());
-  for (size_t i = 0; i < meta.inputs.size(); ++i)
-    TORCH_CHECK(result.input_targets[i] == meta.inputs[i], name, ": input ", i, " must move from ", meta.inputs[i],
-                " to ", result.input_targets[i], ", and redistribution inside operators is not available yet.");
+  Propagation& p = propagate(op, c10::ArrayRef<c10::IValue>(stack->data() + args_begin, num_args));
+  CurrentOperatorScope current(&p.op_name);
+  if (log_enabled()) log_call(p);
 
-  {
-    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+  // Written arguments come back as the caller's wrappers.
+  const bool inplace = p.meta.is_inplace();
+  at::Tensor self_wrapper = inplace ? (*stack)[args_begin].toTensor() : at::Tensor();
+  std::vector<std::pair<size_t, at::Tensor>> out_wrappers;
+
+  size_t k = 0;
+  auto unwrap_input = [&](const at::Tensor& t) -> at::Tensor {
+    const size_t input = k++;
+    ShardTensorImpl* impl = shard_tensor_impl(t);
+    const at::Tensor& local = impl ? impl->local() : t;
+    if (!p.plans[input]) return local;
+    return execute_redistribute(local, p.meta.inputs[input].spec, *p.plans[input]);
+  };
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& arg = (*stack)[args_begin + i];
+    if (is_out_argument(schema, i)) {
+      if (arg.isTensor() && shard_tensor_impl(arg.toTensor())) {
+        out_wrappers.emplace_back(i, arg.toTensor());
+        arg = shard_tensor_impl(arg.toTensor())->local();
+      }
+      continue;
+    }
+    if (arg.isTensor()) {
+      if (arg.toTensor().defined()) arg = unwrap_input(arg.toTensor());
+    } else if (arg.isTensorList()) {
+      std::vector<at::Tensor> locals;
+      for (const at::Tensor& t : arg.toTensorVector()) locals.push_back(t.defined() ? unwrap_input(t) : t);
+      arg = locals;
+    } else if (arg.isList()) {
+      c10::List<c10::IValue> list = arg.toList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        c10::IValue e = list.get(j);
+        if (e.isTensor() && e.toTensor().defined()) list.set(j, unwrap_input(e.toTensor()));
+      }
+    }
+  }
+
+  if (p.result.local_kernel) {
+    p.result.local_kernel(op, stack);
+  } else {
     op.callBoxed(stack);
   }
-  wrap_outputs(name, *stack, stack->size() - op.schema().returns().size(), result);
+
+  const size_t num_returns = schema.returns().size();
+  const size_t returns_begin = stack->size() - num_returns;
+  size_t next_output = 0;
+  size_t next_out_wrapper = 0;
+  for (size_t j = 0; j < num_returns; ++j) {
+    c10::IValue& ret = (*stack)[returns_begin + j];
+    const c10::AliasInfo* alias = schema.returns()[j].alias_info();
+    const bool written = alias && alias->isWrite();
+    if (written && inplace && j == 0) {
+      if (p.plans[0]) write_back_self(self_wrapper, p.result.input_targets[0], ret.toTensor());
+      ret = self_wrapper;
+      ++next_output;
+    } else if (written && next_out_wrapper < out_wrappers.size()) {
+      const at::Tensor& wrapper = out_wrappers[next_out_wrapper++].second;
+      at::Tensor fresh = wrap_output(p, next_output++, ret.toTensor());
+      shard_tensor_impl(wrapper)->replace(shard_tensor_impl(fresh)->local(), shard_tensor_impl(fresh)->spec());
+      ret = wrapper;
+    } else if (ret.isTensor()) {
+      if (ret.toTensor().defined()) ret = wrap_output(p, next_output, ret.toTensor());
+      ++next_output;
+    } else if (ret.isTensorList()) {
+      std::vector<at::Tensor> wrapped;
+      for (const at::Tensor& t : ret.toTensorVector()) wrapped.push_back(wrap_output(p, next_output++, t));
+      ret = wrapped;
+    }
+  }
 }
 
 }  // namespace shardtensor

@@ -3,6 +3,9 @@
 
 #include "dispatch/library.h"
 
+#include <algorithm>
+#include <numeric>
+
 namespace shardtensor {
 
 ShardTensorImpl::ShardTensorImpl(at::Tensor local, ShardTensorSpec spec)
@@ -12,7 +15,37 @@ ShardTensorImpl::ShardTensorImpl(at::Tensor local, ShardTensorSpec spec)
   TORCH_INTERNAL_ASSERT(!shard_tensor_impl(local_), "a ShardTensor cannot hold another ShardTensor");
   TORCH_INTERNAL_ASSERT_DEBUG_ONLY(local_.sizes().vec() == spec_.local_shape());
   set_storage_access_should_throw();
-  set_sizes_and_strides(spec_.shape(), spec_.stride());
+  refresh_sizes_and_strides();
+}
+
+// Global strides follow the local piece's memory order: a transposed local piece gives a
+// transposed-looking wrapper, so code above the dispatcher that inspects strides (reshape
+// choosing view or copy, contiguity checks) decides as it would on one device.
+void ShardTensorImpl::refresh_sizes_and_strides() {
+  if (local_.is_contiguous() || local_.dim() < 2) {
+    set_sizes_and_strides(spec_.shape(), spec_.stride());
+    return;
+  }
+  const int64_t ndim = local_.dim();
+  std::vector<int64_t> order(ndim);
+  std::iota(order.begin(), order.end(), 0);
+  const auto local_strides = local_.strides();
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return local_strides[a] > local_strides[b]; });
+  std::vector<int64_t> strides(ndim);
+  int64_t running = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    strides[*it] = running;
+    running *= std::max<int64_t>(spec_.shape()[*it], 1);
+  }
+  set_sizes_and_strides(spec_.shape(), strides);
+}
+
+void ShardTensorImpl::replace(at::Tensor local, ShardTensorSpec spec) {
+  TORCH_INTERNAL_ASSERT(!shard_tensor_impl(local), "a ShardTensor cannot hold another ShardTensor");
+  local_ = std::move(local);
+  spec_ = std::move(spec);
+  refresh_sizes_and_strides();
+  refresh_numel();
 }
 
 template <typename VersionCounter>

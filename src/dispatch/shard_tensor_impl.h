@@ -21,6 +21,10 @@ class ShardTensorImpl final : public c10::TensorImpl {
   const at::Tensor& local() const { return local_; }
   const ShardTensorSpec& spec() const { return spec_; }
 
+  // Gives the wrapper a new local piece and spec (an out= result, a Partial self resolved by an
+  // in-place op). Other wrappers viewing the old local piece keep it.
+  void replace(at::Tensor local, ShardTensorSpec spec);
+
   // Detach and set_data copy the wrapper's fields too, or detach() would lose the local tensor.
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(const c10::VariableVersion& version_counter,
                                                               bool allow_tensor_metadata_change) const override;
@@ -31,6 +35,8 @@ class ShardTensorImpl final : public c10::TensorImpl {
  private:
   template <typename VersionCounter>
   c10::intrusive_ptr<c10::TensorImpl> detached_copy(VersionCounter&& version_counter, bool allow_tensor_metadata_change) const;
+
+  void refresh_sizes_and_strides();
 
   at::Tensor local_;
   ShardTensorSpec spec_;

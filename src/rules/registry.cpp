@@ -1,6 +1,8 @@
-// RuleRegistry and the explicit list of rule families. No static registrars: a family is
-// registered because it is named here.
+// RuleRegistry, OpMeta's accessors, the public registration API, and the explicit list of
+// rule families. No static registrars: a family is registered because it is named here.
 #include "rules/registry.h"
+
+#include <ATen/core/function_schema.h>
 
 #include <algorithm>
 #include <mutex>
@@ -13,7 +15,28 @@ RuleResult RuleResult::unsupported(std::string reason) {
   return r;
 }
 
-void RuleRegistry::add(const std::string& op_name, Rule rule) { rules_[op_name] = std::move(rule); }
+const TensorInput* OpMeta::input_at(size_t arg_index) const {
+  for (const TensorInput& in : inputs)
+    if (in.arg_index == arg_index) return &in;
+  return nullptr;
+}
+
+int64_t OpMeta::input_position(size_t arg_index) const {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].arg_index == arg_index) return static_cast<int64_t>(i);
+  return -1;
+}
+
+bool OpMeta::is_inplace() const {
+  if (!schema || schema->arguments().empty()) return false;
+  const c10::AliasInfo* alias = schema->arguments()[0].alias_info();
+  return alias && alias->isWrite() && !inputs.empty() && inputs[0].arg_index == 0;
+}
+
+void RuleRegistry::add(const std::string& op_name, Rule rule) {
+  rules_[op_name] = std::move(rule);
+  ++generation_;
+}
 
 const Rule* RuleRegistry::find(const std::string& op_name) const {
   auto it = rules_.find(op_name);
@@ -28,7 +51,15 @@ std::vector<std::string> RuleRegistry::op_names() const {
 }
 
 namespace {
-void register_all_rules(RuleRegistry& registry) { register_view_rules(registry); }
+void register_all_rules(RuleRegistry& registry) {
+  register_view_rules(registry);
+  register_pointwise_rules(registry);
+  register_reduction_rules(registry);
+  register_matmul_rules(registry);
+  register_normalization_rules(registry);
+  register_loss_rules(registry);
+  register_embedding_rules(registry);
+}
 }  // namespace
 
 RuleRegistry& rule_registry() {
@@ -37,5 +68,14 @@ RuleRegistry& rule_registry() {
   std::call_once(once, [] { register_all_rules(registry); });
   return registry;
 }
+
+void register_sharding_rule(const std::string& op_name, Rule rule) {
+  TORCH_CHECK(op_name.find("::") != std::string::npos, "register_sharding_rule: '", op_name,
+              "' is not a qualified operator name; write it as 'namespace::name' or 'namespace::name.overload'.");
+  TORCH_CHECK(rule, "register_sharding_rule: the rule for '", op_name, "' is empty.");
+  rule_registry().add(op_name, std::move(rule));
+}
+
+std::vector<std::string> sharding_rule_names() { return rule_registry().op_names(); }
 
 }  // namespace shardtensor

@@ -1,22 +1,313 @@
-// View rules. For now the views that keep the layout exactly (detach, alias): the output has
-// the input's spec and no input moves. Shape-changing views come with the dispatch issue (#4).
-#include "rules/registry.h"
+// Views and shape ops: view/reshape, permute/transpose/t, squeeze/unsqueeze, expand,
+// select/slice, split/unbind, cat/stack, index_select, and their backward kernels.
+//
+// A view keeps a sharded dim sharded when the shard boundaries survive it: merging a sharded
+// dim with the whole dims after it ([B, S] with B sharded -> [B*S]), or splitting it into
+// pieces that each shard divides. Otherwise the dim is gathered first. Operators whose size
+// arguments are global (view, expand, select_backward...) run locally with those sizes
+// rewritten to the local piece's (see LocalSizes).
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <numeric>
+
+#include "rules/helpers.h"
+#include "util/strings.h"
 
 namespace shardtensor {
 namespace {
 
-RuleResult same_layout_view(const OpMeta& op) {
-  if (op.inputs.size() != 1) return RuleResult::unsupported("expects exactly one ShardTensor input");
+// out_local[out_dim] = in_local[in_dim] * num / den for the listed dims of an int[] argument;
+// other entries stay as given. `in_arg` names the tensor argument whose local shape is read.
+struct SizeFromInput {
+  int64_t out_dim, in_dim, num = 1, den = 1;
+};
+
+LocalKernel with_local_sizes(size_t size_arg, size_t in_arg, std::vector<SizeFromInput> rewrites) {
+  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const size_t begin = stack->size() - op.schema().arguments().size();
+    const at::Tensor in = (*stack)[begin + in_arg].toTensor();
+    std::vector<int64_t> sizes = (*stack)[begin + size_arg].toIntVector();
+    for (const SizeFromInput& r : rewrites) sizes[r.out_dim] = in.size(r.in_dim) * r.num / r.den;
+    (*stack)[begin + size_arg] = c10::IValue(sizes);
+    op.callBoxed(stack);
+  };
+}
+
+RuleResult keep_layout(const ShardTensorSpec& in, OutputLayout out) {
   RuleResult r;
-  r.input_targets = {op.inputs[0]};
-  r.output_specs = {op.inputs[0]};
+  r.input_targets = {in};
+  r.outputs = {std::move(out)};
+  return r;
+}
+
+RuleResult same_layout_view(const OpMeta& op) {
+  return keep_layout(op.inputs[0].spec, layout_of(op.inputs[0].spec));
+}
+
+std::vector<int64_t> infer_view_shape(std::vector<int64_t> size, const std::vector<int64_t>& in_shape, const OpMeta& op) {
+  const int64_t numel = std::accumulate(in_shape.begin(), in_shape.end(), int64_t{1}, std::multiplies<int64_t>());
+  int64_t known = 1, infer = -1;
+  for (size_t d = 0; d < size.size(); ++d) {
+    if (size[d] == -1) {
+      TORCH_CHECK(infer < 0, op.name, ": only one dimension can be inferred in shape [", join(size, ", "), "]");
+      infer = static_cast<int64_t>(d);
+    } else {
+      known *= size[d];
+    }
+  }
+  if (infer >= 0) size[infer] = known == 0 ? 0 : numel / known;
+  TORCH_CHECK(std::accumulate(size.begin(), size.end(), int64_t{1}, std::multiplies<int64_t>()) == numel, op.name,
+              ": shape [", join(size, ", "), "] is invalid for a tensor of ", numel, " elements (global shape [",
+              join(in_shape, ", "), "]).");
+  return size;
+}
+
+// view / _unsafe_view / _reshape_alias: dims grouped into runs whose products match.
+RuleResult view_rule(const OpMeta& op) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  const std::vector<int64_t>& ishape = in.shape();
+  const std::vector<int64_t> oshape = infer_view_shape(int_list_arg(op, 1), ishape, op);
+  const int64_t ind = in.ndim(), ond = static_cast<int64_t>(oshape.size());
+
+  struct Group {
+    int64_t i0, i1, o0, o1;
+  };
+  std::vector<Group> groups;
+  for (int64_t i = 0, o = 0; i < ind || o < ond;) {
+    Group g{i, i, o, o};
+    int64_t pi = 1, po = 1;
+    if (i < ind) pi *= ishape[i++];
+    if (o < ond) po *= oshape[o++];
+    while (pi != po && (i < ind || o < ond)) {
+      if ((pi < po && i < ind) || o >= ond) pi *= ishape[i++];
+      else po *= oshape[o++];
+    }
+    g.i1 = i, g.o1 = o;
+    groups.push_back(g);
+  }
+
+  Placements ps = in.placements();
+  Placements out_ps = ps;
+  std::vector<SizeFromInput> rewrites;
+  OutputLayout out;
+  const int64_t numel = std::accumulate(ishape.begin(), ishape.end(), int64_t{1}, std::multiplies<int64_t>());
+  for (const DimSharding& s : in.shardings()) {
+    const int64_t d = s.tensor_dim;
+    const Group* g = nullptr;
+    for (const Group& candidate : groups)
+      if (d >= candidate.i0 && d < candidate.i1) g = &candidate;
+    bool ok = g && numel > 0;
+    for (int64_t k = ok ? g->i0 : 0; ok && k < d; ++k) ok = ishape[k] == 1;
+    int64_t od = ok ? g->o0 : -1;
+    while (ok && od < g->o1 - 1 && oshape[od] == 1) ++od;
+    ok = ok && od < g->o1;
+    int64_t in_after = 1, out_after = 1;
+    for (int64_t k = d + 1; ok && k < g->i1; ++k) in_after *= ishape[k];
+    for (int64_t k = od + 1; ok && k < g->o1; ++k) out_after *= oshape[k];
+    std::vector<int64_t> sizes;
+    for (int64_t piece : s.sizes) {
+      ok = ok && (piece * in_after) % out_after == 0;
+      sizes.push_back(ok ? piece * in_after / out_after : 0);
+    }
+    for (int64_t m : s.mesh_dims) {
+      if (ok) {
+        out_ps[m] = Shard(od);
+      } else {
+        ps[m] = out_ps[m] = Replicate();
+      }
+    }
+    if (ok) {
+      out.sizes.push_back({od, sizes});
+      rewrites.push_back({od, d, in_after, out_after});
+    }
+  }
+  out.placements = out_ps;
+  // Partial placements stay: a view of a pending sum is a pending sum of views.
+  RuleResult r = keep_layout(with_placements(in, ps), out);
+  if (!rewrites.empty()) {
+    if (op.name == "aten::_reshape_alias") {
+      // Strides are global too: a view with the local sizes computes its own.
+      r.local_kernel = [rewrites, oshape](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+        at::Tensor self = (*stack)[stack->size() - 3].toTensor();
+        std::vector<int64_t> sizes = oshape;
+        for (const SizeFromInput& w : rewrites) sizes[w.out_dim] = self.size(w.in_dim) * w.num / w.den;
+        torch::jit::drop(*stack, 3);
+        stack->emplace_back(self.view(sizes));
+      };
+    } else {
+      r.local_kernel = with_local_sizes(1, 0, rewrites);
+    }
+  }
+  return r;
+}
+
+// A layout moved through a dim permutation: out dim k is input dim perm[k].
+RuleResult permute_with(const OpMeta& op, const std::vector<int64_t>& perm) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  std::vector<int64_t> dim_map(perm.size());
+  for (size_t k = 0; k < perm.size(); ++k) dim_map[perm[k]] = static_cast<int64_t>(k);
+  return keep_layout(in, remap_dims(in, dim_map));
+}
+
+RuleResult permute_rule(const OpMeta& op) {
+  std::vector<int64_t> perm = int_list_arg(op, 1);
+  for (int64_t& d : perm) d = wrap_dim(d, op.inputs[0].spec.ndim(), op);
+  return permute_with(op, perm);
+}
+
+RuleResult transpose_rule(const OpMeta& op) {
+  const int64_t ndim = op.inputs[0].spec.ndim();
+  std::vector<int64_t> perm(ndim);
+  std::iota(perm.begin(), perm.end(), 0);
+  const int64_t a = op.name == "aten::t" ? 0 : wrap_dim(int_arg(op, 1), ndim, op);
+  const int64_t b = op.name == "aten::t" ? std::min<int64_t>(1, ndim - 1) : wrap_dim(int_arg(op, 2), ndim, op);
+  if (ndim > 0) std::swap(perm[a], perm[b]);
+  return permute_with(op, perm);
+}
+
+RuleResult unsqueeze_rule(const OpMeta& op) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  const int64_t at = wrap_dim(int_arg(op, 1), in.ndim() + 1, op);
+  std::vector<int64_t> dim_map(in.ndim());
+  for (int64_t d = 0; d < in.ndim(); ++d) dim_map[d] = d < at ? d : d + 1;
+  return keep_layout(in, remap_dims(in, dim_map));
+}
+
+RuleResult squeeze_rule(const OpMeta& op) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  std::vector<int64_t> dropped;
+  if (op.name == "aten::squeeze.dim") {
+    const int64_t d = wrap_dim(int_arg(op, 1), in.ndim(), op);
+    if (in.ndim() > 0 && in.shape()[d] == 1) dropped.push_back(d);
+  } else {
+    for (int64_t d = 0; d < in.ndim(); ++d)
+      if (in.shape()[d] == 1) dropped.push_back(d);
+  }
+  // A sharded size-1 dim is whole on one rank and empty elsewhere: gather it before dropping it.
+  const ShardTensorSpec target = replicate_tensor_dims(in, dropped);
+  std::vector<int64_t> dim_map(in.ndim());
+  int64_t next = 0;
+  for (int64_t d = 0; d < in.ndim(); ++d)
+    dim_map[d] = std::count(dropped.begin(), dropped.end(), d) ? -1 : next++;
+  return keep_layout(target, remap_dims(target, dim_map));
+}
+
+RuleResult expand_rule(const OpMeta& op) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  const std::vector<int64_t> size = int_list_arg(op, 1);
+  const int64_t offset = static_cast<int64_t>(size.size()) - in.ndim();
+  std::vector<int64_t> expanded;
+  for (int64_t d = 0; d < in.ndim(); ++d)
+    if (size[d + offset] != -1 && size[d + offset] != in.shape()[d]) expanded.push_back(d);
+  ShardTensorSpec target = with_placements(in, replicate_tensor_dims(in, expanded).placements());
+  // Partial stays: expanding a pending sum expands every term.
+  Placements ps = target.placements();
+  for (size_t m = 0; m < ps.size(); ++m)
+    if (in.placements()[m].is_partial()) ps[m] = in.placements()[m];
+  target = with_placements(in, ps);
+  std::vector<int64_t> dim_map(in.ndim());
+  std::vector<SizeFromInput> rewrites;
+  for (int64_t d = 0; d < in.ndim(); ++d) {
+    dim_map[d] = d + offset;
+    if (target.sharding_of(d)) rewrites.push_back({d + offset, d});
+  }
+  RuleResult r = keep_layout(target, remap_dims(target, dim_map));
+  if (!rewrites.empty()) r.local_kernel = with_local_sizes(1, 0, rewrites);
+  return r;
+}
+
+// An op that reads one dim (argument `dim_arg`) whole: gather it, keep the rest.
+RuleResult along_whole_dim(const OpMeta& op, size_t dim_arg, bool removes_dim) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  const int64_t dim = wrap_dim(int_arg(op, dim_arg), in.ndim(), op);
+  const ShardTensorSpec target = replicate_tensor_dims(in, {dim});
+  std::vector<int64_t> dim_map(in.ndim());
+  for (int64_t d = 0; d < in.ndim(); ++d) dim_map[d] = !removes_dim ? d : d < dim ? d : d == dim ? -1 : d - 1;
+  RuleResult r = keep_layout(target, remap_dims(target, dim_map));
+  for (size_t k = 1; k < op.inputs.size(); ++k) r.input_targets.push_back(replicated(op.inputs[k].spec));  // indices
+  return r;
+}
+
+Rule whole_dim(size_t dim_arg, bool removes_dim) {
+  return [=](const OpMeta& op) { return along_whole_dim(op, dim_arg, removes_dim); };
+}
+
+// split / split_with_sizes / unbind: every piece keeps the layout of the other dims.
+RuleResult split_rule(const OpMeta& op) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  const bool unbind = op.name == "aten::unbind.int";
+  const int64_t dim = wrap_dim(int_arg(op, unbind ? 1 : 2), in.ndim(), op);
+  RuleResult r = along_whole_dim(op, unbind ? 1 : 2, unbind);
+  int64_t pieces = in.shape()[dim];
+  if (op.name == "aten::split.Tensor") {
+    const int64_t split = int_arg(op, 1);
+    pieces = split == 0 ? 1 : std::max<int64_t>(1, (in.shape()[dim] + split - 1) / split);
+  } else if (op.name == "aten::split_with_sizes") {
+    pieces = static_cast<int64_t>(int_list_arg(op, 1).size());
+  }
+  r.outputs.resize(std::max<int64_t>(pieces, 1), r.outputs[0]);
+  return r;
+}
+
+// cat along a dim: inputs share the first input's layout elsewhere; the dim itself is gathered.
+RuleResult cat_rule(const OpMeta& op) {
+  const ShardTensorSpec& first = op.inputs[0].spec;
+  int64_t dim = int_arg(op, 1);
+  const int64_t ndim = first.ndim();
+  dim = wrap_dim(dim, ndim, op);
+  RuleResult r;
+  const ShardTensorSpec lead = without_partial(replicate_tensor_dims(first, {dim}));
+  for (const TensorInput& in : op.inputs) {
+    if (in.spec.ndim() != ndim) {  // legacy empty [0] inputs are skipped by cat
+      r.input_targets.push_back(replicated(in.spec));
+      continue;
+    }
+    ShardTensorSpec t = with_placements(in.spec, lead.placements());
+    for (const DimSharding& s : lead.shardings()) t = with_dim_sizes(t, s.tensor_dim, s.sizes);
+    r.input_targets.push_back(t);
+  }
+  r.outputs.push_back(layout_of(lead));
+  return r;
+}
+
+// select_backward / slice_backward: zeros of the input's size with the gradient placed in
+// the selected range. The dim must be whole; the other dims follow the gradient's layout.
+RuleResult scatter_back_rule(const OpMeta& op) {
+  const ShardTensorSpec& grad = op.inputs[0].spec;
+  const std::vector<int64_t> sizes = int_list_arg(op, 1);
+  const int64_t out_ndim = static_cast<int64_t>(sizes.size());
+  const int64_t dim = wrap_dim(int_arg(op, 2), out_ndim, op);
+  const bool select = op.name == "aten::select_backward";
+  std::vector<int64_t> grad_dims_to_whole;
+  if (!select) grad_dims_to_whole.push_back(dim);
+  const ShardTensorSpec target = without_partial(replicate_tensor_dims(grad, grad_dims_to_whole));
+  std::vector<int64_t> dim_map(grad.ndim());
+  std::vector<SizeFromInput> rewrites;
+  for (int64_t d = 0; d < grad.ndim(); ++d) {
+    dim_map[d] = select && d >= dim ? d + 1 : d;
+    if (target.sharding_of(d)) rewrites.push_back({dim_map[d], d});
+  }
+  RuleResult r = keep_layout(target, remap_dims(target, dim_map));
+  if (!rewrites.empty()) r.local_kernel = with_local_sizes(1, 0, rewrites);
   return r;
 }
 
 }  // namespace
 
 void register_view_rules(RuleRegistry& registry) {
-  for (const char* name : {"aten::detach", "aten::alias"}) registry.add(name, same_layout_view);
+  for (const char* name : {"aten::detach", "aten::alias", "aten::lift_fresh"}) registry.add(name, same_layout_view);
+  for (const char* name : {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias"}) registry.add(name, view_rule);
+  registry.add("aten::permute", permute_rule);
+  for (const char* name : {"aten::transpose.int", "aten::t"}) registry.add(name, transpose_rule);
+  registry.add("aten::unsqueeze", unsqueeze_rule);
+  for (const char* name : {"aten::squeeze", "aten::squeeze.dim"}) registry.add(name, squeeze_rule);
+  registry.add("aten::expand", expand_rule);
+  registry.add("aten::select.int", whole_dim(1, /*removes_dim=*/true));
+  registry.add("aten::slice.Tensor", whole_dim(1, /*removes_dim=*/false));
+  registry.add("aten::index_select", whole_dim(1, /*removes_dim=*/false));
+  for (const char* name : {"aten::split.Tensor", "aten::split_with_sizes", "aten::unbind.int"}) registry.add(name, split_rule);
+  registry.add("aten::cat", cat_rule);
+  for (const char* name : {"aten::select_backward", "aten::slice_backward"}) registry.add(name, scatter_back_rule);
 }
 
 }  // namespace shardtensor

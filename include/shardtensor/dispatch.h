@@ -1,0 +1,85 @@
+// Controlling how ATen operators run on ShardTensors: strict mode, implicit replication,
+// custom sharding rules, local_map and the debug tools.
+//
+//   shardtensor::set_strict(true);          // or SHARDTENSOR_STRICT=1: no silent fallback
+//   { shardtensor::ImplicitReplication scope; y = x + plain_bias; }  // plain tensors as Replicate
+//   shardtensor::CommDebugMode comms;  ...;  std::cout << comms.table();
+//   SHARDTENSOR_LOG=1                       // one line per operator: placements in, moves, out
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardtensor/placement.h"
+
+namespace shardtensor {
+
+// ---- Fallback policy -------------------------------------------------------------------
+// An operator without a sharding rule runs on gathered (Replicate) inputs and returns
+// Replicate outputs, with a one-time warning naming it. In strict mode it raises instead.
+// Strict mode starts on when the environment variable SHARDTENSOR_STRICT is 1.
+void set_strict(bool strict);
+bool is_strict();
+
+// Operators that took the fallback path so far in this process (for tests and reports).
+std::vector<std::string> fallback_operators();
+// Operators that ran through their sharding rule so far in this process.
+std::vector<std::string> propagated_operators();
+
+// ---- Implicit replication ----------------------------------------------------------------
+// Plain tensors next to ShardTensors are an error, except 0-d and single-element ones, which
+// count as Replicate. Inside this scope (per thread) every plain tensor counts as Replicate:
+// each rank must then hold the same value.
+class ImplicitReplication {
+ public:
+  ImplicitReplication();
+  ~ImplicitReplication();
+  ImplicitReplication(const ImplicitReplication&) = delete;
+  ImplicitReplication& operator=(const ImplicitReplication&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// ---- local_map ---------------------------------------------------------------------------
+// Runs `fn` on local tensors. Each input ShardTensor is first redistributed to its entry of
+// `in_placements` (std::nullopt: used as it is), `fn` sees the local pieces, and its outputs are
+// wrapped with `out_placements` on the inputs' mesh, their shard sizes inferred from the local
+// outputs (one all-gather of shapes per output, so uneven outputs work). Differentiable.
+using LocalFunction = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& locals)>;
+std::vector<at::Tensor> local_map(const LocalFunction& fn, const std::vector<at::Tensor>& inputs,
+                                  const std::vector<std::optional<Placements>>& in_placements,
+                                  const std::vector<Placements>& out_placements);
+
+// ---- Debug tools ---------------------------------------------------------------------------
+// Counts the collectives shardtensor issues on this thread while alive, by kind
+// ("all_reduce", "all_to_all", ...) and by the operator that caused them ("aten::mm", or
+// "redistribute" for explicit calls).
+class CommDebugMode {
+ public:
+  CommDebugMode();
+  ~CommDebugMode();
+  CommDebugMode(const CommDebugMode&) = delete;
+  CommDebugMode& operator=(const CommDebugMode&) = delete;
+
+  int64_t total() const;
+  int64_t count(const std::string& kind) const;
+  const std::map<std::string, int64_t>& counts() const { return by_kind_; }
+  const std::map<std::string, std::map<std::string, int64_t>>& counts_by_operator() const { return by_operator_; }
+  std::string table() const;  // one row per operator and collective kind
+
+  // Called by the comm layer; public so that it needs no friend.
+  void record(const std::string& kind, const std::string& op);
+
+ private:
+  std::map<std::string, int64_t> by_kind_;
+  std::map<std::string, std::map<std::string, int64_t>> by_operator_;
+  CommDebugMode* previous_;
+};
+
+}  // namespace shardtensor

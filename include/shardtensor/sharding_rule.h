@@ -1,0 +1,97 @@
+// Sharding rules: what they see, what they return, and how to add your own.
+//
+// A rule is a pure function over metadata: it sees the operator name, its non-tensor
+// arguments and the specs of its tensor inputs, never tensor data, never the rank. It returns
+// the layout each input must have when the op runs and the layout of every tensor output.
+// Because it sees the same metadata on every rank, every rank plans the same collectives.
+//
+// Outputs are described by placements and shard-size tables only; the kernel takes each
+// output's global shape and dtype from the local result (unsharded dims are whole locally,
+// sharded dims add up their table) and checks that the local piece has the size the table
+// promises. So rules never compute shapes they do not reason about, and a wrong table fails
+// loudly instead of wrapping a wrong answer.
+//
+// Registering a rule for an operator (an ATen one, or a custom one from TORCH_LIBRARY):
+//
+//   shardtensor::register_sharding_rule("mylib::scale", [](const shardtensor::OpMeta& op) {
+//     shardtensor::RuleResult r;
+//     r.input_targets = {op.inputs[0].spec};               // runs on any layout, no move
+//     r.outputs = {shardtensor::layout_of(op.inputs[0].spec)};
+//     return r;
+//   });
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardtensor/spec.h"
+
+namespace c10 {
+class OperatorHandle;
+}
+
+namespace shardtensor {
+
+// One tensor argument: a ShardTensor, or a plain tensor taken as Replicate (0-d and
+// single-element tensors always; others inside an implicit-replication scope).
+struct TensorInput {
+  ShardTensorSpec spec;
+  size_t arg_index;     // position in the schema's arguments
+  bool plain = false;   // not a ShardTensor
+};
+
+struct OpMeta {
+  std::string name;                          // "aten::add.Tensor"
+  const c10::FunctionSchema* schema = nullptr;
+  std::vector<TensorInput> inputs;           // tensor arguments in order (lists flattened)
+  c10::ArrayRef<c10::IValue> args;           // all arguments; tensors already unwrapped
+
+  // The input that came from argument `arg_index` (nullptr: None or not a tensor).
+  const TensorInput* input_at(size_t arg_index) const;
+  int64_t input_position(size_t arg_index) const;  // its index in `inputs`, or -1
+  const DeviceMesh& mesh() const { return inputs.front().spec.mesh(); }
+  bool is_inplace() const;  // the first argument is written to (add_, copy_, fill_)
+};
+
+// The layout of one output: placements per mesh dim, and a size table for every tensor dim
+// the placements shard (taken from an input: output sizes are derived, never communicated).
+struct OutputLayout {
+  Placements placements;
+  ShardSizes sizes;
+};
+
+// Runs the operator's local computation when a rule needs more than calling the operator on
+// the local pieces (a mean over a sharded dim divides by the global count, an addmm whose
+// product is Partial adds its bias once). Gets the operator and the unwrapped stack, leaves
+// the outputs on it like the operator would.
+using LocalKernel = std::function<void(const c10::OperatorHandle& op, torch::jit::Stack* stack)>;
+
+struct RuleResult {
+  std::vector<ShardTensorSpec> input_targets;  // one per input, in the order of OpMeta::inputs
+  std::vector<OutputLayout> outputs;           // one per tensor output
+  LocalKernel local_kernel;                    // empty: call the operator itself
+  std::string unsupported_reason;              // non-empty: the rule refuses this call
+
+  static RuleResult unsupported(std::string reason);
+};
+
+using Rule = std::function<RuleResult(const OpMeta&)>;
+
+using Rule = std::function<RuleResult(const OpMeta&)>;
+
+// Adds or replaces the rule of `op_name` ("aten::add.Tensor", "mylib::scale"; the overload
+// after the dot, none for the default overload). Takes effect for the next call: cached
+// propagation results are dropped.
+void register_sharding_rule(const std::string& op_name, Rule rule);
+
+// Operators that have a rule, sorted.
+std::vector<std::string> sharding_rule_names();
+
+// The layout of `spec` as an output (the common case of an op that keeps its input's layout).
+OutputLayout layout_of(const ShardTensorSpec& spec);
+
+}  // namespace shardtensor

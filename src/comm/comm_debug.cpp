@@ -1,0 +1,55 @@
+// See comm_debug.h and CommDebugMode in shardtensor/dispatch.h.
+#include "comm/comm_debug.h"
+
+#include <iomanip>
+#include <sstream>
+
+#include "shardtensor/dispatch.h"
+
+namespace shardtensor {
+namespace {
+thread_local const std::string* current_op = nullptr;
+thread_local CommDebugMode* active_mode = nullptr;
+}  // namespace
+
+const std::string& current_operator() {
+  static const std::string outside = "redistribute";
+  return current_op ? *current_op : outside;
+}
+
+CurrentOperatorScope::CurrentOperatorScope(const std::string* name) : previous_(current_op) { current_op = name; }
+CurrentOperatorScope::~CurrentOperatorScope() { current_op = previous_; }
+
+void record_collective(const char* kind) {
+  if (active_mode) active_mode->record(kind, current_operator());
+}
+
+CommDebugMode::CommDebugMode() : previous_(active_mode) { active_mode = this; }
+CommDebugMode::~CommDebugMode() { active_mode = previous_; }
+
+void CommDebugMode::record(const std::string& kind, const std::string& op) {
+  ++by_kind_[kind];
+  ++by_operator_[op][kind];
+}
+
+int64_t CommDebugMode::total() const {
+  int64_t n = 0;
+  for (const auto& entry : by_kind_) n += entry.second;
+  return n;
+}
+
+int64_t CommDebugMode::count(const std::string& kind) const {
+  auto it = by_kind_.find(kind);
+  return it == by_kind_.end() ? 0 : it->second;
+}
+
+std::string CommDebugMode::table() const {
+  std::ostringstream os;
+  os << std::left << std::setw(40) << "operator" << std::setw(16) << "collective" << "count\n";
+  for (const auto& op : by_operator_)
+    for (const auto& kind : op.second) os << std::setw(40) << op.first << std::setw(16) << kind.first << kind.second << "\n";
+  os << std::setw(56) << "total" << total() << "\n";
+  return os.str();
+}
+
+}  // namespace shardtensor

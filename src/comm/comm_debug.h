@@ -1,0 +1,25 @@
+// Which operator is running on this thread, and counting collectives for CommDebugMode.
+// Lives in the comm layer (the lowest that issues collectives); the dispatch kernel sets the
+// current operator, the c10d adapter records every collective it launches.
+#pragma once
+
+#include <string>
+
+namespace shardtensor {
+
+// The operator the kernel is running on this thread ("redistribute" outside the kernel).
+const std::string& current_operator();
+
+class CurrentOperatorScope {
+ public:
+  explicit CurrentOperatorScope(const std::string* name);
+  ~CurrentOperatorScope();
+
+ private:
+  const std::string* previous_;
+};
+
+// Counts one collective of `kind` into the active CommDebugMode of this thread, if any.
+void record_collective(const char* kind);
+
+}  // namespace shardtensor

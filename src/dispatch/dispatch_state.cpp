@@ -1,0 +1,85 @@
+// Strict mode, implicit replication, the fallback record and the current-operator marker.
+#include "dispatch/dispatch_state.h"
+
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <set>
+
+#include "shardtensor/dispatch.h"
+
+namespace shardtensor {
+namespace {
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) != "0" && std::string(v) != "";
+}
+
+std::atomic<bool>& strict_flag() {
+  static std::atomic<bool> flag{env_flag("SHARDTENSOR_STRICT")};
+  return flag;
+}
+
+thread_local bool implicit_replication = false;
+
+std::mutex fallback_mutex;
+std::set<std::string>& fallbacks() {
+  static std::set<std::string> names;
+  return names;
+}
+
+}  // namespace
+
+void set_strict(bool strict) { strict_flag() = strict; }
+bool is_strict() { return strict_flag(); }
+
+std::set<std::string>& propagated() {
+  static std::set<std::string> names;
+  return names;
+}
+
+void note_propagated(const std::string& op_name) {
+  std::lock_guard<std::mutex> lock(fallback_mutex);
+  propagated().insert(op_name);
+}
+
+std::vector<std::string> propagated_operators() {
+  std::lock_guard<std::mutex> lock(fallback_mutex);
+  return {propagated().begin(), propagated().end()};
+}
+
+std::vector<std::string> fallback_operators() {
+  std::lock_guard<std::mutex> lock(fallback_mutex);
+  return {fallbacks().begin(), fallbacks().end()};
+}
+
+ImplicitReplication::ImplicitReplication() : previous_(implicit_replication) { implicit_replication = true; }
+ImplicitReplication::~ImplicitReplication() { implicit_replication = previous_; }
+
+bool implicit_replication_active() { return implicit_replication; }
+
+bool log_enabled() {
+  static const bool enabled = env_flag("SHARDTENSOR_LOG");
+  return enabled;
+}
+
+void note_fallback(const std::string& op_name, const std::string& why) {
+  TORCH_CHECK(!is_strict(), op_name, ": ", why, ", and strict mode is on (SHARDTENSOR_STRICT=1 or set_strict(true)), ",
+              "so it does not fall back to gathering its inputs. Register a rule for '", op_name,
+              "' with register_sharding_rule(), or compute on to_local() pieces.");
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(fallback_mutex);
+    first = fallbacks().insert(op_name).second;
+  }
+  if (first)
+    TORCH_WARN("shardtensor: ", op_name, ": ", why, "; falling back to gathering every input to Replicate, computing ",
+               "on the whole tensor and returning Replicate outputs. Correct, but it moves whole tensors. ",
+               "(Warned once per operator; SHARDTENSOR_STRICT=1 makes it an error.)");
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,18 @@
+// Process- and thread-wide switches of the dispatch layer (strict mode, implicit replication,
+// logging) and the record of operators that fell back. Public setters: shardtensor/dispatch.h.
+#pragma once
+
+#include <string>
+
+namespace shardtensor {
+
+bool implicit_replication_active();
+bool log_enabled();  // SHARDTENSOR_LOG=1
+
+// Records that `op_name` ran through its sharding rule (coverage reports).
+void note_propagated(const std::string& op_name);
+
+// Records a fallback; warns the first time for each operator. Raises in strict mode.
+void note_fallback(const std::string& op_name, const std::string& why);
+
+}  // namespace shardtensor

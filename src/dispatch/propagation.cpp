@@ -1,0 +1,198 @@
+// See propagation.h. The cache is per thread (no lock on the hot path); the autograd engine
+// runs CPU backward on the calling thread, so forward and backward share it.
+#include "dispatch/propagation.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstring>
+#include <unordered_map>
+
+#include "dispatch/dispatch_state.h"
+#include "dispatch/kernel.h"
+#include "dispatch/shard_tensor_impl.h"
+#include "rules/helpers.h"
+#include "rules/registry.h"
+#include "shardtensor/dispatch.h"
+#include "util/strings.h"
+
+namespace shardtensor {
+namespace {
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  v += 0x9e3779b97f4a7c15ULL + h;
+  v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  v = (v ^ (v >> 27)) * 0x94d049bb133111ebULL;
+  return v ^ (v >> 31);
+}
+
+uint64_t hash_plain_tensor(const at::Tensor& t) {
+  uint64_t h = mix(7, static_cast<uint64_t>(t.scalar_type()));
+  for (int64_t s : t.sizes()) h = mix(h, static_cast<uint64_t>(s));
+  return h;
+}
+
+uint64_t hash_tensor(const at::Tensor& t) {
+  if (!t.defined()) return 5;
+  if (ShardTensorImpl* impl = shard_tensor_impl(t)) return mix(6, impl->spec().hash());
+  return hash_plain_tensor(t);
+}
+
+// Hash of an argument; tensors contribute their spec (or plain shape), not their data.
+uint64_t hash_argument(const c10::IValue& v) {
+  if (v.isTensor()) return hash_tensor(v.toTensor());
+  if (v.isNone()) return 1;
+  if (v.isInt()) return mix(2, static_cast<uint64_t>(v.toInt()));
+  if (v.isBool()) return mix(3, v.toBool());
+  if (v.isDouble()) {
+    const double d = v.toDouble();
+    uint64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    return mix(4, bits);
+  }
+  if (v.isString()) return mix(8, std::hash<std::string>()(v.toStringRef()));
+  if (v.isDevice()) return mix(9, static_cast<uint64_t>(v.toDevice().type()) * 1000 + v.toDevice().index() + 1);
+  if (v.isList()) {
+    uint64_t h = 10;
+    for (const c10::IValue& e : v.toListRef()) h = mix(h, hash_argument(e));
+    return h;
+  }
+  return mix(11, static_cast<uint64_t>(v.tagKind().size()));  // other kinds: none that rules read
+}
+
+// Calls `visit(tensor, arg_index)` for every tensor argument that is a rule input, lists
+// flattened, out= arguments and undefined optionals skipped.
+template <typename Visit>
+void for_each_input_tensor(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, Visit&& visit) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (is_out_argument(schema, i)) continue;
+    const c10::IValue& arg = args[i];
+    if (arg.isTensor()) {
+      if (arg.toTensor().defined()) visit(arg.toTensor(), i);
+    } else if (arg.isList()) {
+      for (const c10::IValue& e : arg.toListRef())
+        if (e.isTensor() && e.toTensor().defined()) visit(e.toTensor(), i);
+    }
+  }
+}
+
+bool matches(const Propagation& p, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  size_t k = 0;
+  bool same = true;
+  for_each_input_tensor(schema, args, [&](const at::Tensor& t, size_t) {
+    if (!same || k >= p.meta.inputs.size()) {
+      same = false;
+      return;
+    }
+    const ShardTensorSpec& cached = p.meta.inputs[k++].spec;
+    if (ShardTensorImpl* impl = shard_tensor_impl(t)) {
+      same = impl->spec() == cached;
+    } else {
+      same = t.sizes().equals(cached.shape()) && t.scalar_type() == cached.dtype();
+    }
+  });
+  return same && k == p.meta.inputs.size();
+}
+
+std::string describe_args(const OpMeta& meta) {
+  std::vector<std::string> parts;
+  for (const TensorInput& in : meta.inputs) parts.push_back(in.spec.to_string());
+  return join(parts, ", ");
+}
+
+RuleResult fallback_result(const OpMeta& meta) {
+  RuleResult r;
+  for (const TensorInput& in : meta.inputs) r.input_targets.push_back(replicated(in.spec));
+  return r;
+}
+
+std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  auto p = std::make_unique<Propagation>();
+  p->op_name = full_op_name(op.operator_name());
+  const c10::FunctionSchema& schema = op.schema();
+  OpMeta& meta = p->meta;
+  meta.name = p->op_name;
+  meta.schema = &schema;
+
+  const DeviceMesh* mesh = nullptr;
+  for_each_input_tensor(schema, args, [&](const at::Tensor& t, size_t) {
+    if (!mesh && shard_tensor_impl(t)) mesh = &shard_tensor_impl(t)->spec().mesh();
+  });
+  TORCH_INTERNAL_ASSERT(mesh, p->op_name, ": reached the ShardTensor kernel without a ShardTensor input");
+  for_each_input_tensor(schema, args, [&](const at::Tensor& t, size_t i) {
+    if (ShardTensorImpl* impl = shard_tensor_impl(t)) {
+      TORCH_CHECK(impl->spec().mesh() == *mesh, p->op_name, ": inputs are on different meshes (", *mesh, " vs ",
+                  impl->spec().mesh(), "). All sharded inputs must share one mesh; redistribute one input first.");
+      meta.inputs.push_back({impl->spec(), i, false});
+      return;
+    }
+    TORCH_CHECK(t.numel() == 1 || implicit_replication_active(), p->op_name, ": got a plain ", t.dim(), "-d tensor of shape [",
+                join(t.sizes().vec(), ", "), "] (argument '", schema.arguments()[i].name(),
+                "') next to ShardTensors; only 0-d and single-element plain tensors count as Replicate. Wrap it with "
+                "from_local() or distribute_tensor(), or use a shardtensor::ImplicitReplication scope.");
+    meta.inputs.push_back({ShardTensorSpec(*mesh, Placements(mesh->ndim(), Replicate()), t.sizes().vec(), t.scalar_type()), i, true});
+  });
+
+  meta.args = args;
+  const Rule* rule = rule_registry().find(p->op_name);
+  if (rule) p->result = (*rule)(meta);
+  if (!rule || !p->result.unsupported_reason.empty()) {
+    const std::string why = rule ? "its sharding rule refuses inputs " + describe_args(meta) + ": " + p->result.unsupported_reason
+                                 : "no sharding rule for this operator";
+    note_fallback(p->op_name, why);
+    p->result = fallback_result(meta);
+    p->fallback = true;
+  } else {
+    note_propagated(p->op_name);
+  }
+  meta.args = {};  // the stack does not outlive this call
+
+  TORCH_INTERNAL_ASSERT(p->result.input_targets.size() == meta.inputs.size(), p->op_name, ": the rule gave ",
+                        p->result.input_targets.size(), " input layouts for ", meta.inputs.size(), " inputs");
+  for (size_t k = 0; k < meta.inputs.size(); ++k) {
+    const ShardTensorSpec& from = meta.inputs[k].spec;
+    const ShardTensorSpec& to = p->result.input_targets[k];
+    p->plans.push_back(from == to ? nullptr : &plan_redistribute(from, to));
+  }
+  p->output_specs.resize(p->result.outputs.size());
+  return p;
+}
+
+struct Cache {
+  uint64_t generation = ~uint64_t{0};
+  std::unordered_map<uint64_t, std::unique_ptr<Propagation>> entries;
+};
+
+Cache& cache() {
+  thread_local Cache c;
+  return c;
+}
+
+}  // namespace
+
+bool is_out_argument(const c10::FunctionSchema& schema, size_t i) {
+  if (i == 0 || i >= schema.arguments().size()) return false;
+  const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+  return alias && alias->isWrite();
+}
+
+Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  Cache& c = cache();
+  if (c.generation != rule_registry().generation()) {
+    c.entries.clear();
+    c.generation = rule_registry().generation();
+  }
+  const c10::FunctionSchema& schema = op.schema();
+  uint64_t key = mix(reinterpret_cast<uintptr_t>(&schema), implicit_replication_active() * 2 + is_strict());
+  for (size_t i = 0; i < args.size(); ++i) key = mix(key, is_out_argument(schema, i) ? 12 : hash_argument(args[i]));
+
+  auto it = c.entries.find(key);
+  if (it != c.entries.end() && matches(*it->second, schema, args)) return *it->second;
+  std::unique_ptr<Propagation> built = build(op, args);
+  Propagation& ref = *built;
+  c.entries[key] = std::move(built);
+  return ref;
+}
+
+void clear_propagation_cache() { cache().entries.clear(); }
+
+}  // namespace shardtensor

@@ -1,0 +1,50 @@
+// Sharding propagation for one operator call, and its cache.
+//
+// A Propagation is everything the kernel needs to run a call whose inputs have given specs:
+// the target layout of every input with its (cached) redistribute plan, the output layouts,
+// and the output specs once known. It is built once per (operator, input specs, non-tensor
+// arguments) and reused: a cache hit costs a hash over the arguments and a spec comparison.
+#pragma once
+
+#include <ATen/core/stack.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "redistribute/plan.h"
+#include "shardtensor/sharding_rule.h"
+
+namespace c10 {
+class OperatorHandle;
+}
+
+namespace shardtensor {
+
+// An output spec and this rank's local shape under it (compared on every hit, so kept).
+struct CachedOutput {
+  ShardTensorSpec spec;
+  std::vector<int64_t> local_shape;
+};
+
+struct Propagation {
+  std::string op_name;
+  OpMeta meta;                                  // inputs' specs and positions (args not kept)
+  RuleResult result;
+  std::vector<const RedistributePlan*> plans;   // per input; nullptr: already in place
+  std::vector<std::optional<CachedOutput>> output_specs;  // filled on the first run
+  bool fallback = false;                        // gathered inputs, Replicate outputs
+};
+
+// Argument `i` of the call is an out= tensor (written, but not self): not a rule input.
+bool is_out_argument(const c10::FunctionSchema& schema, size_t i);
+
+// The cached propagation of the call on `args` (ShardTensors still wrapped), built on a miss.
+// Checks the inputs first: plain tensors, mixed meshes, strict mode.
+Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+
+// Drops every cached propagation (a rule was added or replaced).
+void clear_propagation_cache();
+
+}  // namespace shardtensor

@@ -1,0 +1,63 @@
+// Small pure transformations of specs and layouts that the rule families share. Each helper
+// names one transformation; none communicates.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "rules/registry.h"
+
+namespace shardtensor {
+
+// `spec` with new placements: tensor dims sharded by the same mesh dims keep their sizes,
+// newly sharded ones take torch.chunk sizes (see relayout in redistribute/plan.h).
+ShardTensorSpec with_placements(const ShardTensorSpec& spec, const Placements& placements);
+
+// `spec` with every Partial placement resolved to Replicate (an all-reduce when moved).
+ShardTensorSpec without_partial(const ShardTensorSpec& spec);
+
+// `spec` with every mesh dim that shards one of `tensor_dims` (or is Partial) made Replicate:
+// what an operator needs when it reads those dims whole.
+ShardTensorSpec replicate_tensor_dims(const ShardTensorSpec& spec, const std::vector<int64_t>& tensor_dims);
+
+// `spec` with the size table of `tensor_dim` replaced by `sizes` (same mesh dims): aligns an
+// operand's shard boundaries with another's.
+ShardTensorSpec with_dim_sizes(const ShardTensorSpec& spec, int64_t tensor_dim, const std::vector<int64_t>& sizes);
+
+// A fully replicated spec of the same shape and dtype.
+ShardTensorSpec replicated(const ShardTensorSpec& spec);
+
+// The layout of `spec` with every tensor dim d moved to dim_map[d] (-1: the dim disappears,
+// and must not be sharded) in an output of `out_ndim` dims.
+OutputLayout remap_dims(const ShardTensorSpec& spec, const std::vector<int64_t>& dim_map);
+
+// A fully replicated output layout over `mesh`.
+OutputLayout replicated_layout(const DeviceMesh& mesh);
+
+// Wraps negative dims and checks the range, with the operator's name in the error.
+int64_t wrap_dim(int64_t dim, int64_t ndim, const OpMeta& op);
+
+// Reads the reduction dims of an int[]/int?/int[1]? argument: empty or None means all dims.
+std::vector<int64_t> reduction_dims(const c10::IValue& arg, int64_t ndim, const OpMeta& op);
+
+// Argument readers with defaults for None.
+int64_t int_arg(const OpMeta& op, size_t index);
+bool bool_arg(const OpMeta& op, size_t index, bool if_none = false);
+std::vector<int64_t> int_list_arg(const OpMeta& op, size_t index);
+
+// Mesh dims on which `spec` is Partial.
+std::vector<int64_t> partial_mesh_dims(const ShardTensorSpec& spec);
+
+}  // namespace shardtensor
+
+namespace shardtensor {
+
+// `spec` laid out like `lead` (same ndim): the same placements and, for sharded dims, the
+// same shard sizes, so that operands meet piece by piece.
+ShardTensorSpec align_to(const ShardTensorSpec& spec, const ShardTensorSpec& lead);
+
+// Placements that turn every mesh dim on which `spec` is sharded into Partial(sum), the rest
+// Replicate: the layout of a parameter's gradient summed over sharded rows.
+Placements summed_over_shards(const ShardTensorSpec& spec);
+
+}  // namespace shardtensor

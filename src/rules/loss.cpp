@@ -1,0 +1,156 @@
+// Losses: mse_loss and nll_loss (the pieces cross_entropy decomposes into), forward and backward.
+//
+// Elementwise terms are computed where the rows live; a sum over sharded rows is
+// Partial(sum). A mean divides the local sum by the GLOBAL count, never the local one (with
+// uneven shards an average of averages is wrong). nll_loss's count is data-dependent (ignored
+// targets, class weights), so its mean reduces the total weight across the sharded mesh dims
+// inside the kernel: one scalar all-reduce, the only communication a loss needs.
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "comm/comm.h"
+#include "rules/helpers.h"
+
+namespace shardtensor {
+namespace {
+
+constexpr int64_t kReductionNone = 0, kReductionMean = 1;
+
+// Runs the op with reduction=sum (argument `reduction_arg`), then divides output 0 by `count`.
+LocalKernel sum_then_divide(size_t reduction_arg, int64_t count) {
+  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const size_t begin = stack->size() - op.schema().arguments().size();
+    (*stack)[begin + reduction_arg] = c10::IValue(int64_t{2});  // Reduction::Sum
+    op.callBoxed(stack);
+    stack->back().toTensor().div_(static_cast<double>(count));
+  };
+}
+
+int64_t numel_of(const ShardTensorSpec& spec) {
+  int64_t n = 1;
+  for (int64_t s : spec.shape()) n *= s;
+  return n;
+}
+
+// mse_loss(self, target, reduction)
+RuleResult mse_loss_rule(const OpMeta& op) {
+  const ShardTensorSpec self = without_partial(op.inputs[0].spec);
+  const int64_t reduction = int_arg(op, 2);
+  RuleResult r;
+  r.input_targets = {self, align_to(op.inputs[1].spec, self)};
+  if (reduction == kReductionNone) {
+    r.outputs = {layout_of(self)};
+    return r;
+  }
+  r.outputs = {{summed_over_shards(self), {}}};
+  if (reduction == kReductionMean && !self.shardings().empty()) r.local_kernel = sum_then_divide(2, numel_of(self));
+  return r;
+}
+
+// mse_loss_backward(grad_output, self, target, reduction)
+RuleResult mse_loss_backward_rule(const OpMeta& op) {
+  const ShardTensorSpec self = without_partial(op.inputs[1].spec);
+  const int64_t reduction = int_arg(op, 3);
+  RuleResult r;
+  const ShardTensorSpec grad = reduction == kReductionNone ? align_to(op.inputs[0].spec, self) : replicated(op.inputs[0].spec);
+  r.input_targets = {grad, self, align_to(op.inputs[2].spec, self)};
+  r.outputs = {layout_of(self)};
+  if (reduction == kReductionMean && !self.shardings().empty()) r.local_kernel = sum_then_divide(3, numel_of(self));
+  return r;
+}
+
+// nll_loss_forward / nll_loss2d_forward(self, target, weight?, reduction, ignore_index)
+// -> (output, total_weight). self is [N, C, *] (or [C]); target is self without the class dim.
+ShardTensorSpec class_dim_whole(const ShardTensorSpec& self) {
+  return replicate_tensor_dims(self, {self.ndim() >= 2 ? 1 : 0});
+}
+
+// The target laid out like `self` without its class dim.
+ShardTensorSpec target_like(const ShardTensorSpec& target, const ShardTensorSpec& self) {
+  std::vector<int64_t> to_target(self.ndim(), -1);
+  for (int64_t d = 0; d < self.ndim(); ++d) to_target[d] = self.ndim() < 2 ? -1 : d == 1 ? -1 : d < 1 ? d : d - 1;
+  Placements ps(self.placements().size(), Replicate());
+  for (size_t m = 0; m < ps.size(); ++m)
+    if (self.placements()[m].is_shard()) ps[m] = Shard(to_target[self.placements()[m].tensor_dim]);
+  ShardTensorSpec t = with_placements(target, ps);
+  for (const DimSharding& s : self.shardings()) t = with_dim_sizes(t, to_target[s.tensor_dim], s.sizes);
+  return t;
+}
+
+OutputLayout remove_class_dim(const ShardTensorSpec& self) {
+  std::vector<int64_t> dim_map(self.ndim());
+  for (int64_t d = 0; d < self.ndim(); ++d) dim_map[d] = self.ndim() < 2 ? -1 : d == 1 ? -1 : d < 1 ? d : d - 1;
+  return remap_dims(self, dim_map);
+}
+
+// mean over sharded rows: local sums, the total weight all-reduced, then divided by it.
+LocalKernel nll_global_mean(DeviceMesh mesh, std::vector<int64_t> mesh_dims) {
+  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const size_t begin = stack->size() - op.schema().arguments().size();
+    (*stack)[begin + 3] = c10::IValue(int64_t{2});  // Reduction::Sum
+    op.callBoxed(stack);
+    at::Tensor total_weight = (*stack)[stack->size() - 1].toTensor();
+    at::Tensor output = (*stack)[stack->size() - 2].toTensor();
+    for (int64_t m : mesh_dims) mesh.comm(m).all_reduce(total_weight, ReduceOp::Sum);
+    output.div_(total_weight);
+  };
+}
+
+RuleResult nll_loss_rule(const OpMeta& op) {
+  const ShardTensorSpec self = class_dim_whole(op.inputs[0].spec);
+  const int64_t reduction = int_arg(op, 3);
+  RuleResult r;
+  r.input_targets = {self, target_like(op.inputs[1].spec, self)};
+  for (size_t k = 2; k < op.inputs.size(); ++k) r.input_targets.push_back(replicated(op.inputs[k].spec));  // weight
+  const OutputLayout whole = replicated_layout(self.mesh());
+  if (reduction == kReductionNone) {
+    r.outputs = {remove_class_dim(self), whole};
+    return r;
+  }
+  const OutputLayout summed{summed_over_shards(self), {}};
+  if (reduction != kReductionMean || self.shardings().empty()) {
+    r.outputs = {summed, reduction == kReductionMean ? whole : summed};
+    return r;
+  }
+  std::vector<int64_t> sharded_mesh_dims;
+  for (size_t m = 0; m < self.placements().size(); ++m)
+    if (self.placements()[m].is_shard()) sharded_mesh_dims.push_back(static_cast<int64_t>(m));
+  r.outputs = {summed, whole};
+  r.local_kernel = nll_global_mean(self.mesh(), sharded_mesh_dims);
+  return r;
+}
+
+// nll_loss_backward / nll_loss2d_backward(grad_output, self, target, weight?, reduction,
+// ignore_index, total_weight): local once total_weight is the global one.
+RuleResult nll_loss_backward_rule(const OpMeta& op) {
+  const ShardTensorSpec self = class_dim_whole(op.input_at(1)->spec);
+  const int64_t reduction = int_arg(op, 4);
+  RuleResult r;
+  for (const TensorInput& in : op.inputs) {
+    switch (in.arg_index) {
+      case 0:
+        r.input_targets.push_back(reduction == kReductionNone ? target_like(in.spec, self) : replicated(in.spec));
+        break;
+      case 1:
+        r.input_targets.push_back(self);
+        break;
+      case 2:
+        r.input_targets.push_back(target_like(in.spec, self));
+        break;
+      default:  // weight, total_weight
+        r.input_targets.push_back(replicated(in.spec));
+    }
+  }
+  r.outputs = {layout_of(self)};
+  return r;
+}
+
+}  // namespace
+
+void register_loss_rules(RuleRegistry& registry) {
+  registry.add("aten::mse_loss", mse_loss_rule);
+  registry.add("aten::mse_loss_backward", mse_loss_backward_rule);
+  for (const char* name : {"aten::nll_loss_forward", "aten::nll_loss2d_forward"}) registry.add(name, nll_loss_rule);
+  for (const char* name : {"aten::nll_loss_backward", "aten::nll_loss2d_backward"}) registry.add(name, nll_loss_backward_rule);
+}
+
+}  // namespace shardtensor

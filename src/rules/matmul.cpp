@@ -1,0 +1,172 @@
+// Matrix products: mm, bmm, mv, dot, addmm, baddbmm (and through them matmul and linear,
+// which decompose above the dispatcher).
+//
+// Each op is an einsum over labels (mm: "ik,kj->ij"). Per mesh dim, the operands' placements
+// must form one of these combinations:
+//   R x R -> R;   S(batch) x S(batch) -> S(batch);   S(i) x R -> S(i);   R x S(j) -> S(j);
+//   S(k) x S(k) -> P(sum)  (contraction);   P(sum) x R -> P(sum);   R x P(sum) -> P(sum).
+// When they do not, the rule picks the valid combination that moves the fewest bytes
+// (R -> S is a free local slice; S -> R an all-gather; S -> S' an all-to-all; P -> R an
+// all-reduce), preferring to keep the first operand's layout. Operands sharded on the same
+// label get the same shard sizes, so misaligned uneven boundaries are realigned first.
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <limits>
+
+#include "rules/helpers.h"
+
+namespace shardtensor {
+namespace {
+
+struct Einsum {
+  std::string a, b, out;
+};
+
+// Bytes-moved estimate (in elements) of changing one mesh dim's placement of `spec`.
+double move_cost(const ShardTensorSpec& spec, const Placement& from, const Placement& to, int64_t group) {
+  if (from == to || (from.is_replicate() && to.is_shard())) return 0;
+  double numel = 1;
+  for (int64_t s : spec.shape()) numel *= static_cast<double>(s);
+  if (from.is_partial()) return to.is_partial() ? std::numeric_limits<double>::infinity() : 2 * numel;
+  if (to.is_partial()) return std::numeric_limits<double>::infinity();  // R/S -> P is never asked of an operand
+  if (from.is_shard() && to.is_replicate()) return numel * (group - 1) / group;
+  return numel / group;  // S(a) -> S(b)
+}
+
+// The output placement of a combination, or nullopt when it is not valid.
+std::optional<Placement> combine(const Einsum& e, const Placement& pa, const Placement& pb) {
+  auto label = [](const std::string& labels, const Placement& p) { return p.is_shard() ? labels[p.tensor_dim] : '\0'; };
+  const char la = label(e.a, pa), lb = label(e.b, pb);
+  auto out_dim = [&](char l) { return static_cast<int64_t>(e.out.find(l)); };
+  if (pa.is_partial() || pb.is_partial()) {
+    const Placement& partial = pa.is_partial() ? pa : pb;
+    const Placement& other = pa.is_partial() ? pb : pa;
+    if (partial.reduce_op == ReduceOp::Sum && other.is_replicate()) return partial;
+    return std::nullopt;
+  }
+  if (pa.is_replicate() && pb.is_replicate()) return Replicate();
+  if (la && lb) {
+    if (la != lb) return std::nullopt;
+    if (e.out.find(la) == std::string::npos) return Partial(ReduceOp::Sum);  // contraction
+    return Shard(out_dim(la));                                               // batch
+  }
+  const char l = la ? la : lb;
+  const std::string& other_labels = la ? e.b : e.a;
+  if (other_labels.find(l) != std::string::npos) return std::nullopt;  // shared label, only one side sharded
+  return Shard(out_dim(l));
+}
+
+struct Choice {
+  Placement a, b, out;
+};
+
+Choice choose(const Einsum& e, const ShardTensorSpec& a, const ShardTensorSpec& b, int64_t m) {
+  const Placement& pa = a.placements()[m];
+  const Placement& pb = b.placements()[m];
+  std::vector<Placement> options_a = {pa, Replicate()}, options_b = {pb, Replicate()};
+  for (int64_t d = 0; d < a.ndim(); ++d) options_a.push_back(Shard(d));
+  for (int64_t d = 0; d < b.ndim(); ++d) options_b.push_back(Shard(d));
+  const int64_t group = a.mesh().size(m);
+  Choice best{Replicate(), Replicate(), Replicate()};
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (const Placement& qa : options_a)
+    for (const Placement& qb : options_b) {
+      std::optional<Placement> out = combine(e, qa, qb);
+      if (!out) continue;
+      const double cost = move_cost(a, pa, qa, group) + move_cost(b, pb, qb, group);
+      if (cost < best_cost) best_cost = cost, best = {qa, qb, *out};
+    }
+  return best;
+}
+
+struct Product {
+  ShardTensorSpec a, b;
+  OutputLayout out;
+  std::vector<int64_t> partial_mesh_dims;
+};
+
+Product plan_product(const Einsum& e, const ShardTensorSpec& a, const ShardTensorSpec& b) {
+  const int64_t mesh_ndim = a.mesh().ndim();
+  Placements qa(mesh_ndim), qb(mesh_ndim), out(mesh_ndim);
+  std::vector<int64_t> partial_dims;
+  for (int64_t m = 0; m < mesh_ndim; ++m) {
+    const Choice c = choose(e, a, b, m);
+    qa[m] = c.a, qb[m] = c.b, out[m] = c.out;
+    if (c.out.is_partial()) partial_dims.push_back(m);
+  }
+  ShardTensorSpec ta = with_placements(a, qa);
+  ShardTensorSpec tb = with_placements(b, qb);
+  // Same label sharded on both sides: b follows a's shard sizes.
+  for (const DimSharding& s : ta.shardings()) {
+    const size_t in_b = e.b.find(e.a[s.tensor_dim]);
+    if (in_b != std::string::npos && tb.sharding_of(static_cast<int64_t>(in_b)))
+      tb = with_dim_sizes(tb, static_cast<int64_t>(in_b), s.sizes);
+  }
+  OutputLayout layout{out, {}};
+  for (int64_t d = 0; d < static_cast<int64_t>(e.out.size()); ++d) {
+    const size_t in_a = e.a.find(e.out[d]);
+    const DimSharding* s = in_a != std::string::npos ? ta.sharding_of(static_cast<int64_t>(in_a))
+                                                     : tb.sharding_of(static_cast<int64_t>(e.b.find(e.out[d])));
+    if (s) layout.sizes.push_back({d, s->sizes});
+  }
+  return {ta, tb, layout, partial_dims};
+}
+
+RuleResult product(const OpMeta& op, const Einsum& e) {
+  Product p = plan_product(e, op.inputs[0].spec, op.inputs[1].spec);
+  RuleResult r;
+  r.input_targets = {p.a, p.b};
+  r.outputs = {p.out};
+  return r;
+}
+
+// The bias of addmm/baddbmm: laid out like the product where it has the dim, Replicate where
+// it broadcasts. Where the product is Partial(sum), only coordinate 0 adds the bias (beta is
+// zeroed elsewhere), or it would count once per term.
+RuleResult product_with_bias(const OpMeta& op, const Einsum& e) {
+  const ShardTensorSpec& bias = op.inputs[0].spec;
+  Product p = plan_product(e, op.inputs[1].spec, op.inputs[2].spec);
+  const int64_t offset = static_cast<int64_t>(e.out.size()) - bias.ndim();
+  Placements qbias(bias.mesh().ndim(), Replicate());
+  for (size_t m = 0; m < qbias.size(); ++m) {
+    const Placement& o = p.out.placements[m];
+    if (o.is_shard() && o.tensor_dim - offset >= 0 && bias.shape()[o.tensor_dim - offset] > 1) qbias[m] = Shard(o.tensor_dim - offset);
+  }
+  ShardTensorSpec tbias = with_placements(bias, qbias);
+  for (const DimShardSizes& table : p.out.sizes)
+    if (tbias.sharding_of(table.tensor_dim - offset)) tbias = with_dim_sizes(tbias, table.tensor_dim - offset, table.sizes);
+  RuleResult r;
+  r.input_targets = {tbias, p.a, p.b};
+  r.outputs = {p.out};
+  if (!p.partial_mesh_dims.empty()) {
+    const DeviceMesh mesh = bias.mesh();
+    r.local_kernel = [mesh, dims = p.partial_mesh_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+      bool adds_bias = true;
+      for (int64_t m : dims) adds_bias = adds_bias && mesh.coordinate()[m] == 0;
+      if (!adds_bias) (*stack)[stack->size() - 2] = c10::IValue(c10::Scalar(0));  // beta
+      op.callBoxed(stack);
+    };
+  }
+  return r;
+}
+
+Rule einsum(Einsum e) {
+  return [e](const OpMeta& op) { return product(op, e); };
+}
+
+Rule einsum_with_bias(Einsum e) {
+  return [e](const OpMeta& op) { return product_with_bias(op, e); };
+}
+
+}  // namespace
+
+void register_matmul_rules(RuleRegistry& registry) {
+  registry.add("aten::mm", einsum({"ik", "kj", "ij"}));
+  registry.add("aten::bmm", einsum({"bik", "bkj", "bij"}));
+  registry.add("aten::mv", einsum({"ik", "k", "i"}));
+  registry.add("aten::dot", einsum({"k", "k", ""}));
+  registry.add("aten::addmm", einsum_with_bias({"ik", "kj", "ij"}));
+  registry.add("aten::baddbmm", einsum_with_bias({"bik", "bkj", "bij"}));
+}
+
+}  // namespace shardtensor
