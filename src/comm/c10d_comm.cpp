@@ -26,6 +26,10 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
 }
 
+// Gloo moves bytes of numeric types only: a bool tensor travels as its uint8 view (same
+// bytes, same storage), so masks and comparison results redistribute like any tensor.
+at::Tensor movable(const at::Tensor& t) { return t.scalar_type() == at::kBool ? t.view(at::kByte) : t; }
+
 template <typename Group>
 class C10dComm final : public Comm {
  public:
@@ -40,9 +44,9 @@ class C10dComm final : public Comm {
 
   void all_gather(const at::Tensor& input, const at::Tensor& output) override {
     TORCH_INTERNAL_ASSERT(output.size(0) == size() && output.is_contiguous());
-    std::vector<at::Tensor> inputs{input.contiguous()};
+    std::vector<at::Tensor> inputs{movable(input.contiguous())};
     std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(output.select(0, i));
+    for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(movable(output).select(0, i));
     run("all_gather", [&] { return group_->allgather(outputs, inputs); });
   }
 
@@ -57,7 +61,7 @@ class C10dComm final : public Comm {
 
   void broadcast(const at::Tensor& tensor, int64_t root) override {
     TORCH_INTERNAL_ASSERT(tensor.is_contiguous());
-    std::vector<at::Tensor> tensors{tensor};
+    std::vector<at::Tensor> tensors{movable(tensor)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     run("broadcast", [&] { return group_->broadcast(tensors, opts); });
@@ -70,7 +74,7 @@ class C10dComm final : public Comm {
   void all_to_all(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
                   const std::vector<int64_t>& input_splits) override {
     TORCH_INTERNAL_ASSERT(input.dim() == 1 && output.dim() == 1 && input.is_contiguous() && output.is_contiguous());
-    at::Tensor in = input, out = output;
+    at::Tensor in = movable(input), out = movable(output);
     std::vector<int64_t> out_splits = output_splits, in_splits = input_splits;
     run("all_to_all", [&] { return group_->alltoall_base(out, in, out_splits, in_splits); });
   }

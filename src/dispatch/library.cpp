@@ -8,6 +8,7 @@
 #include "dispatch/library.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/library.h>
 
 #include <map>
@@ -21,12 +22,38 @@ namespace {
 
 torch::CppFunction kernel_function() { return torch::CppFunction::makeFromBoxedFunction<&shard_tensor_kernel>(); }
 
+// CompositeImplicitAutograd backward helpers that build a plain zeros tensor and scatter the
+// gradient into it: decomposed, they would mix a plain full-size tensor with ShardTensors.
+// Our kernel takes them whole, on PrivateUse1 and on its autograd key (they run inside
+// backward; differentiating them again is refused below).
+const char* const kWholeCompositeOps[] = {"aten::value_selecting_reduction_backward", "aten::index_select_backward"};
+
+void whole_composite_autograd_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (at::GradMode::is_enabled()) {
+    const size_t n = op.schema().arguments().size();
+    for (size_t i = stack->size() - n; i < stack->size(); ++i)
+      TORCH_CHECK(!(*stack)[i].isTensor() || !(*stack)[i].toTensor().requires_grad(), full_op_name(op.operator_name()),
+                  ": differentiating this backward operator again (double backward) is not supported on ShardTensors.");
+  }
+  shard_tensor_kernel(op, stack);
+}
+
 void register_everything() {
   // Kept alive for the life of the process: dropping a Library deregisters its kernels.
   static std::vector<std::unique_ptr<torch::Library>> libraries;
   auto fallback = std::make_unique<torch::Library>(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   fallback->fallback(kernel_function());
   libraries.push_back(std::move(fallback));
+
+  auto whole = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto whole_autograd = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
+  for (const char* name : kWholeCompositeOps) {
+    const std::string unqualified = std::string(name).substr(6);
+    whole->impl(unqualified.c_str(), kernel_function());
+    whole_autograd->impl(unqualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&whole_composite_autograd_kernel>());
+  }
+  libraries.push_back(std::move(whole));
+  libraries.push_back(std::move(whole_autograd));
 
   std::map<std::string, torch::Library*> by_namespace;
   auto& dispatcher = c10::Dispatcher::singleton();

@@ -3,9 +3,6 @@
 
 #include "dispatch/library.h"
 
-#include <algorithm>
-#include <numeric>
-
 namespace shardtensor {
 
 ShardTensorImpl::ShardTensorImpl(at::Tensor local, ShardTensorSpec spec)
@@ -18,27 +15,12 @@ ShardTensorImpl::ShardTensorImpl(at::Tensor local, ShardTensorSpec spec)
   refresh_sizes_and_strides();
 }
 
-// Global strides follow the local piece's memory order: a transposed local piece gives a
-// transposed-looking wrapper, so code above the dispatcher that inspects strides (reshape
-// choosing view or copy, contiguity checks) decides as it would on one device.
-void ShardTensorImpl::refresh_sizes_and_strides() {
-  if (local_.is_contiguous() || local_.dim() < 2) {
-    set_sizes_and_strides(spec_.shape(), spec_.stride());
-    return;
-  }
-  const int64_t ndim = local_.dim();
-  std::vector<int64_t> order(ndim);
-  std::iota(order.begin(), order.end(), 0);
-  const auto local_strides = local_.strides();
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return local_strides[a] > local_strides[b]; });
-  std::vector<int64_t> strides(ndim);
-  int64_t running = 1;
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    strides[*it] = running;
-    running *= std::max<int64_t>(spec_.shape()[*it], 1);
-  }
-  set_sizes_and_strides(spec_.shape(), strides);
-}
+// Global strides are always the contiguous strides of the global shape, whatever the local
+// piece's memory layout. They must be the same on every rank: libtorch's autograd picks
+// formulas by strides (mm's backward transposes one way or the other, AccumulateGrad clones
+// or steals), and ranks that pick differently issue different collectives and hang. The local
+// piece may still be non-contiguous; the view rules reshape it locally.
+void ShardTensorImpl::refresh_sizes_and_strides() { set_sizes_and_strides(spec_.shape(), spec_.stride()); }
 
 void ShardTensorImpl::replace(at::Tensor local, ShardTensorSpec spec) {
   TORCH_INTERNAL_ASSERT(!shard_tensor_impl(local), "a ShardTensor cannot hold another ShardTensor");

@@ -134,16 +134,13 @@ RuleResult like_factory(const OpMeta& op) {
 
 // Overwriting in place (fill_, zero_): self keeps its layout; a Partial self is resolved first
 // because every term would otherwise hold the new value.
-RuleResult overwrite_inplace(const OpMeta& op) {
-  RuleResult r = pointwise(op, PartialPolicy::Resolve);
-  return r;
-}
+RuleResult overwrite_inplace(const OpMeta& op) { return pointwise(op, PartialPolicy::Resolve); }
 
 const char* const kUnaryOps[] = {
     "abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
     "atan", "sinh", "cosh", "tanh", "sigmoid", "relu", "sqrt", "rsqrt", "reciprocal", "sign", "floor", "ceil",
     "round", "trunc", "frac", "erf", "erfc", "logical_not", "bitwise_not", "silu", "mish", "hardsigmoid",
-    "hardswish", "square"};
+    "hardswish"};
 
 // Activation forms that take extra scalar arguments: still one tensor, still elementwise.
 const char* const kUnaryWithArgs[] = {
@@ -164,8 +161,9 @@ const char* const kBinaryOps[] = {
     "aten::where.self", "aten::masked_fill.Tensor", "aten::masked_fill_.Tensor", "aten::addcmul", "aten::addcmul_",
     "aten::addcdiv", "aten::addcdiv_", "aten::lerp.Scalar", "aten::lerp_.Scalar", "aten::rsub.Tensor",
     "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward", "aten::gelu_backward",
-    "aten::silu_backward", "aten::leaky_relu_backward", "aten::hardtanh_backward", "aten::elu_backward",
-    "aten::copy_", "aten::div.Tensor_mode"};
+    "aten::leaky_relu_backward", "aten::hardtanh_backward", "aten::elu_backward",
+    "aten::copy_", "aten::div.Tensor_mode", "aten::logical_and_", "aten::logical_or_", "aten::hardsigmoid_backward",
+    "aten::hardswish_backward", "aten::softplus_backward", "aten::sgn", "aten::sgn_"};
 
 }  // namespace
 
@@ -186,6 +184,23 @@ void register_pointwise_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::zeros_like", "aten::ones_like", "aten::empty_like", "aten::full_like"})
     registry.add(name, like_factory);
   for (const char* name : {"aten::fill_.Scalar", "aten::zero_", "aten::fill_.Tensor"}) registry.add(name, overwrite_inplace);
+  // Fresh tensors of a given size from a ShardTensor's options: Replicate, nothing moves.
+  for (const char* name : {"aten::new_zeros", "aten::new_ones", "aten::new_empty", "aten::new_full", "aten::new_empty_strided"})
+    registry.add(name, [](const OpMeta& op) {
+      RuleResult r;
+      r.input_targets = {op.inputs[0].spec};
+      r.outputs = {replicated_layout(op.mesh())};
+      return r;
+    });
+  // Results that depend on every value (.item(), nonzero): computed whole from gathered inputs,
+  // identical on every rank, Replicate.
+  for (const char* name : {"aten::_local_scalar_dense", "aten::nonzero"})
+    registry.add(name, [](const OpMeta& op) {
+      RuleResult r;
+      r.input_targets = {replicated(op.inputs[0].spec)};
+      r.outputs = {replicated_layout(op.mesh())};
+      return r;
+    });
 }
 
 }  // namespace shardtensor

@@ -5,7 +5,7 @@
 // dim with the whole dims after it ([B, S] with B sharded -> [B*S]), or splitting it into
 // pieces that each shard divides. Otherwise the dim is gathered first. Operators whose size
 // arguments are global (view, expand, select_backward...) run locally with those sizes
-// rewritten to the local piece's (see LocalSizes).
+// rewritten to the local piece's (see with_local_sizes).
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <numeric>
@@ -124,20 +124,17 @@ RuleResult view_rule(const OpMeta& op) {
   out.placements = out_ps;
   // Partial placements stay: a view of a pending sum is a pending sum of views.
   RuleResult r = keep_layout(with_placements(in, ps), out);
-  if (!rewrites.empty()) {
-    if (op.name == "aten::_reshape_alias") {
-      // Strides are global too: a view with the local sizes computes its own.
-      r.local_kernel = [rewrites, oshape](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-        at::Tensor self = (*stack)[stack->size() - 3].toTensor();
-        std::vector<int64_t> sizes = oshape;
-        for (const SizeFromInput& w : rewrites) sizes[w.out_dim] = self.size(w.in_dim) * w.num / w.den;
-        torch::jit::drop(*stack, 3);
-        stack->emplace_back(self.view(sizes));
-      };
-    } else {
-      r.local_kernel = with_local_sizes(1, 0, rewrites);
-    }
-  }
+  // Locally a reshape, not a view: the wrapper reports contiguous strides on every rank (see
+  // ShardTensorImpl), so the local piece of a "contiguous" wrapper may be a transposed view.
+  // reshape keeps aliasing whenever the piece is viewable, and copies only when it is not.
+  const int64_t num_args = static_cast<int64_t>(op.schema->arguments().size());
+  r.local_kernel = [rewrites, oshape, num_args](const c10::OperatorHandle&, torch::jit::Stack* stack) {
+    at::Tensor self = (*stack)[stack->size() - num_args].toTensor();
+    std::vector<int64_t> sizes = oshape;
+    for (const SizeFromInput& w : rewrites) sizes[w.out_dim] = self.size(w.in_dim) * w.num / w.den;
+    torch::jit::drop(*stack, num_args);
+    stack->emplace_back(self.reshape(sizes));
+  };
   return r;
 }
 
@@ -270,32 +267,50 @@ RuleResult cat_rule(const OpMeta& op) {
   return r;
 }
 
-// select_backward / slice_backward: zeros of the input's size with the gradient placed in
-// the selected range. The dim must be whole; the other dims follow the gradient's layout.
-RuleResult scatter_back_rule(const OpMeta& op) {
+// stack along a new dim: every input follows the first one's layout, dims from `dim` on shift.
+RuleResult stack_rule(const OpMeta& op) {
+  const ShardTensorSpec lead = without_partial(op.inputs[0].spec);
+  const int64_t dim = wrap_dim(int_arg(op, 1), lead.ndim() + 1, op);
+  RuleResult r;
+  for (const TensorInput& in : op.inputs) r.input_targets.push_back(align_to(in.spec, lead));
+  std::vector<int64_t> dim_map(lead.ndim());
+  for (int64_t d = 0; d < lead.ndim(); ++d) dim_map[d] = d < dim ? d : d + 1;
+  r.outputs.push_back(remap_dims(lead, dim_map));
+  return r;
+}
+
+// Backward kernels that build a zero tensor of the input's (global) size and place the
+// gradient in it: select_backward, slice_backward, index_select_backward and
+// value_selecting_reduction_backward (max.dim/min.dim). The gradient keeps its layout except
+// along `dim`, which is gathered where the op indexes it; the size argument is rewritten to
+// this rank's piece. `inserts_dim`: the gradient lacks `dim` (select, reductions without keepdim).
+RuleResult scatter_back(const OpMeta& op, size_t sizes_arg, size_t dim_arg, bool inserts_dim, bool gather_dim) {
   const ShardTensorSpec& grad = op.inputs[0].spec;
-  const std::vector<int64_t> sizes = int_list_arg(op, 1);
-  const int64_t out_ndim = static_cast<int64_t>(sizes.size());
-  const int64_t dim = wrap_dim(int_arg(op, 2), out_ndim, op);
-  const bool select = op.name == "aten::select_backward";
-  std::vector<int64_t> grad_dims_to_whole;
-  if (!select) grad_dims_to_whole.push_back(dim);
-  const ShardTensorSpec target = without_partial(replicate_tensor_dims(grad, grad_dims_to_whole));
+  const std::vector<int64_t> sizes = int_list_arg(op, sizes_arg);
+  const int64_t dim = wrap_dim(int_arg(op, dim_arg), static_cast<int64_t>(sizes.size()), op);
+  std::vector<int64_t> whole;
+  if (gather_dim) whole.push_back(dim);
+  const ShardTensorSpec target = replicate_tensor_dims(grad, whole);
+  const ShardTensorSpec resolved = without_partial(target);
   std::vector<int64_t> dim_map(grad.ndim());
   std::vector<SizeFromInput> rewrites;
   for (int64_t d = 0; d < grad.ndim(); ++d) {
-    dim_map[d] = select && d >= dim ? d + 1 : d;
-    if (target.sharding_of(d)) rewrites.push_back({dim_map[d], d});
+    dim_map[d] = inserts_dim && d >= dim ? d + 1 : d;
+    if (resolved.sharding_of(d)) rewrites.push_back({dim_map[d], d});
   }
-  RuleResult r = keep_layout(target, remap_dims(target, dim_map));
-  if (!rewrites.empty()) r.local_kernel = with_local_sizes(1, 0, rewrites);
+  RuleResult r = keep_layout(resolved, remap_dims(resolved, dim_map));
+  for (size_t k = 1; k < op.inputs.size(); ++k)  // indices: aligned with the gradient, or whole for index_select
+    r.input_targets.push_back(op.inputs[k].spec.ndim() == grad.ndim() && op.name != "aten::index_select_backward"
+                                  ? align_to(op.inputs[k].spec, resolved)
+                                  : replicated(op.inputs[k].spec));
+  if (!rewrites.empty()) r.local_kernel = with_local_sizes(sizes_arg, 0, rewrites);
   return r;
 }
 
 }  // namespace
 
 void register_view_rules(RuleRegistry& registry) {
-  for (const char* name : {"aten::detach", "aten::alias", "aten::lift_fresh"}) registry.add(name, same_layout_view);
+  for (const char* name : {"aten::detach", "aten::alias"}) registry.add(name, same_layout_view);
   for (const char* name : {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias"}) registry.add(name, view_rule);
   registry.add("aten::permute", permute_rule);
   for (const char* name : {"aten::transpose.int", "aten::t"}) registry.add(name, transpose_rule);
@@ -307,7 +322,13 @@ void register_view_rules(RuleRegistry& registry) {
   registry.add("aten::index_select", whole_dim(1, /*removes_dim=*/false));
   for (const char* name : {"aten::split.Tensor", "aten::split_with_sizes", "aten::unbind.int"}) registry.add(name, split_rule);
   registry.add("aten::cat", cat_rule);
-  for (const char* name : {"aten::select_backward", "aten::slice_backward"}) registry.add(name, scatter_back_rule);
+  registry.add("aten::stack", stack_rule);
+  registry.add("aten::select_backward", [](const OpMeta& op) { return scatter_back(op, 1, 2, /*inserts_dim=*/true, false); });
+  registry.add("aten::slice_backward", [](const OpMeta& op) { return scatter_back(op, 1, 2, false, /*gather_dim=*/true); });
+  registry.add("aten::index_select_backward", [](const OpMeta& op) { return scatter_back(op, 1, 2, false, /*gather_dim=*/true); });
+  registry.add("aten::value_selecting_reduction_backward", [](const OpMeta& op) {
+    return scatter_back(op, 3, 1, /*inserts_dim=*/!bool_arg(op, 4), /*gather_dim=*/true);
+  });
 }
 
 }  // namespace shardtensor

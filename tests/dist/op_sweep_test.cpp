@@ -1,0 +1,350 @@
+// The operator sweep, in the spirit of PyTorch's OpInfo tests: every operator that has a
+// sharding rule runs on random layouts of its inputs (Shard of any dim with torch.chunk or
+// random uneven sizes, Replicate, Partial(sum)), on every mesh of this world size; the output
+// must equal the single-device output (whole, and on the piece this rank owns), and the
+// gradient of every differentiable input must equal the single-device gradient. The sweep
+// then fails if any operator with a rule was never reached: the list of supported operators
+// comes from the rule registry, not from this file.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <functional>
+#include <set>
+
+#include "dist/dist_fixture.h"
+
+using namespace shardtensor;
+using namespace shardtensor::testing;
+
+namespace {
+
+using Tensors = std::vector<at::Tensor>;
+
+struct Case {
+  std::string label;
+  std::function<Tensors()> make;  // global inputs, drawn after a fixed seed
+  std::function<at::Tensor(const Tensors&)> fn;
+  std::vector<size_t> constants = {};  // inputs that never require grad (class weights)
+};
+
+// Calls an operator by its qualified name through the dispatcher (autograd included), with
+// the schema's defaults for arguments not given.
+at::Tensor call(const std::string& qualified, std::vector<c10::IValue> args) {
+  const size_t dot = qualified.find('.');
+  const std::string name = qualified.substr(0, dot), overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  torch::jit::Stack stack = std::move(args);
+  const auto& schema_args = op.schema().arguments();
+  for (size_t i = stack.size(); i < schema_args.size(); ++i) {
+    TORCH_CHECK(schema_args[i].default_value(), qualified, ": argument ", schema_args[i].name(), " has no default");
+    stack.push_back(*schema_args[i].default_value());
+  }
+  op.callBoxed(&stack);
+  return stack.front().toTensor();
+}
+
+at::Tensor unit(std::vector<int64_t> shape) { return at::rand(shape, at::kDouble) * 0.8 + 0.1; }  // in (0.1, 0.9)
+at::Tensor normal(std::vector<int64_t> shape) { return at::randn(shape, at::kDouble); }
+
+Case unary(const std::string& op, std::vector<c10::IValue> extra = {}, bool inplace = false) {
+  return {op, [] { return Tensors{unit({5, 7})}; }, [op, extra, inplace](const Tensors& x) {
+            std::vector<c10::IValue> args = {inplace ? x[0].clone() : x[0]};
+            args.insert(args.end(), extra.begin(), extra.end());
+            return call(op, args);
+          }};
+}
+
+Case binary(const std::string& label, std::vector<int64_t> a, std::vector<int64_t> b,
+            std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> f) {
+  return {label, [a, b] { return Tensors{unit(a), unit(b)}; }, [f](const Tensors& x) { return f(x[0], x[1]); }};
+}
+
+Case on(const std::string& label, std::function<Tensors()> make, std::function<at::Tensor(const Tensors&)> fn,
+        std::vector<size_t> constants = {}) {
+  return {label, std::move(make), std::move(fn), std::move(constants)};
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const char* name : {"abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan",
+                           "asin", "acos", "atan", "sinh", "cosh", "tanh", "sigmoid", "relu", "sqrt", "rsqrt",
+                           "reciprocal", "sign", "floor", "ceil", "round", "trunc", "frac", "erf", "erfc", "silu", "mish",
+                           "hardsigmoid", "hardswish"}) {
+    cases.push_back(unary(std::string("aten::") + name));
+    cases.push_back(unary(std::string("aten::") + name + "_", {}, /*inplace=*/true));
+  }
+  cases.push_back(on("logical_not/bitwise_not", [] { return Tensors{unit({5, 7})}; }, [](const Tensors& x) {
+    at::Tensor b = x[0] > 0.5;
+    return at::logical_not(b).logical_or(b.clone().logical_not_()).logical_and(b.bitwise_not()).bitwise_not_()
+        .logical_and_(b).logical_or_(b.logical_not()).to(at::kDouble);
+  }));
+  for (const char* name : {"aten::gelu", "aten::leaky_relu", "aten::elu", "aten::hardtanh", "aten::softplus",
+                           "aten::nan_to_num", "aten::isnan"})
+    cases.push_back(unary(name));
+  for (const char* name : {"aten::gelu_", "aten::leaky_relu_", "aten::elu_", "aten::hardtanh_", "aten::nan_to_num_"})
+    cases.push_back(unary(name, {}, true));
+  cases.push_back(unary("aten::threshold", {0.5, 0.0}));
+  cases.push_back(unary("aten::threshold_", {0.5, 0.0}, true));
+  cases.push_back(unary("aten::clamp", {0.3, 0.6}));
+  cases.push_back(unary("aten::clamp_", {0.3, 0.6}, true));
+  for (const char* name : {"aten::clamp_min", "aten::clamp_max"}) cases.push_back(unary(name, {0.4}));
+  for (const char* name : {"aten::clamp_min_", "aten::clamp_max_"}) cases.push_back(unary(name, {0.4}, true));
+  cases.push_back(unary("aten::pow.Tensor_Scalar", {2.5}));
+  cases.push_back(unary("aten::pow_.Scalar", {2.5}, true));
+  for (const char* name : {"aten::add.Scalar", "aten::sub.Scalar", "aten::rsub.Scalar", "aten::mul.Scalar", "aten::div.Scalar"})
+    cases.push_back(unary(name, {1.5}));
+  for (const char* name : {"aten::add_.Scalar", "aten::sub_.Scalar", "aten::mul_.Scalar", "aten::div_.Scalar"})
+    cases.push_back(unary(name, {1.5}, true));
+  for (const char* name : {"aten::eq.Scalar", "aten::ne.Scalar", "aten::lt.Scalar", "aten::le.Scalar", "aten::gt.Scalar", "aten::ge.Scalar"})
+    cases.push_back(on(name, [] { return Tensors{(unit({5, 7}) * 4).round()}; },
+                       [name](const Tensors& x) { return call(name, {x[0], 2.0}).to(at::kDouble); }));
+  cases.push_back(unary("aten::clone"));
+  cases.push_back(on("_to_copy", [] { return Tensors{unit({5, 7})}; }, [](const Tensors& x) { return x[0].to(at::kFloat).to(at::kDouble); }));
+  cases.push_back(on("masked_fill", [] { return Tensors{unit({5, 7}), unit({7})}; }, [](const Tensors& x) {
+    const at::Tensor mask = x[1] > 0.5;  // broadcast over rows
+    return x[0].masked_fill(mask, 2.0) + x[0].clone().masked_fill_(mask, -1.0) +
+           x[0].masked_fill(mask, at::scalar_tensor(3.0, at::kDouble)) + x[0].clone().masked_fill_(mask, at::scalar_tensor(4.0, at::kDouble));
+  }));
+
+  // Binary with broadcasting: full shapes, a missing leading dim, a size-1 dim.
+  using F = std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>;
+  const std::vector<std::pair<std::string, F>> binaries = {
+      {"add", [](auto& a, auto& b) { return at::add(a, b, 0.5); }},
+      {"sub", [](auto& a, auto& b) { return at::sub(a, b); }},
+      {"mul", [](auto& a, auto& b) { return a * b; }},
+      {"div", [](auto& a, auto& b) { return a / b; }},
+      {"add_/sub_/mul_/div_", [](auto& a, auto& b) { return a.clone().add_(b).sub_(b, 0.5).mul_(b).div_(b); }},
+      {"pow", [](auto& a, auto& b) { return at::pow(a, b); }},
+      {"maximum/minimum", [](auto& a, auto& b) { return at::maximum(a, b) - at::minimum(a, b) * 2; }},
+      {"rsub", [](auto& a, auto& b) { return at::rsub(a, b); }},
+      {"div floor", [](auto& a, auto& b) { return at::div(a * 10, b, "floor"); }},
+      {"comparisons", [](auto& a, auto& b) {
+         return (at::eq(a, b).to(at::kDouble) + at::ne(a, b) * 2 + at::lt(a, b) * 3 + at::le(a, b) * 4 + at::gt(a, b) * 5 + at::ge(a, b) * 6) * a;
+       }},
+      {"where", [](auto& a, auto& b) { return at::where(a > b, a, b * 2); }},
+      {"addcmul/addcdiv", [](auto& a, auto& b) {
+         return at::addcmul(a, a, b, 0.5) + at::addcdiv(a, a, b, 2) + a.clone().addcmul_(a, b) + a.clone().addcdiv_(a, b);
+       }},
+      {"lerp", [](auto& a, auto& b) { return at::lerp(a, b, 0.3) + a.clone().lerp_(b, 0.7); }},
+      {"copy_", [](auto& a, auto& b) { return at::zeros_like(a).copy_(b) * a; }},
+  };
+  for (const auto& entry : binaries) {
+    cases.push_back(binary(entry.first + " [5,7]x[5,7]", {5, 7}, {5, 7}, entry.second));
+    cases.push_back(binary(entry.first + " [5,7]x[7]", {5, 7}, {7}, entry.second));
+    cases.push_back(binary(entry.first + " [5,7]x[5,1]", {5, 7}, {5, 1}, entry.second));
+  }
+  cases.push_back(on("activation backward", [] { return Tensors{normal({5, 7})}; }, [](const Tensors& x) {
+    const at::Tensor& v = x[0];
+    return at::relu(v) + at::sigmoid(v) + at::tanh(v) + at::gelu(v) + at::silu(v) + at::leaky_relu(v, 0.1) +
+           at::hardtanh(v, -0.5, 0.5) + at::elu(v);
+  }));
+  cases.push_back(on("sgn/silu_backward", [] { return Tensors{normal({5, 7}), normal({5, 7})}; }, [](const Tensors& x) {
+    return at::sgn(x[0]) * x[1] + x[0].clone().sgn_();
+  }, /*constants=*/{0}));  // sgn's gradient is libtorch's plain _efficientzerotensor
+  cases.push_back(on("like factories and fills", [] { return Tensors{normal({5, 7})}; }, [](const Tensors& x) {
+    const at::Tensor& v = x[0];
+    return at::zeros_like(v) + at::ones_like(v) * v + at::full_like(v, 3.0) + at::empty_like(v).fill_(2.0) +
+           v.clone().zero_() + v.clone().fill_(at::scalar_tensor(5.0, at::kDouble));
+  }));
+
+  // Reductions, over each dim and all, keepdim both ways.
+  for (int64_t dim : {0, 1, 2})
+    for (bool keepdim : {false, true}) {
+      const std::string tag = " dim " + std::to_string(dim) + (keepdim ? " keepdim" : "");
+      auto make = [] { return Tensors{normal({4, 5, 3})}; };
+      cases.push_back(on("sum/mean/prod/amax/amin" + tag, make, [=](const Tensors& x) {
+        const at::Tensor& v = x[0];
+        return v.sum({dim}, keepdim) + v.mean({dim}, keepdim) + v.prod(dim, keepdim) + v.amax({dim}, keepdim) + v.amin({dim}, keepdim);
+      }));
+      cases.push_back(on("max/min/argmax/argmin" + tag, make, [=](const Tensors& x) {
+        const at::Tensor& v = x[0];
+        return std::get<0>(v.max(dim, keepdim)) + std::get<1>(v.min(dim, keepdim)) + std::get<1>(v.max(dim, keepdim)) +
+               v.argmax(dim, keepdim) + v.argmin(dim, keepdim) + std::get<0>(v.min(dim, keepdim));
+      }));
+      cases.push_back(on("var/std/norm/logsumexp/all/any" + tag, make, [=](const Tensors& x) {
+        const at::Tensor& v = x[0];
+        return v.var({dim}, /*unbiased=*/true, keepdim) + v.std({dim}, false, keepdim) + v.norm(2, {dim}, keepdim) +
+               at::linalg_vector_norm(v, 3, {dim}, keepdim) + v.logsumexp({dim}, keepdim) + (v > 0).all(dim, keepdim) +
+               (v > 0).any(dim, keepdim);
+      }));
+    }
+  cases.push_back(on("full reductions", [] { return Tensors{normal({4, 5})}; }, [](const Tensors& x) {
+    const at::Tensor& v = x[0];
+    return v.sum() + v.mean() + (v * 0.5).prod() + v.max() + v.min() + (v > -5).all() + (v > 2).any() + v.sum(at::IntArrayRef{0, 1}, true).squeeze();
+  }));
+
+  // Matrix products.
+  cases.push_back(on("mm", [] { return Tensors{normal({5, 6}), normal({6, 7})}; }, [](const Tensors& x) { return at::mm(x[0], x[1]); }));
+  cases.push_back(on("bmm", [] { return Tensors{normal({3, 5, 6}), normal({3, 6, 4})}; }, [](const Tensors& x) { return at::bmm(x[0], x[1]); }));
+  cases.push_back(on("mv", [] { return Tensors{normal({5, 6}), normal({6})}; }, [](const Tensors& x) { return at::mv(x[0], x[1]); }));
+  cases.push_back(on("dot", [] { return Tensors{normal({7}), normal({7})}; }, [](const Tensors& x) { return at::dot(x[0], x[1]); }));
+  cases.push_back(on("addmm", [] { return Tensors{normal({7}), normal({5, 6}), normal({6, 7})}; },
+                     [](const Tensors& x) { return at::addmm(x[0], x[1], x[2], 0.5, 2); }));
+  cases.push_back(on("baddbmm", [] { return Tensors{normal({3, 5, 4}), normal({3, 5, 6}), normal({3, 6, 4})}; },
+                     [](const Tensors& x) { return at::baddbmm(x[0], x[1], x[2], 0.5, 2); }));
+  cases.push_back(on("matmul 3d x 2d / linear", [] { return Tensors{normal({3, 4, 6}), normal({5, 6}), normal({5})}; },
+                     [](const Tensors& x) { return at::linear(x[0], x[1], x[2]) + at::matmul(x[0], x[1].t()); }));
+
+  // Views and shape ops.
+  cases.push_back(on("view/reshape", [] { return Tensors{normal({4, 6, 2})}; }, [](const Tensors& x) {
+    const at::Tensor& v = x[0];
+    return v.view({24, 2}).view({4, 12}).reshape({2, 2, 6, 2}).reshape({-1}).view({4, 6, 2}) + v.reshape({4, 3, 4}).view({4, 6, 2});
+  }));
+  cases.push_back(on("permute/transpose/t", [] { return Tensors{normal({3, 4, 5})}; }, [](const Tensors& x) {
+    const at::Tensor& v = x[0];
+    return v.permute({2, 0, 1}).transpose(0, 2).transpose(0, 1).contiguous() * 2 + v.select(2, 1).t().t().unsqueeze(2);
+  }));
+  cases.push_back(on("squeeze/unsqueeze/expand", [] { return Tensors{normal({4, 1, 5})}; }, [](const Tensors& x) {
+    const at::Tensor& v = x[0];
+    return v.squeeze().unsqueeze(1) + v.squeeze(1).unsqueeze(0).expand({3, 4, 5}).sum(0).unsqueeze(1) + v.expand({4, 6, 5}).sum(1, true);
+  }));
+  cases.push_back(on("select/slice/narrow/index_select", [] { return Tensors{normal({5, 6}), at::tensor({4, 0, 2}, at::kLong)}; },
+                     [](const Tensors& x) {
+                       const at::Tensor& v = x[0];
+                       return v.select(1, 2).unsqueeze(1) * v.slice(1, 1, 5, 2).sum(1, true) + v.narrow(0, 1, 3).sum() +
+                              v.index_select(0, x[1]).sum(0) + v.index_select(1, x[1]).sum(1, true);
+                     }));
+  cases.push_back(on("split/chunk/unbind", [] { return Tensors{normal({5, 6})}; }, [](const Tensors& x) {
+    const at::Tensor& v = x[0];
+    auto parts = v.split(2, 1);
+    auto sized = v.split_with_sizes({1, 4}, 0);
+    auto rows = v.unbind(1);
+    // Every piece is used: libtorch 1.13 fills the gradient of an unused piece with plain zeros.
+    auto chunks = v.chunk(3, 1);
+    return parts[0] * parts[2] + parts[1] + sized[1].sum(0, true).narrow(1, 0, 2).expand({5, 2}) + sized[0].narrow(1, 0, 2) +
+           at::stack(rows, 1).narrow(1, 0, 2) + chunks[0] + chunks[1] * chunks[2];
+  }));
+  cases.push_back(on("cat/stack", [] { return Tensors{normal({5, 3}), normal({5, 4}), normal({2, 3})}; }, [](const Tensors& x) {
+    return at::cat({x[0], x[1]}, 1).sum(1, true) + at::stack({x[0], x[0]}, 0).sum(0) + x[0].new_zeros({5, 3}) +
+           x[0].new_ones({3}) + x[0].new_full({5, 1}, 2.0) + x[0].new_empty({5, 3}).fill_(1.0) + x[0].new_empty_strided({5, 3}, {3, 1}).fill_(2.0) + at::cat({x[0], x[2]}, 0).sum(0) + at::stack({x[0], x[0] * 2}, 1).sum(1);
+  }));
+  cases.push_back(on("detach/alias", [] { return Tensors{normal({5, 3})}; }, [](const Tensors& x) {
+    return x[0] * x[0].detach() + at::alias(x[0]);
+  }));
+
+  // Normalisation, losses, embedding.
+  for (int64_t dim : {0, 1})
+    cases.push_back(on("softmax/log_softmax dim " + std::to_string(dim), [] { return Tensors{normal({5, 6})}; },
+                       [dim](const Tensors& x) { return at::softmax(x[0], dim) * 3 + at::log_softmax(x[0], dim); }));
+  cases.push_back(on("layer_norm", [] { return Tensors{normal({3, 4, 6}), normal({6}), normal({6})}; },
+                     [](const Tensors& x) { return at::layer_norm(x[0], {6}, x[1], x[2]) + at::layer_norm(x[0], {4, 6}); }));
+  for (int64_t reduction : {0, 1, 2})
+    cases.push_back(on("mse_loss reduction " + std::to_string(reduction), [] { return Tensors{normal({5, 6}), normal({5, 6})}; },
+                       [reduction](const Tensors& x) { return at::mse_loss(x[0], x[1], reduction); }));
+  for (int64_t reduction : {0, 1, 2}) {
+    cases.push_back(on("cross_entropy reduction " + std::to_string(reduction),
+                       [] { return Tensors{normal({7, 4}), at::randint(0, 4, {7}, at::kLong), unit({4})}; },
+                       [reduction](const Tensors& x) {
+                         return at::cross_entropy_loss(x[0], x[1], {}, reduction) + at::nll_loss(at::log_softmax(x[0], 1), x[1], x[2], reduction, 2);
+                       },
+                       /*constants=*/{2}));
+    cases.push_back(on("cross_entropy 2d reduction " + std::to_string(reduction),
+                       [] { return Tensors{normal({2, 3, 4, 5}), at::randint(0, 3, {2, 4, 5}, at::kLong)}; },
+                       [reduction](const Tensors& x) { return at::cross_entropy_loss(x[0], x[1], {}, reduction); }));
+  }
+  cases.push_back(on("embedding", [] { return Tensors{normal({6, 4}), at::randint(0, 6, {3, 5}, at::kLong)}; },
+                     [](const Tensors& x) { return at::embedding(x[0], x[1]); }));
+  return cases;
+}
+
+// A random layout of `global` on `mesh`: per mesh dim Shard(any dim), Replicate, or (floating
+// inputs) Partial(sum); sharded dims get torch.chunk or random uneven sizes.
+at::Tensor distribute_randomly(const at::Tensor& global, const DeviceMesh& mesh, std::mt19937& rng, std::string& trace) {
+  Placements ps;
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    const int r = static_cast<int>(rng() % 10);
+    if (global.dim() > 0 && r < 6) {
+      ps.push_back(Shard(static_cast<int64_t>(rng() % global.dim())));
+    } else if (r == 9 && global.is_floating_point()) {
+      ps.push_back(Partial());
+    } else {
+      ps.push_back(Replicate());
+    }
+  }
+  ShardSizes sizes;
+  if (rng() % 2) {
+    for (int64_t d = 0; d < global.dim(); ++d) {
+      int64_t pieces = 1;
+      for (int64_t m = 0; m < mesh.ndim(); ++m)
+        if (ps[m].is_shard(d)) pieces *= mesh.size(m);
+      if (pieces > 1) sizes.push_back({d, random_sizes(rng, global.size(d), pieces)});
+    }
+  }
+  at::Tensor t = distribute_tensor(global, mesh, ps, sizes);
+  trace += " " + spec(t).to_string();
+  return t;
+}
+
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const at::Tensor a = actual.to(at::kDouble), e = expected.to(at::kDouble);
+  EXPECT_TRUE(at::allclose(a, e, 1e-7, 1e-9, /*equal_nan=*/true)) << what << "\nmax difference " << (a - e).abs().max().item<double>();
+}
+
+void run_case(const Case& c, const DeviceMesh& mesh, std::mt19937& rng, int trial) {
+  at::manual_seed(1000 + trial);
+  const Tensors globals = c.make();
+  std::string trace = c.label + " on " + mesh.to_string() + " trial " + std::to_string(trial) + ":";
+  Tensors refs, sharded;
+  for (size_t i = 0; i < globals.size(); ++i) {
+    const at::Tensor& g = globals[i];
+    const bool grad = g.is_floating_point() && std::count(c.constants.begin(), c.constants.end(), i) == 0;
+    refs.push_back(g.clone().requires_grad_(grad));
+    at::Tensor s = distribute_randomly(g, mesh, rng, trace);
+    if (grad) s.set_requires_grad(true);
+    sharded.push_back(s);
+  }
+  SCOPED_TRACE(trace);
+  const at::Tensor expected = c.fn(refs);
+  const at::Tensor out = c.fn(sharded);
+  ASSERT_TRUE(is_shard_tensor(out)) << "the result is not a ShardTensor";
+  expect_close(full_tensor(out), expected.detach(), "forward");
+  const ShardTensorSpec& s = spec(out);
+  if (!s.has_partial()) {
+    at::Tensor piece = expected.detach();
+    const auto offsets = s.local_offsets(), shape = s.local_shape();
+    for (int64_t d = 0; d < piece.dim(); ++d) piece = piece.narrow(d, offsets[d], shape[d]);
+    expect_close(to_local(out), piece, "this rank's piece");
+  }
+  if (!expected.requires_grad()) return;
+  const at::Tensor w = at::randn(expected.sizes(), at::kDouble);
+  (expected * w).sum().backward();
+  (full_tensor(out) * w).sum().backward();
+  for (size_t i = 0; i < refs.size(); ++i) {
+    if (!refs[i].grad().defined()) continue;
+    ASSERT_TRUE(sharded[i].grad().defined()) << "input " << i << " got no gradient";
+    expect_close(full_tensor(sharded[i].grad()), refs[i].grad(), "gradient of input " + std::to_string(i));
+  }
+}
+
+}  // namespace
+
+TEST(OpSweep, EveryRuledOperatorGivesTheSingleDeviceValuesAndGradients) {
+  const std::vector<Case> cases = all_cases();
+  const int trials = std::getenv("SHARDTENSOR_SWEEP_TRIALS") ? std::atoi(std::getenv("SHARDTENSOR_SWEEP_TRIALS")) : 3;
+  const uint32_t seed = 4242;
+  std::cout << "op sweep: seed " << seed << ", " << cases.size() << " cases x " << trials << " layouts x "
+            << test_meshes().size() << " meshes" << std::endl;
+  std::mt19937 rng(seed);
+  const char* only = std::getenv("SHARDTENSOR_SWEEP_ONLY");  // a label substring, to replay one case
+  for (const DeviceMesh& mesh : test_meshes())
+    for (const Case& c : cases)
+      for (int trial = 0; trial < trials && (!only || c.label.find(only) != std::string::npos); ++trial) {
+        try {
+          run_case(c, mesh, rng, trial);
+        } catch (const c10::Error& e) {
+          ADD_FAILURE() << c.label << " on " << mesh.to_string() << " trial " << trial << ": " << e.what_without_backtrace();
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << c.label << " on " << mesh.to_string() << " trial " << trial << ": " << e.what();
+        }
+      }
+
+  const std::vector<std::string> reached = propagated_operators();
+  const std::set<std::string> seen(reached.begin(), reached.end());
+  std::vector<std::string> missing;
+  for (const std::string& name : sharding_rule_names())
+    if (!seen.count(name)) missing.push_back(name);
+  EXPECT_TRUE(missing.empty()) << "operators with a sharding rule but no sweep case reaching it: " << ::testing::PrintToString(missing);
+  const std::vector<std::string> fell_back = fallback_operators();
+  EXPECT_TRUE(fell_back.empty()) << "operators that fell back during the sweep: " << ::testing::PrintToString(fell_back);
+}
