@@ -186,7 +186,18 @@ RuleResult squeeze_rule(const OpMeta& op) {
   int64_t next = 0;
   for (int64_t d = 0; d < in.ndim(); ++d)
     dim_map[d] = std::count(dropped.begin(), dropped.end(), d) ? -1 : next++;
-  return keep_layout(target, remap_dims(target, dim_map));
+  RuleResult r = keep_layout(target, remap_dims(target, dim_map));
+  // Locally, squeeze exactly the globally dropped dims: a sharded dim whose piece happens to
+  // have size 1 on this rank must stay.
+  const int64_t num_args = static_cast<int64_t>(op.schema->arguments().size());
+  r.local_kernel = [dropped, num_args](const c10::OperatorHandle&, torch::jit::Stack* stack) {
+    at::Tensor out = (*stack)[stack->size() - num_args].toTensor();
+    torch::jit::drop(*stack, num_args);
+    if (dropped.empty()) out = out.view(out.sizes());
+    for (auto it = dropped.rbegin(); it != dropped.rend(); ++it) out = out.squeeze(*it);
+    stack->emplace_back(out);
+  };
+  return r;
 }
 
 RuleResult expand_rule(const OpMeta& op) {

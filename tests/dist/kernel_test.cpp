@@ -1,6 +1,6 @@
-// The dispatch kernel as the foundation leaves it: every operator on a ShardTensor reaches it;
-// operators without a rule raise an error naming them (never run on the storage-less wrapper);
-// plain tensors and mixed meshes are refused.
+// The dispatch kernel's contract beyond single operators: the fallback (warns once, correct,
+// an error in strict mode), plain tensors and mixed meshes, misaligned uneven operands,
+// in-place ops, pinned placements with CommDebugMode counts, custom rules and local_map.
 #include <ATen/ATen.h>
 
 #include "dist/dist_fixture.h"
@@ -9,24 +9,59 @@ using namespace shardtensor;
 using namespace shardtensor::testing;
 
 namespace {
+
 at::Tensor replicated(const DeviceMesh& mesh, std::vector<int64_t> shape) {
   return from_local(iota(shape), mesh, Placements(mesh.ndim(), Replicate()));
 }
-}  // namespace
 
-TEST(Kernel, OperatorsWithoutARuleRaiseNamingTheOperator) {
-  at::Tensor t = replicated(test_meshes().front(), {3, 4});
-  EXPECT_ERROR_CONTAINS(t.add(t), "aten::add.Tensor: no sharding rule");
-  EXPECT_ERROR_CONTAINS(t.sum(), "aten::sum", "no sharding rule");
-  EXPECT_ERROR_CONTAINS(t.relu(), "aten::relu", "no sharding rule");
-  EXPECT_ERROR_CONTAINS(at::mm(t, t.t()), "no sharding rule");
-  EXPECT_ERROR_CONTAINS(t.mul_(2), "aten::mul_.Scalar", "no sharding rule");
-  EXPECT_ERROR_CONTAINS(t.clone(), "aten::clone", "no sharding rule");
+const DeviceMesh& mesh_1d() { return test_meshes().front(); }
+
+// Restores the strict flag the suite runs with.
+struct StrictScope {
+  explicit StrictScope(bool strict) : previous(is_strict()) { set_strict(strict); }
+  ~StrictScope() { set_strict(previous); }
+  bool previous;
+};
+
+at::Tensor rows(const at::Tensor& global, std::vector<int64_t> sizes) {
+  return distribute_tensor(global, mesh_1d(), {Shard(0)}, ShardSizes{{0, std::move(sizes)}});
 }
 
-TEST(Kernel, PlainTensorNextToShardTensorsIsRefused) {
-  at::Tensor t = replicated(test_meshes().front(), {3, 4});
-  EXPECT_ERROR_CONTAINS(t.add(at::ones({3, 4})), "aten::add.Tensor", "plain 2-d tensor", "from_local()");
+std::vector<int64_t> uneven(int64_t n, bool other) {
+  const int64_t w = mesh_1d().size(0);
+  if (w == 4 && n == 10) return other ? std::vector<int64_t>{3, 3, 2, 2} : std::vector<int64_t>{1, 4, 2, 3};
+  if (w == 3 && n == 10) return other ? std::vector<int64_t>{4, 4, 2} : std::vector<int64_t>{1, 6, 3};
+  if (w == 2 && n == 10) return other ? std::vector<int64_t>{5, 5} : std::vector<int64_t>{2, 8};
+  return chunk_sizes(n, w);
+}
+
+}  // namespace
+
+TEST(Kernel, OperatorsWithoutARuleFallBackCorrectlyOrRaiseInStrictMode) {
+  const at::Tensor global = at::randn({10, 4}, at::kDouble);
+  const at::Tensor t = rows(global, uneven(10, false));
+  {
+    StrictScope strict(true);
+    EXPECT_ERROR_CONTAINS(at::cumsum(t, 0), "aten::cumsum", "strict mode", "register_sharding_rule");
+  }
+  StrictScope lenient(false);
+  const at::Tensor out = at::cumsum(t, 0);
+  EXPECT_TRUE(at::allclose(full_tensor(out), at::cumsum(global, 0)));
+  const std::vector<std::string> fell = fallback_operators();
+  EXPECT_NE(std::find(fell.begin(), fell.end(), "aten::cumsum"), fell.end());
+  // In place through the fallback: the result lands in self's own layout.
+  at::Tensor s = rows(global, uneven(10, false));
+  s.cumsum_(0);
+  EXPECT_EQ(spec(s).placements(), Placements{Shard(0)});
+  EXPECT_TRUE(at::allclose(full_tensor(s), at::cumsum(global, 0)));
+}
+
+TEST(Kernel, PlainTensorsNextToShardTensors) {
+  at::Tensor t = replicated(mesh_1d(), {3, 4});
+  EXPECT_ERROR_CONTAINS(t.add(at::ones({3, 4})), "aten::add.Tensor", "plain 2-d tensor", "ImplicitReplication");
+  EXPECT_TRUE(at::allclose(full_tensor(t * at::scalar_tensor(2.0)), iota({3, 4}) * 2));  // 0-d: implicitly Replicate
+  ImplicitReplication scope;
+  EXPECT_TRUE(at::allclose(full_tensor(t.add(at::ones({3, 4}))), iota({3, 4}) + 1));
 }
 
 TEST(Kernel, InputsOnDifferentMeshesAreRefused) {
@@ -35,4 +70,102 @@ TEST(Kernel, InputsOnDifferentMeshesAreRefused) {
   at::Tensor b = replicated(test_meshes()[1], {2, 2});
   EXPECT_ERROR_CONTAINS(a.add(b), "inputs are on different meshes", test_meshes()[0].to_string().c_str(),
                         test_meshes()[1].to_string().c_str());
+}
+
+// PhysicsNeMo's issue 1943: operands sharded on one dim with different shard sizes.
+TEST(Kernel, MisalignedUnevenOperandsGiveTheSingleDeviceAnswer) {
+  const at::Tensor gx = at::randn({10, 6}, at::kDouble), gy = at::randn({10, 6}, at::kDouble), gw = at::randn({6, 3}, at::kDouble);
+  const at::Tensor x = rows(gx, uneven(10, false)), y = rows(gy, uneven(10, true));
+  EXPECT_TRUE(at::allclose(full_tensor(x + y), gx + gy));
+  EXPECT_TRUE(at::allclose(full_tensor(x * y), gx * gy));
+  EXPECT_TRUE(at::allclose(full_tensor(at::where(x > y, x, y)), at::where(gx > gy, gx, gy)));
+  EXPECT_TRUE(at::allclose(full_tensor(at::cat({x, y}, 1)), at::cat({gx, gy}, 1)));
+  EXPECT_TRUE(at::allclose(full_tensor(at::cat({x, y}, 0)), at::cat({gx, gy}, 0)));
+  const at::Tensor xt = distribute_tensor(gx.t().contiguous(), mesh_1d(), {Shard(1)}, ShardSizes{{1, uneven(10, false)}});
+  EXPECT_TRUE(at::allclose(full_tensor(at::mm(xt, y)), at::mm(gx.t(), gy)));
+  EXPECT_TRUE(at::allclose(full_tensor(at::mm(x, distribute_tensor(gw, mesh_1d(), {Replicate()}))), at::mm(gx, gw)));
+}
+
+TEST(Kernel, PinnedPlacementsAndTheirCommunication) {
+  const DeviceMesh& mesh = mesh_1d();
+  const int64_t n = mesh.size(0);
+  const at::Tensor ga = at::randn({8, 6}, at::kDouble), gb = at::randn({6, 5}, at::kDouble);
+  const at::Tensor a_rows = distribute_tensor(ga, mesh, {Shard(0)}), a_cols = distribute_tensor(ga, mesh, {Shard(1)});
+  const at::Tensor b_rows = distribute_tensor(gb, mesh, {Shard(0)}), b_rep = distribute_tensor(gb, mesh, {Replicate()});
+  {
+    CommDebugMode comms;
+    const at::Tensor out = at::mm(a_rows, b_rep);  // S(0) @ R: no collective
+    EXPECT_EQ(spec(out).placements(), Placements{Shard(0)});
+    EXPECT_EQ(comms.total(), 0) << comms.table();
+  }
+  {
+    CommDebugMode comms;
+    const at::Tensor out = at::mm(a_cols, b_rows);  // S(1) @ S(0) -> P(sum), no collective
+    EXPECT_EQ(spec(out).placements(), Placements{Partial()});
+    EXPECT_EQ(comms.total(), 0) << comms.table();
+    EXPECT_TRUE(at::allclose(full_tensor(out), at::mm(ga, gb)));
+  }
+  {
+    CommDebugMode comms;
+    const at::Tensor out = a_rows.sum(0);  // over the sharded dim -> P(sum)
+    EXPECT_EQ(spec(out).placements(), Placements{Partial()});
+    EXPECT_EQ(comms.total(), 0);
+    const at::Tensor kept = a_rows.sum(1);  // over a whole dim: local
+    EXPECT_EQ(spec(kept).placements(), Placements{Shard(0)});
+    EXPECT_EQ(comms.total(), 0);
+  }
+  {
+    CommDebugMode comms;
+    const at::Tensor out = at::softmax(a_rows, 0);  // over the sharded dim: gathered first
+    EXPECT_EQ(spec(out).placements(), Placements{Replicate()});
+    EXPECT_EQ(comms.count("all_to_all"), n > 1 ? 1 : 0) << comms.table();
+    EXPECT_TRUE(at::allclose(full_tensor(out), at::softmax(ga, 0)));
+  }
+  {
+    const at::Tensor x = distribute_tensor(at::randn({8, 3, 2}, at::kDouble), mesh, {Shard(0)});
+    CommDebugMode comms;
+    const at::Tensor merged = x.view({24, 2});  // merging a sharded leading dim stays sharded
+    EXPECT_EQ(spec(merged).placements(), Placements{Shard(0)});
+    EXPECT_EQ(comms.total(), 0);
+  }
+}
+
+TEST(Kernel, InPlaceOpsUpdateTheCallersTensorAndItsViews) {
+  const at::Tensor global = at::randn({10, 4}, at::kDouble);
+  at::Tensor t = rows(global, uneven(10, false));
+  at::Tensor view = t.select(1, 2);
+  t.mul_(2).add_(1);
+  EXPECT_TRUE(at::allclose(full_tensor(t), global * 2 + 1));
+  EXPECT_TRUE(at::allclose(full_tensor(view), global.select(1, 2) * 2 + 1));
+  view.zero_();
+  EXPECT_TRUE(at::allclose(full_tensor(t).select(1, 2), at::zeros({10}, at::kDouble)));
+}
+
+TEST(Kernel, CustomRulesAndLocalMap) {
+  // A rule for an operator that has none: cumsum along dim 1 is local when dim 1 is whole.
+  register_sharding_rule("aten::cumsum", [](const OpMeta& op) {
+    RuleResult r;
+    r.input_targets = {op.inputs[0].spec};
+    r.outputs = {layout_of(op.inputs[0].spec)};
+    if (op.args[1].toInt() != 1) return RuleResult::unsupported("only dim 1 is supported by this test rule");
+    return r;
+  });
+  const at::Tensor global = at::randn({10, 4}, at::kDouble);
+  const at::Tensor t = rows(global, uneven(10, false));
+  {
+    StrictScope strict(true);
+    CommDebugMode comms;
+    EXPECT_TRUE(at::allclose(full_tensor(at::cumsum(t, 1)), at::cumsum(global, 1)));
+    EXPECT_ERROR_CONTAINS(at::cumsum(t, 0), "aten::cumsum", "only dim 1 is supported");
+  }
+  EXPECT_ERROR_CONTAINS(register_sharding_rule("cumsum", nullptr), "not a qualified operator name");
+
+  const std::vector<at::Tensor> out = local_map(
+      [](const std::vector<at::Tensor>& locals) { return std::vector<at::Tensor>{locals[0].cumsum(0)}; }, {t},
+      {Placements{Replicate()}}, {Placements{Replicate()}});
+  EXPECT_TRUE(at::allclose(full_tensor(out[0]), at::cumsum(global, 0)));
+  const std::vector<at::Tensor> rowwise = local_map(
+      [](const std::vector<at::Tensor>& locals) { return std::vector<at::Tensor>{locals[0] * 3}; }, {t}, {}, {Placements{Shard(0)}});
+  EXPECT_EQ(spec(rowwise[0]).shard_sizes(), spec(t).shard_sizes());
+  EXPECT_TRUE(at::allclose(full_tensor(rowwise[0]), global * 3));
 }
