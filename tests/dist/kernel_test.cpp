@@ -16,6 +16,13 @@ at::Tensor replicated(const DeviceMesh& mesh, std::vector<int64_t> shape) {
 
 const DeviceMesh& mesh_1d() { return test_meshes().front(); }
 
+// Every rank draws the same global tensors: the oracle must be the same everywhere.
+at::Tensor same_randn(std::vector<int64_t> shape) {
+  static uint64_t draws = 0;
+  at::manual_seed(100 + draws++);
+  return at::randn(shape, at::kDouble);
+}
+
 // Restores the strict flag the suite runs with.
 struct StrictScope {
   explicit StrictScope(bool strict) : previous(is_strict()) { set_strict(strict); }
@@ -38,7 +45,7 @@ std::vector<int64_t> uneven(int64_t n, bool other) {
 }  // namespace
 
 TEST(Kernel, OperatorsWithoutARuleFallBackCorrectlyOrRaiseInStrictMode) {
-  const at::Tensor global = at::randn({10, 4}, at::kDouble);
+  const at::Tensor global = same_randn({10, 4});
   const at::Tensor t = rows(global, uneven(10, false));
   {
     StrictScope strict(true);
@@ -74,7 +81,7 @@ TEST(Kernel, InputsOnDifferentMeshesAreRefused) {
 
 // PhysicsNeMo's issue 1943: operands sharded on one dim with different shard sizes.
 TEST(Kernel, MisalignedUnevenOperandsGiveTheSingleDeviceAnswer) {
-  const at::Tensor gx = at::randn({10, 6}, at::kDouble), gy = at::randn({10, 6}, at::kDouble), gw = at::randn({6, 3}, at::kDouble);
+  const at::Tensor gx = same_randn({10, 6}), gy = same_randn({10, 6}), gw = same_randn({6, 3});
   const at::Tensor x = rows(gx, uneven(10, false)), y = rows(gy, uneven(10, true));
   EXPECT_TRUE(at::allclose(full_tensor(x + y), gx + gy));
   EXPECT_TRUE(at::allclose(full_tensor(x * y), gx * gy));
@@ -89,7 +96,7 @@ TEST(Kernel, MisalignedUnevenOperandsGiveTheSingleDeviceAnswer) {
 TEST(Kernel, PinnedPlacementsAndTheirCommunication) {
   const DeviceMesh& mesh = mesh_1d();
   const int64_t n = mesh.size(0);
-  const at::Tensor ga = at::randn({8, 6}, at::kDouble), gb = at::randn({6, 5}, at::kDouble);
+  const at::Tensor ga = same_randn({8, 6}), gb = same_randn({6, 5});
   const at::Tensor a_rows = distribute_tensor(ga, mesh, {Shard(0)}), a_cols = distribute_tensor(ga, mesh, {Shard(1)});
   const at::Tensor b_rows = distribute_tensor(gb, mesh, {Shard(0)}), b_rep = distribute_tensor(gb, mesh, {Replicate()});
   {
@@ -122,7 +129,7 @@ TEST(Kernel, PinnedPlacementsAndTheirCommunication) {
     EXPECT_TRUE(at::allclose(full_tensor(out), at::softmax(ga, 0)));
   }
   {
-    const at::Tensor x = distribute_tensor(at::randn({8, 3, 2}, at::kDouble), mesh, {Shard(0)});
+    const at::Tensor x = distribute_tensor(same_randn({8, 3, 2}), mesh, {Shard(0)});
     CommDebugMode comms;
     const at::Tensor merged = x.view({24, 2});  // merging a sharded leading dim stays sharded
     EXPECT_EQ(spec(merged).placements(), Placements{Shard(0)});
@@ -131,7 +138,7 @@ TEST(Kernel, PinnedPlacementsAndTheirCommunication) {
 }
 
 TEST(Kernel, InPlaceOpsUpdateTheCallersTensorAndItsViews) {
-  const at::Tensor global = at::randn({10, 4}, at::kDouble);
+  const at::Tensor global = same_randn({10, 4});
   at::Tensor t = rows(global, uneven(10, false));
   at::Tensor view = t.select(1, 2);
   t.mul_(2).add_(1);
@@ -150,7 +157,7 @@ TEST(Kernel, CustomRulesAndLocalMap) {
     if (op.args[1].toInt() != 1) return RuleResult::unsupported("only dim 1 is supported by this test rule");
     return r;
   });
-  const at::Tensor global = at::randn({10, 4}, at::kDouble);
+  const at::Tensor global = same_randn({10, 4});
   const at::Tensor t = rows(global, uneven(10, false));
   {
     StrictScope strict(true);
