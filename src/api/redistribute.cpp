@@ -13,19 +13,14 @@
 #include "redistribute/boxes.h"
 #include "redistribute/executor.h"
 #include "redistribute/plan.h"
+#include "rules/helpers.h"
 #include "shardtensor/shard_tensor.h"
 #include "spec/placement_checks.h"
 #include "util/strings.h"
 
 namespace shardtensor {
 
-ShardTensorSpec gradient_layout(const ShardTensorSpec& spec) {
-  if (!spec.has_partial()) return spec;
-  Placements ps = spec.placements();
-  for (Placement& p : ps)
-    if (p.is_partial()) p = Replicate();
-  return ShardTensorSpec(spec.mesh(), ps, spec.shape(), spec.dtype(), spec.shard_sizes());
-}
+ShardTensorSpec gradient_layout(const ShardTensorSpec& spec) { return without_partial(spec); }
 
 at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target) {
   const ShardTensorSpec& source = spec(t);

@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <iostream>
 #include <mutex>
 #include <set>
 
@@ -26,7 +25,7 @@ std::atomic<bool>& strict_flag() {
 
 thread_local bool implicit_replication = false;
 
-std::mutex fallback_mutex;
+std::mutex records_mutex;
 std::set<std::string>& fallbacks() {
   static std::set<std::string> names;
   return names;
@@ -43,17 +42,17 @@ std::set<std::string>& propagated() {
 }
 
 void note_propagated(const std::string& op_name) {
-  std::lock_guard<std::mutex> lock(fallback_mutex);
+  std::lock_guard<std::mutex> lock(records_mutex);
   propagated().insert(op_name);
 }
 
 std::vector<std::string> propagated_operators() {
-  std::lock_guard<std::mutex> lock(fallback_mutex);
+  std::lock_guard<std::mutex> lock(records_mutex);
   return {propagated().begin(), propagated().end()};
 }
 
 std::vector<std::string> fallback_operators() {
-  std::lock_guard<std::mutex> lock(fallback_mutex);
+  std::lock_guard<std::mutex> lock(records_mutex);
   return {fallbacks().begin(), fallbacks().end()};
 }
 
@@ -73,7 +72,7 @@ void note_fallback(const std::string& op_name, const std::string& why) {
               "' with register_sharding_rule(), or compute on to_local() pieces.");
   bool first = false;
   {
-    std::lock_guard<std::mutex> lock(fallback_mutex);
+    std::lock_guard<std::mutex> lock(records_mutex);
     first = fallbacks().insert(op_name).second;
   }
   if (first)

@@ -33,9 +33,9 @@ ShardTensorSpec output_spec(const Propagation& p, const OutputLayout& layout, co
   for (const DimShardSizes& table : layout.sizes)
     global[table.tensor_dim] = std::accumulate(table.sizes.begin(), table.sizes.end(), int64_t{0});
   ShardTensorSpec spec(p.meta.mesh(), layout.placements, global, local.scalar_type(), layout.sizes);
-  TORCH_INTERNAL_ASSERT(spec.shardings().size() == layout.sizes.size(), p.op_name,
+  TORCH_INTERNAL_ASSERT(spec.shardings().size() == layout.sizes.size(), p.meta.name,
                         ": the rule shards an output dim without giving its shard sizes: ", spec);
-  TORCH_INTERNAL_ASSERT(local.sizes().equals(spec.local_shape()), p.op_name, ": the rule's output layout ", spec,
+  TORCH_INTERNAL_ASSERT(local.sizes().equals(spec.local_shape()), p.meta.name, ": the rule's output layout ", spec,
                         " gives this rank a piece of shape [", join(spec.local_shape(), ", "),
                         "] but the operator computed one of shape [", join(local.sizes().vec(), ", "), "]");
   return spec;
@@ -46,7 +46,7 @@ at::Tensor wrap_output(Propagation& p, size_t index, const at::Tensor& local) {
     const DeviceMesh& mesh = p.meta.mesh();
     return make_shard_tensor(local, ShardTensorSpec(mesh, Placements(mesh.ndim(), Replicate()), local.sizes().vec(), local.scalar_type()));
   }
-  TORCH_INTERNAL_ASSERT(index < p.result.outputs.size(), p.op_name, ": the rule gave ", p.result.outputs.size(),
+  TORCH_INTERNAL_ASSERT(index < p.result.outputs.size(), p.meta.name, ": the rule gave ", p.result.outputs.size(),
                         " output layouts for more tensor outputs");
   std::optional<CachedOutput>& cached = p.output_specs[index];
   if (!cached || cached->spec.dtype() != local.scalar_type() || !local.sizes().equals(cached->local_shape)) {
@@ -70,7 +70,7 @@ void write_back_self(const at::Tensor& self, const ShardTensorSpec& target, cons
 
 void log_call(const Propagation& p) {
   std::ostringstream os;
-  os << "[shardtensor] " << p.op_name << (p.fallback ? " (fallback)" : "") << ":";
+  os << "[shardtensor] " << p.meta.name << (p.fallback ? " (fallback)" : "") << ":";
   for (size_t k = 0; k < p.meta.inputs.size(); ++k) {
     os << " " << to_string(p.meta.inputs[k].spec.placements());
     if (p.plans[k]) os << "->" << to_string(p.result.input_targets[k].placements());
@@ -93,7 +93,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
 
   Propagation& p = propagate(op, c10::ArrayRef<c10::IValue>(stack->data() + args_begin, num_args));
-  CurrentOperatorScope current(&p.op_name);
+  CurrentOperatorScope current(&p.meta.name);
   if (log_enabled()) log_call(p);
 
   // Written arguments come back as the caller's wrappers.

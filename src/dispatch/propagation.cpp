@@ -107,25 +107,24 @@ RuleResult fallback_result(const OpMeta& meta) {
 
 std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   auto p = std::make_unique<Propagation>();
-  p->op_name = full_op_name(op.operator_name());
   const c10::FunctionSchema& schema = op.schema();
   OpMeta& meta = p->meta;
-  meta.name = p->op_name;
+  meta.name = full_op_name(op.operator_name());
   meta.schema = &schema;
 
   const DeviceMesh* mesh = nullptr;
   for_each_input_tensor(schema, args, [&](const at::Tensor& t, size_t) {
     if (!mesh && shard_tensor_impl(t)) mesh = &shard_tensor_impl(t)->spec().mesh();
   });
-  TORCH_INTERNAL_ASSERT(mesh, p->op_name, ": reached the ShardTensor kernel without a ShardTensor input");
+  TORCH_INTERNAL_ASSERT(mesh, meta.name, ": reached the ShardTensor kernel without a ShardTensor input");
   for_each_input_tensor(schema, args, [&](const at::Tensor& t, size_t i) {
     if (ShardTensorImpl* impl = shard_tensor_impl(t)) {
-      TORCH_CHECK(impl->spec().mesh() == *mesh, p->op_name, ": inputs are on different meshes (", *mesh, " vs ",
+      TORCH_CHECK(impl->spec().mesh() == *mesh, meta.name, ": inputs are on different meshes (", *mesh, " vs ",
                   impl->spec().mesh(), "). All sharded inputs must share one mesh; redistribute one input first.");
       meta.inputs.push_back({impl->spec(), i, false});
       return;
     }
-    TORCH_CHECK(t.numel() == 1 || implicit_replication_active(), p->op_name, ": got a plain ", t.dim(), "-d tensor of shape [",
+    TORCH_CHECK(t.numel() == 1 || implicit_replication_active(), meta.name, ": got a plain ", t.dim(), "-d tensor of shape [",
                 join(t.sizes().vec(), ", "), "] (argument '", schema.arguments()[i].name(),
                 "') next to ShardTensors; only 0-d and single-element plain tensors count as Replicate. Wrap it with "
                 "from_local() or distribute_tensor(), or use a shardtensor::ImplicitReplication scope.");
@@ -133,20 +132,20 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
   });
 
   meta.args = args;
-  const Rule* rule = rule_registry().find(p->op_name);
+  const Rule* rule = rule_registry().find(meta.name);
   if (rule) p->result = (*rule)(meta);
   if (!rule || !p->result.unsupported_reason.empty()) {
     const std::string why = rule ? "its sharding rule refuses inputs " + describe_args(meta) + ": " + p->result.unsupported_reason
                                  : "no sharding rule for this operator";
-    note_fallback(p->op_name, why);
+    note_fallback(meta.name, why);
     p->result = fallback_result(meta);
     p->fallback = true;
   } else {
-    note_propagated(p->op_name);
+    note_propagated(meta.name);
   }
   meta.args = {};  // the stack does not outlive this call
 
-  TORCH_INTERNAL_ASSERT(p->result.input_targets.size() == meta.inputs.size(), p->op_name, ": the rule gave ",
+  TORCH_INTERNAL_ASSERT(p->result.input_targets.size() == meta.inputs.size(), meta.name, ": the rule gave ",
                         p->result.input_targets.size(), " input layouts for ", meta.inputs.size(), " inputs");
   for (size_t k = 0; k < meta.inputs.size(); ++k) {
     const ShardTensorSpec& from = meta.inputs[k].spec;

@@ -29,8 +29,7 @@ struct CachedOutput {
 };
 
 struct Propagation {
-  std::string op_name;
-  OpMeta meta;                                  // inputs' specs and positions (args not kept)
+  OpMeta meta;                                  // name, inputs' specs and positions (args not kept)
   RuleResult result;
   std::vector<const RedistributePlan*> plans;   // per input; nullptr: already in place
   std::vector<std::optional<CachedOutput>> output_specs;  // filled on the first run

@@ -23,11 +23,8 @@ RuleResult embedding_backward_rule(const OpMeta& op) {
   ShardTensorSpec indices = without_partial(op.inputs[1].spec);
   if (by_frequency) indices = replicated(indices);
   // grad_output is [*indices.shape, D]: its leading dims follow the indices.
-  Placements grad_ps = indices.placements();
-  ShardTensorSpec grad_target = with_placements(grad, grad_ps);
-  for (const DimSharding& s : indices.shardings()) grad_target = with_dim_sizes(grad_target, s.tensor_dim, s.sizes);
   RuleResult r;
-  r.input_targets = {grad_target, indices};
+  r.input_targets = {align_to(grad, indices), indices};
   r.outputs = {{summed_over_shards(indices), {}}};
   return r;
 }

@@ -97,10 +97,6 @@ std::vector<int64_t> partial_mesh_dims(const ShardTensorSpec& spec) {
   return dims;
 }
 
-}  // namespace shardtensor
-
-namespace shardtensor {
-
 ShardTensorSpec align_to(const ShardTensorSpec& spec, const ShardTensorSpec& lead) {
   ShardTensorSpec t = with_placements(spec, lead.placements());
   for (const DimSharding& s : lead.shardings()) t = with_dim_sizes(t, s.tensor_dim, s.sizes);

@@ -48,10 +48,6 @@ std::vector<int64_t> int_list_arg(const OpMeta& op, size_t index);
 // Mesh dims on which `spec` is Partial.
 std::vector<int64_t> partial_mesh_dims(const ShardTensorSpec& spec);
 
-}  // namespace shardtensor
-
-namespace shardtensor {
-
 // `spec` laid out like `lead` (same ndim): the same placements and, for sharded dims, the
 // same shard sizes, so that operands meet piece by piece.
 ShardTensorSpec align_to(const ShardTensorSpec& spec, const ShardTensorSpec& lead);

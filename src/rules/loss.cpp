@@ -64,10 +64,16 @@ ShardTensorSpec class_dim_whole(const ShardTensorSpec& self) {
   return replicate_tensor_dims(self, {self.ndim() >= 2 ? 1 : 0});
 }
 
+// Where each dim of self ([N, C, *] or [C]) goes once the class dim is dropped (-1: gone).
+std::vector<int64_t> without_class_dim(int64_t ndim) {
+  std::vector<int64_t> dim_map(ndim, -1);
+  for (int64_t d = 0; ndim >= 2 && d < ndim; ++d) dim_map[d] = d == 0 ? 0 : d == 1 ? -1 : d - 1;
+  return dim_map;
+}
+
 // The target laid out like `self` without its class dim.
 ShardTensorSpec target_like(const ShardTensorSpec& target, const ShardTensorSpec& self) {
-  std::vector<int64_t> to_target(self.ndim(), -1);
-  for (int64_t d = 0; d < self.ndim(); ++d) to_target[d] = self.ndim() < 2 ? -1 : d == 1 ? -1 : d < 1 ? d : d - 1;
+  const std::vector<int64_t> to_target = without_class_dim(self.ndim());
   Placements ps(self.placements().size(), Replicate());
   for (size_t m = 0; m < ps.size(); ++m)
     if (self.placements()[m].is_shard()) ps[m] = Shard(to_target[self.placements()[m].tensor_dim]);
@@ -76,11 +82,7 @@ ShardTensorSpec target_like(const ShardTensorSpec& target, const ShardTensorSpec
   return t;
 }
 
-OutputLayout remove_class_dim(const ShardTensorSpec& self) {
-  std::vector<int64_t> dim_map(self.ndim());
-  for (int64_t d = 0; d < self.ndim(); ++d) dim_map[d] = self.ndim() < 2 ? -1 : d == 1 ? -1 : d < 1 ? d : d - 1;
-  return remap_dims(self, dim_map);
-}
+OutputLayout remove_class_dim(const ShardTensorSpec& self) { return remap_dims(self, without_class_dim(self.ndim())); }
 
 // mean over sharded rows: local sums, the total weight all-reduced, then divided by it.
 LocalKernel nll_global_mean(DeviceMesh mesh, std::vector<int64_t> mesh_dims) {

@@ -132,10 +132,6 @@ RuleResult like_factory(const OpMeta& op) {
   return r;
 }
 
-// Overwriting in place (fill_, zero_): self keeps its layout; a Partial self is resolved first
-// because every term would otherwise hold the new value.
-RuleResult overwrite_inplace(const OpMeta& op) { return pointwise(op, PartialPolicy::Resolve); }
-
 const char* const kUnaryOps[] = {
     "abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
     "atan", "sinh", "cosh", "tanh", "sigmoid", "relu", "sqrt", "rsqrt", "reciprocal", "sign", "floor", "ceil",
@@ -183,7 +179,9 @@ void register_pointwise_rules(RuleRegistry& registry) {
     registry.add(name, with_policy(PartialPolicy::DivLike));
   for (const char* name : {"aten::zeros_like", "aten::ones_like", "aten::empty_like", "aten::full_like"})
     registry.add(name, like_factory);
-  for (const char* name : {"aten::fill_.Scalar", "aten::zero_", "aten::fill_.Tensor"}) registry.add(name, overwrite_inplace);
+  // Overwriting in place: self keeps its layout; a Partial self is resolved first, or every
+  // term would hold the new value.
+  for (const char* name : {"aten::fill_.Scalar", "aten::zero_", "aten::fill_.Tensor"}) registry.add(name, resolve);
   // Fresh tensors of a given size from a ShardTensor's options: Replicate, nothing moves.
   for (const char* name : {"aten::new_zeros", "aten::new_ones", "aten::new_empty", "aten::new_full", "aten::new_empty_strided"})
     registry.add(name, [](const OpMeta& op) {

@@ -270,9 +270,7 @@ RuleResult cat_rule(const OpMeta& op) {
       r.input_targets.push_back(replicated(in.spec));
       continue;
     }
-    ShardTensorSpec t = with_placements(in.spec, lead.placements());
-    for (const DimSharding& s : lead.shardings()) t = with_dim_sizes(t, s.tensor_dim, s.sizes);
-    r.input_targets.push_back(t);
+    r.input_targets.push_back(align_to(in.spec, lead));
   }
   r.outputs.push_back(layout_of(lead));
   return r;
