@@ -10,6 +10,7 @@
 // all-reduce), preferring to keep the first operand's layout. Operands sharded on the same
 // label get the same shard sizes, so misaligned uneven boundaries are realigned first.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/zeros.h>
 
 #include <limits>
 
@@ -121,8 +122,8 @@ RuleResult product(const OpMeta& op, const Einsum& e) {
 }
 
 // The bias of addmm/baddbmm: laid out like the product where it has the dim, Replicate where
-// it broadcasts. Where the product is Partial(sum), only coordinate 0 adds the bias (beta is
-// zeroed elsewhere), or it would count once per term.
+// it broadcasts. Where the product is Partial(sum), only coordinate 0 adds the bias (the
+// others add a zero bias), or it would count once per term.
 RuleResult product_with_bias(const OpMeta& op, const Einsum& e) {
   const ShardTensorSpec& bias = op.inputs[0].spec;
   Product p = plan_product(e, op.inputs[1].spec, op.inputs[2].spec);
@@ -143,7 +144,10 @@ RuleResult product_with_bias(const OpMeta& op, const Einsum& e) {
     r.local_kernel = [mesh, dims = p.partial_mesh_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       bool adds_bias = true;
       for (int64_t m : dims) adds_bias = adds_bias && mesh.coordinate()[m] == 0;
-      if (!adds_bias) (*stack)[stack->size() - 2] = c10::IValue(c10::Scalar(0));  // beta
+      // Not beta = 0: libtorch 1.13's CPU baddbmm then skips copying self into its fresh result
+      // but still scales that uninitialised result by beta (NaN * 0 = NaN). A zero bias is safe.
+      c10::IValue& bias = (*stack)[stack->size() - 5];
+      if (!adds_bias) bias = at::zeros({}, bias.toTensor().options());
       op.callBoxed(stack);
     };
   }
