@@ -59,6 +59,10 @@ void register_all_rules(RuleRegistry& registry) {
   register_normalization_rules(registry);
   register_loss_rules(registry);
   register_embedding_rules(registry);
+  register_convolution_rules(registry);
+  register_pooling_rules(registry);
+  register_resampling_rules(registry);
+  register_spatial_norm_rules(registry);
 }
 }  // namespace
 

@@ -33,5 +33,9 @@ void register_matmul_rules(RuleRegistry& registry);
 void register_normalization_rules(RuleRegistry& registry);
 void register_loss_rules(RuleRegistry& registry);
 void register_embedding_rules(RuleRegistry& registry);
+void register_convolution_rules(RuleRegistry& registry);
+void register_pooling_rules(RuleRegistry& registry);
+void register_resampling_rules(RuleRegistry& registry);
+void register_spatial_norm_rules(RuleRegistry& registry);
 
 }  // namespace shardtensor

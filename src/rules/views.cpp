@@ -200,6 +200,30 @@ RuleResult squeeze_rule(const OpMeta& op) {
   return r;
 }
 
+// `in` with `dims` gathered but Partial kept: expanding or repeating a pending sum expands
+// or repeats every term.
+ShardTensorSpec gather_dims_keep_partial(const ShardTensorSpec& in, const std::vector<int64_t>& dims) {
+  Placements ps = replicate_tensor_dims(in, dims).placements();
+  for (size_t m = 0; m < ps.size(); ++m)
+    if (in.placements()[m].is_partial()) ps[m] = in.placements()[m];
+  return with_placements(in, ps);
+}
+
+// repeat(self, repeats): a sharded dim repeated more than once is gathered first; the others
+// keep their pieces (repeats of 1 leave a local piece as it is).
+RuleResult repeat_rule(const OpMeta& op) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  const std::vector<int64_t> repeats = int_list_arg(op, 1);
+  const int64_t offset = static_cast<int64_t>(repeats.size()) - in.ndim();
+  std::vector<int64_t> repeated, dim_map(in.ndim());
+  for (int64_t d = 0; d < in.ndim(); ++d) {
+    if (repeats[d + offset] != 1) repeated.push_back(d);
+    dim_map[d] = d + offset;
+  }
+  const ShardTensorSpec target = gather_dims_keep_partial(in, repeated);
+  return keep_layout(target, remap_dims(target, dim_map));
+}
+
 RuleResult expand_rule(const OpMeta& op) {
   const ShardTensorSpec& in = op.inputs[0].spec;
   const std::vector<int64_t> size = int_list_arg(op, 1);
@@ -207,12 +231,7 @@ RuleResult expand_rule(const OpMeta& op) {
   std::vector<int64_t> expanded;
   for (int64_t d = 0; d < in.ndim(); ++d)
     if (size[d + offset] != -1 && size[d + offset] != in.shape()[d]) expanded.push_back(d);
-  ShardTensorSpec target = with_placements(in, replicate_tensor_dims(in, expanded).placements());
-  // Partial stays: expanding a pending sum expands every term.
-  Placements ps = target.placements();
-  for (size_t m = 0; m < ps.size(); ++m)
-    if (in.placements()[m].is_partial()) ps[m] = in.placements()[m];
-  target = with_placements(in, ps);
+  const ShardTensorSpec target = gather_dims_keep_partial(in, expanded);
   std::vector<int64_t> dim_map(in.ndim());
   std::vector<SizeFromInput> rewrites;
   for (int64_t d = 0; d < in.ndim(); ++d) {
@@ -326,6 +345,7 @@ void register_view_rules(RuleRegistry& registry) {
   registry.add("aten::unsqueeze", unsqueeze_rule);
   for (const char* name : {"aten::squeeze", "aten::squeeze.dim"}) registry.add(name, squeeze_rule);
   registry.add("aten::expand", expand_rule);
+  registry.add("aten::repeat", repeat_rule);
   registry.add("aten::select.int", whole_dim(1, /*removes_dim=*/true));
   registry.add("aten::slice.Tensor", whole_dim(1, /*removes_dim=*/false));
   registry.add("aten::index_select", whole_dim(1, /*removes_dim=*/false));

@@ -12,23 +12,13 @@
 #include <set>
 
 #include "dist/dist_fixture.h"
+#include "dist/sweep_case.h"
 
 using namespace shardtensor;
 using namespace shardtensor::testing;
 
-namespace {
+namespace shardtensor::testing {
 
-using Tensors = std::vector<at::Tensor>;
-
-struct Case {
-  std::string label;
-  std::function<Tensors()> make;  // global inputs, drawn after a fixed seed
-  std::function<at::Tensor(const Tensors&)> fn;
-  std::vector<size_t> constants = {};  // inputs that never require grad (class weights)
-};
-
-// Calls an operator by its qualified name through the dispatcher (autograd included), with
-// the schema's defaults for arguments not given.
 at::Tensor call(const std::string& qualified, std::vector<c10::IValue> args) {
   const size_t dot = qualified.find('.');
   const std::string name = qualified.substr(0, dot), overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
@@ -46,6 +36,15 @@ at::Tensor call(const std::string& qualified, std::vector<c10::IValue> args) {
 at::Tensor unit(std::vector<int64_t> shape) { return at::rand(shape, at::kDouble) * 0.8 + 0.1; }  // in (0.1, 0.9)
 at::Tensor normal(std::vector<int64_t> shape) { return at::randn(shape, at::kDouble); }
 
+Case on(const std::string& label, std::function<Tensors()> make, std::function<at::Tensor(const Tensors&)> fn,
+        std::vector<size_t> constants) {
+  return {label, std::move(make), std::move(fn), std::move(constants)};
+}
+
+}  // namespace shardtensor::testing
+
+namespace {
+
 Case unary(const std::string& op, std::vector<c10::IValue> extra = {}, bool inplace = false) {
   return {op, [] { return Tensors{unit({5, 7})}; }, [op, extra, inplace](const Tensors& x) {
             std::vector<c10::IValue> args = {inplace ? x[0].clone() : x[0]};
@@ -57,11 +56,6 @@ Case unary(const std::string& op, std::vector<c10::IValue> extra = {}, bool inpl
 Case binary(const std::string& label, std::vector<int64_t> a, std::vector<int64_t> b,
             std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> f) {
   return {label, [a, b] { return Tensors{unit(a), unit(b)}; }, [f](const Tensors& x) { return f(x[0], x[1]); }};
-}
-
-Case on(const std::string& label, std::function<Tensors()> make, std::function<at::Tensor(const Tensors&)> fn,
-        std::vector<size_t> constants = {}) {
-  return {label, std::move(make), std::move(fn), std::move(constants)};
 }
 
 std::vector<Case> all_cases() {
@@ -244,6 +238,7 @@ std::vector<Case> all_cases() {
   }
   cases.push_back(on("embedding", [] { return Tensors{normal({6, 4}), at::randint(0, 6, {3, 5}, at::kLong)}; },
                      [](const Tensors& x) { return at::embedding(x[0], x[1]); }));
+  for (Case& c : spatial_cases()) cases.push_back(std::move(c));
   return cases;
 }
 

@@ -1,0 +1,460 @@
+// Upsampling (nearest, nearest-exact, linear/bilinear/trilinear, any scale, align_corners
+// either way) and padding (constant, reflect, replicate) along sharded spatial dims, forward
+// and backward. Circular padding decomposes into slices and cat and needs no rule here.
+//
+// Each is an index map per dim: output o reads source positions i0[o] and i1[o] with weights
+// (1 - w[o], w[o]) (nearest and the pads read one position). The maps follow libtorch's own
+// index formulas, in the input's precision, so every output reads the same sources as on one
+// device. A rank owns the outputs whose first source it owns (upsampling) or that sit
+// opposite its rows (padding), gathers the window of sources they read, and applies the map
+// with index_select; the backward applies the transposed map with index_add and scatters the
+// window gradient back. Constant padding is a window gathered with the pad value as fill.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cmath>
+
+#include "rules/spatial.h"
+
+namespace shardtensor {
+namespace {
+
+struct IndexMap {
+  std::vector<int64_t> i0, i1;
+  std::vector<double> weight1;  // empty: a plain gather of i0
+};
+
+// One dim's map with its halo axis and the output range of every rank.
+struct MapAxis {
+  HaloAxis halo;
+  IndexMap map;
+  std::vector<Range> outputs;
+};
+
+// ---- libtorch's index formulas (UpSample.h), in float where libtorch computes in float ----
+
+double compute_scale(int64_t in, int64_t out, bool align_corners, c10::optional<double> scale, bool as_float) {
+  double s;
+  if (align_corners) {
+    s = out > 1 ? static_cast<double>(in - 1) / (out - 1) : 0.0;
+  } else {
+    s = (scale && *scale > 0) ? 1.0 / *scale : static_cast<double>(in) / out;
+  }
+  return as_float ? static_cast<float>(s) : s;
+}
+
+IndexMap linear_map(int64_t in, int64_t out, bool align_corners, c10::optional<double> scale, bool as_float) {
+  IndexMap m;
+  const double s = compute_scale(in, out, align_corners, scale, as_float);
+  for (int64_t o = 0; o < out; ++o) {
+    double src = align_corners ? s * o : s * (o + 0.5) - 0.5;
+    if (!align_corners && src < 0) src = 0;
+    if (as_float) src = static_cast<float>(src);
+    const int64_t i = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
+    double w = std::min(std::max(src - i, 0.0), 1.0);
+    if (as_float) w = static_cast<float>(w);
+    m.i0.push_back(i);
+    m.i1.push_back(i < in - 1 ? i + 1 : i);
+    m.weight1.push_back(w);
+  }
+  return m;
+}
+
+IndexMap nearest_map(int64_t in, int64_t out, c10::optional<double> scale, bool exact) {
+  IndexMap m;
+  const float s = (scale && *scale > 0) ? static_cast<float>(1.0 / *scale) : static_cast<float>(in) / out;
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t i;
+    if (!exact && out == in) i = o;
+    else if (!exact && out == 2 * in) i = o >> 1;
+    else i = std::min(static_cast<int64_t>(std::floor(exact ? static_cast<float>((o + 0.5) * s) : o * s)), in - 1);
+    m.i0.push_back(i);
+  }
+  m.i1 = m.i0;
+  return m;
+}
+
+IndexMap pad_map(int64_t in, int64_t before, int64_t after, bool reflect) {
+  IndexMap m;
+  for (int64_t o = 0; o < in + before + after; ++o) {
+    int64_t i = o - before;
+    if (reflect) i = i < 0 ? -i : i >= in ? 2 * (in - 1) - i : i;
+    else i = std::min(std::max<int64_t>(i, 0), in - 1);
+    m.i0.push_back(i);
+  }
+  m.i1 = m.i0;
+  return m;
+}
+
+// ---- ownership ----
+
+// Rank r owns the outputs whose first source is at or after its first row (monotone maps).
+std::vector<Range> outputs_by_source(const IndexMap& m, const std::vector<Range>& owned) {
+  const int64_t out = static_cast<int64_t>(m.i0.size());
+  std::vector<Range> ranges(owned.size());
+  int64_t o = 0;
+  for (size_t r = 0; r < owned.size(); ++r) {
+    if (r > 0)
+      while (o < out && m.i0[o] < owned[r].begin) ++o;
+    ranges[r].begin = r == 0 ? 0 : o;
+    if (r > 0) ranges[r - 1].end = ranges[r].begin;
+  }
+  ranges.back().end = out;
+  return ranges;
+}
+
+// Rank r owns the outputs opposite its rows, shifted by the padding before them.
+std::vector<Range> outputs_by_shift(const std::vector<Range>& owned, int64_t shift, int64_t out) {
+  std::vector<Range> ranges(owned.size());
+  for (size_t r = 0; r < owned.size(); ++r) {
+    ranges[r].begin = r == 0 ? 0 : std::min(std::max<int64_t>(owned[r].begin + shift, 0), out);
+    if (r > 0) ranges[r - 1].end = ranges[r].begin;
+  }
+  ranges.back().end = out;
+  return ranges;
+}
+
+MapAxis map_axis(int64_t tensor_dim, int64_t mesh_dim, int64_t length, std::vector<Range> owned, IndexMap map,
+                 std::vector<Range> outputs) {
+  MapAxis a{{tensor_dim, mesh_dim, length, std::move(owned), {}}, std::move(map), std::move(outputs)};
+  for (const Range& out : a.outputs) {
+    if (!out.size()) {
+      a.halo.window.push_back({0, 0});
+      continue;
+    }
+    int64_t lo = a.map.i0[out.begin], hi = lo;
+    for (int64_t o = out.begin; o < out.end; ++o) {
+      lo = std::min({lo, a.map.i0[o], a.map.i1[o]});
+      hi = std::max({hi, a.map.i0[o], a.map.i1[o]});
+    }
+    a.halo.window.push_back({lo, hi + 1});
+  }
+  return a;
+}
+
+// ---- applying maps ----
+
+struct MapPlan {
+  DeviceMesh mesh;
+  std::vector<MapAxis> axes;
+};
+
+// This rank's slice of a map, relative to its window.
+at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t window_begin) {
+  std::vector<int64_t> v(all.begin() + mine.begin, all.begin() + mine.end);
+  for (int64_t& i : v) i -= window_begin;
+  return at::tensor(v, at::kLong);
+}
+
+at::Tensor local_weights(const std::vector<double>& all, Range mine, const at::Tensor& like, int64_t dim) {
+  std::vector<int64_t> shape(like.dim(), 1);
+  shape[dim] = mine.size();
+  return at::tensor(std::vector<double>(all.begin() + mine.begin, all.begin() + mine.end), like.options()).view(shape);
+}
+
+at::Tensor apply_forward(const MapPlan& plan, at::Tensor x) {
+  for (const MapAxis& a : plan.axes) {
+    const int64_t me = a.halo.me(plan.mesh), d = a.halo.tensor_dim;
+    const Range mine = a.outputs[me], window = a.halo.window[me];
+    x = gather_window(x, a.halo, plan.mesh, 0.0);
+    const at::Tensor first = x.index_select(d, local_indices(a.map.i0, mine, window.begin));
+    if (a.map.weight1.empty()) {
+      x = first;
+    } else {
+      const at::Tensor w1 = local_weights(a.map.weight1, mine, x, d);
+      x = first * (1 - w1) + x.index_select(d, local_indices(a.map.i1, mine, window.begin)) * w1;
+    }
+  }
+  return x;
+}
+
+at::Tensor apply_backward(const MapPlan& plan, at::Tensor grad) {
+  for (auto it = plan.axes.rbegin(); it != plan.axes.rend(); ++it) {
+    const MapAxis& a = *it;
+    const int64_t me = a.halo.me(plan.mesh), d = a.halo.tensor_dim;
+    const Range mine = a.outputs[me], window = a.halo.window[me];
+    std::vector<int64_t> shape = grad.sizes().vec();
+    shape[d] = window.size();
+    at::Tensor g = at::zeros(shape, grad.options());
+    if (a.map.weight1.empty()) {
+      g.index_add_(d, local_indices(a.map.i0, mine, window.begin), grad);
+    } else {
+      const at::Tensor w1 = local_weights(a.map.weight1, mine, grad, d);
+      g.index_add_(d, local_indices(a.map.i0, mine, window.begin), grad * (1 - w1));
+      g.index_add_(d, local_indices(a.map.i1, mine, window.begin), grad * w1);
+    }
+    grad = scatter_add_window(g, a.halo, plan.mesh);
+  }
+  return grad;
+}
+
+// ---- the operators ----
+
+enum class Mode { Nearest, NearestExact, Linear, Reflect, Replicate };
+
+struct Resample {
+  Mode mode;
+  int64_t spatial;
+  std::vector<int64_t> in_sizes, out_sizes;   // spatial dims
+  std::vector<c10::optional<double>> scales;  // per spatial dim
+  bool align_corners = false;
+  std::vector<int64_t> pads;                  // (before, after) per spatial dim, for pads
+};
+
+int64_t dims_in_name(const std::string& name) {
+  for (int64_t k : {1, 2, 3})
+    if (name.find(std::to_string(k) + "d") != std::string::npos) return k;
+  TORCH_INTERNAL_ASSERT(false, "no dimensionality in ", name);
+}
+
+Mode mode_of(const std::string& name) {
+  if (name.find("nearest_exact") != std::string::npos) return Mode::NearestExact;
+  if (name.find("nearest") != std::string::npos) return Mode::Nearest;
+  if (name.find("reflection") != std::string::npos) return Mode::Reflect;
+  if (name.find("replication") != std::string::npos) return Mode::Replicate;
+  return Mode::Linear;
+}
+
+IndexMap map_of(const Resample& r, int64_t i, bool as_float) {
+  switch (r.mode) {
+    case Mode::Nearest:
+    case Mode::NearestExact:
+      return nearest_map(r.in_sizes[i], r.out_sizes[i], r.scales[i], r.mode == Mode::NearestExact);
+    case Mode::Linear:
+      return linear_map(r.in_sizes[i], r.out_sizes[i], r.align_corners, r.scales[i], as_float);
+    default:
+      return pad_map(r.in_sizes[i], r.pads[2 * i], r.pads[2 * i + 1], r.mode == Mode::Reflect);
+  }
+}
+
+// The map plan over every spatial dim, given the input rows each rank owns per dim.
+MapPlan map_plan(const Resample& r, const ShardTensorSpec& like, const std::vector<std::vector<Range>>& owned, bool as_float) {
+  MapPlan plan{like.mesh(), {}};
+  const int64_t first = like.ndim() - r.spatial;
+  for (int64_t i = 0; i < r.spatial; ++i) {
+    IndexMap m = map_of(r, i, as_float);
+    const bool is_pad = r.mode == Mode::Reflect || r.mode == Mode::Replicate;
+    std::vector<Range> outputs = is_pad ? outputs_by_shift(owned[i], r.pads[2 * i], r.out_sizes[i]) : outputs_by_source(m, owned[i]);
+    plan.axes.push_back(map_axis(first + i, sharding_mesh_dim(like, first + i), r.in_sizes[i], owned[i], std::move(m), std::move(outputs)));
+  }
+  return plan;
+}
+
+std::vector<c10::optional<double>> optional_doubles(const OpMeta& op, size_t from, int64_t count) {
+  std::vector<c10::optional<double>> v;
+  for (int64_t i = 0; i < count; ++i) v.push_back(op.args[from + i].toOptional<double>());
+  return v;
+}
+
+// Reads an upsample forward (backward: with grad_output first and input_size after output_size).
+Resample read_upsample(const OpMeta& op, bool backward, const std::vector<int64_t>& in_shape) {
+  Resample r;
+  r.mode = mode_of(op.name);
+  r.spatial = dims_in_name(op.name);
+  const size_t out_arg = 1, next = backward ? 3 : 2;
+  r.out_sizes = int_list_arg(op, out_arg);
+  r.in_sizes.assign(in_shape.end() - r.spatial, in_shape.end());
+  r.align_corners = r.mode == Mode::Linear && bool_arg(op, next);
+  r.scales = optional_doubles(op, next + (r.mode == Mode::Linear ? 1 : 0), r.spatial);
+  return r;
+}
+
+// Reads a reflection/replication pad: padding lists (before, after) from the last dim back.
+Resample read_pad(const OpMeta& op, size_t pad_arg, const std::vector<int64_t>& in_shape) {
+  Resample r;
+  r.mode = mode_of(op.name);
+  r.spatial = dims_in_name(op.name);
+  const std::vector<int64_t> pad = int_list_arg(op, pad_arg);
+  r.in_sizes.assign(in_shape.end() - r.spatial, in_shape.end());
+  for (int64_t i = 0; i < r.spatial; ++i) {
+    const int64_t from_last = r.spatial - 1 - i;
+    r.pads.push_back(pad[2 * from_last]);
+    r.pads.push_back(pad[2 * from_last + 1]);
+    r.out_sizes.push_back(r.in_sizes[i] + pad[2 * from_last] + pad[2 * from_last + 1]);
+  }
+  return r;
+}
+
+std::vector<std::vector<Range>> owned_per_spatial_dim(const ShardTensorSpec& spec, int64_t spatial) {
+  std::vector<std::vector<Range>> owned;
+  for (int64_t d = spec.ndim() - spatial; d < spec.ndim(); ++d) owned.push_back(owned_ranges(spec, d));
+  return owned;
+}
+
+OutputLayout output_layout(const ShardTensorSpec& in, const MapPlan& plan) {
+  OutputLayout out = layout_of(in);
+  for (const MapAxis& a : plan.axes)
+    if (a.halo.mesh_dim >= 0) out = with_output_sizes(out, a.halo.tensor_dim, a.outputs);
+  return out;
+}
+
+LocalKernel forward_kernel(MapPlan plan) {
+  return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    stack->push_back(apply_forward(plan, args[0].toTensor()));
+  };
+}
+
+LocalKernel backward_kernel(MapPlan plan) {
+  return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    stack->push_back(apply_backward(plan, args[0].toTensor()));
+  };
+}
+
+bool computes_in_float(const ShardTensorSpec& spec) { return spec.dtype() != at::kDouble; }
+
+// upsample_*(self, output_size, [align_corners,] scales...) and the pads (self, padding)
+RuleResult map_forward_rule(const OpMeta& op) {
+  const bool is_pad = op.name.find("_pad") != std::string::npos;
+  const ShardTensorSpec& self = op.inputs[0].spec;
+  const Resample rs = is_pad ? read_pad(op, 1, self.shape()) : read_upsample(op, false, self.shape());
+  const ShardTensorSpec in = spatial_layout(self, rs.spatial, /*channel_whole=*/false);
+  RuleResult r;
+  r.input_targets = {in};
+  if (sharded_spatial_dims(in, rs.spatial).empty()) {
+    r.outputs = {layout_of(in)};
+    r.local_kernel = empty_safe();
+    return r;
+  }
+  const MapPlan plan = map_plan(rs, in, owned_per_spatial_dim(in, rs.spatial), computes_in_float(in));
+  r.outputs = {output_layout(in, plan)};
+  r.local_kernel = forward_kernel(plan);
+  return r;
+}
+
+// Pad backward (grad_output, self, padding): self's layout is the gradient's.
+RuleResult pad_backward_rule(const OpMeta& op) {
+  const ShardTensorSpec& self = op.inputs[1].spec;
+  const Resample rs = read_pad(op, 2, self.shape());
+  const ShardTensorSpec in = spatial_layout(self, rs.spatial, false);
+  RuleResult r;
+  if (sharded_spatial_dims(in, rs.spatial).empty()) {
+    r.input_targets = {align_to(op.inputs[0].spec, in), in};
+    r.outputs = {layout_of(in)};
+    r.local_kernel = empty_safe();
+    return r;
+  }
+  const MapPlan plan = map_plan(rs, in, owned_per_spatial_dim(in, rs.spatial), false);
+  r.input_targets = {laid_out(op.inputs[0].spec, output_layout(in, plan)), in};
+  r.outputs = {layout_of(in)};
+  r.local_kernel = backward_kernel(plan);
+  return r;
+}
+
+// Upsample backward (grad_output, output_size, input_size, ...): only the gradient is a
+// tensor, so the input rows each rank gets back are those where its outputs' sources start.
+RuleResult upsample_backward_rule(const OpMeta& op) {
+  const ShardTensorSpec& grad_spec = op.inputs[0].spec;
+  const std::vector<int64_t> input_size = int_list_arg(op, 2);
+  const Resample rs = read_upsample(op, true, input_size);
+  const ShardTensorSpec grad = spatial_layout(grad_spec, rs.spatial, false);
+  RuleResult r;
+  OutputLayout in_layout = layout_of(grad);
+  if (sharded_spatial_dims(grad, rs.spatial).empty()) {
+    r.input_targets = {grad};
+    r.outputs = {in_layout};
+    // input_size is global; its batch and channel entries must be this rank's.
+    r.local_kernel = empty_safe([](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+      std::vector<c10::IValue> args = pop_arguments(op, stack);
+      std::vector<int64_t> input_size = args[2].toIntVector();
+      const at::Tensor grad = args[0].toTensor();
+      for (int64_t d = 0; d < grad.dim() - static_cast<int64_t>(args[1].toIntVector().size()); ++d) input_size[d] = grad.size(d);
+      args[2] = input_size;
+      for (c10::IValue& a : args) stack->push_back(std::move(a));
+      op.callBoxed(stack);
+    });
+    return r;
+  }
+  std::vector<std::vector<Range>> owned;
+  const int64_t first = grad.ndim() - rs.spatial;
+  const bool as_float = computes_in_float(grad);
+  for (int64_t i = 0; i < rs.spatial; ++i) {
+    const std::vector<Range> outs = owned_ranges(grad, first + i);
+    const IndexMap m = map_of(rs, i, as_float);
+    std::vector<Range> rows(outs.size());
+    for (size_t q = 0; q < outs.size(); ++q) {
+      const int64_t source = outs[q].begin < rs.out_sizes[i] ? m.i0[outs[q].begin] : rs.in_sizes[i];
+      rows[q].begin = q == 0 ? 0 : std::max(rows[q - 1].begin, source);
+      if (q > 0) rows[q - 1].end = rows[q].begin;
+    }
+    rows.back().end = rs.in_sizes[i];
+    owned.push_back(rows);
+    if (sharding_mesh_dim(grad, first + i) >= 0) in_layout = with_output_sizes(in_layout, first + i, rows);
+  }
+  const MapPlan plan = map_plan(rs, grad, owned, as_float);
+  r.input_targets = {laid_out(grad_spec, output_layout(grad, plan))};
+  r.outputs = {in_layout};
+  r.local_kernel = backward_kernel(plan);
+  return r;
+}
+
+// ---- constant padding: a window gathered with the pad value as fill ----
+
+// constant_pad_nd(self, pad, value): pad lists (before, after) from the last dim back;
+// negative entries crop (the backward is constant_pad_nd with the pads negated).
+RuleResult constant_pad_rule(const OpMeta& op) {
+  const ShardTensorSpec& self = op.inputs[0].spec;
+  const std::vector<int64_t> pad = int_list_arg(op, 1);
+  const int64_t padded = static_cast<int64_t>(pad.size()) / 2;
+  std::vector<int64_t> nested;
+  for (const DimSharding& s : self.shardings())
+    if (s.tensor_dim >= self.ndim() - padded && s.mesh_dims.size() > 1) nested.push_back(s.tensor_dim);
+  const ShardTensorSpec in = replicate_tensor_dims(without_partial(self), nested);
+  WindowedAxes axes{in.mesh(), {}};
+  OutputLayout out = layout_of(in);
+  std::vector<int64_t> local_pad = pad;
+  for (const DimSharding& s : in.shardings()) {
+    const int64_t from_last = in.ndim() - 1 - s.tensor_dim;
+    if (from_last >= padded) continue;
+    const int64_t before = pad[2 * from_last], after = pad[2 * from_last + 1], length = in.shape()[s.tensor_dim];
+    HaloAxis axis{s.tensor_dim, s.mesh_dims.front(), length, sizes_to_ranges(s.sizes), {}};
+    const std::vector<Range> outputs = outputs_by_shift(axis.owned, before, length + before + after);
+    for (const Range& o : outputs) axis.window.push_back({o.begin - before, o.end - before});
+    out = with_output_sizes(out, s.tensor_dim, outputs);
+    axes.axes.push_back(std::move(axis));
+    local_pad[2 * from_last] = local_pad[2 * from_last + 1] = 0;
+  }
+  RuleResult r;
+  r.input_targets = {in};
+  r.outputs = {out};
+  const LocalKernel pad_locally = empty_safe();
+  if (axes.axes.empty()) {
+    r.local_kernel = pad_locally;
+    return r;
+  }
+  r.local_kernel = [axes, local_pad, pad_locally](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Scalar value = args[2].toScalar();
+    args[0] = axes.gather(args[0].toTensor(), value.toDouble());
+    args[1] = local_pad;
+    for (c10::IValue& a : args) stack->push_back(std::move(a));
+    pad_locally(op, stack);
+  };
+  return r;
+}
+
+}  // namespace
+
+void register_resampling_rules(RuleRegistry& registry) {
+  for (const char* name : {"aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",
+                           "aten::_upsample_nearest_exact1d", "aten::_upsample_nearest_exact2d",
+                           "aten::_upsample_nearest_exact3d", "aten::upsample_linear1d", "aten::upsample_bilinear2d",
+                           "aten::upsample_trilinear3d", "aten::reflection_pad1d", "aten::reflection_pad2d",
+                           "aten::reflection_pad3d", "aten::replication_pad1d", "aten::replication_pad2d",
+                           "aten::replication_pad3d"})
+    registry.add(name, map_forward_rule);
+  for (const char* name : {"aten::upsample_nearest1d_backward", "aten::upsample_nearest2d_backward",
+                           "aten::upsample_nearest3d_backward", "aten::_upsample_nearest_exact1d_backward",
+                           "aten::_upsample_nearest_exact2d_backward", "aten::_upsample_nearest_exact3d_backward",
+                           "aten::upsample_linear1d_backward", "aten::upsample_bilinear2d_backward",
+                           "aten::upsample_trilinear3d_backward"})
+    registry.add(name, upsample_backward_rule);
+  for (const char* name : {"aten::reflection_pad1d_backward", "aten::reflection_pad2d_backward",
+                           "aten::reflection_pad3d_backward", "aten::replication_pad1d_backward",
+                           "aten::replication_pad2d_backward", "aten::replication_pad3d_backward"})
+    registry.add(name, pad_backward_rule);
+  registry.add("aten::constant_pad_nd", constant_pad_rule);
+}
+
+}  // namespace shardtensor

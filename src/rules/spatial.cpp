@@ -1,0 +1,154 @@
+#include "rules/spatial.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace shardtensor {
+
+ShardTensorSpec spatial_layout(const ShardTensorSpec& spec, int64_t num_spatial, bool channel_whole) {
+  std::vector<int64_t> gathered;
+  const int64_t first_spatial = spec.ndim() - num_spatial;
+  if (channel_whole && first_spatial >= 1) gathered.push_back(first_spatial - 1);
+  for (const DimSharding& s : spec.shardings())
+    if (s.tensor_dim >= first_spatial && s.mesh_dims.size() > 1) gathered.push_back(s.tensor_dim);
+  return replicate_tensor_dims(without_partial(spec), gathered);
+}
+
+std::vector<int64_t> sharded_spatial_dims(const ShardTensorSpec& spec, int64_t num_spatial) {
+  std::vector<int64_t> dims;
+  for (const DimSharding& s : spec.shardings())
+    if (s.tensor_dim >= spec.ndim() - num_spatial) dims.push_back(s.tensor_dim);
+  return dims;
+}
+
+std::vector<Range> sizes_to_ranges(const std::vector<int64_t>& sizes) {
+  std::vector<Range> ranges;
+  int64_t offset = 0;
+  for (int64_t n : sizes) {
+    ranges.push_back({offset, offset + n});
+    offset += n;
+  }
+  return ranges;
+}
+
+std::vector<int64_t> range_sizes(const std::vector<Range>& ranges) {
+  std::vector<int64_t> sizes;
+  for (const Range& r : ranges) sizes.push_back(r.size());
+  return sizes;
+}
+
+std::vector<Range> owned_ranges(const ShardTensorSpec& spec, int64_t tensor_dim) {
+  const DimSharding* s = spec.sharding_of(tensor_dim);
+  if (!s) return {{0, spec.shape()[tensor_dim]}};
+  TORCH_INTERNAL_ASSERT(s->mesh_dims.size() == 1, "spatial ops expect one mesh dim per sharded spatial dim");
+  return sizes_to_ranges(s->sizes);
+}
+
+int64_t sharding_mesh_dim(const ShardTensorSpec& spec, int64_t tensor_dim) {
+  const DimSharding* s = spec.sharding_of(tensor_dim);
+  return s ? s->mesh_dims.front() : -1;
+}
+
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+}  // namespace
+
+std::vector<Range> sliding_outputs(const std::vector<Range>& owned, const SlidingWindow& w) {
+  std::vector<Range> out(owned.size());
+  for (size_t r = 0; r < owned.size(); ++r) {
+    out[r].begin = r == 0 ? 0 : std::min(std::max<int64_t>(ceil_div(owned[r].begin, w.stride), 0), w.out_length);
+    if (r > 0) out[r - 1].end = out[r].begin;
+  }
+  out.back().end = w.out_length;
+  return out;
+}
+
+Range sliding_input_window(Range out, const SlidingWindow& w) {
+  if (!out.size()) return {out.begin * w.stride - w.pad, out.begin * w.stride - w.pad};
+  return {out.begin * w.stride - w.pad, (out.end - 1) * w.stride - w.pad + w.extent};
+}
+
+HaloAxis sliding_axis(const ShardTensorSpec& in, int64_t tensor_dim, const SlidingWindow& w) {
+  HaloAxis axis;
+  axis.tensor_dim = tensor_dim;
+  axis.mesh_dim = sharding_mesh_dim(in, tensor_dim);
+  axis.length = in.shape()[tensor_dim];
+  axis.owned = owned_ranges(in, tensor_dim);
+  for (const Range& out : sliding_outputs(axis.owned, w)) axis.window.push_back(sliding_input_window(out, w));
+  return axis;
+}
+
+OutputLayout with_output_sizes(OutputLayout layout, int64_t tensor_dim, const std::vector<Range>& ranges) {
+  for (DimShardSizes& entry : layout.sizes)
+    if (entry.tensor_dim == tensor_dim) entry.sizes = range_sizes(ranges);
+  return layout;
+}
+
+ShardTensorSpec laid_out(const ShardTensorSpec& spec, const OutputLayout& layout) {
+  return ShardTensorSpec(spec.mesh(), layout.placements, spec.shape(), spec.dtype(), layout.sizes);
+}
+
+at::Tensor WindowedAxes::gather(at::Tensor owned, double fill) const {
+  for (const HaloAxis& axis : axes) owned = gather_window(owned, axis, mesh, fill);
+  return owned;
+}
+
+at::Tensor WindowedAxes::scatter_add(at::Tensor window) const {
+  for (auto it = axes.rbegin(); it != axes.rend(); ++it) window = scatter_add_window(window, *it, mesh);
+  return window;
+}
+
+std::vector<int64_t> WindowedAxes::window_shape(std::vector<int64_t> shape) const {
+  for (const HaloAxis& axis : axes) shape[axis.tensor_dim] = axis.window[axis.me(mesh)].size();
+  return shape;
+}
+
+std::vector<c10::IValue> pop_arguments(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  std::vector<c10::IValue> args(std::make_move_iterator(stack->end() - n), std::make_move_iterator(stack->end()));
+  stack->erase(stack->end() - n, stack->end());
+  return args;
+}
+
+LocalKernel empty_safe(LocalKernel inner) {
+  return [inner](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const size_t n = op.schema().arguments().size(), begin = stack->size() - n;
+    const at::Tensor first = (*stack)[begin].toTensor();
+    std::vector<int64_t> empty_dims;
+    for (int64_t d = 0; d < first.dim(); ++d)
+      if (first.size(d) == 0) empty_dims.push_back(d);
+    if (!empty_dims.empty()) {
+      for (size_t i = begin; i < stack->size(); ++i) {
+        if (!(*stack)[i].isTensor() || !(*stack)[i].toTensor().defined()) continue;
+        const at::Tensor t = (*stack)[i].toTensor();
+        std::vector<int64_t> shape = t.sizes().vec();
+        for (int64_t d : empty_dims)
+          if (d < t.dim() && shape[d] == 0) shape[d] = 1;
+        (*stack)[i] = at::zeros(shape, t.options());
+      }
+    }
+    const size_t returns = op.schema().returns().size();
+    if (inner) inner(op, stack);
+    else op.callBoxed(stack);
+    for (size_t i = stack->size() - returns; i < stack->size() && !empty_dims.empty(); ++i) {
+      if (!(*stack)[i].isTensor() || !(*stack)[i].toTensor().defined()) continue;
+      // An output follows the input's empty dims if it has its rank ([N, C, *] outputs), or
+      // leads with its batch dim ([N, G] statistics); per-channel outputs keep their size.
+      at::Tensor t = (*stack)[i].toTensor();
+      for (int64_t d : empty_dims)
+        if (d < t.dim() && t.size(d) == 1 && (t.dim() == first.dim() || d == 0)) t = t.narrow(d, 0, 0);
+      (*stack)[i] = t.contiguous();
+    }
+  };
+}
+
+std::vector<int64_t> expand_param(const OpMeta& op, size_t index, int64_t k, std::vector<int64_t> if_empty) {
+  std::vector<int64_t> v = int_list_arg(op, index);
+  if (v.empty()) v = std::move(if_empty);
+  if (v.size() == 1) v.assign(k, v[0]);
+  TORCH_CHECK(static_cast<int64_t>(v.size()) == k, op.name, ": argument ", index, " must have 1 or ", k, " values, got ",
+              v.size());
+  return v;
+}
+
+}  // namespace shardtensor

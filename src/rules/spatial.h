@@ -1,0 +1,80 @@
+// What the spatial rule families (convolution, pooling, resampling, padding, spatial
+// normalisation) share: which layouts they run on, and the geometry of their windows.
+//
+// Layout: tensors are [batch..., channel, spatial...]. Batch dims keep any sharding; the
+// channel dim must be whole where an op mixes channels; a spatial dim may be sharded by one
+// mesh dim (a dim split by two nested mesh dims is gathered first); Partial is resolved.
+//
+// Geometry: along a sharded spatial dim, a sliding-window op (kernel extent e, stride s, left
+// padding p) gives rank r the outputs whose windows start in its shard, [ceil(a_r/s),
+// ceil(b_r/s)), so output shard sizes follow the input's and most of each window is local;
+// the window of outputs [A, B) is [A*s - p, (B-1)*s - p + e). Everything here is computed
+// from specs on every rank alike, so every rank plans the same exchanges.
+#pragma once
+
+#include "domain/halo.h"
+#include "rules/helpers.h"
+
+namespace shardtensor {
+
+// `spec` made runnable by a spatial op with `num_spatial` trailing spatial dims: Partial
+// resolved, the channel dim (just before the spatial ones) whole when `channel_whole`, and
+// any spatial dim split by more than one mesh dim gathered.
+ShardTensorSpec spatial_layout(const ShardTensorSpec& spec, int64_t num_spatial, bool channel_whole);
+
+// The spatial dims of `spec` (the trailing `num_spatial`) that are sharded.
+std::vector<int64_t> sharded_spatial_dims(const ShardTensorSpec& spec, int64_t num_spatial);
+
+// Per-coordinate owned ranges of `tensor_dim` (one range [0, length) when not sharded).
+std::vector<Range> owned_ranges(const ShardTensorSpec& spec, int64_t tensor_dim);
+// The mesh dim sharding `tensor_dim`, or -1.
+int64_t sharding_mesh_dim(const ShardTensorSpec& spec, int64_t tensor_dim);
+
+// A sliding window along one dim.
+struct SlidingWindow {
+  int64_t extent = 1;   // dilation * (kernel - 1) + 1
+  int64_t stride = 1;
+  int64_t pad = 0;      // left padding
+  int64_t out_length = 0;
+};
+
+// Output ranges per rank of a sliding window over input shards `owned` (see the header).
+std::vector<Range> sliding_outputs(const std::vector<Range>& owned, const SlidingWindow& w);
+// The input window that output range `out` reads (empty for an empty range).
+Range sliding_input_window(Range out, const SlidingWindow& w);
+// The halo axis of input dim `tensor_dim` for a sliding window.
+HaloAxis sliding_axis(const ShardTensorSpec& in, int64_t tensor_dim, const SlidingWindow& w);
+
+// Conversions between a shard-size table and per-rank ranges.
+std::vector<Range> sizes_to_ranges(const std::vector<int64_t>& sizes);
+std::vector<int64_t> range_sizes(const std::vector<Range>& ranges);
+
+// `layout` with the shard sizes of `tensor_dim` replaced (output sizes derived per dim).
+OutputLayout with_output_sizes(OutputLayout layout, int64_t tensor_dim, const std::vector<Range>& ranges);
+
+// `spec` (a gradient, or any operand shaped like an op's output) laid out as `layout`.
+ShardTensorSpec laid_out(const ShardTensorSpec& spec, const OutputLayout& layout);
+
+// The halo axes of one op, in exchange order, and the mesh they exchange on.
+struct WindowedAxes {
+  DeviceMesh mesh;
+  std::vector<HaloAxis> axes;
+
+  at::Tensor gather(at::Tensor owned, double fill) const;       // every axis in order
+  at::Tensor scatter_add(at::Tensor window) const;              // every axis, in reverse
+  std::vector<int64_t> window_shape(std::vector<int64_t> owned_shape) const;
+};
+
+// Runs `inner` (empty: the operator itself) on this rank's pieces; when the first tensor
+// argument is empty, on stand-ins whose empty dims have size 1, narrowed back afterwards.
+// libtorch's spatial kernels refuse a zero channel count, which an uneven channel split can
+// give a rank.
+LocalKernel empty_safe(LocalKernel inner = {});
+
+// A stack helper for local kernels: the operator's arguments, popped.
+std::vector<c10::IValue> pop_arguments(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// An int[k] argument broadcast to `k` values (pooling accepts one value for every dim).
+std::vector<int64_t> expand_param(const OpMeta& op, size_t index, int64_t k, std::vector<int64_t> if_empty);
+
+}  // namespace shardtensor
