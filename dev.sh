@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The project's entry point (the README's two commands use it):
-#   ./dev.sh demo [RANKS]   build, then run the demo on RANKS local ranks (default 4)
+#   ./dev.sh demo [RANKS] [OPTIONS]  build, then run the main demo (a U-Net on a spatially
+#                           sharded heat field) on RANKS local ranks (default 4); OPTIONS go to
+#                           the demo: --mesh 2x2, --steps N, --out DIR
 #   ./dev.sh test           build, then run every test (unit, 1-4 ranks, launcher)
 #   ./dev.sh build          configure and build only
 # Each first installs the Debian packages it needs that are missing (apt-get; root or sudo).
@@ -36,7 +38,9 @@ build() {
 case "${1:-}" in
   demo)
     build
-    exec "$BUILD_DIR/tools/shardrun/shardrun" -n "${2:-4}" --timeout 300 "$BUILD_DIR/examples/uneven_layout_demo"
+    ranks=${2:-4}
+    shift $(( $# > 1 ? 2 : 1 ))
+    exec "$BUILD_DIR/tools/shardrun/shardrun" -n "$ranks" --timeout 1200 "$BUILD_DIR/examples/heat_unet_demo" "$@"
     ;;
   test)
     build
@@ -46,7 +50,7 @@ case "${1:-}" in
     build
     ;;
   *)
-    echo "usage: ./dev.sh demo [RANKS] | test | build" >&2
+    echo "usage: ./dev.sh demo [RANKS] [--mesh AxB] [--steps N] [--out DIR] | test | build" >&2
     exit 2
     ;;
 esac

@@ -20,6 +20,7 @@
 #include "dispatch/dispatch_state.h"
 #include "dispatch/propagation.h"
 #include "dispatch/shard_tensor_impl.h"
+#include "rules/helpers.h"
 #include "redistribute/executor.h"
 #include "util/strings.h"
 
@@ -107,7 +108,14 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     ShardTensorImpl* impl = shard_tensor_impl(t);
     const at::Tensor& local = impl ? impl->local() : t;
     if (!p.plans[input]) return local;
-    return execute_redistribute(local, p.meta.inputs[input].spec, *p.plans[input]);
+    at::Tensor moved = execute_redistribute(local, p.meta.inputs[input].spec, *p.plans[input]);
+    // A Partial input resolved to Replicate keeps its resolved form: the value is the same,
+    // and the next use (an optimizer reads each gradient 2-3 times) needs no second
+    // all-reduce. Views are left alone, since their base would not see the change.
+    const ShardTensorSpec& target = p.result.input_targets[input];
+    if (impl && !t.is_view() && impl->spec().has_partial() && target == without_partial(impl->spec()))
+      impl->replace(moved, target);
+    return moved;
   };
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& arg = (*stack)[args_begin + i];

@@ -1,0 +1,26 @@
+// A minimal PNG writer for the demo's pictures: 8-bit RGB, zlib "stored" (uncompressed)
+// deflate blocks, so it needs no zlib. Images are small; size does not matter here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace demo {
+
+struct Image {
+  int width = 0, height = 0;
+  std::vector<uint8_t> rgb;  // row-major, 3 bytes per pixel
+
+  Image(int w, int h, uint8_t fill = 255) : width(w), height(h), rgb(static_cast<size_t>(w) * h * 3, fill) {}
+  void set(int x, int y, uint8_t r, uint8_t g, uint8_t b);
+  void line(int x0, int y0, int x1, int y1, uint8_t r, uint8_t g, uint8_t b);  // Bresenham
+};
+
+// Writes `image` to `path`; raises std::runtime_error when the file cannot be written.
+void write_png(const Image& image, const std::string& path);
+
+// A perceptual-ish colour map (dark blue -> cyan -> yellow -> dark red) for t in [0, 1].
+void colour_map(double t, uint8_t* r, uint8_t* g, uint8_t* b);
+
+}  // namespace demo
