@@ -71,14 +71,20 @@ class CommDebugMode {
   int64_t count(const std::string& kind) const;
   const std::map<std::string, int64_t>& counts() const { return by_kind_; }
   const std::map<std::string, std::map<std::string, int64_t>>& counts_by_operator() const { return by_operator_; }
+  // Bytes this rank sent to other ranks (all-to-all parts for itself excluded; an all-reduce,
+  // all-gather or broadcast counts its buffer once).
+  int64_t bytes() const { return bytes_; }
+  int64_t bytes(const std::string& kind) const;
   std::string table() const;  // one row per operator and collective kind
 
   // Called by the comm layer; public so that it needs no friend.
-  void record(const std::string& kind, const std::string& op);
+  void record(const std::string& kind, const std::string& op, int64_t bytes = 0);
 
  private:
   std::map<std::string, int64_t> by_kind_;
   std::map<std::string, std::map<std::string, int64_t>> by_operator_;
+  std::map<std::string, int64_t> bytes_by_kind_;
+  int64_t bytes_ = 0;
   CommDebugMode* previous_;
 };
 

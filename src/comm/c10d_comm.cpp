@@ -47,7 +47,7 @@ class C10dComm final : public Comm {
     std::vector<at::Tensor> inputs{movable(input.contiguous())};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(movable(output).select(0, i));
-    run("all_gather", [&] { return group_->allgather(outputs, inputs); });
+    run("all_gather", input.nbytes(), [&] { return group_->allgather(outputs, inputs); });
   }
 
   void all_reduce(const at::Tensor& tensor, ReduceOp op) override {
@@ -55,7 +55,7 @@ class C10dComm final : public Comm {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
-    run("all_reduce", [&] { return group_->allreduce(tensors, opts); });
+    run("all_reduce", tensor.nbytes(), [&] { return group_->allreduce(tensors, opts); });
     if (op == ReduceOp::Avg) tensor.div_(size());
   }
 
@@ -64,11 +64,11 @@ class C10dComm final : public Comm {
     std::vector<at::Tensor> tensors{movable(tensor)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    run("broadcast", [&] { return group_->broadcast(tensors, opts); });
+    run("broadcast", rank_ == root ? tensor.nbytes() : 0, [&] { return group_->broadcast(tensors, opts); });
   }
 
   void barrier() override {
-    run("barrier", [&] { return group_->barrier(); });
+    run("barrier", 0, [&] { return group_->barrier(); });
   }
 
   void all_to_all(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
@@ -76,13 +76,16 @@ class C10dComm final : public Comm {
     TORCH_INTERNAL_ASSERT(input.dim() == 1 && output.dim() == 1 && input.is_contiguous() && output.is_contiguous());
     at::Tensor in = movable(input), out = movable(output);
     std::vector<int64_t> out_splits = output_splits, in_splits = input_splits;
-    run("all_to_all", [&] { return group_->alltoall_base(out, in, out_splits, in_splits); });
+    int64_t sent = 0;
+    for (size_t q = 0; q < in_splits.size(); ++q)
+      if (static_cast<int64_t>(q) != rank_) sent += in_splits[q];
+    run("all_to_all", sent * static_cast<int64_t>(input.element_size()), [&] { return group_->alltoall_base(out, in, out_splits, in_splits); });
   }
 
  private:
   template <typename Launch>
-  void run(const char* what, Launch&& launch) {
-    record_collective(what);
+  void run(const char* what, int64_t bytes, Launch&& launch) {
+    record_collective(what, bytes);
     try {
       auto work = launch();
       work->wait(timeout_);

@@ -20,16 +20,23 @@ const std::string& current_operator() {
 CurrentOperatorScope::CurrentOperatorScope(const std::string* name) : previous_(current_op) { current_op = name; }
 CurrentOperatorScope::~CurrentOperatorScope() { current_op = previous_; }
 
-void record_collective(const char* kind) {
-  if (active_mode) active_mode->record(kind, current_operator());
+void record_collective(const char* kind, int64_t bytes) {
+  if (active_mode) active_mode->record(kind, current_operator(), bytes);
 }
 
 CommDebugMode::CommDebugMode() : previous_(active_mode) { active_mode = this; }
 CommDebugMode::~CommDebugMode() { active_mode = previous_; }
 
-void CommDebugMode::record(const std::string& kind, const std::string& op) {
+void CommDebugMode::record(const std::string& kind, const std::string& op, int64_t bytes) {
   ++by_kind_[kind];
   ++by_operator_[op][kind];
+  bytes_by_kind_[kind] += bytes;
+  bytes_ += bytes;
+}
+
+int64_t CommDebugMode::bytes(const std::string& kind) const {
+  auto it = bytes_by_kind_.find(kind);
+  return it == bytes_by_kind_.end() ? 0 : it->second;
 }
 
 int64_t CommDebugMode::total() const {
@@ -48,7 +55,7 @@ std::string CommDebugMode::table() const {
   os << std::left << std::setw(40) << "operator" << std::setw(16) << "collective" << "count\n";
   for (const auto& op : by_operator_)
     for (const auto& kind : op.second) os << std::setw(40) << op.first << std::setw(16) << kind.first << kind.second << "\n";
-  os << std::setw(56) << "total" << total() << "\n";
+  os << std::setw(56) << "total" << total() << " (" << bytes_ << " bytes sent by this rank)\n";
   return os.str();
 }
 

@@ -19,7 +19,8 @@ class CurrentOperatorScope {
   const std::string* previous_;
 };
 
-// Counts one collective of `kind` into the active CommDebugMode of this thread, if any.
-void record_collective(const char* kind);
+// Counts one collective of `kind`, which sent `bytes` from this rank to others, into the
+// active CommDebugMode of this thread, if any.
+void record_collective(const char* kind, int64_t bytes);
 
 }  // namespace shardtensor

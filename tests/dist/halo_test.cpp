@@ -1,0 +1,106 @@
+// Halo exchange pinned: a sharded convolution moves exactly its halo rows (never an
+// all-gather of the input) forward and backward, shards thinner than the halo work, and the
+// 2-D case (H and W split at once) exchanges corners through the two steps.
+#include <ATen/ATen.h>
+
+#include <numeric>
+
+#include "dist/dist_fixture.h"
+
+using namespace shardtensor;
+using namespace shardtensor::testing;
+
+namespace {
+
+const DeviceMesh& mesh_1d() { return test_meshes().front(); }
+
+// Uneven row sizes, every shard at least `min_rows` rows: 2, 5, 3, 4, 2, ... around `per_rank`.
+std::vector<int64_t> uneven_rows(int64_t ranks, int64_t min_rows) {
+  std::vector<int64_t> sizes;
+  for (int64_t r = 0; r < ranks; ++r) sizes.push_back(min_rows + (r * 3) % 4);
+  return sizes;
+}
+
+int64_t total(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+at::Tensor draw(std::vector<int64_t> shape, uint64_t seed) {
+  at::manual_seed(seed);
+  return at::randn(shape, at::kDouble);
+}
+
+void expect_matches(const at::Tensor& sharded, const at::Tensor& expected, const char* what) {
+  EXPECT_TRUE(at::allclose(full_tensor(sharded), expected, 1e-9, 1e-11)) << what;
+}
+
+}  // namespace
+
+TEST(Halo, ShardedConvolutionMovesOnlyHaloRows) {
+  const int64_t ranks = mesh_1d().size(0), n = 2, c = 3, w = 11;
+  const std::vector<int64_t> sizes = uneven_rows(ranks, 2);  // at least the halo (1 row)
+  const at::Tensor x = draw({n, c, total(sizes), w}, 1), weight = draw({4, c, 3, 3}, 2), bias = draw({4}, 3);
+  const at::Tensor ref_x = x.clone().requires_grad_(), ref_w = weight.clone().requires_grad_();
+  const at::Tensor expected = at::conv2d(ref_x, ref_w, bias, 1, 1);
+  const at::Tensor grad_out = draw(expected.sizes().vec(), 4);
+  (expected * grad_out).sum().backward();
+
+  at::Tensor sx = distribute_tensor(x, mesh_1d(), {Shard(2)}, ShardSizes{{2, sizes}}).requires_grad_();
+  at::Tensor sw = distribute_tensor(weight, mesh_1d(), {Replicate()}).requires_grad_();
+  const at::Tensor sb = distribute_tensor(bias, mesh_1d(), {Replicate()});
+  const at::Tensor sg = distribute_tensor(grad_out, mesh_1d(), {Shard(2)}, ShardSizes{{2, sizes}});
+
+  // Each rank sends one row (n * c * w doubles) to each neighbour it has.
+  const int64_t r = mesh_1d().coordinate()[0];
+  const int64_t halo_bytes = ((r > 0) + (r < ranks - 1)) * n * c * w * 8;
+  at::Tensor out;
+  {
+    CommDebugMode comms;
+    out = at::conv2d(sx, sw, sb, 1, 1);
+    EXPECT_EQ(comms.count("all_gather"), 0);
+    EXPECT_EQ(comms.count("all_to_all"), ranks > 1 ? 1 : 0) << comms.table();
+    EXPECT_EQ(comms.bytes(), halo_bytes) << comms.table();
+  }
+  EXPECT_EQ(spec(out).placements(), (Placements{Shard(2)}));
+  EXPECT_EQ(spec(out).sharding_of(2)->sizes, sizes) << "stride 1, same padding: the output keeps the input's rows";
+  expect_matches(out, expected.detach(), "forward");
+  {
+    CommDebugMode comms;
+    (out * sg).sum().backward();
+    EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
+    // The input window again, and the input gradient's halo rows back to their owners.
+    EXPECT_EQ(comms.bytes("all_to_all"), 2 * halo_bytes) << comms.table();
+  }
+  expect_matches(sx.grad(), ref_x.grad(), "input gradient");
+  expect_matches(sw.grad(), ref_w.grad(), "weight gradient");
+}
+
+TEST(Halo, ShardsThinnerThanTheHaloReachPastTheirNeighbours) {
+  const int64_t ranks = mesh_1d().size(0);
+  std::vector<int64_t> sizes(ranks, 1);  // kernel 7: a halo of 3 rows, shards of 1 row
+  sizes.back() = 6;
+  const at::Tensor x = draw({1, 2, total(sizes), 5}, 5), weight = draw({3, 2, 7, 3}, 6);
+  const at::Tensor ref_x = x.clone().requires_grad_();
+  const at::Tensor expected = at::conv2d(ref_x, weight, {}, 1, {3, 1});
+  expected.sum().backward();
+  at::Tensor sx = distribute_tensor(x, mesh_1d(), {Shard(2)}, ShardSizes{{2, sizes}}).requires_grad_();
+  const at::Tensor out = at::conv2d(sx, distribute_tensor(weight, mesh_1d(), {Replicate()}), {}, 1, {3, 1});
+  expect_matches(out, expected.detach(), "forward");
+  out.sum().backward();
+  expect_matches(sx.grad(), ref_x.grad(), "input gradient");
+}
+
+TEST(Halo, TwoDimensionalSplitExchangesCorners) {
+  if (world_size() != 4) GTEST_SKIP() << "needs a 2x2 mesh (4 ranks); the sweep covers other meshes";
+  const DeviceMesh mesh = DeviceMesh::create({2, 2});
+  const at::Tensor x = draw({1, 2, 9, 8}, 7), weight = draw({2, 2, 3, 3}, 8);
+  const at::Tensor ref_x = x.clone().requires_grad_();
+  const at::Tensor expected = at::conv2d(ref_x, weight, {}, 1, 1);
+  expected.square().sum().backward();
+  at::Tensor sx = distribute_tensor(x, mesh, {Shard(2), Shard(3)}, ShardSizes{{2, {3, 6}}, {3, {5, 3}}}).requires_grad_();
+  CommDebugMode comms;
+  const at::Tensor out = at::conv2d(sx, distribute_tensor(weight, mesh, {Replicate(), Replicate()}), {}, 1, 1);
+  EXPECT_EQ(comms.count("all_gather"), 0);
+  EXPECT_EQ(comms.count("all_to_all"), 2) << "one exchange per split dim; the second carries the corners";
+  expect_matches(out, expected.detach(), "forward");
+  out.square().sum().backward();
+  expect_matches(sx.grad(), ref_x.grad(), "input gradient");
+}
