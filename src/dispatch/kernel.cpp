@@ -15,6 +15,7 @@
 
 #include <iostream>
 #include <numeric>
+#include <tuple>
 
 #include "comm/comm_debug.h"
 #include "dispatch/dispatch_state.h"
@@ -103,6 +104,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   std::vector<std::pair<size_t, at::Tensor>> out_wrappers;
 
   size_t k = 0;
+  std::vector<std::tuple<ShardTensorImpl*, at::Tensor, const ShardTensorSpec*>> resolved;
   auto unwrap_input = [&](const at::Tensor& t) -> at::Tensor {
     const size_t input = k++;
     ShardTensorImpl* impl = shard_tensor_impl(t);
@@ -114,7 +116,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     // all-reduce. Views are left alone, since their base would not see the change.
     const ShardTensorSpec& target = p.result.input_targets[input];
     if (impl && !t.is_view() && impl->spec().has_partial() && target == without_partial(impl->spec()))
-      impl->replace(moved, target);
+      resolved.emplace_back(impl, moved, &target);  // after every input is unwrapped (x * x)
     return moved;
   };
   for (size_t i = 0; i < num_args; ++i) {
@@ -141,6 +143,8 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     }
   }
 
+  for (auto& [impl, local, target] : resolved)
+    if (impl->spec().has_partial()) impl->replace(local, *target);
   if (p.result.local_kernel) {
     p.result.local_kernel(op, stack);
   } else {
