@@ -18,12 +18,11 @@
 #include "redistribute/boxes.h"
 #include "shardtensor/shard_tensor.h"
 #include "spec/placement_checks.h"
+#include "util/counter_random.h"
 #include "util/strings.h"
 
 namespace shardtensor {
 namespace {
-
-std::atomic<uint64_t> next_seed{0};
 
 ShardTensorSpec spec_of(const FactoryLayout& layout) {
   const c10::ScalarType dtype = c10::typeMetaToScalarType(layout.options.dtype());
@@ -49,48 +48,13 @@ at::Tensor filled(const FactoryLayout& layout, std::optional<double> value) {
   return wrap(std::move(local), std::move(spec), layout.options.requires_grad());
 }
 
-// Philox 4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"): counter =
-// the element's global index, key = the seed.
-std::array<uint32_t, 4> philox(uint64_t counter, uint64_t seed) {
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t{0xD2511F53} * c0, p1 = uint64_t{0xCD9E8D57} * c2;
-    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0, n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-    c1 = static_cast<uint32_t>(p1);
-    c3 = static_cast<uint32_t>(p0);
-    c0 = n0;
-    c2 = n2;
-    k0 += 0x9E3779B9;
-    k1 += 0xBB67AE85;
-  }
-  return {c0, c1, c2, c3};
-}
-
-double uniform_from(uint32_t hi, uint32_t lo) {  // 53 random bits in [0, 1)
-  return static_cast<double>((uint64_t{hi} << 21) ^ (lo >> 11)) * (1.0 / 9007199254740992.0);
-}
-
-// Calls fn(global linear index) for every element of `box` in row-major order.
-template <typename Fn>
-void for_each_global_index(const Box& box, const std::vector<int64_t>& global_shape, Fn&& fn) {
-  if (box.numel() == 0) return;
-  const int64_t ndim = static_cast<int64_t>(global_shape.size());
-  std::vector<int64_t> index(ndim, 0);
-  for (int64_t n = 0; n < box.numel(); ++n) {
-    int64_t linear = 0;
-    for (int64_t d = 0; d < ndim; ++d) linear = linear * global_shape[d] + box.offsets[d] + index[d];
-    fn(linear);
-    for (int64_t d = ndim - 1; d >= 0 && ++index[d] == box.shape[d]; --d) index[d] = 0;
-  }
-}
-
 at::Tensor random(const FactoryLayout& layout, std::optional<uint64_t> seed, bool normal) {
   ShardTensorSpec spec = spec_of(layout);
-  const uint64_t key = seed ? *seed : next_seed++;
+  const uint64_t key = seed ? *seed : next_random_key();
   at::Tensor values = at::empty(spec.local_shape(), at::TensorOptions().dtype(at::kDouble));
   double* out = values.data_ptr<double>();
-  for_each_global_index(box_of(spec, layout.mesh.coordinate()), spec.shape(), [&](int64_t linear) {
+  const Box box = box_of(spec, layout.mesh.coordinate());
+  for_each_global_index(box.offsets, box.shape, spec.shape(), [&](int64_t linear) {
     const auto bits = philox(static_cast<uint64_t>(linear), key);
     const double u1 = uniform_from(bits[0], bits[1]);
     if (!normal) {
@@ -111,7 +75,7 @@ at::Tensor ones(const FactoryLayout& layout) { return filled(layout, 1.0); }
 at::Tensor full(const FactoryLayout& layout, double value) { return filled(layout, value); }
 at::Tensor rand(const FactoryLayout& layout, std::optional<uint64_t> seed) { return random(layout, seed, /*normal=*/false); }
 at::Tensor randn(const FactoryLayout& layout, std::optional<uint64_t> seed) { return random(layout, seed, /*normal=*/true); }
-void manual_seed(uint64_t seed) { next_seed = seed; }
+void manual_seed(uint64_t seed) { set_random_seed(seed); }
 
 at::Tensor scatter_tensor(const at::Tensor& tensor_on_src, int64_t src_rank, const DeviceMesh& mesh,
                           const Placements& placements, bool requires_grad) {

@@ -137,6 +137,12 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
   if (!rule || !p->result.unsupported_reason.empty()) {
     const std::string why = rule ? "its sharding rule refuses inputs " + describe_args(meta) + ": " + p->result.unsupported_reason
                                  : "no sharding rule for this operator";
+    // A gathered copy of a view would not alias its base: writes through it would be lost.
+    for (const c10::Argument& ret : schema.returns())
+      TORCH_CHECK(!ret.alias_info() || ret.alias_info()->isWrite(), meta.name, ": ", why,
+                  ". It is a view operator, so it cannot fall back to computing on gathered inputs (the result "
+                  "would not alias its input, and writes through it would be lost). Register a rule for '",
+                  meta.name, "' with register_sharding_rule(), or use to_local() pieces.");
     note_fallback(meta.name, why);
     p->result = fallback_result(meta);
     p->fallback = true;

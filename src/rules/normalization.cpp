@@ -1,10 +1,19 @@
 // Softmax, log_softmax and layer norm, forward and backward.
 //
-// These read whole rows along the normalised dims: those dims are gathered first (a softmax
-// over a sharded dim redistributes), every other dim keeps its sharding, and the statistics
-// (mean, rstd) follow the batch dims. The weight and bias gradients of layer norm are sums
-// over rows, so they are Partial(sum) on every mesh dim that shards rows.
-#include "rules/helpers.h"
+// Softmax reads whole rows along its dim: that dim is gathered first (a softmax over a
+// sharded dim redistributes), every other dim keeps its sharding.
+//
+// Layer norm keeps even its normalised dims sharded: each rank sums its piece of every row,
+// one all-reduce (per mesh dim splitting the normalised dims) of the stacked [sum, sum of
+// squares] completes the statistics, and the normalisation is local; weight and bias are
+// split like the normalised dims (a local chunk of a replicated parameter, no collective).
+// The backward needs two more row sums, again one all-reduce. Weight and bias gradients are
+// sums over rows: Partial(sum) on every mesh dim that shards rows.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "comm/comm.h"
+#include "rules/spatial.h"
 
 namespace shardtensor {
 namespace {
@@ -30,35 +39,132 @@ RuleResult softmax_backward_rule(const OpMeta& op) {
   return r;
 }
 
-std::vector<int64_t> trailing_dims(int64_t ndim, size_t count) {
+// ---- layer norm ----
+
+struct LayerNormGeometry {
+  int64_t axis = 0;                   // first normalised dim
+  std::vector<int64_t> row_mesh_dims;  // mesh dims splitting the normalised dims
+  int64_t count = 1;                  // elements per row, global
+};
+
+LayerNormGeometry layer_norm_geometry(const ShardTensorSpec& in, size_t normalised) {
+  LayerNormGeometry g;
+  g.axis = in.ndim() - static_cast<int64_t>(normalised);
+  for (int64_t d = g.axis; d < in.ndim(); ++d) g.count *= in.shape()[d];
+  for (size_t m = 0; m < in.placements().size(); ++m)
+    if (in.placements()[m].is_shard() && in.placements()[m].tensor_dim >= g.axis) g.row_mesh_dims.push_back(static_cast<int64_t>(m));
+  return g;
+}
+
+// A [normalized_shape] parameter (or its gradient) split like the input's normalised dims;
+// `batch` is what the mesh dims splitting rows become (Replicate for a parameter, Partial(sum)
+// for its gradient).
+OutputLayout parameter_layout(const ShardTensorSpec& in, int64_t axis, Placement batch) {
+  OutputLayout layout{Placements(in.placements().size(), Replicate()), {}};
+  for (size_t m = 0; m < in.placements().size(); ++m) {
+    const Placement& p = in.placements()[m];
+    if (p.is_shard()) layout.placements[m] = p.tensor_dim >= axis ? Shard(p.tensor_dim - axis) : batch;
+  }
+  for (const DimSharding& s : in.shardings())
+    if (s.tensor_dim >= axis) layout.sizes.push_back({s.tensor_dim - axis, s.sizes});
+  return layout;
+}
+
+// mean and rstd ([rows..., 1, ...]): split like the rows, whole across the normalised dims.
+OutputLayout row_stats_layout(const ShardTensorSpec& in, int64_t axis) {
+  OutputLayout layout{Placements(in.placements().size(), Replicate()), {}};
+  for (size_t m = 0; m < in.placements().size(); ++m)
+    if (in.placements()[m].is_shard() && in.placements()[m].tensor_dim < axis) layout.placements[m] = in.placements()[m];
+  for (const DimSharding& s : in.shardings())
+    if (s.tensor_dim < axis) layout.sizes.push_back({s.tensor_dim, s.sizes});
+  return layout;
+}
+
+std::vector<int64_t> dims_from(int64_t first, int64_t ndim) {
   std::vector<int64_t> dims;
-  for (int64_t d = ndim - static_cast<int64_t>(count); d < ndim; ++d) dims.push_back(d);
+  for (int64_t d = first; d < ndim; ++d) dims.push_back(d);
   return dims;
 }
 
+void sum_rows(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& t) {
+  if (t.numel() == 0) return;  // no rows here, nor on the ranks sharing them
+  for (int64_t m : mesh_dims) mesh.comm(m).all_reduce(t, ReduceOp::Sum);
+}
+
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
+LocalKernel layer_norm_forward(DeviceMesh mesh, LayerNormGeometry g) {
+  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor x = args[0].toTensor();
+    const c10::optional<at::Tensor> weight = args[2].toOptional<at::Tensor>(), bias = args[3].toOptional<at::Tensor>();
+    const std::vector<int64_t> row = dims_from(g.axis, x.dim());
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor sums = at::stack({xd.sum(row, true), xd.square().sum(row, true)}).contiguous();
+    sum_rows(mesh, g.row_mesh_dims, sums);
+    const at::Tensor mean = sums[0] / g.count;
+    const at::Tensor rstd = ((sums[1] / g.count - mean.square()).clamp_min(0) + args[4].toDouble()).rsqrt();
+    at::Tensor out = ((xd - mean) * rstd).to(x.scalar_type());
+    if (weight && weight->defined()) out.mul_(*weight);
+    if (bias && bias->defined()) out.add_(*bias);
+    stack->push_back(out);
+    stack->push_back(mean.to(x.scalar_type()));
+    stack->push_back(rstd.to(x.scalar_type()));
+  };
+}
+
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask)
+LocalKernel layer_norm_backward(DeviceMesh mesh, LayerNormGeometry g) {
+  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor grad = args[0].toTensor(), x = args[1].toTensor();
+    const c10::optional<at::Tensor> weight = args[5].toOptional<at::Tensor>();
+    const c10::List<bool> mask = args[7].toBoolList();
+    const std::vector<int64_t> row = dims_from(g.axis, x.dim()), rows = dims_from(0, g.axis);
+    const at::Tensor gd = grad.to(at::kDouble);
+    const at::Tensor normalised = (x.to(at::kDouble) - args[3].toTensor().to(at::kDouble)) * args[4].toTensor().to(at::kDouble);
+    const at::Tensor gw = weight && weight->defined() ? gd * weight->to(at::kDouble) : gd;
+    const at::Tensor sums = at::stack({gw.sum(row, true), (gw * normalised).sum(row, true)}).contiguous();
+    sum_rows(mesh, g.row_mesh_dims, sums);
+    at::Tensor grad_input;
+    if (mask.get(0))
+      grad_input = (args[4].toTensor().to(at::kDouble) * (gw - sums[0] / g.count - normalised * sums[1] / g.count)).to(x.scalar_type());
+    auto over_rows = [&](const at::Tensor& t) { return rows.empty() ? t : t.sum(rows); };
+    stack->push_back(grad_input);
+    stack->push_back(mask.get(1) ? over_rows(gd * normalised).to(x.scalar_type()) : at::Tensor());
+    stack->push_back(mask.get(2) ? over_rows(gd).to(x.scalar_type()) : at::Tensor());
+  };
+}
+
 RuleResult layer_norm_rule(const OpMeta& op) {
-  const ShardTensorSpec& in = op.inputs[0].spec;
-  const ShardTensorSpec target = replicate_tensor_dims(in, trailing_dims(in.ndim(), int_list_arg(op, 1).size()));
+  const ShardTensorSpec in = without_partial(op.inputs[0].spec);
+  const LayerNormGeometry g = layer_norm_geometry(in, int_list_arg(op, 1).size());
   RuleResult r;
-  r.input_targets.push_back(target);
-  for (size_t k = 1; k < op.inputs.size(); ++k) r.input_targets.push_back(replicated(op.inputs[k].spec));
-  r.outputs = {layout_of(target), layout_of(target), layout_of(target)};
+  r.input_targets.push_back(in);
+  const OutputLayout param = parameter_layout(in, g.axis, Replicate());
+  for (size_t k = 1; k < op.inputs.size(); ++k) r.input_targets.push_back(laid_out(op.inputs[k].spec, param));
+  const OutputLayout stats = row_stats_layout(in, g.axis);
+  r.outputs = {layout_of(in), stats, stats};
+  if (!g.row_mesh_dims.empty()) r.local_kernel = layer_norm_forward(in.mesh(), g);
   return r;
 }
 
-// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?,
-// output_mask) -> (grad_input, grad_weight, grad_bias)
 RuleResult layer_norm_backward_rule(const OpMeta& op) {
-  const ShardTensorSpec& in = op.input_at(1)->spec;
-  const ShardTensorSpec target = replicate_tensor_dims(in, trailing_dims(in.ndim(), int_list_arg(op, 2).size()));
+  const ShardTensorSpec in = without_partial(op.input_at(1)->spec);
+  const LayerNormGeometry g = layer_norm_geometry(in, int_list_arg(op, 2).size());
+  const OutputLayout param = parameter_layout(in, g.axis, Replicate()), stats = row_stats_layout(in, g.axis);
   RuleResult r;
   for (const TensorInput& input : op.inputs) {
-    const bool row_aligned = input.arg_index <= 4;  // grad_out, input, mean, rstd
-    r.input_targets.push_back(row_aligned ? align_to(input.spec, target) : replicated(input.spec));
+    switch (input.arg_index) {
+      case 0: r.input_targets.push_back(align_to(input.spec, in)); break;
+      case 1: r.input_targets.push_back(in); break;
+      case 3:
+      case 4: r.input_targets.push_back(laid_out(input.spec, stats)); break;
+      default: r.input_targets.push_back(laid_out(input.spec, param));  // weight, bias
+    }
   }
-  const OutputLayout params{summed_over_shards(target), {}};
-  r.outputs = {layout_of(target), params, params};
+  const OutputLayout summed = parameter_layout(in, g.axis, Partial(ReduceOp::Sum));
+  r.outputs = {layout_of(in), summed, summed};
+  if (!g.row_mesh_dims.empty()) r.local_kernel = layer_norm_backward(in.mesh(), g);
   return r;
 }
 

@@ -63,6 +63,7 @@ void register_all_rules(RuleRegistry& registry) {
   register_pooling_rules(registry);
   register_resampling_rules(registry);
   register_spatial_norm_rules(registry);
+  register_random_rules(registry);
 }
 }  // namespace
 

@@ -63,6 +63,13 @@ TEST(Kernel, OperatorsWithoutARuleFallBackCorrectlyOrRaiseInStrictMode) {
   EXPECT_TRUE(at::allclose(full_tensor(s), at::cumsum(global, 0)));
 }
 
+TEST(Kernel, ViewOperatorsWithoutARuleNeverFallBack) {
+  // A gathered copy would not alias its base: writes through it would be silently lost.
+  StrictScope lenient(false);
+  const at::Tensor t = rows(same_randn({10, 4}), uneven(10, false));
+  EXPECT_ERROR_CONTAINS(t.as_strided({2, 2}, {1, 1}), "aten::as_strided", "view operator", "register_sharding_rule");
+}
+
 TEST(Kernel, PlainTensorsNextToShardTensors) {
   at::Tensor t = replicated(mesh_1d(), {3, 4});
   EXPECT_ERROR_CONTAINS(t.add(at::ones({3, 4})), "aten::add.Tensor", "plain 2-d tensor", "ImplicitReplication");

@@ -238,6 +238,12 @@ std::vector<Case> all_cases() {
   }
   cases.push_back(on("embedding", [] { return Tensors{normal({6, 4}), at::randint(0, 6, {3, 5}, at::kLong)}; },
                      [](const Tensors& x) { return at::embedding(x[0], x[1]); }));
+  // Random ops with parameters that make them deterministic (random_test.cpp checks the draws).
+  cases.push_back(on("uniform_/normal_/bernoulli_/dropout (degenerate)", [] { return Tensors{normal({5, 7})}; }, [](const Tensors& x) {
+    const at::Tensor& v = x[0];
+    return at::empty_like(v).uniform_(2.0, 2.0) * v + at::empty_like(v).normal_(3.0, 0.0) + at::empty_like(v).bernoulli_(1.0) * v +
+           std::get<0>(at::native_dropout(v, 0.0, true)) * 2 + std::get<0>(at::native_dropout(v, 0.5, false));
+  }));
   for (Case& c : spatial_cases()) cases.push_back(std::move(c));
   return cases;
 }

@@ -1,0 +1,108 @@
+// Random operators, sharding-invariant: uniform_, normal_, bernoulli_ (what dropout
+// decomposes into on CPU-like devices) and native_dropout with its backward.
+//
+// Every element's random value comes from a counter-based generator (util/counter_random.h)
+// keyed by the element's GLOBAL position and a per-call key that every rank draws in the
+// same order: with the same shardtensor::manual_seed, a dropout mask is the same whatever the
+// mesh, the placements or the shard sizes, and no rank communicates. Replicated copies draw
+// the same values, so they stay replicated. (The values differ from libtorch's own CPU
+// generator: the same seed does not reproduce a plain-tensor run.)
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cmath>
+
+#include "rules/spatial.h"
+#include "util/counter_random.h"
+
+namespace shardtensor {
+namespace {
+
+enum class Draw { Uniform, Normal, Bernoulli };
+
+// This rank's piece of a fresh draw, in double: uniform in [0, 1), or standard normal.
+at::Tensor draw_piece(const ShardTensorSpec& spec, bool normal) {
+  const std::vector<int64_t> shape = spec.local_shape();
+  const uint64_t key = next_random_key();
+  at::Tensor values = at::empty(shape, at::kDouble);
+  double* out = values.data_ptr<double>();
+  for_each_global_index(spec.local_offsets(), shape, spec.shape(), [&](int64_t linear) {
+    const auto bits = philox(static_cast<uint64_t>(linear), key);
+    const double u = uniform_from(bits[0], bits[1]);
+    *out++ = normal ? std::sqrt(-2.0 * std::log1p(-u)) * std::cos(2.0 * M_PI * uniform_from(bits[2], bits[3])) : u;
+  });
+  return values;
+}
+
+void refuse_generator(const OpMeta& op, size_t index) {
+  TORCH_CHECK(op.args[index].isNone(), op.name, ": a torch Generator cannot be used with ShardTensors; they draw from a ",
+              "counter-based stream indexed by global position, seeded with shardtensor::manual_seed().");
+}
+
+// uniform_(self, from, to, generator?), normal_(self, mean, std, generator?),
+// bernoulli_.float(self, p, generator?): self's piece filled in place.
+template <Draw Kind>
+RuleResult fill_random_rule(const OpMeta& op) {
+  refuse_generator(op, Kind == Draw::Bernoulli ? 2 : 3);
+  const ShardTensorSpec self = without_partial(op.inputs[0].spec);  // a fresh value is not a pending sum
+  RuleResult r;
+  r.input_targets = {self};
+  r.outputs = {layout_of(self)};
+  r.local_kernel = [self](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    at::Tensor target = args[0].toTensor();
+    at::Tensor values = draw_piece(self, Kind == Draw::Normal);
+    if (Kind == Draw::Uniform) values = values * (args[2].toDouble() - args[1].toDouble()) + args[1].toDouble();
+    if (Kind == Draw::Normal) values = values * args[2].toDouble() + args[1].toDouble();
+    if (Kind == Draw::Bernoulli) values = (values < args[1].toDouble()).to(at::kDouble);
+    target.copy_(values);
+    stack->push_back(target);
+  };
+  return r;
+}
+
+// native_dropout(input, p, train?) -> (output, mask): output = input * mask / (1 - p), linear
+// in input, so a Partial input stays Partial; the mask is never Partial.
+RuleResult native_dropout_rule(const OpMeta& op) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  const ShardTensorSpec whole = without_partial(in);
+  RuleResult r;
+  r.input_targets = {in};
+  r.outputs = {layout_of(in), layout_of(whole)};
+  r.local_kernel = [whole](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor input = args[0].toTensor();
+    const double p = args[1].toDouble();
+    const bool train = args[2].isNone() || args[2].toBool();
+    if (!train) {
+      stack->push_back(input.clone());
+      stack->push_back(at::ones_like(input, input.options().dtype(at::kBool)));
+      return;
+    }
+    const at::Tensor mask = draw_piece(whole, false) < (1 - p);
+    stack->push_back(p >= 1 ? at::zeros_like(input) : input * mask * (1 / (1 - p)));
+    stack->push_back(mask);
+  };
+  return r;
+}
+
+// native_dropout_backward(grad_output, mask, scale): pointwise, linear in the gradient.
+RuleResult native_dropout_backward_rule(const OpMeta& op) {
+  const ShardTensorSpec grad = without_partial(op.inputs[0].spec);
+  RuleResult r;
+  r.input_targets = {grad, align_to(op.inputs[1].spec, grad)};
+  r.outputs = {layout_of(grad)};
+  return r;
+}
+
+}  // namespace
+
+void register_random_rules(RuleRegistry& registry) {
+  registry.add("aten::uniform_", fill_random_rule<Draw::Uniform>);
+  registry.add("aten::normal_", fill_random_rule<Draw::Normal>);
+  registry.add("aten::bernoulli_.float", fill_random_rule<Draw::Bernoulli>);
+  registry.add("aten::native_dropout", native_dropout_rule);
+  registry.add("aten::native_dropout_backward", native_dropout_backward_rule);
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,33 @@
+#include "util/counter_random.h"
+
+#include <atomic>
+
+namespace shardtensor {
+namespace {
+std::atomic<uint64_t> next_key{0};
+}  // namespace
+
+std::array<uint32_t, 4> philox(uint64_t counter, uint64_t key) {
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t{0xD2511F53} * c0, p1 = uint64_t{0xCD9E8D57} * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0, n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9;
+    k1 += 0xBB67AE85;
+  }
+  return {c0, c1, c2, c3};
+}
+
+double uniform_from(uint32_t hi, uint32_t lo) {
+  return static_cast<double>((uint64_t{hi} << 21) ^ (lo >> 11)) * (1.0 / 9007199254740992.0);
+}
+
+uint64_t next_random_key() { return next_key++; }
+void set_random_seed(uint64_t seed) { next_key = seed; }
+
+}  // namespace shardtensor

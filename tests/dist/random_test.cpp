@@ -1,0 +1,74 @@
+// Sharding-invariant randomness: with the same seed, dropout masks and in-place random fills
+// are the same whatever the layout, and they behave like the distributions they claim.
+#include <ATen/ATen.h>
+
+#include "dist/dist_fixture.h"
+
+using namespace shardtensor;
+using namespace shardtensor::testing;
+
+namespace {
+
+// The same global tensor under a few layouts of every test mesh.
+std::vector<at::Tensor> layouts_of(const at::Tensor& global) {
+  std::vector<at::Tensor> out;
+  for (const DeviceMesh& mesh : test_meshes()) {
+    out.push_back(distribute_tensor(global, mesh, Placements(mesh.ndim(), Replicate())));
+    out.push_back(distribute_tensor(global, mesh, Placements(mesh.ndim(), Shard(0))));
+    Placements cols(mesh.ndim(), Replicate());
+    cols.back() = Shard(1);
+    std::vector<int64_t> sizes(mesh.size(mesh.ndim() - 1), 0);
+    sizes.back() = global.size(1);  // everything on the last rank: empty pieces elsewhere
+    out.push_back(distribute_tensor(global, mesh, cols, ShardSizes{{1, sizes}}));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Random, DropoutMaskIsTheSameOnEveryLayout) {
+  at::manual_seed(3);
+  const at::Tensor global = at::randn({37, 23}, at::kDouble);
+  at::Tensor first;
+  for (const at::Tensor& t : layouts_of(global)) {
+    shardtensor::manual_seed(1234);
+    const at::Tensor x = t.detach().requires_grad_();
+    const at::Tensor out = at::dropout(x, 0.3, /*train=*/true);
+    const at::Tensor whole = full_tensor(out);
+    if (!first.defined()) first = whole;
+    EXPECT_TRUE(at::equal(whole, first)) << spec(t);
+    // Kept elements are scaled by 1 / (1 - p), the rest are zero; the gradient follows the mask.
+    const at::Tensor kept = whole != 0;
+    EXPECT_TRUE(at::allclose(whole.masked_select(kept), global.masked_select(kept) / 0.7));
+    const double fraction = kept.to(at::kDouble).mean().item<double>();
+    EXPECT_NEAR(fraction, 0.7, 0.06);
+    out.sum().backward();
+    EXPECT_TRUE(at::allclose(full_tensor(x.grad()), kept.to(at::kDouble) / 0.7)) << spec(t);
+  }
+}
+
+TEST(Random, InPlaceFillsAreShardingInvariantAndInRange) {
+  at::Tensor uniform_first, normal_first;
+  for (const at::Tensor& t : layouts_of(at::zeros({41, 19}, at::kDouble))) {
+    shardtensor::manual_seed(99);
+    const at::Tensor u = full_tensor(at::empty_like(t).uniform_(-2.0, 3.0));
+    const at::Tensor n = full_tensor(at::empty_like(t).normal_(1.0, 2.0));
+    if (!uniform_first.defined()) {
+      uniform_first = u;
+      normal_first = n;
+    }
+    EXPECT_TRUE(at::equal(u, uniform_first)) << spec(t);
+    EXPECT_TRUE(at::equal(n, normal_first)) << spec(t);
+    EXPECT_GE(u.min().item<double>(), -2.0);
+    EXPECT_LT(u.max().item<double>(), 3.0);
+    EXPECT_NEAR(n.mean().item<double>(), 1.0, 0.25);
+    EXPECT_NEAR(n.std().item<double>(), 2.0, 0.25);
+  }
+}
+
+TEST(Random, GeneratorsAreRefusedWithAReason) {
+  const DeviceMesh& mesh = test_meshes().front();
+  const at::Tensor t = distribute_tensor(at::zeros({4, 4}), mesh, Placements(mesh.ndim(), Shard(0)));
+  at::Generator gen = at::detail::createCPUGenerator(5);
+  EXPECT_ERROR_CONTAINS(at::empty_like(t).uniform_(0, 1, gen), "aten::uniform_", "Generator", "manual_seed");
+}
