@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 
+#include "dispatch/decompositions.h"
 #include "dispatch/kernel.h"
 
 namespace shardtensor {
@@ -52,6 +53,8 @@ void register_everything() {
     whole->impl(unqualified.c_str(), kernel_function());
     whole_autograd->impl(unqualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&whole_composite_autograd_kernel>());
   }
+  // Decompositions of our own for composite ops whose libtorch one cannot run on ShardTensors.
+  whole_autograd->impl("_pad_circular", TORCH_FN(circular_pad_by_cat));
   libraries.push_back(std::move(whole));
   libraries.push_back(std::move(whole_autograd));
 

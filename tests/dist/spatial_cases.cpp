@@ -55,10 +55,11 @@ std::vector<Case> spatial_cases() {
                                          {2, 5, 3, 2, 1, 1, true, 2},
                                          {3, 3, 2, 1, 1, 1, true, 1}})
     cases.push_back(conv_case(c));
-  cases.push_back(on("conv2d reflect/replicate padding", [] { return Tensors{normal({2, 3, 9, 7}), normal({4, 3, 3, 3})}; },
+  cases.push_back(on("conv2d reflect/replicate/circular padding", [] { return Tensors{normal({2, 3, 9, 7}), normal({4, 3, 3, 3})}; },
                      [](const Tensors& x) {
                        return at::conv2d(at::pad(x[0], {1, 1, 1, 1}, "reflect"), x[1]) +
-                              at::conv2d(at::pad(x[0], {1, 1, 1, 1}, "replicate"), x[1]) * 0.5;
+                              at::conv2d(at::pad(x[0], {1, 1, 1, 1}, "replicate"), x[1]) * 0.5 +
+                              at::conv2d(at::pad(x[0], {1, 1, 2, 2}, "circular"), x[1]).narrow(2, 1, 9) * 0.25;
                      }));
 
   // Pooling.
