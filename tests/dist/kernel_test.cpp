@@ -70,6 +70,18 @@ TEST(Kernel, ViewOperatorsWithoutARuleNeverFallBack) {
   EXPECT_ERROR_CONTAINS(t.as_strided({2, 2}, {1, 1}), "aten::as_strided", "view operator", "register_sharding_rule");
 }
 
+TEST(Kernel, BackwardFromAPartialLossSeedsItsGradientOnce) {
+  // sum over the sharded rows is Partial(sum); backward() seeds it with ones, which must count
+  // once, not once per rank.
+  const at::Tensor global = same_randn({10, 4});
+  at::Tensor x = rows(global, uneven(10, false)).requires_grad_();
+  const at::Tensor loss = (x * x).sum();
+  ASSERT_TRUE(spec(loss).has_partial()) << spec(loss);
+  loss.backward();
+  EXPECT_TRUE(at::allclose(full_tensor(x.grad()), 2 * global));
+  EXPECT_NEAR(loss.item<double>(), global.square().sum().item<double>(), 1e-9);
+}
+
 TEST(Kernel, PlainTensorsNextToShardTensors) {
   at::Tensor t = replicated(mesh_1d(), {3, 4});
   EXPECT_ERROR_CONTAINS(t.add(at::ones({3, 4})), "aten::add.Tensor", "plain 2-d tensor", "ImplicitReplication");
