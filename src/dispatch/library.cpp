@@ -27,7 +27,8 @@ torch::CppFunction kernel_function() { return torch::CppFunction::makeFromBoxedF
 // gradient into it: decomposed, they would mix a plain full-size tensor with ShardTensors.
 // Our kernel takes them whole, on PrivateUse1 and on its autograd key (they run inside
 // backward; differentiating them again is refused below).
-const char* const kWholeCompositeOps[] = {"aten::value_selecting_reduction_backward", "aten::index_select_backward"};
+const char* const kWholeCompositeOps[] = {"aten::value_selecting_reduction_backward", "aten::index_select_backward",
+                                          "aten::gather_backward"};
 
 void whole_composite_autograd_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (at::GradMode::is_enabled()) {

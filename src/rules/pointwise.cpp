@@ -146,7 +146,8 @@ const char* const kUnaryWithArgs[] = {
     "aten::pow.Tensor_Scalar", "aten::pow_.Scalar", "aten::nan_to_num", "aten::nan_to_num_", "aten::isnan",
     "aten::add.Scalar", "aten::sub.Scalar", "aten::add_.Scalar", "aten::sub_.Scalar", "aten::rsub.Scalar",
     "aten::eq.Scalar", "aten::ne.Scalar", "aten::lt.Scalar", "aten::le.Scalar", "aten::gt.Scalar", "aten::ge.Scalar",
-    "aten::_to_copy", "aten::masked_fill.Scalar", "aten::masked_fill_.Scalar"};
+    "aten::_to_copy", "aten::masked_fill.Scalar", "aten::masked_fill_.Scalar", "aten::remainder.Scalar",
+    "aten::remainder_.Scalar", "aten::fmod.Scalar", "aten::fmod_.Scalar"};
 
 const char* const kLinearUnaryOps[] = {"aten::neg", "aten::neg_", "aten::clone", "aten::mul.Scalar", "aten::mul_.Scalar",
                                        "aten::div.Scalar", "aten::div_.Scalar"};
@@ -159,7 +160,8 @@ const char* const kBinaryOps[] = {
     "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward", "aten::gelu_backward",
     "aten::leaky_relu_backward", "aten::hardtanh_backward", "aten::elu_backward",
     "aten::copy_", "aten::div.Tensor_mode", "aten::logical_and_", "aten::logical_or_", "aten::hardsigmoid_backward",
-    "aten::hardswish_backward", "aten::softplus_backward", "aten::sgn", "aten::sgn_"};
+    "aten::hardswish_backward", "aten::softplus_backward", "aten::sgn", "aten::sgn_", "aten::remainder.Tensor",
+    "aten::remainder_.Tensor", "aten::fmod.Tensor", "aten::fmod_.Tensor"};
 
 }  // namespace
 

@@ -64,6 +64,7 @@ void register_all_rules(RuleRegistry& registry) {
   register_resampling_rules(registry);
   register_spatial_norm_rules(registry);
   register_random_rules(registry);
+  register_indexing_rules(registry);
 }
 }  // namespace
 

@@ -38,5 +38,6 @@ void register_pooling_rules(RuleRegistry& registry);
 void register_resampling_rules(RuleRegistry& registry);
 void register_spatial_norm_rules(RuleRegistry& registry);
 void register_random_rules(RuleRegistry& registry);
+void register_indexing_rules(RuleRegistry& registry);
 
 }  // namespace shardtensor

@@ -121,6 +121,10 @@ std::vector<Case> all_cases() {
        }},
       {"lerp", [](auto& a, auto& b) { return at::lerp(a, b, 0.3) + a.clone().lerp_(b, 0.7); }},
       {"copy_", [](auto& a, auto& b) { return at::zeros_like(a).copy_(b) * a; }},
+      {"remainder/fmod", [](auto& a, auto& b) {
+         return at::remainder(a * 5, b) + at::fmod(a * 5, b) + (a * 5).remainder_(b) + (a * 5).fmod_(b) + at::remainder(a, 0.3) +
+                at::fmod(a, 0.3) + (a * 1).remainder_(0.3) + (a * 1).fmod_(0.3);
+       }},
   };
   for (const auto& entry : binaries) {
     cases.push_back(binary(entry.first + " [5,7]x[5,7]", {5, 7}, {5, 7}, entry.second));
@@ -238,6 +242,23 @@ std::vector<Case> all_cases() {
   }
   cases.push_back(on("embedding", [] { return Tensors{normal({6, 4}), at::randint(0, 6, {3, 5}, at::kLong)}; },
                      [](const Tensors& x) { return at::embedding(x[0], x[1]); }));
+  // Indexing along a dim with global indices (a smaller index along another dim, too).
+  auto indexing_inputs = [] {
+    return Tensors{normal({5, 6}), normal({5, 6}), at::randint(0, 5, {5, 6}, at::kLong), at::randint(0, 5, {4, 6}, at::kLong)};
+  };
+  cases.push_back(on("gather/scatter/scatter_add/scatter_reduce", indexing_inputs, [](const Tensors& x) {
+    const at::Tensor &v = x[0], &src = x[1], &rows = x[2], &short_rows = x[3];
+    return at::gather(v, 0, rows) + at::gather(v, 1, rows.remainder(6)) + at::gather(v, 0, short_rows).sum(0, true) +
+           at::scatter(v, 0, rows, src) + v.clone().scatter_(1, rows.remainder(6), 2.5) + at::scatter_add(v, 0, rows, src) +
+           v.clone().scatter_add_(0, rows, src) + at::scatter_reduce(v, 0, rows, src, "amax") +
+           v.clone().scatter_reduce_(0, rows, src, "sum", false) + at::scatter(v, 1, rows.remainder(6), 0.5);
+  }));
+  // libtorch 1.13 has no derivative for scatter with a reduce argument: values only.
+  cases.push_back(on("scatter with reduce", indexing_inputs, [](const Tensors& x) {
+    const at::Tensor &v = x[0], &src = x[1], &rows = x[2];
+    return at::scatter(v, 0, rows, src, "multiply") + v.clone().scatter_(0, rows, 1.5, "add") + v.clone().scatter_(0, rows, src, "add") +
+           at::scatter(v, 0, rows, 0.5, "multiply");
+  }, /*constants=*/{0, 1}));
   // Random ops with parameters that make them deterministic (random_test.cpp checks the draws).
   cases.push_back(on("uniform_/normal_/bernoulli_/dropout (degenerate)", [] { return Tensors{normal({5, 7})}; }, [](const Tensors& x) {
     const at::Tensor& v = x[0];
