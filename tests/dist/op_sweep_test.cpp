@@ -251,7 +251,8 @@ std::vector<Case> all_cases() {
     return at::gather(v, 0, rows) + at::gather(v, 1, rows.remainder(6)) + at::gather(v, 0, short_rows).sum(0, true) +
            at::scatter(v, 0, rows, src) + v.clone().scatter_(1, rows.remainder(6), 2.5) + at::scatter_add(v, 0, rows, src) +
            v.clone().scatter_add_(0, rows, src) + at::scatter_reduce(v, 0, rows, src, "amax") +
-           v.clone().scatter_reduce_(0, rows, src, "sum", false) + at::scatter(v, 1, rows.remainder(6), 0.5);
+           v.clone().scatter_reduce_(0, rows, src, "sum", false) + at::scatter(v, 1, rows.remainder(6), 0.5) +
+           v.clone().scatter_(0, rows, src);
   }));
   // libtorch 1.13 has no derivative for scatter with a reduce argument: values only.
   cases.push_back(on("scatter with reduce", indexing_inputs, [](const Tensors& x) {
