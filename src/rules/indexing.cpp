@@ -1,4 +1,5 @@
-// gather, scatter (src, value, reduce), scatter_add, scatter_reduce and gather's backward.
+// gather, scatter (src, value, reduce), scatter_add, scatter_reduce and gather's backward;
+// advanced indexing (index.Tensor) and index_put.
 //
 // All of them index along one dim: that dim is gathered first. The other dims keep the lead
 // tensor's sharding (self; for gather_backward, self too) when every operand has the same
@@ -67,9 +68,86 @@ RuleResult gather_backward_rule(const OpMeta& op) {
   return r;
 }
 
+// ---- advanced indexing: self[i0, None, i2] and index_put ----
+
+// Which dims of self an index list consumes, and where self's other dims land in the result.
+struct AdvancedIndex {
+  std::vector<int64_t> indexed;   // self dims with an index tensor
+  std::vector<int64_t> dim_map;   // self dim -> result dim (-1: consumed)
+  bool masks = false;             // a bool/byte index: data-dependent shape, everything gathered
+  std::vector<int64_t> result_shape;
+};
+
+AdvancedIndex advanced_index(const OpMeta& op, const ShardTensorSpec& self) {
+  AdvancedIndex a;
+  const c10::List<c10::IValue> list = op.args[1].toList();
+  std::vector<int64_t> broadcast;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const c10::IValue e = list.get(i);
+    if (e.isNone() || !e.toTensor().defined()) continue;
+    const at::Tensor& index = e.toTensor();
+    if (index.scalar_type() == at::kBool || index.scalar_type() == at::kByte) a.masks = true;
+    a.indexed.push_back(static_cast<int64_t>(i));
+    broadcast = at::infer_size(broadcast, index.sizes());
+  }
+  bool adjacent = true;
+  for (size_t k = 1; k < a.indexed.size(); ++k) adjacent = adjacent && a.indexed[k] == a.indexed[k - 1] + 1;
+  const int64_t b = static_cast<int64_t>(broadcast.size()), first = a.indexed.empty() ? 0 : a.indexed.front();
+  a.dim_map.assign(self.ndim(), -1);
+  int64_t next = adjacent ? 0 : b;
+  for (int64_t d = 0; d < self.ndim(); ++d) {
+    if (std::count(a.indexed.begin(), a.indexed.end(), d)) {
+      if (adjacent && d == first) next += b;  // the broadcast dims sit where the indexed ones were
+      continue;
+    }
+    a.dim_map[d] = next++;
+  }
+  a.result_shape.assign(next > b ? next : b, 0);
+  for (int64_t d = 0; d < self.ndim(); ++d)
+    if (a.dim_map[d] >= 0) a.result_shape[a.dim_map[d]] = self.shape()[d];
+  for (int64_t k = 0; k < b; ++k) a.result_shape[(adjacent ? first : 0) + k] = broadcast[k];
+  return a;
+}
+
+// self with its indexed dims gathered (everything, for masks).
+ShardTensorSpec indexed_layout(const ShardTensorSpec& self, const AdvancedIndex& a) {
+  return a.masks ? replicated(self) : replicate_tensor_dims(without_partial(self), a.indexed);
+}
+
+// index.Tensor(self, indices): the other dims keep self's sharding, moved to their result dims.
+RuleResult index_rule(const OpMeta& op) {
+  const AdvancedIndex a = advanced_index(op, op.inputs[0].spec);
+  const ShardTensorSpec self = indexed_layout(op.inputs[0].spec, a);
+  RuleResult r;
+  r.input_targets.push_back(self);
+  for (size_t k = 1; k < op.inputs.size(); ++k) r.input_targets.push_back(replicated(op.inputs[k].spec));
+  r.outputs = {a.masks ? replicated_layout(self.mesh()) : remap_dims(self, a.dim_map)};
+  return r;
+}
+
+// index_put(_)/_index_put_impl(_)(self, indices, values, accumulate[, unsafe]): values shaped
+// like the indexing result follow its layout; broadcast values are gathered.
+RuleResult index_put_rule(const OpMeta& op) {
+  const AdvancedIndex a = advanced_index(op, op.inputs[0].spec);
+  const ShardTensorSpec self = indexed_layout(op.inputs[0].spec, a);
+  const OutputLayout result = a.masks ? replicated_layout(self.mesh()) : remap_dims(self, a.dim_map);
+  RuleResult r;
+  r.input_targets.push_back(self);
+  for (size_t k = 1; k < op.inputs.size(); ++k) {
+    const ShardTensorSpec& in = op.inputs[k].spec;
+    const bool values = op.inputs[k].arg_index == 2;
+    r.input_targets.push_back(values && in.shape() == a.result_shape ? laid_out(without_partial(in), result) : replicated(in));
+  }
+  r.outputs = {layout_of(self)};
+  return r;
+}
+
 }  // namespace
 
 void register_indexing_rules(RuleRegistry& registry) {
+  registry.add("aten::index.Tensor", index_rule);
+  for (const char* name : {"aten::index_put_", "aten::index_put", "aten::_index_put_impl_"})
+    registry.add(name, index_put_rule);
   registry.add("aten::gather", gather_rule);
   registry.add("aten::gather_backward", gather_backward_rule);
   for (const char* name : {"aten::scatter.src", "aten::scatter_.src", "aten::scatter.value", "aten::scatter_.value",

@@ -254,6 +254,29 @@ std::vector<Case> all_cases() {
            v.clone().scatter_reduce_(0, rows, src, "sum", false) + at::scatter(v, 1, rows.remainder(6), 0.5) +
            v.clone().scatter_(0, rows, src);
   }));
+  auto advanced_inputs = [] {
+    return Tensors{normal({5, 6, 4}), normal({3, 6, 4}), at::tensor({4, 0, 2}, at::kLong), at::tensor({1, 5, 1}, at::kLong)};
+  };
+  cases.push_back(on("advanced indexing / index_put accumulate", advanced_inputs, [](const Tensors& x) {
+    const at::Tensor &v = x[0], &rows = x[2], &cols = x[3];
+    const at::Tensor none;
+    const at::Tensor picked = at::index(v, {rows});                           // [3, 6, 4]
+    const at::Tensor pairs = at::index(v, {rows, cols});                      // [3, 4]
+    const at::Tensor inner = at::index(v, {none, cols, rows.remainder(4)});  // adjacent, after a kept dim: [5, 3]
+    const at::Tensor apart = at::index(v, {rows, none, cols.remainder(4)});  // not adjacent: broadcast dims first, [3, 6]
+    return picked + pairs.unsqueeze(1) + inner.narrow(0, 0, 3).sum(1, true).unsqueeze(2) + apart.unsqueeze(2) +
+           v.clone().index_put_({rows}, x[1], true).narrow(0, 1, 3) + at::index_put(v, {rows, cols}, pairs * 2, true).narrow(0, 2, 3);
+  }));
+  // Overwriting index_put: libtorch 1.13's backward builds plain zeros of the values' shape,
+  // which cannot meet ShardTensors (as split_backward's), so values only.
+  cases.push_back(on("index_put overwrite", advanced_inputs, [](const Tensors& x) {
+    const at::Tensor &v = x[0], &rows = x[2], &cols = x[3];
+    return at::index_put(v, {rows}, x[1]).narrow(0, 0, 3) + v.clone().index_put_({at::Tensor(), cols}, at::scalar_tensor(1.5, at::kDouble)).narrow(0, 0, 3) +
+           [&] {
+             at::Tensor target = v.clone();
+             return at::_index_put_impl_(target, {rows}, x[1], false, true).narrow(0, 1, 3);
+           }();
+  }, /*constants=*/{0, 1}));
   // libtorch 1.13 has no derivative for scatter with a reduce argument: values only.
   cases.push_back(on("scatter with reduce", indexing_inputs, [](const Tensors& x) {
     const at::Tensor &v = x[0], &src = x[1], &rows = x[2];
