@@ -2,7 +2,7 @@
 // one all-reduce of the output) on ShardTensors, next to the same step written by hand on
 // local tensors with one raw all-reduce, in the same run. Step = forward, MSE loss,
 // backward, SGD update. Run: shardrun -n 4 build/bench/tp_mlp_bench (results in
-// bench/RESULTS.md). Medians over 30 steps after 5 warm-up steps.
+// bench/RESULTS.md). The two steps alternate; medians over 60 steps each after 5 warm-up.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
@@ -19,16 +19,26 @@ using namespace shardtensor;
 
 namespace {
 
-double median_ms(const std::function<void()>& step, const std::function<void()>& sync) {
-  std::vector<double> ms;
-  for (int i = 0; i < 35; ++i) {
+// Runs the two steps alternately (so that machine noise hits both alike) and returns their
+// median times in ms.
+std::pair<double, double> interleaved_medians(const std::function<void()>& a, const std::function<void()>& b,
+                                              const std::function<void()>& sync) {
+  std::vector<double> ta, tb;
+  auto time = [&](const std::function<void()>& step) {
     sync();
     const auto t0 = std::chrono::steady_clock::now();
     step();
-    if (i >= 5) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (int i = 0; i < 65; ++i) {
+    const double x = time(a), y = time(b);
+    if (i >= 5) {
+      ta.push_back(x);
+      tb.push_back(y);
+    }
   }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  return ms[ms.size() / 2];
+  for (auto* v : {&ta, &tb}) std::nth_element(v->begin(), v->begin() + v->size() / 2, v->end());
+  return {ta[ta.size() / 2], tb[tb.size() / 2]};
 }
 
 }  // namespace
@@ -73,7 +83,7 @@ int main() {
         p->mutable_grad().zero_();
       }
     };
-    const double hand_ms = median_ms(by_hand, sync), sharded_ms = median_ms(sharded, sync);
+    const auto [hand_ms, sharded_ms] = interleaved_medians(by_hand, sharded, sync);
     CommDebugMode comms;
     sharded();
     if (mesh.rank() == 0)
