@@ -110,8 +110,8 @@ std::vector<c10::IValue> pop_arguments(const c10::OperatorHandle& op, torch::jit
   return args;
 }
 
-LocalKernel empty_safe(LocalKernel inner) {
-  return [inner](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+LocalKernel empty_safe(LocalKernel inner, std::vector<Follows> follows) {
+  return [inner, follows](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const size_t n = op.schema().arguments().size(), begin = stack->size() - n;
     const at::Tensor first = (*stack)[begin].toTensor();
     std::vector<int64_t> empty_dims;
@@ -130,13 +130,13 @@ LocalKernel empty_safe(LocalKernel inner) {
     const size_t returns = op.schema().returns().size();
     if (inner) inner(op, stack);
     else op.callBoxed(stack);
-    for (size_t i = stack->size() - returns; i < stack->size() && !empty_dims.empty(); ++i) {
+    const size_t first_return = stack->size() - returns;
+    for (size_t i = first_return; i < stack->size() && !empty_dims.empty(); ++i) {
       if (!(*stack)[i].isTensor() || !(*stack)[i].toTensor().defined()) continue;
-      // An output follows the input's empty dims if it has its rank ([N, C, *] outputs), or
-      // leads with its batch dim ([N, G] statistics); per-channel outputs keep their size.
+      const Follows how = follows.empty() ? Follows::AllDims : follows.at(i - first_return);
       at::Tensor t = (*stack)[i].toTensor();
       for (int64_t d : empty_dims)
-        if (d < t.dim() && t.size(d) == 1 && (t.dim() == first.dim() || d == 0)) t = t.narrow(d, 0, 0);
+        if (d < t.dim() && (how == Follows::AllDims || (how == Follows::BatchDim && d == 0))) t = t.narrow(d, 0, 0);
       (*stack)[i] = t.contiguous();
     }
   };

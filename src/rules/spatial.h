@@ -65,11 +65,16 @@ struct WindowedAxes {
   std::vector<int64_t> window_shape(std::vector<int64_t> owned_shape) const;
 };
 
+// How an output's dims follow the first input's, for empty_safe: all of them ([N, C, *]
+// outputs), only the leading batch dim ([N, G] statistics), or none (per-channel sums).
+enum class Follows { AllDims, BatchDim, Nothing };
+
 // Runs `inner` (empty: the operator itself) on this rank's pieces; when the first tensor
-// argument is empty, on stand-ins whose empty dims have size 1, narrowed back afterwards.
-// libtorch's spatial kernels refuse a zero channel count, which an uneven channel split can
-// give a rank.
-LocalKernel empty_safe(LocalKernel inner = {});
+// argument is empty, on stand-ins whose empty dims have size 1, and the outputs are narrowed
+// back along the dims they share with it (`follows`, one entry per output; none given: every
+// output follows all dims). libtorch's spatial kernels refuse a zero channel count, and its
+// CPU batch norm divides by zero on an empty piece; uneven splits give ranks such pieces.
+LocalKernel empty_safe(LocalKernel inner = {}, std::vector<Follows> follows = {});
 
 // A stack helper for local kernels: the operator's arguments, popped.
 std::vector<c10::IValue> pop_arguments(const c10::OperatorHandle& op, torch::jit::Stack* stack);

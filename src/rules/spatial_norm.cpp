@@ -124,7 +124,7 @@ RuleResult batch_norm_rule(const OpMeta& op) {
   if (bool_arg(op, 5) && !mesh_dims.empty())
     r.local_kernel = batch_norm_forward(in.mesh(), mesh_dims, global_count(in, all_but_channel(in.ndim())));
   else
-    r.local_kernel = empty_safe();  // libtorch's CPU batch norm divides by zero on an empty piece
+    r.local_kernel = empty_safe({}, {Follows::AllDims, Follows::Nothing, Follows::Nothing});
   return r;
 }
 
@@ -141,7 +141,7 @@ RuleResult batch_norm_backward_rule(const OpMeta& op) {
   } else {  // evaluation statistics: the gradient is local, weight and bias gradients are sums over rows
     const OutputLayout summed{summed_over_shards(in), {}};
     r.outputs = {layout_of(in), summed, summed};
-    r.local_kernel = empty_safe();
+    r.local_kernel = empty_safe({}, {Follows::AllDims, Follows::Nothing, Follows::Nothing});
   }
   return r;
 }
@@ -238,7 +238,8 @@ RuleResult group_norm_rule(const OpMeta& op) {
   r.input_targets = {in};
   for (size_t k = 1; k < op.inputs.size(); ++k) r.input_targets.push_back(replicated(op.inputs[k].spec));
   r.outputs = {layout_of(in), stats_layout(in), stats_layout(in)};
-  if (!in.shardings().empty()) r.local_kernel = empty_safe(group_norm_forward(in.mesh(), spatial_mesh_dims_of(in), spatial_count_of(in)));
+  if (!in.shardings().empty()) r.local_kernel = empty_safe(group_norm_forward(in.mesh(), spatial_mesh_dims_of(in), spatial_count_of(in)),
+                                                             {Follows::AllDims, Follows::BatchDim, Follows::BatchDim});
   return r;
 }
 
@@ -257,7 +258,8 @@ RuleResult group_norm_backward_rule(const OpMeta& op) {
   }
   const OutputLayout summed{summed_over_shards(in), {}};
   r.outputs = {layout_of(in), summed, summed};
-  if (!in.shardings().empty()) r.local_kernel = empty_safe(group_norm_backward(in.mesh(), spatial_mesh_dims_of(in), spatial_count_of(in)));
+  if (!in.shardings().empty()) r.local_kernel = empty_safe(group_norm_backward(in.mesh(), spatial_mesh_dims_of(in), spatial_count_of(in)),
+                                                             {Follows::AllDims, Follows::Nothing, Follows::Nothing});
   return r;
 }
 
