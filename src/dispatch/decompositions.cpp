@@ -1,20 +1,34 @@
 #include "dispatch/decompositions.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <vector>
 
-namespace shardtensor {
+#include "dispatch/shard_tensor_impl.h"
+#include "domain/halo.h"
+#include "redistribute/executor.h"
+#include "redistribute/plan.h"
 
-at::Tensor circular_pad_by_cat(const at::Tensor& self, c10::IntArrayRef pad) {
+namespace shardtensor {
+namespace {
+
+void check_pad(const at::Tensor& self, c10::IntArrayRef pad) {
   TORCH_CHECK(pad.size() % 2 == 0 && static_cast<int64_t>(pad.size()) / 2 <= self.dim(), "circular padding: ", pad.size(),
               " padding values for a ", self.dim(), "-d tensor; give (before, after) pairs from the last dim back");
+  for (size_t i = 0; i < pad.size() / 2; ++i) {
+    const int64_t dim = self.dim() - 1 - static_cast<int64_t>(i), length = self.size(dim);
+    TORCH_CHECK(pad[2 * i] >= 0 && pad[2 * i + 1] >= 0 && pad[2 * i] <= length && pad[2 * i + 1] <= length,
+                "circular padding of dim ", dim, " (length ", length, ") by (", pad[2 * i], ", ", pad[2 * i + 1],
+                "): each side must be between 0 and the length");
+  }
+}
+
+at::Tensor circular_pad_by_cat(const at::Tensor& self, c10::IntArrayRef pad) {
   at::Tensor out = self;
   for (size_t i = 0; i < pad.size() / 2; ++i) {
     const int64_t dim = self.dim() - 1 - static_cast<int64_t>(i), before = pad[2 * i], after = pad[2 * i + 1];
     const int64_t length = out.size(dim);
-    TORCH_CHECK(before >= 0 && after >= 0 && before <= length && after <= length, "circular padding of dim ", dim,
-                " (length ", length, ") by (", before, ", ", after, "): each side must be between 0 and the length");
     std::vector<at::Tensor> parts;
     if (before) parts.push_back(out.narrow(dim, length - before, before));
     parts.push_back(out);
@@ -22,6 +36,85 @@ at::Tensor circular_pad_by_cat(const at::Tensor& self, c10::IntArrayRef pad) {
     if (parts.size() > 1) out = at::cat(parts, dim);
   }
   return out;
+}
+
+// The periodic halo axes of a circular pad of `in`, and the padded output's spec. Rank r owns
+// the outputs opposite its rows (shifted by the padding before them); its window is those
+// outputs' sources, wrapping around the ends.
+struct PeriodicPad {
+  std::vector<HaloAxis> axes;
+  ShardTensorSpec out;
+};
+
+PeriodicPad periodic_pad(const ShardTensorSpec& in, const std::vector<int64_t>& pad) {
+  std::vector<HaloAxis> axes;
+  std::vector<int64_t> shape = in.shape();
+  ShardSizes sizes = in.shard_sizes();
+  for (size_t i = 0; i < pad.size() / 2; ++i) {
+    const int64_t dim = in.ndim() - 1 - static_cast<int64_t>(i), before = pad[2 * i], after = pad[2 * i + 1];
+    const int64_t length = in.shape()[dim], out_length = length + before + after;
+    const DimSharding* s = in.sharding_of(dim);
+    HaloAxis axis{dim, s ? s->mesh_dims.front() : -1, length, {}, {}, /*periodic=*/true};
+    for (size_t r = 0, offset = 0; r < (s ? s->sizes.size() : 1); ++r) {
+      const int64_t n = s ? s->sizes[r] : length;
+      axis.owned.push_back({static_cast<int64_t>(offset), static_cast<int64_t>(offset) + n});
+      offset += n;
+    }
+    std::vector<int64_t> out_sizes;
+    for (size_t r = 0; r < axis.owned.size(); ++r) {
+      const int64_t begin = r == 0 ? 0 : axis.owned[r].begin + before;
+      const int64_t end = r + 1 == axis.owned.size() ? out_length : axis.owned[r + 1].begin + before;
+      axis.window.push_back({begin - before, end - before});
+      out_sizes.push_back(end - begin);
+    }
+    for (DimShardSizes& entry : sizes)
+      if (entry.tensor_dim == dim) entry.sizes = out_sizes;
+    shape[dim] = out_length;
+    axes.push_back(std::move(axis));
+  }
+  return {std::move(axes), ShardTensorSpec(in.mesh(), in.placements(), shape, in.dtype(), sizes)};
+}
+
+struct SpecHolder : torch::CustomClassHolder {
+  explicit SpecHolder(ShardTensorSpec s) : spec(std::move(s)) {}
+  ShardTensorSpec spec;
+};
+
+class PeriodicHaloPad : public torch::autograd::Function<PeriodicHaloPad> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self, std::vector<int64_t> pad) {
+    const ShardTensorSpec& in = shard_tensor_impl(self)->spec();
+    const PeriodicPad plan = periodic_pad(in, pad);
+    at::Tensor local = shard_tensor_impl(self)->local();
+    for (const HaloAxis& axis : plan.axes) local = gather_window(local, axis, in.mesh(), 0.0);
+    ctx->saved_data["pad"] = pad;
+    ctx->saved_data["spec"] = c10::IValue::make_capsule(c10::make_intrusive<SpecHolder>(in));
+    return make_shard_tensor(local.contiguous(), plan.out);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const ShardTensorSpec in = c10::static_intrusive_pointer_cast<SpecHolder>(ctx->saved_data["spec"].toCapsule())->spec;
+    const PeriodicPad plan = periodic_pad(in, ctx->saved_data["pad"].toIntVector());
+    const ShardTensorImpl* grad = shard_tensor_impl(grads[0]);
+    TORCH_CHECK(grad, "circular padding: the gradient of a ShardTensor output is a plain tensor");
+    at::Tensor local = grad->local();
+    if (grad->spec() != plan.out) local = execute_redistribute(local, grad->spec(), plan_redistribute(grad->spec(), plan.out));
+    for (auto it = plan.axes.rbegin(); it != plan.axes.rend(); ++it) local = scatter_add_window(local, *it, in.mesh());
+    return {make_shard_tensor(local, in), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor circular_pad(const at::Tensor& self, c10::IntArrayRef pad) {
+  check_pad(self, pad);
+  const ShardTensorImpl* impl = shard_tensor_impl(self);
+  bool periodic_halo = impl && !impl->spec().has_partial();
+  for (size_t i = 0; periodic_halo && i < pad.size() / 2; ++i) {
+    const DimSharding* s = impl->spec().sharding_of(self.dim() - 1 - static_cast<int64_t>(i));
+    periodic_halo = !s || s->mesh_dims.size() == 1;
+  }
+  return periodic_halo ? PeriodicHaloPad::apply(self, pad.vec()) : circular_pad_by_cat(self, pad);
 }
 
 }  // namespace shardtensor

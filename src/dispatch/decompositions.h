@@ -8,7 +8,10 @@
 
 namespace shardtensor {
 
-// _pad_circular(self, pad): wrap-around padding as a cat of the far slices, dim by dim.
-at::Tensor circular_pad_by_cat(const at::Tensor& self, c10::IntArrayRef pad);
+// _pad_circular(self, pad) on a ShardTensor. Split padded dims exchange a periodic halo
+// (each rank gathers its output window, wrapping around the field's ends: only the pad rows
+// move), differentiable; a layout it cannot handle (Partial, a dim split by two mesh dims)
+// runs as a cat of the far slices, which gathers the padded dim.
+at::Tensor circular_pad(const at::Tensor& self, c10::IntArrayRef pad);
 
 }  // namespace shardtensor

@@ -55,7 +55,7 @@ void register_everything() {
     whole_autograd->impl(unqualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&whole_composite_autograd_kernel>());
   }
   // Decompositions of our own for composite ops whose libtorch one cannot run on ShardTensors.
-  whole_autograd->impl("_pad_circular", TORCH_FN(circular_pad_by_cat));
+  whole_autograd->impl("_pad_circular", TORCH_FN(circular_pad));
   libraries.push_back(std::move(whole));
   libraries.push_back(std::move(whole_autograd));
 

@@ -28,35 +28,62 @@ at::Tensor slab(const at::Tensor& t, int64_t dim, Range covers, Range part) {
   return t.narrow(dim, part.begin - covers.begin, part.size());
 }
 
-// One all-to-all on the axis's group: to every other group rank q, the part of `mine` (which
-// covers `my_cover`) at send_range(q); from q, the positions recv_range(q), as tensors shaped
-// like `mine` with the dim resized (empty parts come back undefined).
-template <typename SendRange, typename RecvRange>
-std::vector<at::Tensor> exchange(const at::Tensor& mine, Range my_cover, const HaloAxis& axis, const DeviceMesh& mesh,
-                                 SendRange send_range, RecvRange recv_range) {
+// A run of window positions that lies in the field: window positions [offset, offset + n)
+// hold the field positions `field` (n = field.size()).
+struct InField {
+  int64_t offset;
+  Range field;
+};
+
+// The in-field runs of `window`, in window order: one (clipped) run, or on a periodic axis
+// one run per wrap.
+std::vector<InField> in_field_runs(Range window, int64_t length, bool periodic) {
+  std::vector<InField> runs;
+  if (!periodic) {
+    const Range inside = intersect(window, {0, length});
+    if (inside.size()) runs.push_back({inside.begin - window.begin, inside});
+    return runs;
+  }
+  for (int64_t p = window.begin; p < window.end && length > 0;) {
+    const int64_t wrap = p >= 0 ? p / length : -((-p + length - 1) / length);
+    const int64_t end = std::min(window.end, (wrap + 1) * length);
+    runs.push_back({p - window.begin, {p - wrap * length, end - wrap * length}});
+    p = end;
+  }
+  return runs;
+}
+
+// One all-to-all on the axis's group: to every other group rank q the tensors send(q) (shaped
+// like `like` but for `dim`), concatenated; from q, parts of the lengths recv(q), in order.
+template <typename Send, typename Recv>
+std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& like, const HaloAxis& axis, const DeviceMesh& mesh, Send send,
+                                              Recv recv) {
   const int64_t dim = axis.tensor_dim, me = axis.me(mesh), peers = static_cast<int64_t>(axis.owned.size());
-  const int64_t slab_size = slab_elements(mine, dim);
+  const int64_t slab_size = slab_elements(like, dim);
   std::vector<int64_t> send_splits(peers, 0), recv_splits(peers, 0);
+  std::vector<std::vector<int64_t>> recv_lengths(peers);
   std::vector<at::Tensor> to_send;
   for (int64_t q = 0; q < peers; ++q) {
     if (q == me) continue;
-    const Range part = send_range(q);
-    send_splits[q] = part.size() * slab_size;
-    if (part.size()) to_send.push_back(slab(mine, dim, my_cover, part).reshape({-1}));
-    recv_splits[q] = recv_range(q).size() * slab_size;
+    for (const at::Tensor& part : send(q)) {
+      send_splits[q] += part.numel();
+      to_send.push_back(part.reshape({-1}));
+    }
+    recv_lengths[q] = recv(q);
+    for (int64_t n : recv_lengths[q]) recv_splits[q] += n * slab_size;
   }
   int64_t recv_total = 0;
   for (int64_t n : recv_splits) recv_total += n;
-  const at::Tensor send = to_send.empty() ? at::empty({0}, mine.options()) : at::cat(to_send);
-  const at::Tensor recv = at::empty({recv_total}, mine.options());
-  mesh.comm(axis.mesh_dim).all_to_all(recv, send, recv_splits, send_splits);
-  std::vector<at::Tensor> parts(peers);
+  const at::Tensor sent = to_send.empty() ? at::empty({0}, like.options()) : at::cat(to_send);
+  const at::Tensor received = at::empty({recv_total}, like.options());
+  mesh.comm(axis.mesh_dim).all_to_all(received, sent, recv_splits, send_splits);
+  std::vector<std::vector<at::Tensor>> parts(peers);
   int64_t offset = 0;
-  for (int64_t q = 0; q < peers; ++q) {
-    if (q == me || !recv_range(q).size()) continue;  // (a part may hold 0 elements when another dim is empty)
-    parts[q] = recv.narrow(0, offset, recv_splits[q]).view(with_dim(mine, dim, recv_range(q).size()));
-    offset += recv_splits[q];
-  }
+  for (int64_t q = 0; q < peers; ++q)
+    for (int64_t n : recv_lengths[q]) {  // (a part may hold 0 elements when another dim is empty)
+      parts[q].push_back(received.narrow(0, offset, n * slab_size).view(with_dim(like, dim, n)));
+      offset += n * slab_size;
+    }
   return parts;
 }
 
@@ -66,8 +93,9 @@ Range intersect(Range a, Range b) { return {std::max(a.begin, b.begin), std::max
 
 bool HaloAxis::crosses_shards() const {
   for (size_t q = 0; q < window.size(); ++q)
-    for (size_t r = 0; r < owned.size(); ++r)
-      if (q != r && intersect(window[q], owned[r]).size()) return true;
+    for (const InField& run : in_field_runs(window[q], length, periodic))
+      for (size_t r = 0; r < owned.size(); ++r)
+        if (q != r && intersect(run.field, owned[r]).size()) return true;
   return false;
 }
 
@@ -76,21 +104,42 @@ at::Tensor gather_window(const at::Tensor& owned_piece, const HaloAxis& axis, co
   const Range mine = axis.owned[me], want = axis.window[me];
   TORCH_INTERNAL_ASSERT(owned_piece.size(dim) == mine.size(), "gather_window: the local piece has ", owned_piece.size(dim),
                         " positions along dim ", dim, ", the layout says ", mine.size());
-  std::vector<at::Tensor> received;
-  if (axis.mesh_dim >= 0 && axis.crosses_shards())
-    received = exchange(owned_piece, mine, axis, mesh, [&](int64_t q) { return intersect(mine, axis.window[q]); },
-                        [&](int64_t q) { return intersect(axis.owned[q], want); });
+  const std::vector<InField> runs = in_field_runs(want, axis.length, axis.periodic);
+  std::vector<std::vector<at::Tensor>> received;
+  if (axis.mesh_dim >= 0 && axis.crosses_shards()) {
+    received = exchange(
+        owned_piece, axis, mesh,
+        [&](int64_t q) {  // what q's window needs from my rows
+          std::vector<at::Tensor> parts;
+          for (const InField& run : in_field_runs(axis.window[q], axis.length, axis.periodic))
+            if (intersect(run.field, mine).size()) parts.push_back(slab(owned_piece, dim, mine, intersect(run.field, mine)));
+          return parts;
+        },
+        [&](int64_t q) {  // what my window needs from q's rows
+          std::vector<int64_t> lengths;
+          for (const InField& run : runs)
+            if (intersect(run.field, axis.owned[q]).size()) lengths.push_back(intersect(run.field, axis.owned[q]).size());
+          return lengths;
+        });
+  }
 
   std::vector<at::Tensor> parts;
-  const int64_t below = std::max<int64_t>(0, std::min<int64_t>(want.end, 0) - want.begin);
-  const int64_t above = std::max<int64_t>(0, want.end - std::max(want.begin, axis.length));
-  if (below) parts.push_back(at::full(with_dim(owned_piece, dim, below), fill, owned_piece.options()));
-  for (size_t q = 0; q < axis.owned.size(); ++q) {
-    const Range part = intersect(axis.owned[q], want);
-    if (!part.size()) continue;
-    parts.push_back(static_cast<int64_t>(q) == me ? slab(owned_piece, dim, mine, part) : received[q]);
+  std::vector<size_t> next(axis.owned.size(), 0);
+  int64_t filled = 0;  // window positions assembled so far
+  auto pad_to = [&](int64_t offset) {
+    if (offset > filled) parts.push_back(at::full(with_dim(owned_piece, dim, offset - filled), fill, owned_piece.options()));
+    filled = std::max(filled, offset);
+  };
+  for (const InField& run : runs) {
+    pad_to(run.offset);
+    for (size_t q = 0; q < axis.owned.size(); ++q) {
+      const Range part = intersect(run.field, axis.owned[q]);
+      if (!part.size()) continue;
+      parts.push_back(static_cast<int64_t>(q) == me ? slab(owned_piece, dim, mine, part) : received[q][next[q]++]);
+    }
+    filled += run.field.size();
   }
-  if (above) parts.push_back(at::full(with_dim(owned_piece, dim, above), fill, owned_piece.options()));
+  pad_to(want.size());
   if (parts.empty()) return at::empty(with_dim(owned_piece, dim, 0), owned_piece.options());
   return parts.size() == 1 ? parts[0] : at::cat(parts, dim);
 }
@@ -101,14 +150,36 @@ at::Tensor scatter_add_window(const at::Tensor& window_piece, const HaloAxis& ax
   TORCH_INTERNAL_ASSERT(window_piece.size(dim) == have.size(), "scatter_add_window: the window has ", window_piece.size(dim),
                         " positions along dim ", dim, ", the plan says ", have.size());
   at::Tensor result = at::zeros(with_dim(window_piece, dim, mine.size()), window_piece.options());
-  const Range own_part = intersect(have, mine);
-  if (own_part.size()) slab(result, dim, mine, own_part).add_(slab(window_piece, dim, have, own_part));
+  // The window piece's values at the field positions `part` of `run`.
+  auto values_at = [&](const InField& run, Range part) {
+    return window_piece.narrow(dim, run.offset + part.begin - run.field.begin, part.size());
+  };
+  const std::vector<InField> runs = in_field_runs(have, axis.length, axis.periodic);
+  for (const InField& run : runs) {
+    const Range own = intersect(run.field, mine);
+    if (own.size()) slab(result, dim, mine, own).add_(values_at(run, own));
+  }
   if (axis.mesh_dim >= 0 && axis.crosses_shards()) {
-    const std::vector<at::Tensor> received =
-        exchange(window_piece, have, axis, mesh, [&](int64_t q) { return intersect(have, axis.owned[q]); },
-                 [&](int64_t q) { return intersect(axis.window[q], mine); });
-    for (size_t q = 0; q < received.size(); ++q)
-      if (received[q].defined()) slab(result, dim, mine, intersect(axis.window[q], mine)).add_(received[q]);
+    const std::vector<std::vector<at::Tensor>> received = exchange(
+        window_piece, axis, mesh,
+        [&](int64_t q) {  // my window's values that q owns
+          std::vector<at::Tensor> parts;
+          for (const InField& run : runs)
+            if (intersect(run.field, axis.owned[q]).size()) parts.push_back(values_at(run, intersect(run.field, axis.owned[q])));
+          return parts;
+        },
+        [&](int64_t q) {  // q's window values that I own
+          std::vector<int64_t> lengths;
+          for (const InField& run : in_field_runs(axis.window[q], axis.length, axis.periodic))
+            if (intersect(run.field, mine).size()) lengths.push_back(intersect(run.field, mine).size());
+          return lengths;
+        });
+    for (size_t q = 0; q < received.size(); ++q) {
+      if (static_cast<int64_t>(q) == me) continue;
+      size_t k = 0;
+      for (const InField& run : in_field_runs(axis.window[q], axis.length, axis.periodic))
+        if (intersect(run.field, mine).size()) slab(result, dim, mine, intersect(run.field, mine)).add_(received[q][k++]);
+    }
   }
   return result;
 }

@@ -36,6 +36,7 @@ struct HaloAxis {
   int64_t length = 0;          // global length of the owned side
   std::vector<Range> owned;    // per group rank (mesh coordinate): a partition of [0, length)
   std::vector<Range> window;   // per group rank: what it needs; may reach outside [0, length)
+  bool periodic = false;       // outside [0, length) wraps around (circular padding) instead of filling
 
   // Whether some rank needs a position another rank owns (else no collective is issued).
   bool crosses_shards() const;
@@ -44,11 +45,13 @@ struct HaloAxis {
 };
 
 // This rank's window of `owned_piece` along axis.tensor_dim: the neighbours' pieces arrive by
-// one all-to-all on the axis's mesh-dim group, positions outside [0, length) are `fill`.
+// one all-to-all on the axis's mesh-dim group; positions outside [0, length) are `fill`, or,
+// on a periodic axis, the positions they wrap around to.
 at::Tensor gather_window(const at::Tensor& owned_piece, const HaloAxis& axis, const DeviceMesh& mesh, double fill);
 
 // The adjoint: `window_piece` covers this rank's window; every position is added to the rank
-// that owns it (positions outside [0, length) are dropped). Returns this rank's owned piece.
+// that owns it (positions outside [0, length) are dropped, or wrap around on a periodic axis).
+// Returns this rank's owned piece.
 at::Tensor scatter_add_window(const at::Tensor& window_piece, const HaloAxis& axis, const DeviceMesh& mesh);
 
 }  // namespace shardtensor

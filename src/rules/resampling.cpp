@@ -1,6 +1,6 @@
 // Upsampling (nearest, nearest-exact, linear/bilinear/trilinear, any scale, align_corners
 // either way) and padding (constant, reflect, replicate) along sharded spatial dims, forward
-// and backward. Circular padding is a cat of slices (dispatch/decompositions.cpp), no rule here.
+// and backward. Circular padding is a periodic halo (dispatch/decompositions.cpp), no rule here.
 //
 // Each is an index map per dim: output o reads source positions i0[o] and i1[o] with weights
 // (1 - w[o], w[o]) (nearest and the pads read one position). The maps follow libtorch's own

@@ -104,3 +104,24 @@ TEST(Halo, TwoDimensionalSplitExchangesCorners) {
   out.square().sum().backward();
   expect_matches(sx.grad(), ref_x.grad(), "input gradient");
 }
+
+TEST(Halo, CircularPaddingWrapsAroundThroughTheHalo) {
+  const int64_t ranks = mesh_1d().size(0), n = 1, c = 2, h = 5;
+  const std::vector<int64_t> sizes = uneven_rows(ranks, 2);
+  const at::Tensor x = draw({n, c, h, total(sizes)}, 9), weights = draw({n, c, h, total(sizes) + 3}, 10);
+  const at::Tensor ref_x = x.clone().requires_grad_();
+  const at::Tensor expected = at::pad(ref_x, {2, 1, 0, 0}, "circular");
+  (expected * weights).sum().backward();
+  at::Tensor sx = distribute_tensor(x, mesh_1d(), {Shard(3)}, ShardSizes{{3, sizes}}).requires_grad_();
+  CommDebugMode comms;
+  const at::Tensor out = at::pad(sx, {2, 1, 0, 0}, "circular");
+  EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
+  // Rank 0 sends its first column to the last rank (the pad after the end); the last rank
+  // sends its last two columns to rank 0. With one rank the wrap is local.
+  const int64_t r = mesh_1d().coordinate()[0];
+  const int64_t columns = ranks == 1 ? 0 : (r == 0 ? 1 : 0) + (r == ranks - 1 ? 2 : 0);
+  EXPECT_EQ(comms.bytes(), columns * n * c * h * 8) << comms.table();
+  expect_matches(out, expected.detach(), "forward");
+  (out * distribute_tensor(weights, mesh_1d(), {Replicate()})).sum().backward();
+  expect_matches(sx.grad(), ref_x.grad(), "input gradient");
+}

@@ -117,6 +117,13 @@ std::vector<Case> spatial_cases() {
            at::reflection_pad3d(v.unsqueeze(2), {2, 1, 3, 2, 0, 0}).squeeze(2) + at::replication_pad3d(v.unsqueeze(2), {2, 1, 3, 2, 1, 1}).sum(2);
   }));
 
+  cases.push_back(on("circular pad 1d/2d/3d", [] { return Tensors{normal({2, 3, 9, 7})}; }, [](const Tensors& x) {
+    const at::Tensor& v = x[0];
+    return at::pad(v, {3, 2, 1, 4}, "circular").narrow(2, 0, 9).narrow(3, 0, 7) +
+           at::pad(v.flatten(0, 1), {2, 5}, "circular").view({2, 3, 9, 14}).narrow(3, 0, 7) +
+           at::pad(v.unsqueeze(2), {1, 1, 2, 2, 0, 0}, "circular").squeeze(2).narrow(2, 0, 9).narrow(3, 0, 7);
+  }));
+
   // Normalisation over sharded batch and spatial dims.
   cases.push_back(on("batch_norm training", [] { return Tensors{normal({3, 4, 7, 5}), normal({4}), normal({4})}; },
                      [](const Tensors& x) {
