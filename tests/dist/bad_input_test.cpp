@@ -90,3 +90,20 @@ TEST(FromLocalBadInput, PlainTensorsAndShardTensorsInTheWrongPlace) {
   EXPECT_ERROR_CONTAINS(from_local(t, mesh, {Replicate()}), "got a ShardTensor", "redistribute");
   EXPECT_ERROR_CONTAINS(from_local(at::Tensor(), mesh, {Replicate()}), "undefined");
 }
+
+TEST(SpatialBadInput, ErrorsNameTheOperatorAndWhatWasWrongOnEveryRank) {
+  const DeviceMesh& mesh = test_meshes().front();
+  const Placements rows(mesh.ndim(), Shard(2));
+  const at::Tensor x = distribute_tensor(at::randn({1, 2, 9, 4}), mesh, rows);
+  const at::Tensor weight = distribute_tensor(at::randn({3, 2, 7, 3}), mesh, Placements(mesh.ndim(), Replicate()));
+  // A kernel of 7 rows does not fit a field of 3 rows without padding.
+  const at::Tensor thin = distribute_tensor(at::randn({1, 2, 3, 4}), mesh, rows);
+  EXPECT_ERROR_CONTAINS(at::conv2d(thin, weight), "smaller than the kernel extent 7");
+  EXPECT_ERROR_CONTAINS(at::max_pool2d(x, {2, 2}, {2, 2}, {2, 0}), "max_pool2d_with_indices", "padding 2",
+                        "at most half the kernel size");
+  // Batch norm updates its running statistics in place: they must be replicated.
+  const at::Tensor stats = distribute_tensor(at::zeros({2}), mesh, Placements(mesh.ndim(), Shard(0)));
+  const at::Tensor ones = distribute_tensor(at::ones({2}), mesh, Placements(mesh.ndim(), Replicate()));
+  EXPECT_ERROR_CONTAINS(at::batch_norm(x, {}, {}, stats, ones, true, 0.1, 1e-5, false), "native_batch_norm",
+                        "running mean", "must be replicated");
+}
