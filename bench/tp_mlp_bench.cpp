@@ -55,8 +55,8 @@ int main() {
     const at::Tensor w1 = at::randn({hidden, dim}) * 0.02, w2 = at::randn({dim, hidden}) * 0.02;
 
     // By hand: this rank's rows of W1 and columns of W2, one all-reduce of the output.
-    const auto rows = spec(distribute_tensor(w1, mesh, {Shard(0)})).local_offsets()[0];
-    const int64_t mine = spec(distribute_tensor(w1, mesh, {Shard(0)})).local_shape()[0];
+    const ShardTensorSpec split(mesh, {Shard(0)}, {hidden, dim}, at::kFloat);  // where this rank's rows are
+    const int64_t rows = split.local_offsets()[0], mine = split.local_shape()[0];
     at::Tensor l1 = w1.narrow(0, rows, mine).clone().requires_grad_(), l2 = w2.narrow(1, rows, mine).clone().requires_grad_();
     const auto by_hand = [&] {
       const at::Tensor partial = at::linear(at::relu(at::linear(x, l1)), l2);

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "png_writer.h"
@@ -105,25 +106,24 @@ struct UNet : torch::nn::Module {
     at::manual_seed(11);
     auto conv = [&](const std::string& name, int64_t out, int64_t in, int64_t k) {
       const double bound = 1.0 / std::sqrt(static_cast<double>(in * k * k));
-      register_parameter(name + "_weight", place((at::rand({out, in, k, k}) * 2 - 1) * bound));
-      register_parameter(name + "_bias", place((at::rand({out}) * 2 - 1) * bound));
+      parameter(name + "_weight", place((at::rand({out, in, k, k}) * 2 - 1) * bound));
+      parameter(name + "_bias", place((at::rand({out}) * 2 - 1) * bound));
     };
     conv("enc1", 8, 1, 3);
-    register_parameter("gn_weight", place(at::ones({8})));
-    register_parameter("gn_bias", place(at::zeros({8})));
+    parameter("gn_weight", place(at::ones({8})));
+    parameter("gn_bias", place(at::zeros({8})));
     conv("enc2", 16, 8, 3);
-    register_parameter("bn_weight", place(at::ones({16})));
-    register_parameter("bn_bias", place(at::zeros({16})));
-    register_buffer("bn_running_mean", place(at::zeros({16})));
-    register_buffer("bn_running_var", place(at::ones({16})));
+    parameter("bn_weight", place(at::ones({16})));
+    parameter("bn_bias", place(at::zeros({16})));
+    tensors_["bn_running_mean"] = register_buffer("bn_running_mean", place(at::zeros({16})));
+    tensors_["bn_running_var"] = register_buffer("bn_running_var", place(at::ones({16})));
     conv("dec", 8, 24, 3);
     conv("head", 1, 8, 1);
   }
 
-  const at::Tensor& p(const std::string& name) const {
-    const at::Tensor* t = named_parameters().find(name);
-    return t ? *t : *named_buffers().find(name);
-  }
+  const at::Tensor& p(const std::string& name) const { return tensors_.at(name); }
+
+  void parameter(const std::string& name, at::Tensor t) { tensors_[name] = register_parameter(name, std::move(t)); }
 
   at::Tensor forward(const at::Tensor& u) {
     const at::Tensor e1 = at::gelu(at::group_norm(at::conv2d(u, p("enc1_weight"), p("enc1_bias"), 1, 1), 2, p("gn_weight"), p("gn_bias")));
@@ -134,6 +134,9 @@ struct UNet : torch::nn::Module {
     const at::Tensor d = at::gelu(at::conv2d(at::cat({up, e1}, 1), p("dec_weight"), p("dec_bias"), 1, 1));
     return u + at::conv2d(d, p("head_weight"), p("head_bias"));  // learns the increment
   }
+
+ private:
+  std::map<std::string, at::Tensor> tensors_;  // the registered tensors (they share data with the module's), by name
 };
 
 // The field as an image, with the shard boundaries of `spec` drawn in white.

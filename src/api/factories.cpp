@@ -9,9 +9,6 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/tensor.h>
 
-#include <array>
-#include <atomic>
-#include <cmath>
 
 #include "comm/comm.h"
 #include "dispatch/shard_tensor_impl.h"
@@ -50,20 +47,8 @@ at::Tensor filled(const FactoryLayout& layout, std::optional<double> value) {
 
 at::Tensor random(const FactoryLayout& layout, std::optional<uint64_t> seed, bool normal) {
   ShardTensorSpec spec = spec_of(layout);
-  const uint64_t key = seed ? *seed : next_random_key();
-  at::Tensor values = at::empty(spec.local_shape(), at::TensorOptions().dtype(at::kDouble));
-  double* out = values.data_ptr<double>();
   const Box box = box_of(spec, layout.mesh.coordinate());
-  for_each_global_index(box.offsets, box.shape, spec.shape(), [&](int64_t linear) {
-    const auto bits = philox(static_cast<uint64_t>(linear), key);
-    const double u1 = uniform_from(bits[0], bits[1]);
-    if (!normal) {
-      *out++ = u1;
-      return;
-    }
-    const double u2 = uniform_from(bits[2], bits[3]);  // Box-Muller, one value per element
-    *out++ = std::sqrt(-2.0 * std::log1p(-u1)) * std::cos(2.0 * M_PI * u2);
-  });
+  const at::Tensor values = counter_draws(box.offsets, box.shape, spec.shape(), seed ? *seed : next_random_key(), normal);
   return wrap(values.to(local_options(layout)), std::move(spec), layout.options.requires_grad());
 }
 

@@ -54,19 +54,11 @@ PeriodicPad periodic_pad(const ShardTensorSpec& in, const std::vector<int64_t>& 
     const int64_t dim = in.ndim() - 1 - static_cast<int64_t>(i), before = pad[2 * i], after = pad[2 * i + 1];
     const int64_t length = in.shape()[dim], out_length = length + before + after;
     const DimSharding* s = in.sharding_of(dim);
-    HaloAxis axis{dim, s ? s->mesh_dims.front() : -1, length, {}, {}, /*periodic=*/true};
-    for (size_t r = 0, offset = 0; r < (s ? s->sizes.size() : 1); ++r) {
-      const int64_t n = s ? s->sizes[r] : length;
-      axis.owned.push_back({static_cast<int64_t>(offset), static_cast<int64_t>(offset) + n});
-      offset += n;
-    }
-    std::vector<int64_t> out_sizes;
-    for (size_t r = 0; r < axis.owned.size(); ++r) {
-      const int64_t begin = r == 0 ? 0 : axis.owned[r].begin + before;
-      const int64_t end = r + 1 == axis.owned.size() ? out_length : axis.owned[r + 1].begin + before;
-      axis.window.push_back({begin - before, end - before});
-      out_sizes.push_back(end - begin);
-    }
+    HaloAxis axis{dim, s ? s->mesh_dims.front() : -1, length, sizes_to_ranges(s ? s->sizes : std::vector<int64_t>{length}), {},
+                  /*periodic=*/true};
+    const std::vector<Range> outputs = shifted_ranges(axis.owned, before, out_length);
+    for (const Range& o : outputs) axis.window.push_back({o.begin - before, o.end - before});
+    const std::vector<int64_t> out_sizes = range_sizes(outputs);
     for (DimShardSizes& entry : sizes)
       if (entry.tensor_dim == dim) entry.sizes = out_sizes;
     shape[dim] = out_length;

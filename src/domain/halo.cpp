@@ -89,6 +89,32 @@ std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& like, const Halo
 
 }  // namespace
 
+std::vector<Range> sizes_to_ranges(const std::vector<int64_t>& sizes) {
+  std::vector<Range> ranges;
+  int64_t offset = 0;
+  for (int64_t n : sizes) {
+    ranges.push_back({offset, offset + n});
+    offset += n;
+  }
+  return ranges;
+}
+
+std::vector<int64_t> range_sizes(const std::vector<Range>& ranges) {
+  std::vector<int64_t> sizes;
+  for (const Range& r : ranges) sizes.push_back(r.size());
+  return sizes;
+}
+
+std::vector<Range> shifted_ranges(const std::vector<Range>& owned, int64_t shift, int64_t out_length) {
+  std::vector<Range> ranges(owned.size());
+  for (size_t r = 0; r < owned.size(); ++r) {
+    ranges[r].begin = r == 0 ? 0 : std::min(std::max<int64_t>(owned[r].begin + shift, 0), out_length);
+    if (r > 0) ranges[r - 1].end = ranges[r].begin;
+  }
+  ranges.back().end = out_length;
+  return ranges;
+}
+
 Range intersect(Range a, Range b) { return {std::max(a.begin, b.begin), std::max(std::max(a.begin, b.begin), std::min(a.end, b.end))}; }
 
 bool HaloAxis::crosses_shards() const {

@@ -29,6 +29,15 @@ struct Range {
 
 Range intersect(Range a, Range b);
 
+// Conversions between a shard-size table and the ranges it gives each rank, in order.
+std::vector<Range> sizes_to_ranges(const std::vector<int64_t>& sizes);
+std::vector<int64_t> range_sizes(const std::vector<Range>& ranges);
+
+// Output ranges of a shift by `shift` positions (padding before the field) into an output of
+// `out_length`: rank r owns the outputs opposite its rows; the first rank starts at 0, the
+// last ends at out_length.
+std::vector<Range> shifted_ranges(const std::vector<Range>& owned, int64_t shift, int64_t out_length);
+
 // One tensor dim as a halo exchange sees it.
 struct HaloAxis {
   int64_t tensor_dim = 0;

@@ -90,6 +90,13 @@ bool bool_arg(const OpMeta& op, size_t index, bool if_none) {
 
 std::vector<int64_t> int_list_arg(const OpMeta& op, size_t index) { return op.args[index].toIntVector(); }
 
+std::vector<int64_t> sharding_mesh_dims(const ShardTensorSpec& spec, const std::function<bool(int64_t)>& pred) {
+  std::vector<int64_t> dims;
+  for (size_t m = 0; m < spec.placements().size(); ++m)
+    if (spec.placements()[m].is_shard() && (!pred || pred(spec.placements()[m].tensor_dim))) dims.push_back(static_cast<int64_t>(m));
+  return dims;
+}
+
 std::vector<int64_t> partial_mesh_dims(const ShardTensorSpec& spec) {
   std::vector<int64_t> dims;
   for (size_t m = 0; m < spec.placements().size(); ++m)

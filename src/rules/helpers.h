@@ -2,6 +2,7 @@
 // names one transformation; none communicates.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -44,6 +45,9 @@ std::vector<int64_t> reduction_dims(const c10::IValue& arg, int64_t ndim, const 
 int64_t int_arg(const OpMeta& op, size_t index);
 bool bool_arg(const OpMeta& op, size_t index, bool if_none = false);
 std::vector<int64_t> int_list_arg(const OpMeta& op, size_t index);
+
+// Mesh dims that shard a tensor dim d of `spec` with pred(d) (pred omitted: any dim).
+std::vector<int64_t> sharding_mesh_dims(const ShardTensorSpec& spec, const std::function<bool(int64_t)>& pred = {});
 
 // Mesh dims on which `spec` is Partial.
 std::vector<int64_t> partial_mesh_dims(const ShardTensorSpec& spec);

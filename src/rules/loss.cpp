@@ -7,7 +7,7 @@
 // inside the kernel: one scalar all-reduce, the only communication a loss needs.
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "comm/comm.h"
+#include "comm/mesh_collectives.h"
 #include "rules/helpers.h"
 
 namespace shardtensor {
@@ -92,7 +92,7 @@ LocalKernel nll_global_mean(DeviceMesh mesh, std::vector<int64_t> mesh_dims) {
     op.callBoxed(stack);
     at::Tensor total_weight = (*stack)[stack->size() - 1].toTensor();
     at::Tensor output = (*stack)[stack->size() - 2].toTensor();
-    for (int64_t m : mesh_dims) mesh.comm(m).all_reduce(total_weight, ReduceOp::Sum);
+    all_reduce_over(mesh, mesh_dims, total_weight, ReduceOp::Sum);
     output.div_(total_weight);
   };
 }
@@ -113,11 +113,8 @@ RuleResult nll_loss_rule(const OpMeta& op) {
     r.outputs = {summed, reduction == kReductionMean ? whole : summed};
     return r;
   }
-  std::vector<int64_t> sharded_mesh_dims;
-  for (size_t m = 0; m < self.placements().size(); ++m)
-    if (self.placements()[m].is_shard()) sharded_mesh_dims.push_back(static_cast<int64_t>(m));
   r.outputs = {summed, whole};
-  r.local_kernel = nll_global_mean(self.mesh(), sharded_mesh_dims);
+  r.local_kernel = nll_global_mean(self.mesh(), sharding_mesh_dims(self));
   return r;
 }
 

@@ -12,7 +12,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "comm/comm.h"
+#include "comm/mesh_collectives.h"
 #include "rules/spatial.h"
 
 namespace shardtensor {
@@ -51,8 +51,7 @@ LayerNormGeometry layer_norm_geometry(const ShardTensorSpec& in, size_t normalis
   LayerNormGeometry g;
   g.axis = in.ndim() - static_cast<int64_t>(normalised);
   for (int64_t d = g.axis; d < in.ndim(); ++d) g.count *= in.shape()[d];
-  for (size_t m = 0; m < in.placements().size(); ++m)
-    if (in.placements()[m].is_shard() && in.placements()[m].tensor_dim >= g.axis) g.row_mesh_dims.push_back(static_cast<int64_t>(m));
+  g.row_mesh_dims = sharding_mesh_dims(in, [&](int64_t d) { return d >= g.axis; });
   return g;
 }
 
@@ -86,11 +85,6 @@ std::vector<int64_t> dims_from(int64_t first, int64_t ndim) {
   return dims;
 }
 
-void sum_rows(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& t) {
-  if (t.numel() == 0) return;  // no rows here, nor on the ranks sharing them
-  for (int64_t m : mesh_dims) mesh.comm(m).all_reduce(t, ReduceOp::Sum);
-}
-
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
 LocalKernel layer_norm_forward(DeviceMesh mesh, LayerNormGeometry g) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -100,7 +94,7 @@ LocalKernel layer_norm_forward(DeviceMesh mesh, LayerNormGeometry g) {
     const std::vector<int64_t> row = dims_from(g.axis, x.dim());
     const at::Tensor xd = x.to(at::kDouble);
     const at::Tensor sums = at::stack({xd.sum(row, true), xd.square().sum(row, true)}).contiguous();
-    sum_rows(mesh, g.row_mesh_dims, sums);
+    all_reduce_over(mesh, g.row_mesh_dims, sums, ReduceOp::Sum);
     const at::Tensor mean = sums[0] / g.count;
     const at::Tensor rstd = ((sums[1] / g.count - mean.square()).clamp_min(0) + args[4].toDouble()).rsqrt();
     at::Tensor out = ((xd - mean) * rstd).to(x.scalar_type());
@@ -124,7 +118,7 @@ LocalKernel layer_norm_backward(DeviceMesh mesh, LayerNormGeometry g) {
     const at::Tensor normalised = (x.to(at::kDouble) - args[3].toTensor().to(at::kDouble)) * args[4].toTensor().to(at::kDouble);
     const at::Tensor gw = weight && weight->defined() ? gd * weight->to(at::kDouble) : gd;
     const at::Tensor sums = at::stack({gw.sum(row, true), (gw * normalised).sum(row, true)}).contiguous();
-    sum_rows(mesh, g.row_mesh_dims, sums);
+    all_reduce_over(mesh, g.row_mesh_dims, sums, ReduceOp::Sum);
     at::Tensor grad_input;
     if (mask.get(0))
       grad_input = (args[4].toTensor().to(at::kDouble) * (gw - sums[0] / g.count - normalised * sums[1] / g.count)).to(x.scalar_type());

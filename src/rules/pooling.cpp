@@ -28,13 +28,13 @@ struct PoolPlan {
   PoolKind kind;
   int64_t spatial = 0;
   std::vector<int64_t> kernel, stride, dilation, global_lengths;
-  std::vector<std::vector<double>> divisors;  // per spatial dim, per global output position (Avg)
   std::vector<std::vector<Range>> outputs;    // per spatial dim, per rank
-  c10::optional<int64_t> divisor_override;
+  at::Tensor divisor;                         // Avg: libtorch's divisor at each of this rank's outputs (double)
   WindowedAxes axes;                          // one per spatial dim for Max/Avg; sharded dims for AdaptiveAvg
 
   int64_t my_outputs(size_t k) const { return outputs[k][axes.axes[k].me(axes.mesh)].size(); }
-  Range my_output_range(size_t k) const { return outputs[k][axes.axes[k].me(axes.mesh)]; }
+  // `t` (shaped like this rank's outputs) divided by the divisor, in t's dtype and device.
+  at::Tensor divided(const at::Tensor& t) const { return (t / divisor.to(t.device())).to(t.scalar_type()); }
 };
 
 int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
@@ -69,7 +69,9 @@ PoolPlan sliding_pool_plan(const OpMeta& op, PoolKind kind, const ShardTensorSpe
   plan.dilation = is_max ? expand_param(op, kernel_arg + 3, plan.spatial, {1}) : std::vector<int64_t>(plan.spatial, 1);
   const bool ceil_mode = bool_arg(op, kernel_arg + (is_max ? 4 : 3));
   const bool count_include_pad = !is_max && bool_arg(op, kernel_arg + 4, true);
-  if (!is_max && !op.args[kernel_arg + 5].isNone()) plan.divisor_override = op.args[kernel_arg + 5].toInt();
+  c10::optional<int64_t> divisor_override;
+  if (!is_max && !op.args[kernel_arg + 5].isNone()) divisor_override = op.args[kernel_arg + 5].toInt();
+  std::vector<at::Tensor> factors;
   const int64_t first = in.ndim() - plan.spatial;
   for (int64_t i = 0; i < plan.spatial; ++i) {
     const int64_t d = first + i, length = in.shape()[d];
@@ -84,7 +86,18 @@ PoolPlan sliding_pool_plan(const OpMeta& op, PoolKind kind, const ShardTensorSpe
     if (axis.mesh_dim >= 0) *out = with_output_sizes(*out, d, plan.outputs.back());
     plan.axes.axes.push_back(std::move(axis));
     plan.global_lengths.push_back(length);
-    if (!is_max) plan.divisors.push_back(avg_divisors(length, plan.kernel[i], padding[i], plan.stride[i], out_length, count_include_pad));
+    if (!is_max) {  // this rank's factor of the divisor along this dim, shaped to broadcast
+      const std::vector<double> all = avg_divisors(length, plan.kernel[i], padding[i], plan.stride[i], out_length, count_include_pad);
+      const Range mine = plan.outputs.back()[plan.axes.axes.back().me(in.mesh())];
+      std::vector<int64_t> shape(in.ndim(), 1);
+      shape[d] = mine.size();
+      factors.push_back(at::tensor(std::vector<double>(all.begin() + mine.begin, all.begin() + mine.end), at::kDouble).view(shape));
+    }
+  }
+  if (!is_max) {
+    plan.divisor = at::ones({}, at::kDouble);
+    if (divisor_override) plan.divisor.fill_(static_cast<double>(*divisor_override));
+    else for (const at::Tensor& f : factors) plan.divisor = plan.divisor * f;
   }
   return plan;
 }
@@ -113,21 +126,6 @@ std::vector<int64_t> my_output_shape(const PoolPlan& plan, std::vector<int64_t> 
   return shape;
 }
 
-// The divisor at each of this rank's outputs, broadcastable against them.
-at::Tensor my_divisors(const PoolPlan& plan, const at::Tensor& like) {
-  if (plan.divisor_override) return at::scalar_tensor(static_cast<double>(*plan.divisor_override), like.options());
-  at::Tensor divisor = at::ones({}, like.options());
-  for (size_t k = 0; k < plan.axes.axes.size(); ++k) {
-    const Range mine = plan.my_output_range(k);
-    const std::vector<double>& all = plan.divisors[k];
-    std::vector<int64_t> shape(like.dim(), 1);
-    shape[plan.axes.axes[k].tensor_dim] = mine.size();
-    const at::Tensor here = at::tensor(std::vector<double>(all.begin() + mine.begin, all.begin() + mine.end), like.options());
-    divisor = divisor * here.view(shape);
-  }
-  return divisor;
-}
-
 // Flat index over the spatial dims: window-local <-> global.
 at::Tensor window_to_global(const PoolPlan& plan, at::Tensor idx, const at::Tensor& window) {
   at::Tensor global = at::zeros_like(idx);
@@ -154,89 +152,99 @@ at::Tensor global_to_window(const PoolPlan& plan, at::Tensor idx, const std::vec
   return local;
 }
 
-bool nothing_here(const at::Tensor& window) { return window.numel() == 0; }
+// Runs a pooling op on this rank's window: gathers it (filled with `fill` outside the field),
+// lets `adjust` rewrite the arguments for it, runs the op and `finish`es its outputs. A rank
+// with nothing to pool returns zeros of its (empty) output shape, indices as long.
+template <typename Adjust, typename Finish>
+void forward_on_window(const PoolPlan& plan, const c10::OperatorHandle& op, torch::jit::Stack* stack, double fill,
+                       Adjust adjust, Finish finish) {
+  std::vector<c10::IValue> args = pop_arguments(op, stack);
+  const at::Tensor window = plan.axes.gather(args[0].toTensor(), fill);
+  if (window.numel() == 0) {
+    const std::vector<int64_t> shape = my_output_shape(plan, window.sizes().vec());
+    for (size_t k = 0; k < op.schema().returns().size(); ++k)
+      stack->push_back(at::zeros(shape, window.options().dtype(k == 0 ? window.scalar_type() : at::kLong)));
+    return;
+  }
+  args[0] = window;
+  adjust(args, window);
+  for (c10::IValue& a : args) stack->push_back(std::move(a));
+  op.callBoxed(stack);
+  finish(stack, window);
+}
+
+// Runs a pooling backward on this rank's window, then scatters the window gradient to the
+// ranks that own it. The op reads only self's shape, so an empty tensor of the window's shape
+// stands in for it (no input halo moves); `adjust` rewrites the other arguments.
+template <typename Adjust>
+void backward_on_window(const PoolPlan& plan, const c10::OperatorHandle& op, torch::jit::Stack* stack, Adjust adjust) {
+  std::vector<c10::IValue> args = pop_arguments(op, stack);
+  const at::Tensor self = args[1].toTensor();
+  const std::vector<int64_t> window_shape = plan.axes.window_shape(self.sizes().vec());
+  at::Tensor grad_window = at::zeros(window_shape, self.options());
+  if (args[0].toTensor().numel() > 0) {
+    args[1] = at::empty(window_shape, self.options());
+    adjust(args, window_shape);
+    for (c10::IValue& a : args) stack->push_back(std::move(a));
+    op.callBoxed(stack);
+    grad_window = stack->back().toTensor();
+    stack->pop_back();
+  }
+  stack->push_back(plan.axes.scatter_add(grad_window));
+}
+
+using Args = std::vector<c10::IValue>;
 
 // max_poolNd_with_indices(self, kernel, stride, padding, dilation, ceil_mode) -> (out, indices)
 LocalKernel max_pool_forward(PoolPlan plan) {
   return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor window = plan.axes.gather(args[0].toTensor(), -std::numeric_limits<double>::infinity());
-    if (nothing_here(window)) {
-      const std::vector<int64_t> shape = my_output_shape(plan, window.sizes().vec());
-      stack->push_back(at::zeros(shape, window.options()));
-      stack->push_back(at::zeros(shape, window.options().dtype(at::kLong)));
-      return;
-    }
-    args[0] = window;
-    args[3] = zero_list(plan.spatial);
-    args[5] = false;
-    for (c10::IValue& a : args) stack->push_back(std::move(a));
-    op.callBoxed(stack);
-    stack->back() = window_to_global(plan, stack->back().toTensor(), window);
+    forward_on_window(
+        plan, op, stack, -std::numeric_limits<double>::infinity(),
+        [&](Args& args, const at::Tensor&) {
+          args[3] = zero_list(plan.spatial);  // padding: in the window already
+          args[5] = false;                    // ceil_mode: likewise
+        },
+        [&](torch::jit::Stack* out, const at::Tensor& window) { out->back() = window_to_global(plan, out->back().toTensor(), window); });
   };
 }
 
 // max_poolNd_with_indices_backward(grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices)
 LocalKernel max_pool_backward(PoolPlan plan) {
   return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor self = args[1].toTensor();
-    const std::vector<int64_t> window_shape = plan.axes.window_shape(self.sizes().vec());
-    at::Tensor grad_window = at::zeros(window_shape, self.options());
-    if (args[0].toTensor().numel() > 0) {
-      args[1] = at::empty(window_shape, self.options());  // only its shape is read
+    backward_on_window(plan, op, stack, [&](Args& args, const std::vector<int64_t>& window_shape) {
       args[4] = zero_list(plan.spatial);
       args[6] = false;
       args[7] = global_to_window(plan, args[7].toTensor(), window_shape);
-      for (c10::IValue& a : args) stack->push_back(std::move(a));
-      op.callBoxed(stack);
-      grad_window = stack->back().toTensor();
-      stack->pop_back();
-    }
-    stack->push_back(plan.axes.scatter_add(grad_window));
+    });
   };
 }
 
-// avg_poolNd(self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+// avg_poolNd(self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+// the window sum (divisor 1), divided by libtorch's divisor for each output.
 LocalKernel avg_pool_forward(PoolPlan plan) {
   return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor window = plan.axes.gather(args[0].toTensor(), 0.0);
-    if (nothing_here(window)) {
-      stack->push_back(at::zeros(my_output_shape(plan, window.sizes().vec()), window.options()));
-      return;
-    }
-    args[0] = window;
-    args[3] = zero_list(plan.spatial);
-    args[4] = false;
-    args[5] = true;
-    args[6] = int64_t{1};  // the window sum
-    for (c10::IValue& a : args) stack->push_back(std::move(a));
-    op.callBoxed(stack);
-    stack->back() = stack->back().toTensor().div_(my_divisors(plan, window));
+    forward_on_window(
+        plan, op, stack, 0.0,
+        [&](Args& args, const at::Tensor&) {
+          args[3] = zero_list(plan.spatial);
+          args[4] = false;
+          args[5] = true;
+          args[6] = int64_t{1};
+        },
+        [&](torch::jit::Stack* out, const at::Tensor&) { out->back() = plan.divided(out->back().toTensor()); });
   };
 }
 
 // avg_poolNd_backward(grad_output, self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
 LocalKernel avg_pool_backward(PoolPlan plan) {
   return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor grad = args[0].toTensor(), self = args[1].toTensor();
-    const std::vector<int64_t> window_shape = plan.axes.window_shape(self.sizes().vec());
-    at::Tensor grad_window = at::zeros(window_shape, self.options());
-    if (grad.numel() > 0) {
-      args[0] = grad / my_divisors(plan, grad);
-      args[1] = at::empty(window_shape, self.options());
+    backward_on_window(plan, op, stack, [&](Args& args, const std::vector<int64_t>&) {
+      args[0] = plan.divided(args[0].toTensor());
       args[4] = zero_list(plan.spatial);
       args[5] = false;
       args[6] = true;
       args[7] = int64_t{1};
-      for (c10::IValue& a : args) stack->push_back(std::move(a));
-      op.callBoxed(stack);
-      grad_window = stack->back().toTensor();
-      stack->pop_back();
-    }
-    stack->push_back(plan.axes.scatter_add(grad_window));
+    });
   };
 }
 
@@ -244,37 +252,22 @@ LocalKernel avg_pool_backward(PoolPlan plan) {
 // sizes made local.
 LocalKernel adaptive_forward(PoolPlan plan) {
   return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor window = plan.axes.gather(args[0].toTensor(), 0.0);
-    std::vector<int64_t> out_size = args[1].toIntVector();
-    for (size_t k = 0; k < plan.axes.axes.size(); ++k)
-      out_size[plan.axes.axes[k].tensor_dim - (window.dim() - plan.spatial)] = plan.my_outputs(k);
-    if (nothing_here(window)) {
-      stack->push_back(at::zeros(my_output_shape(plan, window.sizes().vec()), window.options()));
-      return;
-    }
-    args[0] = window;
-    args[1] = out_size;
-    for (c10::IValue& a : args) stack->push_back(std::move(a));
-    op.callBoxed(stack);
+    forward_on_window(
+        plan, op, stack, 0.0,
+        [&](Args& args, const at::Tensor& window) {
+          std::vector<int64_t> out_size = args[1].toIntVector();
+          for (size_t k = 0; k < plan.axes.axes.size(); ++k)
+            out_size[plan.axes.axes[k].tensor_dim - (window.dim() - plan.spatial)] = plan.my_outputs(k);
+          args[1] = out_size;
+        },
+        [](torch::jit::Stack*, const at::Tensor&) {});
   };
 }
 
 // _adaptive_avg_poolNd_backward(grad_output, self)
 LocalKernel adaptive_backward(PoolPlan plan) {
   return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor self = args[1].toTensor();
-    const std::vector<int64_t> window_shape = plan.axes.window_shape(self.sizes().vec());
-    at::Tensor grad_window = at::zeros(window_shape, self.options());
-    if (args[0].toTensor().numel() > 0) {
-      args[1] = at::empty(window_shape, self.options());
-      for (c10::IValue& a : args) stack->push_back(std::move(a));
-      op.callBoxed(stack);
-      grad_window = stack->back().toTensor();
-      stack->pop_back();
-    }
-    stack->push_back(plan.axes.scatter_add(grad_window));
+    backward_on_window(plan, op, stack, [](Args&, const std::vector<int64_t>&) {});
   };
 }
 

@@ -10,8 +10,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <cmath>
-
 #include "rules/spatial.h"
 #include "util/counter_random.h"
 
@@ -22,16 +20,7 @@ enum class Draw { Uniform, Normal, Bernoulli };
 
 // This rank's piece of a fresh draw, in double: uniform in [0, 1), or standard normal.
 at::Tensor draw_piece(const ShardTensorSpec& spec, bool normal) {
-  const std::vector<int64_t> shape = spec.local_shape();
-  const uint64_t key = next_random_key();
-  at::Tensor values = at::empty(shape, at::kDouble);
-  double* out = values.data_ptr<double>();
-  for_each_global_index(spec.local_offsets(), shape, spec.shape(), [&](int64_t linear) {
-    const auto bits = philox(static_cast<uint64_t>(linear), key);
-    const double u = uniform_from(bits[0], bits[1]);
-    *out++ = normal ? std::sqrt(-2.0 * std::log1p(-u)) * std::cos(2.0 * M_PI * uniform_from(bits[2], bits[3])) : u;
-  });
-  return values;
+  return counter_draws(spec.local_offsets(), spec.local_shape(), spec.shape(), next_random_key(), normal);
 }
 
 void refuse_generator(const OpMeta& op, size_t index) {

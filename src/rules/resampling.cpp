@@ -29,6 +29,10 @@ struct MapAxis {
   HaloAxis halo;
   IndexMap map;
   std::vector<Range> outputs;
+  // This rank's slice of the map, relative to its window, built once with the plan: the
+  // sources of its outputs and the second source's weight (shaped to broadcast along the dim;
+  // undefined for one-source maps).
+  at::Tensor first, second, weight;
 };
 
 // ---- libtorch's index formulas (UpSample.h), in float where libtorch computes in float ----
@@ -103,20 +107,9 @@ std::vector<Range> outputs_by_source(const IndexMap& m, const std::vector<Range>
   return ranges;
 }
 
-// Rank r owns the outputs opposite its rows, shifted by the padding before them.
-std::vector<Range> outputs_by_shift(const std::vector<Range>& owned, int64_t shift, int64_t out) {
-  std::vector<Range> ranges(owned.size());
-  for (size_t r = 0; r < owned.size(); ++r) {
-    ranges[r].begin = r == 0 ? 0 : std::min(std::max<int64_t>(owned[r].begin + shift, 0), out);
-    if (r > 0) ranges[r - 1].end = ranges[r].begin;
-  }
-  ranges.back().end = out;
-  return ranges;
-}
-
 MapAxis map_axis(int64_t tensor_dim, int64_t mesh_dim, int64_t length, std::vector<Range> owned, IndexMap map,
                  std::vector<Range> outputs) {
-  MapAxis a{{tensor_dim, mesh_dim, length, std::move(owned), {}}, std::move(map), std::move(outputs)};
+  MapAxis a{{tensor_dim, mesh_dim, length, std::move(owned), {}}, std::move(map), std::move(outputs), {}, {}, {}};
   for (const Range& out : a.outputs) {
     if (!out.size()) {
       a.halo.window.push_back({0, 0});
@@ -139,30 +132,35 @@ struct MapPlan {
   std::vector<MapAxis> axes;
 };
 
-// This rank's slice of a map, relative to its window.
+// This rank's slice of a map's sources, relative to its window.
 at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t window_begin) {
   std::vector<int64_t> v(all.begin() + mine.begin, all.begin() + mine.end);
   for (int64_t& i : v) i -= window_begin;
   return at::tensor(v, at::kLong);
 }
 
-at::Tensor local_weights(const std::vector<double>& all, Range mine, const at::Tensor& like, int64_t dim) {
-  std::vector<int64_t> shape(like.dim(), 1);
-  shape[dim] = mine.size();
-  return at::tensor(std::vector<double>(all.begin() + mine.begin, all.begin() + mine.end), like.options()).view(shape);
+// Fills in a's slices for this rank (`ndim`: the rank of the tensors it applies to).
+void slice_for_this_rank(MapAxis& a, const DeviceMesh& mesh, int64_t ndim) {
+  const int64_t me = a.halo.me(mesh);
+  const Range mine = a.outputs[me];
+  a.first = local_indices(a.map.i0, mine, a.halo.window[me].begin);
+  if (a.map.weight1.empty()) return;
+  a.second = local_indices(a.map.i1, mine, a.halo.window[me].begin);
+  std::vector<int64_t> shape(ndim, 1);
+  shape[a.halo.tensor_dim] = mine.size();
+  a.weight = at::tensor(std::vector<double>(a.map.weight1.begin() + mine.begin, a.map.weight1.begin() + mine.end), at::kDouble).view(shape);
 }
 
 at::Tensor apply_forward(const MapPlan& plan, at::Tensor x) {
   for (const MapAxis& a : plan.axes) {
-    const int64_t me = a.halo.me(plan.mesh), d = a.halo.tensor_dim;
-    const Range mine = a.outputs[me], window = a.halo.window[me];
+    const int64_t d = a.halo.tensor_dim;
     x = gather_window(x, a.halo, plan.mesh, 0.0);
-    const at::Tensor first = x.index_select(d, local_indices(a.map.i0, mine, window.begin));
-    if (a.map.weight1.empty()) {
+    const at::Tensor first = x.index_select(d, a.first.to(x.device()));
+    if (!a.weight.defined()) {
       x = first;
     } else {
-      const at::Tensor w1 = local_weights(a.map.weight1, mine, x, d);
-      x = first * (1 - w1) + x.index_select(d, local_indices(a.map.i1, mine, window.begin)) * w1;
+      const at::Tensor w1 = a.weight.to(x.options());
+      x = first * (1 - w1) + x.index_select(d, a.second.to(x.device())) * w1;
     }
   }
   return x;
@@ -171,17 +169,16 @@ at::Tensor apply_forward(const MapPlan& plan, at::Tensor x) {
 at::Tensor apply_backward(const MapPlan& plan, at::Tensor grad) {
   for (auto it = plan.axes.rbegin(); it != plan.axes.rend(); ++it) {
     const MapAxis& a = *it;
-    const int64_t me = a.halo.me(plan.mesh), d = a.halo.tensor_dim;
-    const Range mine = a.outputs[me], window = a.halo.window[me];
+    const int64_t d = a.halo.tensor_dim;
     std::vector<int64_t> shape = grad.sizes().vec();
-    shape[d] = window.size();
+    shape[d] = a.halo.window[a.halo.me(plan.mesh)].size();
     at::Tensor g = at::zeros(shape, grad.options());
-    if (a.map.weight1.empty()) {
-      g.index_add_(d, local_indices(a.map.i0, mine, window.begin), grad);
+    if (!a.weight.defined()) {
+      g.index_add_(d, a.first.to(grad.device()), grad);
     } else {
-      const at::Tensor w1 = local_weights(a.map.weight1, mine, grad, d);
-      g.index_add_(d, local_indices(a.map.i0, mine, window.begin), grad * (1 - w1));
-      g.index_add_(d, local_indices(a.map.i1, mine, window.begin), grad * w1);
+      const at::Tensor w1 = a.weight.to(grad.options());
+      g.index_add_(d, a.first.to(grad.device()), grad * (1 - w1));
+      g.index_add_(d, a.second.to(grad.device()), grad * w1);
     }
     grad = scatter_add_window(g, a.halo, plan.mesh);
   }
@@ -234,8 +231,9 @@ MapPlan map_plan(const Resample& r, const ShardTensorSpec& like, const std::vect
   for (int64_t i = 0; i < r.spatial; ++i) {
     IndexMap m = map_of(r, i, as_float);
     const bool is_pad = r.mode == Mode::Reflect || r.mode == Mode::Replicate;
-    std::vector<Range> outputs = is_pad ? outputs_by_shift(owned[i], r.pads[2 * i], r.out_sizes[i]) : outputs_by_source(m, owned[i]);
+    std::vector<Range> outputs = is_pad ? shifted_ranges(owned[i], r.pads[2 * i], r.out_sizes[i]) : outputs_by_source(m, owned[i]);
     plan.axes.push_back(map_axis(first + i, sharding_mesh_dim(like, first + i), r.in_sizes[i], owned[i], std::move(m), std::move(outputs)));
+    slice_for_this_rank(plan.axes.back(), plan.mesh, like.ndim());
   }
   return plan;
 }
@@ -409,7 +407,7 @@ RuleResult constant_pad_rule(const OpMeta& op) {
     if (from_last >= padded) continue;
     const int64_t before = pad[2 * from_last], after = pad[2 * from_last + 1], length = in.shape()[s.tensor_dim];
     HaloAxis axis{s.tensor_dim, s.mesh_dims.front(), length, sizes_to_ranges(s.sizes), {}};
-    const std::vector<Range> outputs = outputs_by_shift(axis.owned, before, length + before + after);
+    const std::vector<Range> outputs = shifted_ranges(axis.owned, before, length + before + after);
     for (const Range& o : outputs) axis.window.push_back({o.begin - before, o.end - before});
     out = with_output_sizes(out, s.tensor_dim, outputs);
     axes.axes.push_back(std::move(axis));

@@ -21,22 +21,6 @@ std::vector<int64_t> sharded_spatial_dims(const ShardTensorSpec& spec, int64_t n
   return dims;
 }
 
-std::vector<Range> sizes_to_ranges(const std::vector<int64_t>& sizes) {
-  std::vector<Range> ranges;
-  int64_t offset = 0;
-  for (int64_t n : sizes) {
-    ranges.push_back({offset, offset + n});
-    offset += n;
-  }
-  return ranges;
-}
-
-std::vector<int64_t> range_sizes(const std::vector<Range>& ranges) {
-  std::vector<int64_t> sizes;
-  for (const Range& r : ranges) sizes.push_back(r.size());
-  return sizes;
-}
-
 std::vector<Range> owned_ranges(const ShardTensorSpec& spec, int64_t tensor_dim) {
   const DimSharding* s = spec.sharding_of(tensor_dim);
   if (!s) return {{0, spec.shape()[tensor_dim]}};

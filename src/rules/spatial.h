@@ -45,10 +45,6 @@ Range sliding_input_window(Range out, const SlidingWindow& w);
 // The halo axis of input dim `tensor_dim` for a sliding window.
 HaloAxis sliding_axis(const ShardTensorSpec& in, int64_t tensor_dim, const SlidingWindow& w);
 
-// Conversions between a shard-size table and per-rank ranges.
-std::vector<Range> sizes_to_ranges(const std::vector<int64_t>& sizes);
-std::vector<int64_t> range_sizes(const std::vector<Range>& ranges);
-
 // `layout` with the shard sizes of `tensor_dim` replaced (output sizes derived per dim).
 OutputLayout with_output_sizes(OutputLayout layout, int64_t tensor_dim, const std::vector<Range>& ranges);
 

@@ -10,7 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "comm/comm.h"
+#include "comm/mesh_collectives.h"
 #include "rules/spatial.h"
 
 namespace shardtensor {
@@ -20,19 +20,6 @@ std::vector<int64_t> all_but_channel(int64_t ndim) {
   std::vector<int64_t> dims = {0};
   for (int64_t d = 2; d < ndim; ++d) dims.push_back(d);
   return dims;
-}
-
-// Mesh dims that shard any dim of `spec` satisfying `pred`.
-template <typename Pred>
-std::vector<int64_t> sharding_mesh_dims(const ShardTensorSpec& spec, Pred pred) {
-  std::vector<int64_t> dims;
-  for (size_t m = 0; m < spec.placements().size(); ++m)
-    if (spec.placements()[m].is_shard() && pred(spec.placements()[m].tensor_dim)) dims.push_back(static_cast<int64_t>(m));
-  return dims;
-}
-
-void sum_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& t) {
-  for (int64_t m : mesh_dims) mesh.comm(m).all_reduce(t, ReduceOp::Sum);
 }
 
 // Broadcasts a per-channel vector against [N, C, *].
@@ -61,7 +48,7 @@ LocalKernel batch_norm_forward(DeviceMesh mesh, std::vector<int64_t> mesh_dims, 
     const std::vector<int64_t> dims = all_but_channel(x.dim());
     const at::Tensor xd = x.to(at::kDouble);
     const at::Tensor sums = at::stack({xd.sum(dims), xd.square().sum(dims)}).contiguous();
-    sum_over(mesh, mesh_dims, sums);
+    all_reduce_over(mesh, mesh_dims, sums, ReduceOp::Sum);
     const at::Tensor mean = sums[0] / count;
     const at::Tensor var = (sums[1] / count - mean.square()).clamp_min(0);
     const at::Tensor invstd = (var + eps).rsqrt();
@@ -90,7 +77,7 @@ LocalKernel batch_norm_backward(DeviceMesh mesh, std::vector<int64_t> mesh_dims,
     const std::vector<int64_t> dims = all_but_channel(x.dim());
     const at::Tensor gd = grad.to(at::kDouble), centred = x.to(at::kDouble) - per_channel(mean, x.dim());
     const at::Tensor sums = at::stack({gd.sum(dims), (gd * centred).sum(dims)}).contiguous();
-    sum_over(mesh, mesh_dims, sums);
+    all_reduce_over(mesh, mesh_dims, sums, ReduceOp::Sum);
     const at::Tensor sum_dy = sums[0], sum_dy_xmu = sums[1];
     at::Tensor grad_input;
     if (mask.get(0)) {
@@ -120,7 +107,7 @@ RuleResult batch_norm_rule(const OpMeta& op) {
   for (size_t k = 1; k < op.inputs.size(); ++k) r.input_targets.push_back(replicated(op.inputs[k].spec));
   const OutputLayout whole = replicated_layout(in.mesh());
   r.outputs = {layout_of(in), whole, whole};
-  const std::vector<int64_t> mesh_dims = sharding_mesh_dims(in, [](int64_t) { return true; });
+  const std::vector<int64_t> mesh_dims = sharding_mesh_dims(in);
   if (bool_arg(op, 5) && !mesh_dims.empty())
     r.local_kernel = batch_norm_forward(in.mesh(), mesh_dims, global_count(in, all_but_channel(in.ndim())));
   else
@@ -133,7 +120,7 @@ RuleResult batch_norm_backward_rule(const OpMeta& op) {
   RuleResult r;
   for (const TensorInput& input : op.inputs)
     r.input_targets.push_back(input.arg_index == 1 ? in : input.arg_index == 0 ? align_to(input.spec, in) : replicated(input.spec));
-  const std::vector<int64_t> mesh_dims = sharding_mesh_dims(in, [](int64_t) { return true; });
+  const std::vector<int64_t> mesh_dims = sharding_mesh_dims(in);
   if (bool_arg(op, 7) && !mesh_dims.empty()) {
     const OutputLayout whole = replicated_layout(in.mesh());
     r.outputs = {layout_of(in), whole, whole};
@@ -177,7 +164,7 @@ LocalKernel group_norm_forward(DeviceMesh mesh, std::vector<int64_t> spatial_mes
     const int64_t count = x.size(1) / groups * hxw;
     const at::Tensor xg = x.to(at::kDouble).reshape({n, groups, -1});
     const at::Tensor sums = at::stack({xg.sum(-1), xg.square().sum(-1)}).contiguous();
-    sum_over(mesh, spatial_mesh_dims, sums);
+    all_reduce_over(mesh, spatial_mesh_dims, sums, ReduceOp::Sum);
     const at::Tensor mean = sums[0] / count;
     const at::Tensor rstd = ((sums[1] / count - mean.square()).clamp_min(0) + eps).rsqrt();
     at::Tensor out = ((xg - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)).view(x.sizes()).to(x.scalar_type());
@@ -209,7 +196,7 @@ LocalKernel group_norm_backward(DeviceMesh mesh, std::vector<int64_t> spatial_me
     const at::Tensor dyw = (weight && weight->defined() ? gd * per_channel(weight->to(at::kDouble), x.dim()) : gd).reshape({n, groups, -1});
     const at::Tensor centred = x.to(at::kDouble).reshape({n, groups, -1}) - mean;
     const at::Tensor sums = at::stack({(dyw * centred).sum(-1), dyw.sum(-1)}).contiguous();
-    sum_over(mesh, spatial_mesh_dims, sums);
+    all_reduce_over(mesh, spatial_mesh_dims, sums, ReduceOp::Sum);
     const at::Tensor sum_dyw_xmu = sums[0].unsqueeze(-1), sum_dyw = sums[1].unsqueeze(-1);
     const at::Tensor normalised = (centred * rstd).view(x.sizes());
     at::Tensor grad_input;

@@ -1,11 +1,15 @@
 #include "util/counter_random.h"
 
+#include <ATen/ATen.h>
+
+#include <array>
 #include <atomic>
+#include <cmath>
 
 namespace shardtensor {
 namespace {
+
 std::atomic<uint64_t> next_key{0};
-}  // namespace
 
 std::array<uint32_t, 4> philox(uint64_t counter, uint64_t key) {
   uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
@@ -23,8 +27,28 @@ std::array<uint32_t, 4> philox(uint64_t counter, uint64_t key) {
   return {c0, c1, c2, c3};
 }
 
-double uniform_from(uint32_t hi, uint32_t lo) {
+double uniform_from(uint32_t hi, uint32_t lo) {  // 53 random bits in [0, 1)
   return static_cast<double>((uint64_t{hi} << 21) ^ (lo >> 11)) * (1.0 / 9007199254740992.0);
+}
+
+}  // namespace
+
+at::Tensor counter_draws(const std::vector<int64_t>& offsets, const std::vector<int64_t>& shape,
+                         const std::vector<int64_t>& global_shape, uint64_t key, bool normal) {
+  at::Tensor values = at::empty(shape, at::kDouble);
+  if (values.numel() == 0) return values;
+  double* out = values.data_ptr<double>();
+  const int64_t ndim = static_cast<int64_t>(global_shape.size());
+  std::vector<int64_t> index(ndim, 0);  // row-major walk over the box
+  for (int64_t n = 0; n < values.numel(); ++n) {
+    int64_t linear = 0;
+    for (int64_t d = 0; d < ndim; ++d) linear = linear * global_shape[d] + offsets[d] + index[d];
+    const auto bits = philox(static_cast<uint64_t>(linear), key);
+    const double u = uniform_from(bits[0], bits[1]);  // Box-Muller below: one normal per element
+    *out++ = normal ? std::sqrt(-2.0 * std::log1p(-u)) * std::cos(2.0 * M_PI * uniform_from(bits[2], bits[3])) : u;
+    for (int64_t d = ndim - 1; d >= 0 && ++index[d] == shape[d]; --d) index[d] = 0;
+  }
+  return values;
 }
 
 uint64_t next_random_key() { return next_key++; }
