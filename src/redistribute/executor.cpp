@@ -1,5 +1,6 @@
 // The executor: walks a plan's steps over the mesh's communicators. See plan.h for what each
-// step means and boxes.h for who sends what in an Exchange.
+// step means and boxes.h for who sends what: AllGather, AllToAll and Exchange are all box
+// exchanges, over one mesh dim's group or over the whole mesh.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "redistribute/executor.h"
 
@@ -107,22 +108,41 @@ at::Tensor local_slice(const at::Tensor& local, const ShardTensorSpec& current, 
   return fresh_copy(view_of(local, box_of(current, coord), wanted));
 }
 
-// One all-to-all over the whole mesh; see boxes.h. Send and receive lists are in row-major
-// mesh position order, which is the mesh group's rank order. When the parts this rank sends or
-// receives are consecutive row blocks, the local tensor is the send buffer or the output is
-// the receive buffer, and this rank's own part travels through the collective (Gloo copies it
-// locally); otherwise its own part is copied directly and never enters the collective.
-at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next) {
-  const DeviceMesh& mesh = current.mesh();
-  const std::vector<int64_t>& me = mesh.coordinate();
+// The ranks a step's data travels between: one mesh dim's group, or the whole mesh.
+struct Group {
+  Comm& comm;
+  std::vector<std::vector<int64_t>> members;  // coordinates, in the communicator's rank order
+};
+
+Group group_along(const DeviceMesh& mesh, int64_t mesh_dim) {
+  Group group{mesh.comm(mesh_dim), {}};
+  std::vector<int64_t> member = mesh.coordinate();
+  for (int64_t i = 0; i < mesh.size(mesh_dim); ++i) {
+    member[mesh_dim] = i;
+    group.members.push_back(member);
+  }
+  return group;
+}
+
+Group whole_mesh(const DeviceMesh& mesh) {
+  Group group{mesh.mesh_comm(), {}};
+  for (int64_t rank : mesh.ranks()) group.members.push_back(mesh.coordinate_of(rank));
+  return group;
+}
+
+// One all-to-all over `group`; see boxes.h. When the parts this rank sends or receives are
+// consecutive row blocks, the local tensor is the send buffer or the output is the receive
+// buffer, and this rank's own part travels through the collective (Gloo copies it locally);
+// otherwise its own part is copied directly and never enters the collective.
+at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next, const Group& group) {
+  const std::vector<int64_t>& me = current.mesh().coordinate();
   const Box held = box_of(current, me);
   const Box wanted = box_of(next, me);
   at::Tensor out = at::empty(wanted.shape, local.options());
 
   std::vector<Box> outgoing, incoming;
   size_t self_position = 0;
-  for (int64_t peer_rank : mesh.ranks()) {
-    const std::vector<int64_t> peer = mesh.coordinate_of(peer_rank);
+  for (const std::vector<int64_t>& peer : group.members) {
     if (peer == me) self_position = outgoing.size();
     outgoing.push_back(feeds(current, me, peer) ? intersect(held, box_of(next, peer)) : Box::none());
     incoming.push_back(feeds(current, peer, me) ? intersect(box_of(current, peer), wanted) : Box::none());
@@ -141,7 +161,7 @@ at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, con
   }
   at::Tensor send = send_in_place ? local.view({-1}) : concatenated(local, held, outgoing);
   at::Tensor received = receive_in_place ? out.view({-1}) : at::empty({std::accumulate(recv_splits.begin(), recv_splits.end(), int64_t{0})}, local.options());
-  mesh.mesh_comm().all_to_all(received, send, recv_splits, send_splits);
+  group.comm.all_to_all(received, send, recv_splits, send_splits);
   if (receive_in_place) return out;
   int64_t offset = 0;
   for (const Box& part : incoming) {
@@ -164,10 +184,14 @@ at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& 
       current_local = all_reduce(current_local, source.mesh(), *s);
     } else if (auto* s = std::get_if<ReduceScatterStep>(&step)) {
       current_local = reduce_scatter(current_local, *current, planned.after, *s);
-    } else if (std::holds_alternative<LocalSliceStep>(step)) {
+    } else if (auto* s = std::get_if<AllGatherStep>(&step)) {
+      current_local = exchange(current_local, *current, planned.after, group_along(source.mesh(), s->mesh_dim));
+    } else if (auto* s = std::get_if<AllToAllStep>(&step)) {
+      current_local = exchange(current_local, *current, planned.after, group_along(source.mesh(), s->mesh_dim));
+    } else if (std::holds_alternative<LocalChunkStep>(step)) {
       current_local = local_slice(current_local, *current, planned.after);
     } else {
-      current_local = exchange(current_local, *current, planned.after);
+      current_local = exchange(current_local, *current, planned.after, whole_mesh(source.mesh()));
     }
     current = &planned.after;
   }

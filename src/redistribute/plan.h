@@ -1,18 +1,20 @@
 // RedistributePlan: the steps that turn one layout into another, as a printable value.
 //
-// Decision table of plan_redistribute(source, target):
-//   same spec                                   -> empty plan, no work
-//   Partial(op) on mesh dim m, target not it:
-//     target Shard(d) on m, and the pieces of the
-//     m-group tile each rank's current box      -> ReduceScatter(m, d)  (all-to-all + local reduce)
-//     otherwise                                 -> AllReduce(m)
-//   then Shard/Replicate changes on any dims:
-//     every rank already holds its target box   -> LocalSlice           (no communication)
-//     otherwise                                 -> Exchange             (one all-to-all over the mesh,
-//                                                  each rank sending exactly the box intersections
-//                                                  its receivers lack; see redistribute/boxes.h)
-// One Exchange covers all-gathers, all-to-alls (S(a)->S(b)), nested un-sharding and uneven
-// rebalancing alike, and never moves a byte the receiver already has.
+// A plan is a chain of layouts. Every step but Exchange changes the placement of ONE mesh
+// dim and runs as one collective over that mesh dim's group:
+//   Partial(op) -> Replicate   AllReduce(m)
+//   Partial(op) -> Shard(d)    ReduceScatter(m, d)
+//   Shard(d)    -> Replicate   AllGather(m)
+//   Shard(d)    -> Shard(d')   AllToAll(m, d -> d')
+//   Replicate   -> Shard(d)    LocalChunk(m, d)      (no communication)
+// Nesting: mesh dims that shard the same tensor dim nest in mesh-dim order (the lowest mesh dim
+// is the outermost split), so a step may only remove or add the innermost one.
+//   Exchange                   any Shard/Replicate layout -> the target, in one all-to-all over
+//                              the mesh: each rank gets exactly the box intersections it lacks
+//                              (see redistribute/boxes.h). It also rebalances shard sizes.
+// Two planners produce plans (redistribute/planners.h): a greedy one, DTensor-style, and a
+// Dijkstra search over the same moves plus Exchange with a cost model in bytes; the search is
+// the default. Plans are cached by (source spec, target spec, planner).
 #pragma once
 
 #include <string>
@@ -32,36 +34,60 @@ struct ReduceScatterStep {
   ReduceOp op;
   int64_t tensor_dim;
 };
-struct LocalSliceStep {};
-struct ExchangeStep {
-  std::vector<int64_t> mesh_dims;  // mesh dims along which data travels
-  int64_t max_elements_received;   // by the busiest rank: the cost model's measure
+struct AllGatherStep {
+  int64_t mesh_dim;
+  int64_t tensor_dim;  // the dim it stops sharding
 };
-using RedistributeStep = std::variant<AllReduceStep, ReduceScatterStep, LocalSliceStep, ExchangeStep>;
+struct AllToAllStep {
+  int64_t mesh_dim;
+  int64_t from_dim, to_dim;
+};
+struct LocalChunkStep {
+  int64_t mesh_dim;
+  int64_t tensor_dim;
+};
+struct ExchangeStep {};
+using RedistributeStep =
+    std::variant<AllReduceStep, ReduceScatterStep, AllGatherStep, AllToAllStep, LocalChunkStep, ExchangeStep>;
 
 struct PlannedStep {
   RedistributeStep step;
   ShardTensorSpec after;  // the layout once this step ran
+  double cost;            // the cost model's estimate (see redistribute/moves.h)
 };
 
 struct RedistributePlan {
   std::vector<PlannedStep> steps;
 
   bool empty() const { return steps.empty(); }
-  std::string to_string() const;  // "ReduceScatter(mesh_dim=1, tensor_dim=0, sum) -> Exchange(mesh_dims=[0])"
+  double cost() const;
+  std::string to_string() const;  // "AllGather(mesh_dim=1, tensor_dim=0) -> LocalChunk(mesh_dim=0, tensor_dim=1)"
 };
 
 std::string to_string(const RedistributeStep& step);
 
+enum class Planner { GraphSearch, Greedy };
+std::string to_string(Planner planner);
+
+// The planner redistribute() and the dispatcher use: the graph search unless the environment
+// variable SHARDTENSOR_PLANNER=greedy or set_default_planner() says otherwise. Every rank must
+// use the same one.
+Planner default_planner();
+void set_default_planner(Planner planner);
+
 // Plans (and caches by the pair of specs) a redistribution. Pure: no communication, the same
 // answer on every rank. Source and target must share mesh, shape and dtype.
-const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target);
+const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target,
+                                          Planner planner = default_planner());
 
 // The same plan computed afresh, bypassing the cache (for benchmarks and tests of the planner).
-RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target);
+RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target,
+                                            Planner planner = Planner::GraphSearch);
 
-// The chain of layouts a plan walks through: "[S(0), S(0)] -> [R, S(0)] (Exchange ...)".
-std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target);
+// The chain of layouts a plan walks through:
+// "[S(0), S(0)] -[AllGather(mesh_dim=1, tensor_dim=0)]-> [S(0), R] -> ... (cost 1.2e+06)".
+// (The public two-argument form in shardtensor/redistribute.h uses the default planner.)
+std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner);
 
 // `placements` (already normalised) over `source`'s mesh, shape and dtype: `given` sizes win,
 // tensor dims sharded by the same mesh dims as before keep their sizes, the others take

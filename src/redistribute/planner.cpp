@@ -1,12 +1,18 @@
-// plan_redistribute: the pure half of redistribution. See the decision table in plan.h.
+// plan_redistribute: turns a planner's chain of moves (moves.h) into steps with concrete
+// layouts, caches plans, explains them, and builds redistribute's target specs.
 #include <c10/util/Exception.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "redistribute/boxes.h"
+#include "redistribute/moves.h"
 #include "redistribute/plan.h"
+#include "shardtensor/redistribute.h"
 #include "spec/placement_checks.h"
 #include "util/hash.h"
 #include "util/strings.h"
@@ -14,116 +20,99 @@
 namespace shardtensor {
 namespace {
 
-std::vector<std::vector<int64_t>> all_coordinates(const DeviceMesh& mesh) {
-  std::vector<std::vector<int64_t>> out;
-  for (int64_t rank : mesh.ranks()) out.push_back(mesh.coordinate_of(rank));
-  return out;
+using planning::Move;
+using planning::MoveKind;
+
+// Sums of consecutive groups of n entries: a table without its innermost split.
+std::vector<int64_t> group_sums(const std::vector<int64_t>& table, int64_t n) {
+  std::vector<int64_t> sums(table.size() / n, 0);
+  for (size_t i = 0; i < table.size(); ++i) sums[i / n] += table[i];
+  return sums;
 }
 
-Placements with_placement(Placements ps, int64_t mesh_dim, Placement p) {
-  ps[mesh_dim] = p;
-  return ps;
-}
-
-// The spec `current` becomes when Partial on `mesh_dim` turns into Shard(tensor_dim): the
-// target's table for that tensor dim when it nests the same way, else torch.chunk sizes.
-ShardTensorSpec reduce_scattered(const ShardTensorSpec& current, const ShardTensorSpec& target, int64_t mesh_dim,
-                                 int64_t tensor_dim) {
-  Placements ps = with_placement(current.placements(), mesh_dim, Shard(tensor_dim));
-  ShardSizes sizes;
-  for (const DimShardSizes& s : current.shard_sizes())
-    if (s.tensor_dim != tensor_dim) sizes.push_back(s);
-  ShardTensorSpec chunked(current.mesh(), ps, current.shape(), current.dtype(), sizes);
-  const DimSharding* mine = chunked.sharding_of(tensor_dim);
+// The table of `tensor_dim` once `mesh_dim` splits it innermost: every current piece is split
+// in n, the target's way when the target nests the same mesh dims over these very pieces
+// (so uneven targets need no extra step), else by torch.chunk.
+std::vector<int64_t> split_table(const ShardTensorSpec& current, int64_t tensor_dim, int64_t mesh_dim,
+                                 const ShardTensorSpec& target) {
+  const DimSharding* before = current.sharding_of(tensor_dim);
+  const std::vector<int64_t> pieces = before ? before->sizes : std::vector<int64_t>{current.shape()[tensor_dim]};
+  std::vector<int64_t> mesh_dims = before ? before->mesh_dims : std::vector<int64_t>{};
+  mesh_dims.push_back(mesh_dim);
+  const int64_t n = current.mesh().size(mesh_dim);
   const DimSharding* wanted = target.sharding_of(tensor_dim);
-  if (wanted && wanted->mesh_dims == mine->mesh_dims) {
-    sizes.push_back({tensor_dim, wanted->sizes});
-    return ShardTensorSpec(current.mesh(), ps, current.shape(), current.dtype(), sizes);
-  }
-  return chunked;
+  if (wanted && wanted->mesh_dims == mesh_dims && group_sums(wanted->sizes, n) == pieces) return wanted->sizes;
+  std::vector<int64_t> table;
+  for (int64_t piece : pieces)
+    for (int64_t s : chunk_sizes(piece, n)) table.push_back(s);
+  return table;
 }
 
-// A reduce-scatter over the group of `mesh_dim` works when, for every rank, the pieces its
-// group members get under `next` tile the box it holds under `current` (they differ only in
-// `tensor_dim`). Nested sharding can break this; the planner then all-reduces instead.
-bool pieces_tile_current_boxes(const ShardTensorSpec& current, const ShardTensorSpec& next, int64_t mesh_dim,
-                               int64_t tensor_dim) {
-  const DeviceMesh& mesh = current.mesh();
-  for (const auto& coord : all_coordinates(mesh)) {
-    const Box whole = box_of(current, coord);
-    int64_t expected_offset = whole.offsets[tensor_dim];
-    std::vector<int64_t> member = coord;
-    for (int64_t i = 0; i < mesh.size(mesh_dim); ++i) {
-      member[mesh_dim] = i;
-      const Box piece = box_of(next, member);
-      for (int64_t d = 0; d < current.ndim(); ++d) {
-        if (d == tensor_dim) continue;
-        if (piece.offsets[d] != whole.offsets[d] || piece.shape[d] != whole.shape[d]) return false;
-      }
-      if (piece.offsets[tensor_dim] != expected_offset && piece.shape[tensor_dim] != 0) return false;
-      expected_offset += piece.shape[tensor_dim];
+// The layout after a one-mesh-dim move: tables of untouched dims stay, the dim the move stops
+// splitting loses its innermost split, the dim it starts splitting gains one.
+ShardTensorSpec after_move(const ShardTensorSpec& current, const Move& move, const ShardTensorSpec& target) {
+  const int64_t m = move.mesh_dim;
+  const Placement before = current.placements()[m];
+  const bool starts_shard = move.kind == MoveKind::ReduceScatter || move.kind == MoveKind::AllToAll || move.kind == MoveKind::LocalChunk;
+  Placements placements = current.placements();
+  placements[m] = starts_shard ? Shard(move.tensor_dim) : Replicate();
+  ShardSizes sizes;
+  for (const DimSharding& s : current.shardings()) {
+    if (before.is_shard(s.tensor_dim)) {
+      if (s.mesh_dims.size() > 1) sizes.push_back({s.tensor_dim, group_sums(s.sizes, current.mesh().size(m))});
+    } else if (!(starts_shard && s.tensor_dim == move.tensor_dim)) {
+      sizes.push_back({s.tensor_dim, s.sizes});
     }
-    if (expected_offset != whole.offsets[tensor_dim] + whole.shape[tensor_dim]) return false;
   }
-  return true;
+  if (starts_shard) sizes.push_back({move.tensor_dim, split_table(current, move.tensor_dim, m, target)});
+  return ShardTensorSpec(current.mesh(), std::move(placements), current.shape(), current.dtype(), sizes);
 }
 
-// Whether any rank needs data it does not hold, and how much the busiest receiver gets.
-ExchangeStep exchange_between(const ShardTensorSpec& current, const ShardTensorSpec& target) {
-  const auto coords = all_coordinates(current.mesh());
-  ExchangeStep step{{}, 0};
-  std::vector<bool> crosses(current.mesh().ndim(), false);
-  for (const auto& receiver : coords) {
-    const Box wanted = box_of(target, receiver);
-    int64_t received = 0;
-    for (const auto& sender : coords) {
-      if (sender == receiver || !feeds(current, sender, receiver)) continue;
-      const int64_t n = intersect(box_of(current, sender), wanted).numel();
-      if (n == 0) continue;
-      received += n;
-      for (size_t m = 0; m < sender.size(); ++m) crosses[m] = crosses[m] || sender[m] != receiver[m];
-    }
-    step.max_elements_received = std::max(step.max_elements_received, received);
+RedistributeStep step_of(const Move& move, const ShardTensorSpec& current) {
+  const Placement& before = move.mesh_dim >= 0 ? current.placements()[move.mesh_dim] : Placement();
+  switch (move.kind) {
+    case MoveKind::AllReduce: return AllReduceStep{move.mesh_dim, before.reduce_op};
+    case MoveKind::ReduceScatter: return ReduceScatterStep{move.mesh_dim, before.reduce_op, move.tensor_dim};
+    case MoveKind::AllGather: return AllGatherStep{move.mesh_dim, before.tensor_dim};
+    case MoveKind::AllToAll: return AllToAllStep{move.mesh_dim, before.tensor_dim, move.tensor_dim};
+    case MoveKind::LocalChunk: return LocalChunkStep{move.mesh_dim, move.tensor_dim};
+    case MoveKind::Exchange: return ExchangeStep{};
   }
-  for (size_t m = 0; m < crosses.size(); ++m)
-    if (crosses[m]) step.mesh_dims.push_back(static_cast<int64_t>(m));
-  return step;
+  TORCH_INTERNAL_ASSERT(false, "unknown move");
 }
 
-RedistributePlan make_plan(const ShardTensorSpec& source, const ShardTensorSpec& target) {
+// The exact price of a final Exchange that only fixes shard sizes: what the busiest rank lacks.
+double size_fix_cost(const ShardTensorSpec& current, const ShardTensorSpec& target) {
+  int64_t busiest = 0;
+  for (int64_t rank : current.mesh().ranks()) {
+    const auto coordinate = current.mesh().coordinate_of(rank);
+    const Box wanted = box_of(target, coordinate);
+    busiest = std::max(busiest, wanted.numel() - intersect(box_of(current, coordinate), wanted).numel());
+  }
+  return planning::kLatencyBytes + static_cast<double>(busiest) * static_cast<double>(c10::elementSize(current.dtype()));
+}
+
+RedistributePlan make_plan(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
   RedistributePlan plan;
   if (source == target) return plan;
+  const planning::Problem problem(source, target);
+  const std::vector<Move> moves = planner == Planner::Greedy ? planning::greedy_moves(problem) : planning::searched_moves(problem);
   ShardTensorSpec current = source;
-  for (int64_t m = 0; m < source.mesh().ndim(); ++m) {
-    const Placement& from = source.placements()[m];
-    const Placement& to = target.placements()[m];
-    if (!from.is_partial() || from == to) continue;
-    if (to.is_shard()) {
-      ShardTensorSpec next = reduce_scattered(current, target, m, to.tensor_dim);
-      if (pieces_tile_current_boxes(current, next, m, to.tensor_dim)) {
-        plan.steps.push_back({ReduceScatterStep{m, from.reduce_op, to.tensor_dim}, next});
-        current = next;
-        continue;
-      }
-    }
-    ShardTensorSpec next(current.mesh(), with_placement(current.placements(), m, Replicate()), current.shape(),
-                         current.dtype(), current.shard_sizes());
-    plan.steps.push_back({AllReduceStep{m, from.reduce_op}, next});
-    current = next;
+  planning::Codes codes = problem.source();
+  for (const Move& move : moves) {
+    ShardTensorSpec next = move.kind == MoveKind::Exchange ? target : after_move(current, move, target);
+    plan.steps.push_back({step_of(move, current), next, problem.cost(codes, move)});
+    codes = problem.apply(codes, move);
+    current = std::move(next);
   }
-  if (current == target) return plan;
-  ExchangeStep exchange = exchange_between(current, target);
-  if (exchange.max_elements_received == 0) {
-    plan.steps.push_back({LocalSliceStep{}, target});
-  } else {
-    plan.steps.push_back({exchange, target});
-  }
+  if (!(current == target)) plan.steps.push_back({ExchangeStep{}, target, size_fix_cost(current, target)});
   return plan;
 }
 
-struct SpecPairHash {
-  size_t operator()(const std::pair<ShardTensorSpec, ShardTensorSpec>& p) const {
-    return hash_combine(p.first.hash(), p.second.hash());
+using PlanKey = std::tuple<ShardTensorSpec, ShardTensorSpec, Planner>;
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& k) const {
+    return hash_combine(hash_combine(std::get<0>(k).hash(), std::get<1>(k).hash()), static_cast<size_t>(std::get<2>(k)));
   }
 };
 
@@ -135,12 +124,40 @@ std::string to_string(const RedistributeStep& step) {
     os << "AllReduce(mesh_dim=" << s->mesh_dim << ", " << to_string(s->op) << ")";
   } else if (auto* s = std::get_if<ReduceScatterStep>(&step)) {
     os << "ReduceScatter(mesh_dim=" << s->mesh_dim << ", tensor_dim=" << s->tensor_dim << ", " << to_string(s->op) << ")";
-  } else if (std::holds_alternative<LocalSliceStep>(step)) {
-    os << "LocalSlice()";
-  } else if (auto* s = std::get_if<ExchangeStep>(&step)) {
-    os << "Exchange(mesh_dims=[" << join(s->mesh_dims, ", ") << "], max_received=" << s->max_elements_received << ")";
+  } else if (auto* s = std::get_if<AllGatherStep>(&step)) {
+    os << "AllGather(mesh_dim=" << s->mesh_dim << ", tensor_dim=" << s->tensor_dim << ")";
+  } else if (auto* s = std::get_if<AllToAllStep>(&step)) {
+    os << "AllToAll(mesh_dim=" << s->mesh_dim << ", tensor_dim=" << s->from_dim << "->" << s->to_dim << ")";
+  } else if (auto* s = std::get_if<LocalChunkStep>(&step)) {
+    os << "LocalChunk(mesh_dim=" << s->mesh_dim << ", tensor_dim=" << s->tensor_dim << ")";
+  } else {
+    os << "Exchange()";
   }
   return os.str();
+}
+
+std::string to_string(Planner planner) { return planner == Planner::Greedy ? "greedy" : "graph search"; }
+
+namespace {
+Planner planner_from_environment() {
+  const char* name = std::getenv("SHARDTENSOR_PLANNER");
+  if (!name || std::string(name).empty() || std::string(name) == "graph") return Planner::GraphSearch;
+  TORCH_CHECK(std::string(name) == "greedy", "SHARDTENSOR_PLANNER is '", name, "'; use 'graph' (the default) or 'greedy'.");
+  return Planner::Greedy;
+}
+std::atomic<Planner>& chosen_planner() {
+  static std::atomic<Planner> planner{planner_from_environment()};
+  return planner;
+}
+}  // namespace
+
+Planner default_planner() { return chosen_planner().load(std::memory_order_relaxed); }
+void set_default_planner(Planner planner) { chosen_planner().store(planner); }
+
+double RedistributePlan::cost() const {
+  double total = 0;
+  for (const PlannedStep& s : steps) total += s.cost;
+  return total;
 }
 
 std::string RedistributePlan::to_string() const {
@@ -150,29 +167,36 @@ std::string RedistributePlan::to_string() const {
   return out;
 }
 
-const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target) {
+const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
+  static std::mutex mutex;
+  static std::unordered_map<PlanKey, RedistributePlan, PlanKeyHash> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  PlanKey key{source, target, planner};
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(std::move(key), plan_redistribute_uncached(source, target, planner)).first;
+  return it->second;  // unordered_map never moves its values, so the reference stays valid
+}
+
+RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
   TORCH_CHECK(source.mesh() == target.mesh(), "redistribute: source is on ", source.mesh(), " and target on ",
               target.mesh(), "; redistributing to another mesh is not supported.");
   TORCH_CHECK(source.shape() == target.shape() && source.dtype() == target.dtype(), "redistribute: source ", source,
               " and target ", target, " differ in shape or dtype.");
-  static std::mutex mutex;
-  static std::unordered_map<std::pair<ShardTensorSpec, ShardTensorSpec>, RedistributePlan, SpecPairHash> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto key = std::make_pair(source, target);
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(std::move(key), make_plan(source, target)).first;
-  return it->second;  // unordered_map never moves its values, so the reference stays valid
+  return make_plan(source, target, planner);
 }
 
-RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target) {
-  return make_plan(source, target);
+std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
+  const RedistributePlan& plan = plan_redistribute(source, target, planner);
+  std::string out = to_string(source.placements());
+  for (const PlannedStep& s : plan.steps) out += " -[" + to_string(s.step) + "]-> " + to_string(s.after.placements());
+  if (plan.empty()) return out + " (no work)";
+  std::ostringstream cost;
+  cost << " (" << to_string(planner) << ", modelled cost " << plan.cost() / 1e6 << " MB)";
+  return out + cost.str();
 }
 
 std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target) {
-  const RedistributePlan& plan = plan_redistribute(source, target);
-  std::string out = to_string(source.placements());
-  for (const PlannedStep& s : plan.steps) out += " -[" + to_string(s.step) + "]-> " + to_string(s.after.placements());
-  return plan.empty() ? out + " (no work)" : out;
+  return explain_redistribute(source, target, default_planner());
 }
 
 ShardTensorSpec redistribute_target(const ShardTensorSpec& source, const Placements& requested, const ShardSizes* sizes) {

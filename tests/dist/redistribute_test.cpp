@@ -87,13 +87,19 @@ TEST(Redistribute, RandomLayoutPairsGiveTheReferenceValuesAndGradients) {
   const uint32_t seed = 12345;
   std::mt19937 rng(seed);
   int cases = 0;
+  struct BackToTheDefaultPlanner {
+    ~BackToTheDefaultPlanner() { set_default_planner(Planner::GraphSearch); }
+  } back_to_default;
   for (const DeviceMesh& mesh : test_meshes()) {
     for (int i = 0; i < 160; ++i, ++cases) {
+      // Both planners' plans run, alternately (the planner tests check every pair's plan).
+      const Planner planner = i % 2 ? Planner::Greedy : Planner::GraphSearch;
+      set_default_planner(planner);
       const LayoutPair pair = random_pair(rng, mesh);
       const ShardTensorSpec src(mesh, pair.source.placements, pair.source.shape, c10::kDouble, pair.source.sizes);
       const ShardTensorSpec dst(mesh, pair.target.placements, pair.target.shape, c10::kDouble, pair.target.sizes);
       const std::string trace = "seed " + std::to_string(seed) + " case " + std::to_string(cases) + " on " + mesh.to_string() +
-                                ": " + src.to_string() + " -> " + dst.to_string() + " plan " + plan_redistribute(src, dst).to_string();
+                                ": " + src.to_string() + " -> " + dst.to_string() + " " + to_string(planner) + " plan " + plan_redistribute(src, dst).to_string();
       SCOPED_TRACE(trace);
       if (std::getenv("SHARDTENSOR_TEST_VERBOSE")) std::cout << trace << std::endl;
       const at::Tensor value = global_values(src.shape(), cases);
@@ -141,12 +147,20 @@ TEST(Redistribute, NestedShardToInnerShardUndoesOnlyWhatItMust) {
   const DeviceMesh* mesh = mesh_of_shape({2, 2});
   if (!mesh) GTEST_SKIP() << "needs the 2x2 mesh of 4 ranks";
   at::Tensor x = distributed(*mesh, {10, 6}, {Shard(0), Shard(0)});
+  CommDebugMode comms;
   at::Tensor y = redistribute(x, {Replicate(), Shard(0)});
   expect_holds_reference(y, {10, 6});
   // Rows 0:3 | 3:5 | 5:8 | 8:10 become 0:5 on (a, 0) and 5:10 on (a, 1). One exchange where
-  // each rank receives only rows it lacks: (0, 0) gets 3:5, (0, 1) holds none of 5:10 and gets
-  // all 5 rows (30 elements) from (1, 0) and (1, 1).
-  EXPECT_EQ(plan_redistribute(spec(x), spec(y)).to_string(), "Exchange(mesh_dims=[0, 1], max_received=30)");
+  // each rank receives only rows it lacks, so (0, 0) sends 0:3 to (1, 0); (0, 1) sends 3:5 to
+  // (0, 0) and (1, 0); (1, 0) sends 5:8 to (0, 1) and (1, 1); (1, 1) sends 8:10 to (0, 1).
+  EXPECT_EQ(plan_redistribute(spec(x), spec(y)).to_string(), "Exchange()");
+  EXPECT_EQ(comms.total(), 1);
+  const int64_t rows_sent[2][2] = {{3, 4}, {6, 2}};
+  EXPECT_EQ(comms.bytes(), rows_sent[mesh->coordinate()[0]][mesh->coordinate()[1]] * 6 * static_cast<int64_t>(sizeof(float)));
+
+  // The greedy plan gathers twice and chunks: more collectives for the same answer.
+  const auto& greedy = plan_redistribute(spec(x), spec(y), Planner::Greedy);
+  EXPECT_EQ(greedy.to_string(), "AllGather(mesh_dim=1, tensor_dim=0) -> AllGather(mesh_dim=0, tensor_dim=0) -> LocalChunk(mesh_dim=1, tensor_dim=0)");
 }
 
 TEST(Redistribute, SwappingShardDimsAcrossMeshDims) {
@@ -161,8 +175,7 @@ TEST(Redistribute, UnevenShardDimChangeIsOneAllToAll) {
   at::Tensor x = distributed(mesh, {7, 5}, {Shard(0)});
   at::Tensor y = redistribute(x, {Shard(1)});
   expect_holds_reference(y, {7, 5});
-  const std::string plan = plan_redistribute(spec(x), spec(y)).to_string();
-  EXPECT_EQ(plan.rfind(world_size() == 1 ? "LocalSlice" : "Exchange(mesh_dims=[0]", 0), 0u) << plan;
+  EXPECT_EQ(plan_redistribute(spec(x), spec(y)).to_string(), "AllToAll(mesh_dim=0, tensor_dim=0->1)");
 }
 
 TEST(Redistribute, PartialMaxToShardIsAReduceScatter) {
@@ -190,11 +203,11 @@ TEST(Redistribute, ReplicateToShardNeedsNoCommunicationAndSameSpecNoWork) {
   at::Tensor x = distributed(mesh, {5, 4}, {Replicate()});
   at::Tensor y = redistribute(x, {Shard(1)});
   expect_holds_reference(y, {5, 4});
-  EXPECT_EQ(plan_redistribute(spec(x), spec(y)).to_string(), "LocalSlice()");
+  EXPECT_EQ(plan_redistribute(spec(x), spec(y)).to_string(), "LocalChunk(mesh_dim=0, tensor_dim=1)");
   EXPECT_TRUE(plan_redistribute(spec(y), spec(y)).empty());
   at::Tensor same = redistribute(y, {Shard(1)});
   EXPECT_FALSE(to_local(same).is_same(to_local(y)));  // always a fresh tensor
-  EXPECT_EQ(explain_redistribute(spec(x), spec(y)), "[R] -[LocalSlice()]-> [S(1)]");
+  EXPECT_EQ(explain_redistribute(spec(x), spec(y)).rfind("[R] -[LocalChunk(mesh_dim=0, tensor_dim=1)]-> [S(1)] (graph search", 0), 0u);
 }
 
 TEST(Redistribute, FullTensorGathersAndIsDifferentiable) {
