@@ -1,7 +1,7 @@
 // Redistribution benchmark: each transition next to the raw c10d collective that moves the
 // minimal bytes, measured in the same run, plus planning time.
 //
-//   shardrun -n 4 ./build/bench/redistribute_bench        (also -n 2)
+//   shardrun -n 4 ./build/bench/redistribute_bench        (also -n 2; --planning-only: just planning)
 //
 // Tensors: 16 MiB of float ([2048, 2048], even) and an awkward [2047, 2049] (uneven). Each
 // figure is the median of 25 runs after 3 warm-ups, with a barrier before every run; the
@@ -76,28 +76,35 @@ void print(const std::vector<Row>& rows, int64_t world) {
               << r.raw_ms << " | " << std::setprecision(2) << r.ours_ms / r.raw_ms << " |\n";
 }
 
-double plan_us(const ShardTensorSpec& a, const ShardTensorSpec& b, bool cached, int reps) {
-  plan_redistribute(a, b);
-  const auto start = Clock::now();
-  for (int i = 0; i < reps; ++i) {
-    if (cached) {
-      volatile bool e = plan_redistribute(a, b).empty();
-      (void)e;
-    } else {
-      volatile bool e = plan_redistribute_uncached(a, b).empty();
-      (void)e;
+// Median over 15 batches of the mean time per plan in a batch of `reps`.
+double plan_us(const ShardTensorSpec& a, const ShardTensorSpec& b, bool cached, int reps, Planner planner = Planner::GraphSearch) {
+  plan_redistribute(a, b, planner);
+  std::vector<double> batches;
+  for (int batch = 0; batch < 15; ++batch) {
+    const auto start = Clock::now();
+    for (int i = 0; i < reps; ++i) {
+      if (cached) {
+        volatile bool e = plan_redistribute(a, b, planner).empty();
+        (void)e;
+      } else {
+        volatile bool e = plan_redistribute_uncached(a, b, planner).empty();
+        (void)e;
+      }
     }
+    batches.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / reps);
   }
-  return std::chrono::duration<double, std::micro>(Clock::now() - start).count() / reps;
+  std::nth_element(batches.begin(), batches.begin() + 7, batches.end());
+  return batches[7];
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool planning_only = argc > 1 && std::string(argv[1]) == "--planning-only";
   const int64_t world = world_size();
   DeviceMesh mesh = DeviceMesh::create({world});
   std::vector<Row> rows;
-  for (auto shape : {std::vector<int64_t>{2048, 2048}, std::vector<int64_t>{2047, 2049}}) {
+  for (auto shape : planning_only ? std::vector<std::vector<int64_t>>{} : std::vector<std::vector<int64_t>>{{2048, 2048}, {2047, 2049}}) {
     const std::string tag = shape[0] == 2048 ? " even" : " uneven";
     ShardTensorSpec s0(mesh, {Shard(0)}, shape, c10::kFloat), s1(mesh, {Shard(1)}, shape, c10::kFloat),
         r(mesh, {Replicate()}, shape, c10::kFloat), p(mesh, {Partial()}, shape, c10::kFloat);
@@ -117,7 +124,7 @@ int main() {
                     time_ms(mesh, [&] { redistribute(px, {Shard(0)}); }),
                     time_ms(mesh, [&] { mesh.comm(0).all_to_all(recv_buf, flat, recv, splits); })});
   }
-  if (world == 4) {
+  if (world == 4 && !planning_only) {
     ShardTensorSpec a(mesh, {Shard(0)}, {2048, 2048}, c10::kFloat, {{0, {256, 1024, 512, 256}}});
     ShardTensorSpec b(mesh, {Shard(0)}, {2048, 2048}, c10::kFloat, {{0, {512, 512, 512, 512}}});
     rows.push_back(measure_exchange("rebalance S(0) 1:4:2:1 -> even", a, b));
@@ -130,17 +137,27 @@ int main() {
     rows.push_back(measure_exchange("(S(0),S(1))->(S(1),S(0)) 2x2", swap_a, swap_b));
   }
   if (mesh.rank() == 0) {
-    print(rows, world);
+    if (!planning_only) print(rows, world);
     DeviceMesh one = DeviceMesh::without_comms({8}, 0), three = DeviceMesh::without_comms({2, 2, 2}, 0);
     ShardTensorSpec a1(one, {Shard(0)}, {1000, 64}, c10::kFloat), b1(one, {Shard(1)}, {1000, 64}, c10::kFloat);
     ShardTensorSpec a3(three, {Shard(0), Shard(1), Partial()}, {1000, 64, 8}, c10::kFloat);
     ShardTensorSpec b3(three, {Replicate(), Shard(0), Shard(2)}, {1000, 64, 8}, c10::kFloat);
+    // DTensor's nested trap on a 3-D mesh: every mesh dim splits dim 0 -> only the last does.
+    ShardTensorSpec n3(three, {Shard(0), Shard(0), Shard(0)}, {1000, 64, 8}, c10::kFloat);
+    ShardTensorSpec m3(three, {Replicate(), Shard(1), Shard(0)}, {1000, 64, 8}, c10::kFloat);
     std::cout << "\n| planning | µs per plan |\n|---|---|\n"
-              << "| cached lookup, 1-D mesh(8) | " << plan_us(a1, b1, true, 200000) << " |\n"
-              << "| cached lookup, 3-D mesh(2x2x2) | " << plan_us(a3, b3, true, 200000) << " |\n"
-              << "| uncached, 1-D mesh(8) | " << plan_us(a1, b1, false, 2000) << " |\n"
-              << "| uncached, 3-D mesh(2x2x2) | " << plan_us(a3, b3, false, 2000) << " |\n"
-              << "\n3-D plan: " << explain_redistribute(a3, b3) << "\n";
+              << "| cached lookup, 1-D mesh(8) | " << plan_us(a1, b1, true, 20000) << " |\n"
+              << "| cached lookup, 3-D mesh(2x2x2) | " << plan_us(a3, b3, true, 20000) << " |\n"
+              << "| uncached greedy, 1-D mesh(8) | " << plan_us(a1, b1, false, 500, Planner::Greedy) << " |\n"
+              << "| uncached greedy, 3-D mesh(2x2x2), plan A | " << plan_us(a3, b3, false, 500, Planner::Greedy) << " |\n"
+              << "| uncached greedy, 3-D mesh(2x2x2), plan B | " << plan_us(n3, m3, false, 500, Planner::Greedy) << " |\n"
+              << "| uncached graph search, 1-D mesh(8) | " << plan_us(a1, b1, false, 500) << " |\n"
+              << "| uncached graph search, 3-D mesh(2x2x2), plan A | " << plan_us(a3, b3, false, 200) << " |\n"
+              << "| uncached graph search, 3-D mesh(2x2x2), plan B | " << plan_us(n3, m3, false, 200) << " |\n"
+              << "\nPlan A, graph search: " << explain_redistribute(a3, b3, Planner::GraphSearch)
+              << "\nPlan A, greedy:       " << explain_redistribute(a3, b3, Planner::Greedy)
+              << "\nPlan B, graph search: " << explain_redistribute(n3, m3, Planner::GraphSearch)
+              << "\nPlan B, greedy:       " << explain_redistribute(n3, m3, Planner::Greedy) << "\n";
   }
   return 0;
 }

@@ -64,17 +64,19 @@ std::vector<int64_t> default_table(int64_t size, const std::vector<int64_t>& mes
   return table;
 }
 
+// `context()` describes the spec for error messages; it is only called when a check fails.
+template <class Context>
 void check_explicit_table(const DimShardSizes& given, const DimSharding& sharding, int64_t global_size,
-                          int64_t expected_entries, const std::string& context) {
+                          int64_t expected_entries, const Context& context) {
   TORCH_CHECK(static_cast<int64_t>(given.sizes.size()) == expected_entries, "ShardTensorSpec: ",
               given.sizes.size(), " shard sizes [", join(given.sizes, ", "), "] given for tensor dim ",
               given.tensor_dim, ", which is split by mesh dims (", join(sharding.mesh_dims, ", "), ") into ",
-              expected_entries, " pieces; give one size per piece (", context, ").");
+              expected_entries, " pieces; give one size per piece (", context(), ").");
   int64_t total = 0;
   for (int64_t s : given.sizes) total += s;
   TORCH_CHECK(total == global_size, "ShardTensorSpec: shard sizes [", join(given.sizes, ", "),
               "] for tensor dim ", given.tensor_dim, " add up to ", total, " but the dim has global size ",
-              global_size, " (", context, ").");
+              global_size, " (", context(), ").");
 }
 
 }  // namespace
@@ -97,16 +99,20 @@ ShardTensorSpec::ShardTensorSpec(DeviceMesh mesh, Placements placements, std::ve
                                  c10::ScalarType dtype, const ShardSizes& sizes) {
   const int64_t ndim = static_cast<int64_t>(global_shape.size());
   placements = normalize_placements("ShardTensorSpec", mesh, std::move(placements), ndim);
-  const std::string context = describe(mesh, placements, global_shape);
+  // Spelled out only when a check fails: building it on every spec would dominate planning.
+  std::shared_ptr<Data> data;  // once built, it owns what `context` describes
+  const auto context = [&] {
+    return data ? describe(data->mesh, data->placements, data->shape) : describe(mesh, placements, global_shape);
+  };
   // Negative shard sizes first: from_local derives the global shape from them.
   for (const DimShardSizes& given : sizes)
     for (int64_t s : given.sizes)
       TORCH_CHECK(s >= 0, "ShardTensorSpec: shard sizes [", join(given.sizes, ", "), "] for tensor dim ",
-                  given.tensor_dim, " contain the negative size ", s, "; sizes must be >= 0 (", context, ").");
+                  given.tensor_dim, " contain the negative size ", s, "; sizes must be >= 0 (", context(), ").");
   for (int64_t s : global_shape)
     TORCH_CHECK(s >= 0, "ShardTensorSpec: global shape [", join(global_shape, ", "), "] has a negative size.");
 
-  auto data = std::make_shared<Data>(Data{std::move(mesh), std::move(placements), std::move(global_shape), {}, dtype, {}, true, 0});
+  data = std::make_shared<Data>(Data{std::move(mesh), std::move(placements), std::move(global_shape), {}, dtype, {}, true, 0});
   data->stride.assign(ndim, 1);
   for (int64_t d = ndim - 2; d >= 0; --d) data->stride[d] = data->stride[d + 1] * std::max<int64_t>(data->shape[d + 1], 1);
 
@@ -121,11 +127,11 @@ ShardTensorSpec::ShardTensorSpec(DeviceMesh mesh, Placements placements, std::ve
 
   for (const DimShardSizes& given : sizes) {
     TORCH_CHECK(std::count_if(sizes.begin(), sizes.end(), [&](const DimShardSizes& o) { return o.tensor_dim == given.tensor_dim; }) == 1,
-                "ShardTensorSpec: shard sizes for tensor dim ", given.tensor_dim, " are given more than once (", context, ").");
+                "ShardTensorSpec: shard sizes for tensor dim ", given.tensor_dim, " are given more than once (", context(), ").");
     auto it = std::find_if(data->shardings.begin(), data->shardings.end(),
                            [&](const DimSharding& s) { return s.tensor_dim == given.tensor_dim; });
     TORCH_CHECK(it != data->shardings.end(), "ShardTensorSpec: shard sizes [", join(given.sizes, ", "),
-                "] given for tensor dim ", given.tensor_dim, ", which no placement shards (", context,
+                "] given for tensor dim ", given.tensor_dim, ", which no placement shards (", context(),
                 "); give sizes only for sharded tensor dims.");
   }
 
