@@ -7,6 +7,7 @@
 // figure is the median of 25 runs after 3 warm-ups, with a barrier before every run; the
 // slowest rank's time counts (max over ranks of each run). Rank 0 prints a Markdown table.
 #include <ATen/ATen.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -100,6 +101,13 @@ double plan_us(const ShardTensorSpec& a, const ShardTensorSpec& b, bool cached, 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // glibc hands large freed blocks back to the kernel, so every fresh 16 MiB result page-faults
+  // again (~5 ms here), which the raw collectives, with buffers made in advance, never pay.
+  // Keeping freed memory (as jemalloc or tcmalloc would) is the setting we recommend for
+  // large-tensor processes (README, "Performance"); the same two values can be set with the
+  // MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ environment variables.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   const bool planning_only = argc > 1 && std::string(argv[1]) == "--planning-only";
   const int64_t world = world_size();
   DeviceMesh mesh = DeviceMesh::create({world});

@@ -82,7 +82,64 @@ class C10dComm final : public Comm {
     run("all_to_all", sent * static_cast<int64_t>(input.element_size()), [&] { return group_->alltoall_base(out, in, out_splits, in_splits); });
   }
 
+  std::unique_ptr<Messages> start_messages() override {
+    if (group_->getBackendName() != "gloo") return Comm::start_messages();  // NCCL would need a batched group
+    return std::make_unique<PostedMessages>(*this);
+  }
+
  private:
+  using WorkType = std::decay_t<decltype(*std::declval<Group&>().barrier())>;
+
+  // Gloo's point-to-point messages, posted at once. Messages between a pair of ranks match in
+  // the order they were posted, and every rank runs the same sequence of batches, so one tag
+  // serves them all.
+  class PostedMessages final : public Messages {
+   public:
+    explicit PostedMessages(C10dComm& comm) : comm_(comm) {}
+    ~PostedMessages() override {
+      // Unwaited messages (an error unwound past wait()) must not outlive their tensors.
+      for (auto& work : works_) {
+        try {
+          work->abort();
+        } catch (const std::exception&) {
+        }
+      }
+    }
+
+    void receive(int64_t peer, const at::Tensor& into) override {
+      if (into.numel() > 0) post(into, [&](std::vector<at::Tensor>& t) { return comm_.group_->recv(t, peer, kTag); });
+    }
+    void send(int64_t peer, const at::Tensor& from) override {
+      if (from.numel() == 0) return;
+      bytes_sent_ += static_cast<int64_t>(from.nbytes());
+      post(from, [&](std::vector<at::Tensor>& t) { return comm_.group_->send(t, peer, kTag); });
+    }
+    void wait() override {
+      record_collective("all_to_all", bytes_sent_);
+      try {
+        for (auto& work : works_) work->wait(comm_.timeout_);
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, "shardtensor: all_to_all (point-to-point) on the group of global ranks [", join(comm_.ranks_, ", "),
+                    "] failed or timed out (timeout ", comm_.timeout_.count() / 1000.0,
+                    " s; another rank may have stopped before this collective): ", e.what());
+      }
+      works_.clear();
+    }
+
+   private:
+    static constexpr int kTag = 7;
+    template <typename Launch>
+    void post(const at::Tensor& t, Launch&& launch) {
+      TORCH_INTERNAL_ASSERT(t.is_contiguous());
+      std::vector<at::Tensor> one{movable(t)};  // c10d takes the list by reference and keeps the tensor
+      works_.push_back(launch(one));
+    }
+
+    C10dComm& comm_;
+    std::vector<c10::intrusive_ptr<WorkType>> works_;
+    int64_t bytes_sent_ = 0;
+  };
+
   template <typename Launch>
   void run(const char* what, int64_t bytes, Launch&& launch) {
     record_collective(what, bytes);

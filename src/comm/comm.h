@@ -19,6 +19,17 @@ class Tensor;
 
 namespace shardtensor {
 
+// A batch of point-to-point messages within a group. Every tensor is contiguous and stays
+// untouched (sends) or unread (receives) until wait(). Between a pair of ranks, the k-th
+// receive posted matches the k-th send posted, with the same number of elements.
+class Messages {
+ public:
+  virtual ~Messages() = default;
+  virtual void receive(int64_t peer, const at::Tensor& into) = 0;
+  virtual void send(int64_t peer, const at::Tensor& from) = 0;
+  virtual void wait() = 0;  // raises on every waiting rank after the group's timeout
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -41,6 +52,9 @@ class Comm {
   // elements from rank i, in rank order. Splits may be zero (no message) and differ per rank.
   virtual void all_to_all(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
                           const std::vector<int64_t>& input_splits) = 0;
+  // An all-to-all as a batch of point-to-point messages, posted as they become ready, so that
+  // packing and local copies overlap the transfers. Counted as one all_to_all.
+  virtual std::unique_ptr<Messages> start_messages();
 };
 
 // The group of a mesh dim of size 1: every collective is a local copy.

@@ -5,14 +5,10 @@
 #include "redistribute/executor.h"
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/amax.h>
-#include <ATen/ops/amin.h>
-#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/prod.h>
-#include <ATen/ops/sum.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
 
-#include <numeric>
 
 #include "comm/comm.h"
 #include "redistribute/boxes.h"
@@ -27,30 +23,37 @@ at::Tensor view_of(const at::Tensor& local, const Box& held, const Box& part) {
   return v;
 }
 
-// Whether `parts` (in order, empty ones skipped) are consecutive row blocks that together are
-// all of `whole`: then a contiguous tensor holding `whole`, flattened, IS their concatenation,
-// and the collective can read from it or write into it without a packing copy.
-bool tiles_in_order(const Box& whole, const std::vector<Box>& parts) {
-  int64_t next_row = whole.shape.empty() ? 0 : whole.offsets[0];
-  int64_t covered = 0;
-  for (const Box& part : parts) {
-    if (part.empty()) continue;
-    if (whole.shape.empty()) return false;
-    if (part.offsets[0] != next_row) return false;
-    for (size_t d = 1; d < whole.shape.size(); ++d)
-      if (part.offsets[d] != whole.offsets[d] || part.shape[d] != whole.shape[d]) return false;
-    next_row += part.shape[0];
-    covered += part.numel();
-  }
-  return covered == whole.numel();
+// A part travels as messages of about this many bytes, cut along its first dim, so that
+// packing one overlaps sending the one before. Sender and receiver see the same part shape,
+// so they cut it the same way.
+constexpr int64_t kMessageBytes = 2 << 20;
+
+std::vector<at::Tensor> message_pieces(const at::Tensor& part) {
+  if (part.dim() == 0 || part.size(0) <= 1) return {part};
+  const int64_t row_bytes = std::max<int64_t>(1, part.numel() / part.size(0) * static_cast<int64_t>(part.element_size()));
+  const int64_t rows = std::max<int64_t>(1, kMessageBytes / row_bytes);
+  std::vector<at::Tensor> pieces;
+  for (int64_t begin = 0; begin < part.size(0); begin += rows) pieces.push_back(part.narrow(0, begin, std::min(rows, part.size(0) - begin)));
+  return pieces;
 }
 
-at::Tensor concatenated(const at::Tensor& local, const Box& held, const std::vector<Box>& parts) {
-  std::vector<at::Tensor> pieces;
-  for (const Box& part : parts)
-    if (!part.empty()) pieces.push_back(view_of(local, held, part).reshape({-1}));
-  if (pieces.empty()) return at::empty({0}, local.options());
-  return pieces.size() == 1 ? pieces.front().contiguous() : at::cat(pieces);
+// Posts receives into `destination` (a view of the result): straight into it where a piece
+// is contiguous, else into a staging buffer that `to_unpack` copies in after the wait.
+void receive_into(Messages& messages, int64_t peer, const at::Tensor& destination,
+                  std::vector<std::pair<at::Tensor, at::Tensor>>& to_unpack) {
+  for (const at::Tensor& piece : message_pieces(destination)) {
+    if (piece.is_contiguous()) {
+      messages.receive(peer, piece);
+    } else {
+      at::Tensor staging = at::empty(piece.sizes(), piece.options());
+      messages.receive(peer, staging);
+      to_unpack.emplace_back(staging, piece);
+    }
+  }
+}
+
+void send_from(Messages& messages, int64_t peer, const at::Tensor& source) {
+  for (const at::Tensor& piece : message_pieces(source)) messages.send(peer, piece.contiguous());  // no copy for row blocks
 }
 
 at::Tensor fresh_copy(const at::Tensor& t) { return t.clone(at::MemoryFormat::Contiguous); }
@@ -62,50 +65,16 @@ at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const All
   return out;
 }
 
-at::Tensor reduce_pieces(const at::Tensor& stacked, ReduceOp op) {
+// a op= b, elementwise (Avg sums here; the caller divides once at the end).
+void reduce_into(at::Tensor& a, const at::Tensor& b, ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return at::sum(stacked, {0});
-    case ReduceOp::Avg: return at::sum(stacked, {0}).div_(stacked.size(0));
-    case ReduceOp::Max: return at::amax(stacked, {0});
-    case ReduceOp::Min: return at::amin(stacked, {0});
-    case ReduceOp::Product: return at::prod(stacked, 0);
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: a.add_(b); return;
+    case ReduceOp::Max: at::maximum_out(a, a, b); return;
+    case ReduceOp::Min: at::minimum_out(a, a, b); return;
+    case ReduceOp::Product: a.mul_(b); return;
   }
   TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
-}
-
-// Gloo has no reduce-scatter: each member sends every other member the piece that member will
-// own, which is the bytes a ring reduce-scatter moves, then reduces the n pieces it got.
-at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next,
-                          const ReduceScatterStep& step) {
-  const DeviceMesh& mesh = current.mesh();
-  const Box held = box_of(current, mesh.coordinate());
-  const Box mine = box_of(next, mesh.coordinate());
-  if (held.empty()) return at::empty(mine.shape, local.options());
-  Comm& comm = mesh.comm(step.mesh_dim);
-  std::vector<Box> pieces;
-  std::vector<int64_t> send_splits, recv_splits;
-  std::vector<int64_t> member = mesh.coordinate();
-  for (int64_t i = 0; i < comm.size(); ++i) {
-    member[step.mesh_dim] = i;
-    pieces.push_back(box_of(next, member));
-    send_splits.push_back(pieces.back().numel());
-    recv_splits.push_back(mine.numel());
-  }
-  at::Tensor send = local.is_contiguous() && tiles_in_order(held, pieces) ? local.view({-1}) : concatenated(local, held, pieces);
-  at::Tensor received = at::empty({comm.size() * mine.numel()}, local.options());
-  comm.all_to_all(received, send, recv_splits, send_splits);
-  std::vector<int64_t> stacked_shape = mine.shape;
-  stacked_shape.insert(stacked_shape.begin(), comm.size());
-  return reduce_pieces(received.view(stacked_shape), step.op).contiguous();
-}
-
-// Every rank already holds its target box. (An empty target box may lie outside the held one,
-// as for a [0, 7] tensor going from S(1) to S(0): nothing to copy then.)
-at::Tensor local_slice(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next) {
-  const auto& coord = current.mesh().coordinate();
-  const Box wanted = box_of(next, coord);
-  if (wanted.empty()) return at::empty(wanted.shape, local.options());
-  return fresh_copy(view_of(local, box_of(current, coord), wanted));
 }
 
 // The ranks a step's data travels between: one mesh dim's group, or the whole mesh.
@@ -130,45 +99,71 @@ Group whole_mesh(const DeviceMesh& mesh) {
   return group;
 }
 
-// One all-to-all over `group`; see boxes.h. When the parts this rank sends or receives are
-// consecutive row blocks, the local tensor is the send buffer or the output is the receive
-// buffer, and this rank's own part travels through the collective (Gloo copies it locally);
-// otherwise its own part is copied directly and never enters the collective.
+// Gloo has no reduce-scatter: each member sends every other member the piece that member will
+// own, which is the bytes a ring reduce-scatter moves, then reduces the n pieces it got.
+at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next,
+                          const ReduceScatterStep& step) {
+  const DeviceMesh& mesh = current.mesh();
+  const Box held = box_of(current, mesh.coordinate());
+  const Box mine = box_of(next, mesh.coordinate());
+  if (held.empty()) return at::empty(mine.shape, local.options());
+  Group group = group_along(mesh, step.mesh_dim);
+  const int64_t n = static_cast<int64_t>(group.members.size());
+  // The n-1 incoming pieces land in one buffer; this rank's own piece is read in place.
+  std::vector<int64_t> incoming_shape = mine.shape;
+  incoming_shape.insert(incoming_shape.begin(), n - 1);
+  at::Tensor incoming = at::empty(incoming_shape, local.options());
+  auto messages = group.comm.start_messages();
+  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: slots are contiguous
+  int64_t slot = 0;
+  for (int64_t p = 0; p < n; ++p)
+    if (group.members[p] != mesh.coordinate()) receive_into(*messages, p, incoming[slot++], to_unpack);
+  for (int64_t p = 0; p < n; ++p)
+    if (group.members[p] != mesh.coordinate()) send_from(*messages, p, view_of(local, held, box_of(next, group.members[p])));
+  at::Tensor out = view_of(local, held, mine).clone(at::MemoryFormat::Contiguous);
+  messages->wait();
+  for (int64_t i = 0; i < n - 1; ++i) reduce_into(out, incoming[i], step.op);
+  if (step.op == ReduceOp::Avg) out.div_(n);
+  return out;
+}
+
+// Every rank already holds its target box. (An empty target box may lie outside the held one,
+// as for a [0, 7] tensor going from S(1) to S(0): nothing to copy then.)
+at::Tensor local_slice(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next) {
+  const auto& coord = current.mesh().coordinate();
+  const Box wanted = box_of(next, coord);
+  if (wanted.empty()) return at::empty(wanted.shape, local.options());
+  return fresh_copy(view_of(local, box_of(current, coord), wanted));
+}
+
+// One all-to-all over `group`; see boxes.h. Parts that are row blocks (contiguous views) are
+// sent straight from the local tensor and received straight into the result; only other parts
+// go through a staging copy. This rank's own part is copied locally and never travels.
 at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next, const Group& group) {
   const std::vector<int64_t>& me = current.mesh().coordinate();
   const Box held = box_of(current, me);
   const Box wanted = box_of(next, me);
   at::Tensor out = at::empty(wanted.shape, local.options());
 
-  std::vector<Box> outgoing, incoming;
-  size_t self_position = 0;
-  for (const std::vector<int64_t>& peer : group.members) {
-    if (peer == me) self_position = outgoing.size();
-    outgoing.push_back(feeds(current, me, peer) ? intersect(held, box_of(next, peer)) : Box::none());
-    incoming.push_back(feeds(current, peer, me) ? intersect(box_of(current, peer), wanted) : Box::none());
+  // Receives first, so that every send finds its receive posted; this rank's own part is
+  // copied while the messages travel.
+  auto messages = group.comm.start_messages();
+  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;
+  Box own = Box::none();
+  for (size_t p = 0; p < group.members.size(); ++p) {
+    const std::vector<int64_t>& peer = group.members[p];
+    const Box incoming = feeds(current, peer, me) ? intersect(box_of(current, peer), wanted) : Box::none();
+    if (peer == me) own = incoming;
+    else if (!incoming.empty()) receive_into(*messages, static_cast<int64_t>(p), view_of(out, wanted, incoming), to_unpack);
   }
-  const bool send_in_place = local.is_contiguous() && tiles_in_order(held, outgoing);
-  const bool receive_in_place = tiles_in_order(wanted, incoming);
-  if (!send_in_place && !receive_in_place) {
-    const Box& own = incoming[self_position];
-    if (!own.empty()) view_of(out, wanted, own).copy_(view_of(local, held, own));
-    outgoing[self_position] = incoming[self_position] = Box::none();
+  for (size_t p = 0; p < group.members.size(); ++p) {
+    const std::vector<int64_t>& peer = group.members[p];
+    const Box outgoing = feeds(current, me, peer) ? intersect(held, box_of(next, peer)) : Box::none();
+    if (peer != me && !outgoing.empty()) send_from(*messages, static_cast<int64_t>(p), view_of(local, held, outgoing));
   }
-  std::vector<int64_t> send_splits, recv_splits;
-  for (size_t p = 0; p < outgoing.size(); ++p) {
-    send_splits.push_back(outgoing[p].numel());
-    recv_splits.push_back(incoming[p].numel());
-  }
-  at::Tensor send = send_in_place ? local.view({-1}) : concatenated(local, held, outgoing);
-  at::Tensor received = receive_in_place ? out.view({-1}) : at::empty({std::accumulate(recv_splits.begin(), recv_splits.end(), int64_t{0})}, local.options());
-  group.comm.all_to_all(received, send, recv_splits, send_splits);
-  if (receive_in_place) return out;
-  int64_t offset = 0;
-  for (const Box& part : incoming) {
-    if (part.empty()) continue;
-    view_of(out, wanted, part).copy_(received.narrow(0, offset, part.numel()).view(part.shape));
-    offset += part.numel();
-  }
+  if (!own.empty()) view_of(out, wanted, own).copy_(view_of(local, held, own));
+  messages->wait();
+  for (auto& [staging, destination] : to_unpack) destination.copy_(staging);
   return out;
 }
 
