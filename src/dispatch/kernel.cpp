@@ -82,6 +82,30 @@ void log_call(const Propagation& p) {
   std::cerr << os.str() << "\n";
 }
 
+// t, transpose and permute report their input's global strides permuted, as a plain tensor
+// would: autograd's mm backward reads them to lay out a weight gradient like the weight (a
+// linear layer's weight reaches mm through t()), so the optimizer never mixes layouts. The
+// strides derive from global shapes and the op alone, so every rank agrees.
+std::vector<int64_t> permuted_global_strides(const std::string& name, c10::ArrayRef<c10::IValue> args) {
+  if (name != "aten::t" && name != "aten::transpose.int" && name != "aten::permute") return {};
+  if (!args[0].isTensor()) return {};
+  const at::Tensor& input = args[0].toTensor();
+  if (!shard_tensor_impl(input)) return {};
+  std::vector<int64_t> strides = input.strides().vec();
+  const int64_t ndim = static_cast<int64_t>(strides.size());
+  if (name == "aten::t") {
+    if (ndim == 2) std::swap(strides[0], strides[1]);
+  } else if (name == "aten::transpose.int") {
+    std::swap(strides[c10::maybe_wrap_dim(args[1].toInt(), ndim)], strides[c10::maybe_wrap_dim(args[2].toInt(), ndim)]);
+  } else {
+    const std::vector<int64_t> dims = args[1].toIntVector();
+    std::vector<int64_t> permuted;
+    for (int64_t d : dims) permuted.push_back(strides[c10::maybe_wrap_dim(d, ndim)]);
+    strides = std::move(permuted);
+  }
+  return strides;
+}
+
 }  // namespace
 
 std::string full_op_name(const c10::OperatorName& name) {
@@ -97,6 +121,9 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   Propagation& p = propagate(op, c10::ArrayRef<c10::IValue>(stack->data() + args_begin, num_args));
   CurrentOperatorScope current(&p.meta.name);
   if (log_enabled()) log_call(p);
+
+  const std::vector<int64_t> output_strides =
+      permuted_global_strides(p.meta.name, c10::ArrayRef<c10::IValue>(stack->data() + args_begin, num_args));
 
   // Written arguments come back as the caller's wrappers.
   const bool inplace = p.meta.is_inplace();
@@ -170,6 +197,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
       ret = wrapper;
     } else if (ret.isTensor()) {
       if (ret.toTensor().defined()) ret = wrap_output(p, next_output, ret.toTensor());
+      if (!output_strides.empty()) shard_tensor_impl(ret.toTensor())->set_global_strides(output_strides);
       ++next_output;
     } else if (ret.isTensorList()) {
       std::vector<at::Tensor> wrapped;

@@ -15,15 +15,25 @@ ShardTensorImpl::ShardTensorImpl(at::Tensor local, ShardTensorSpec spec)
   refresh_sizes_and_strides();
 }
 
-// Global strides are always the contiguous strides of the global shape, whatever the local
-// piece's memory layout. They must be the same on every rank: libtorch's autograd picks
-// formulas by strides (mm's backward transposes one way or the other, AccumulateGrad clones
-// or steals), and ranks that pick differently issue different collectives and hang. The local
-// piece may still be non-contiguous; the view rules reshape it locally.
-void ShardTensorImpl::refresh_sizes_and_strides() { set_sizes_and_strides(spec_.shape(), spec_.stride()); }
+// Global strides are the contiguous strides of the global shape, permuted for views that
+// permute dims, whatever the local piece's memory layout. They must be the same on every rank:
+// libtorch's autograd picks formulas by strides (mm's backward transposes one way or the other,
+// AccumulateGrad clones or steals), and ranks that pick differently issue different
+// collectives and hang. The local piece may still be laid out otherwise; the view rules
+// reshape it locally.
+void ShardTensorImpl::refresh_sizes_and_strides() {
+  set_sizes_and_strides(spec_.shape(), permuted_strides_.empty() ? spec_.stride() : permuted_strides_);
+}
+
+void ShardTensorImpl::set_global_strides(std::vector<int64_t> strides) {
+  TORCH_INTERNAL_ASSERT(strides.size() == spec_.shape().size());
+  permuted_strides_ = std::move(strides);
+  refresh_sizes_and_strides();
+}
 
 void ShardTensorImpl::replace(at::Tensor local, ShardTensorSpec spec) {
   TORCH_INTERNAL_ASSERT(!shard_tensor_impl(local), "a ShardTensor cannot hold another ShardTensor");
+  if (spec.shape() != spec_.shape()) permuted_strides_.clear();
   local_ = std::move(local);
   spec_ = std::move(spec);
   refresh_sizes_and_strides();
@@ -34,6 +44,7 @@ template <typename VersionCounter>
 c10::intrusive_ptr<c10::TensorImpl> ShardTensorImpl::detached_copy(VersionCounter&& version_counter,
                                                                    bool allow_tensor_metadata_change) const {
   auto impl = c10::make_intrusive<ShardTensorImpl>(local_, spec_);
+  impl->permuted_strides_ = permuted_strides_;
   copy_tensor_metadata(this, impl.get(), std::forward<VersionCounter>(version_counter), allow_tensor_metadata_change);
   impl->refresh_numel();
   return impl;
@@ -56,6 +67,7 @@ void ShardTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl
   refresh_numel();
   local_ = other->local_;
   spec_ = other->spec_;
+  permuted_strides_ = other->permuted_strides_;
 }
 
 ShardTensorImpl* shard_tensor_impl(const at::Tensor& t) {

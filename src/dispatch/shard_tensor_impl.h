@@ -25,6 +25,10 @@ class ShardTensorImpl final : public c10::TensorImpl {
   // in-place op). Other wrappers viewing the old local piece keep it.
   void replace(at::Tensor local, ShardTensorSpec spec);
 
+  // Global strides other than the contiguous ones, for views that permute dims (see the kernel);
+  // a permutation of the contiguous strides of the global shape. Kept while the shape is.
+  void set_global_strides(std::vector<int64_t> strides);
+
   // Detach and set_data copy the wrapper's fields too, or detach() would lose the local tensor.
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(const c10::VariableVersion& version_counter,
                                                               bool allow_tensor_metadata_change) const override;
@@ -40,6 +44,7 @@ class ShardTensorImpl final : public c10::TensorImpl {
 
   at::Tensor local_;
   ShardTensorSpec spec_;
+  std::vector<int64_t> permuted_strides_;  // empty: contiguous
 };
 
 // The wrapper's impl, or nullptr for any other tensor (including undefined ones).

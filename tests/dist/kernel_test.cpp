@@ -82,6 +82,23 @@ TEST(Kernel, BackwardFromAPartialLossSeedsItsGradientOnce) {
   EXPECT_NEAR(loss.item<double>(), global.square().sum().item<double>(), 1e-9);
 }
 
+TEST(Kernel, PermutingViewsReportPermutedStridesSoWeightGradientsKeepTheWeightsLayout) {
+  // A linear layer's weight reaches mm through t(); autograd then lays out the weight's
+  // gradient by the strides of that view, as for a plain tensor.
+  const at::Tensor global = same_randn({10, 4});
+  at::Tensor w = rows(global, uneven(10, false)).requires_grad_();
+  EXPECT_EQ(w.t().strides(), global.t().strides());
+  EXPECT_EQ(w.transpose(0, 1).t().strides(), global.strides());
+  EXPECT_EQ(w.unsqueeze(0).permute({2, 0, 1}).strides(), global.unsqueeze(0).permute({2, 0, 1}).strides());
+  const at::Tensor x = distribute_tensor(same_randn({3, 4}), test_meshes().front(), {Replicate()});
+  at::linear(x, w).square().sum().backward();
+  EXPECT_TRUE(to_local(w.grad()).is_contiguous());
+  EXPECT_EQ(w.grad().strides(), global.strides());
+  const at::Tensor plain = global.clone().requires_grad_();
+  at::linear(full_tensor(x), plain).square().sum().backward();
+  EXPECT_TRUE(at::allclose(full_tensor(w.grad()), plain.grad()));
+}
+
 TEST(Kernel, PlainTensorsNextToShardTensors) {
   at::Tensor t = replicated(mesh_1d(), {3, 4});
   EXPECT_ERROR_CONTAINS(t.add(at::ones({3, 4})), "aten::add.Tensor", "plain 2-d tensor", "ImplicitReplication");
