@@ -78,7 +78,8 @@ class CommDebugMode {
   std::string table() const;  // one row per operator and collective kind
 
   // Called by the comm layer; public so that it needs no friend.
-  void record(const std::string& kind, const std::string& op, int64_t bytes = 0);
+  // `counts`: false adds bytes to a collective already counted (a second phase of it).
+  void record(const std::string& kind, const std::string& op, int64_t bytes = 0, bool counts = true);
 
  private:
   std::map<std::string, int64_t> by_kind_;

@@ -82,9 +82,10 @@ class C10dComm final : public Comm {
     run("all_to_all", sent * static_cast<int64_t>(input.element_size()), [&] { return group_->alltoall_base(out, in, out_splits, in_splits); });
   }
 
-  std::unique_ptr<Messages> start_messages() override {
-    if (group_->getBackendName() != "gloo") return Comm::start_messages();  // NCCL would need a batched group
-    return std::make_unique<PostedMessages>(*this);
+  std::unique_ptr<Messages> start_messages(const char* counted_as, bool counts) override {
+    // NCCL would need a batched group (ncclGroupStart) for messages posted one by one.
+    if (group_->getBackendName() != "gloo") return Comm::start_messages(counted_as, counts);
+    return std::make_unique<PostedMessages>(*this, counted_as, counts);
   }
 
  private:
@@ -95,7 +96,7 @@ class C10dComm final : public Comm {
   // serves them all.
   class PostedMessages final : public Messages {
    public:
-    explicit PostedMessages(C10dComm& comm) : comm_(comm) {}
+    PostedMessages(C10dComm& comm, const char* counted_as, bool counts) : comm_(comm), counted_as_(counted_as), counts_(counts) {}
     ~PostedMessages() override {
       // Unwaited messages (an error unwound past wait()) must not outlive their tensors.
       for (auto& work : works_) {
@@ -115,7 +116,7 @@ class C10dComm final : public Comm {
       post(from, [&](std::vector<at::Tensor>& t) { return comm_.group_->send(t, peer, kTag); });
     }
     void wait() override {
-      record_collective("all_to_all", bytes_sent_);
+      record_collective(counted_as_, bytes_sent_, counts_);
       try {
         for (auto& work : works_) work->wait(comm_.timeout_);
       } catch (const std::exception& e) {
@@ -136,6 +137,8 @@ class C10dComm final : public Comm {
     }
 
     C10dComm& comm_;
+    const char* counted_as_;
+    bool counts_;
     std::vector<c10::intrusive_ptr<WorkType>> works_;
     int64_t bytes_sent_ = 0;
   };

@@ -2,6 +2,7 @@
 // the messages until wait(), then runs them as one all_to_all with split sizes.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "comm/comm.h"
+#include "comm/comm_debug.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
@@ -12,12 +13,14 @@ namespace {
 
 class PackedMessages final : public Messages {
  public:
-  explicit PackedMessages(Comm& comm) : comm_(comm), sends_(comm.size()), receives_(comm.size()) {}
+  PackedMessages(Comm& comm, const char* counted_as, bool counts)
+      : comm_(comm), sends_(comm.size()), receives_(comm.size()), counted_as_(counted_as), counts_(counts) {}
 
   void receive(int64_t peer, const at::Tensor& into) override { receives_[peer].push_back(into); }
   void send(int64_t peer, const at::Tensor& from) override { sends_[peer].push_back(from); }
 
   void wait() override {
+    if (comm_.size() == 1) return;  // a one-rank group has no one to message
     std::vector<int64_t> send_splits(comm_.size(), 0), receive_splits(comm_.size(), 0);
     std::vector<at::Tensor> outgoing;
     c10::optional<at::TensorOptions> options;
@@ -37,7 +40,15 @@ class PackedMessages final : public Messages {
     for (int64_t n : receive_splits) received += n;
     at::Tensor packed = outgoing.empty() ? at::empty({0}, *options) : at::cat(outgoing);
     at::Tensor unpacked = at::empty({received}, *options);
-    comm_.all_to_all(unpacked, packed, receive_splits, send_splits);
+    {
+      // Counted as the batch says, not as the all_to_all that carries it.
+      CommDebugPause pause;
+      comm_.all_to_all(unpacked, packed, receive_splits, send_splits);
+    }
+    int64_t sent = 0;
+    for (int64_t peer = 0; peer < comm_.size(); ++peer)
+      if (peer != comm_.rank()) sent += send_splits[peer];
+    record_collective(counted_as_, sent * static_cast<int64_t>(packed.element_size()), counts_);
     int64_t offset = 0;
     for (const auto& pieces : receives_)
       for (const at::Tensor& t : pieces) {
@@ -49,10 +60,14 @@ class PackedMessages final : public Messages {
  private:
   Comm& comm_;
   std::vector<std::vector<at::Tensor>> sends_, receives_;
+  const char* counted_as_;
+  bool counts_;
 };
 
 }  // namespace
 
-std::unique_ptr<Messages> Comm::start_messages() { return std::make_unique<PackedMessages>(*this); }
+std::unique_ptr<Messages> Comm::start_messages(const char* counted_as, bool counts) {
+  return std::make_unique<PackedMessages>(*this, counted_as, counts);
+}
 
 }  // namespace shardtensor

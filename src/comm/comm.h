@@ -54,7 +54,9 @@ class Comm {
                           const std::vector<int64_t>& input_splits) = 0;
   // An all-to-all as a batch of point-to-point messages, posted as they become ready, so that
   // packing and local copies overlap the transfers. Counted as one all_to_all.
-  virtual std::unique_ptr<Messages> start_messages();
+  // CommDebugMode counts the batch as one `counted_as`; with `counts` false it only adds its
+  // bytes (the second phase of one collective).
+  virtual std::unique_ptr<Messages> start_messages(const char* counted_as = "all_to_all", bool counts = true);
 };
 
 // The group of a mesh dim of size 1: every collective is a local copy.

@@ -20,16 +20,19 @@ const std::string& current_operator() {
 CurrentOperatorScope::CurrentOperatorScope(const std::string* name) : previous_(current_op) { current_op = name; }
 CurrentOperatorScope::~CurrentOperatorScope() { current_op = previous_; }
 
-void record_collective(const char* kind, int64_t bytes) {
-  if (active_mode) active_mode->record(kind, current_operator(), bytes);
+void record_collective(const char* kind, int64_t bytes, bool counts) {
+  if (active_mode) active_mode->record(kind, current_operator(), bytes, counts);
 }
+
+CommDebugPause::CommDebugPause() : paused_(active_mode) { active_mode = nullptr; }
+CommDebugPause::~CommDebugPause() { active_mode = paused_; }
 
 CommDebugMode::CommDebugMode() : previous_(active_mode) { active_mode = this; }
 CommDebugMode::~CommDebugMode() { active_mode = previous_; }
 
-void CommDebugMode::record(const std::string& kind, const std::string& op, int64_t bytes) {
-  ++by_kind_[kind];
-  ++by_operator_[op][kind];
+void CommDebugMode::record(const std::string& kind, const std::string& op, int64_t bytes, bool counts) {
+  by_kind_[kind] += counts ? 1 : 0;
+  by_operator_[op][kind] += counts ? 1 : 0;
   bytes_by_kind_[kind] += bytes;
   bytes_ += bytes;
 }

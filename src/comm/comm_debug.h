@@ -7,6 +7,8 @@
 
 namespace shardtensor {
 
+class CommDebugMode;
+
 // The operator the kernel is running on this thread ("redistribute" outside the kernel).
 const std::string& current_operator();
 
@@ -21,6 +23,18 @@ class CurrentOperatorScope {
 
 // Counts one collective of `kind`, which sent `bytes` from this rank to others, into the
 // active CommDebugMode of this thread, if any.
-void record_collective(const char* kind, int64_t bytes);
+// No recording on this thread while it lives: for a collective that carries another one's data.
+class CommDebugPause {
+ public:
+  CommDebugPause();
+  ~CommDebugPause();
+  CommDebugPause(const CommDebugPause&) = delete;
+  CommDebugPause& operator=(const CommDebugPause&) = delete;
+
+ private:
+  CommDebugMode* paused_;
+};
+
+void record_collective(const char* kind, int64_t bytes, bool counts = true);
 
 }  // namespace shardtensor

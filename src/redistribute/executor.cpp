@@ -5,9 +5,11 @@
 #include "redistribute/executor.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
+#include <ATen/ops/mul.h>
 
 
 #include "comm/comm.h"
@@ -58,23 +60,59 @@ void send_from(Messages& messages, int64_t peer, const at::Tensor& source) {
 
 at::Tensor fresh_copy(const at::Tensor& t) { return t.clone(at::MemoryFormat::Contiguous); }
 
-at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const AllReduceStep& step) {
-  at::Tensor out = fresh_copy(local);
-  // Every member of the group holds the same (Partial) box, so they all skip empty ones together.
-  if (out.numel() > 0) mesh.comm(step.mesh_dim).all_reduce(out, step.op);
-  return out;
-}
-
-// a op= b, elementwise (Avg sums here; the caller divides once at the end).
-void reduce_into(at::Tensor& a, const at::Tensor& b, ReduceOp op) {
+// out = a op b, elementwise; `out` may be `a`.
+void combine(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: a.add_(b); return;
-    case ReduceOp::Max: at::maximum_out(a, a, b); return;
-    case ReduceOp::Min: at::minimum_out(a, a, b); return;
-    case ReduceOp::Product: a.mul_(b); return;
+    case ReduceOp::Avg: at::add_out(const_cast<at::Tensor&>(out), a, b); return;
+    case ReduceOp::Max: at::maximum_out(const_cast<at::Tensor&>(out), a, b); return;
+    case ReduceOp::Min: at::minimum_out(const_cast<at::Tensor&>(out), a, b); return;
+    case ReduceOp::Product: at::mul_out(const_cast<at::Tensor&>(out), a, b); return;
   }
   TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
+}
+
+// Writes the reduction of `own` and the n-1 pieces stacked in `incoming` into `out`: the first
+// combination reads `own` in place, so nothing is copied first.
+void reduce_pieces_into(const at::Tensor& out, const at::Tensor& own, const at::Tensor& incoming, ReduceOp op, int64_t n) {
+  if (incoming.size(0) == 0) out.copy_(own);
+  for (int64_t i = 0; i < incoming.size(0); ++i) combine(out, i == 0 ? own : out, incoming[i], op);
+  if (op == ReduceOp::Avg) out.div_(n);
+}
+
+// Out of place, as a reduce-scatter of flat chunks followed by an all-gather of the reduced
+// chunks, both as point-to-point messages: the bytes of a ring all-reduce, with no copy of the
+// input first (c10d's all-reduce works in place).
+at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const AllReduceStep& step) {
+  Comm& comm = mesh.comm(step.mesh_dim);
+  const int64_t n = comm.size(), me = comm.rank();
+  at::Tensor out = at::empty(local.sizes(), local.options());
+  // Every member of the group holds the same (Partial) box, so they all skip empty ones together.
+  if (n == 1 || local.numel() == 0) return out.copy_(local);
+  const at::Tensor flat = local.contiguous().view({-1});
+  const at::Tensor out_flat = out.view({-1});
+  const std::vector<int64_t> sizes = chunk_sizes(flat.numel(), n);
+  std::vector<int64_t> offsets(n, 0);
+  for (int64_t p = 1; p < n; ++p) offsets[p] = offsets[p - 1] + sizes[p - 1];
+  auto chunk = [&](const at::Tensor& t, int64_t p) { return t.narrow(0, offsets[p], sizes[p]); };
+
+  at::Tensor incoming = at::empty({n - 1, sizes[me]}, local.options());
+  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: 1-D pieces are contiguous
+  auto scatter = comm.start_messages("all_reduce");
+  for (int64_t p = 0, slot = 0; p < n; ++p)
+    if (p != me) receive_into(*scatter, p, incoming[slot++], to_unpack);
+  for (int64_t p = 0; p < n; ++p)
+    if (p != me) send_from(*scatter, p, chunk(flat, p));
+  scatter->wait();
+  reduce_pieces_into(chunk(out_flat, me), chunk(flat, me), incoming, step.op, n);
+
+  auto gather = comm.start_messages("all_reduce", /*counts=*/false);
+  for (int64_t p = 0; p < n; ++p)
+    if (p != me) receive_into(*gather, p, chunk(out_flat, p), to_unpack);
+  for (int64_t p = 0; p < n; ++p)
+    if (p != me) send_from(*gather, p, chunk(out_flat, me));
+  gather->wait();
+  return out;
 }
 
 // The ranks a step's data travels between: one mesh dim's group, or the whole mesh.
@@ -120,10 +158,9 @@ at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& curren
     if (group.members[p] != mesh.coordinate()) receive_into(*messages, p, incoming[slot++], to_unpack);
   for (int64_t p = 0; p < n; ++p)
     if (group.members[p] != mesh.coordinate()) send_from(*messages, p, view_of(local, held, box_of(next, group.members[p])));
-  at::Tensor out = view_of(local, held, mine).clone(at::MemoryFormat::Contiguous);
   messages->wait();
-  for (int64_t i = 0; i < n - 1; ++i) reduce_into(out, incoming[i], step.op);
-  if (step.op == ReduceOp::Avg) out.div_(n);
+  at::Tensor out = at::empty(mine.shape, local.options());
+  reduce_pieces_into(out, view_of(local, held, mine), incoming, step.op, n);
   return out;
 }
 
