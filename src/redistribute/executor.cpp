@@ -80,15 +80,21 @@ void reduce_pieces_into(const at::Tensor& out, const at::Tensor& own, const at::
   if (op == ReduceOp::Avg) out.div_(n);
 }
 
-// Out of place, as a reduce-scatter of flat chunks followed by an all-gather of the reduced
-// chunks, both as point-to-point messages: the bytes of a ring all-reduce, with no copy of the
-// input first (c10d's all-reduce works in place).
+// Large tensors: out of place, as a reduce-scatter of flat chunks followed by an all-gather
+// of the reduced chunks, both as point-to-point messages: the bytes of a ring all-reduce, with
+// no copy of the input first. Below one message's worth, two rounds of messages cost more
+// latency than the copy that c10d's in-place all-reduce needs, so small ones go there.
 at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const AllReduceStep& step) {
   Comm& comm = mesh.comm(step.mesh_dim);
   const int64_t n = comm.size(), me = comm.rank();
-  at::Tensor out = at::empty(local.sizes(), local.options());
   // Every member of the group holds the same (Partial) box, so they all skip empty ones together.
-  if (n == 1 || local.numel() == 0) return out.copy_(local);
+  if (n == 1 || local.numel() == 0) return fresh_copy(local);
+  if (static_cast<int64_t>(local.nbytes()) < kMessageBytes) {
+    at::Tensor out = fresh_copy(local);
+    comm.all_reduce(out, step.op);
+    return out;
+  }
+  at::Tensor out = at::empty(local.sizes(), local.options());
   const at::Tensor flat = local.contiguous().view({-1});
   const at::Tensor out_flat = out.view({-1});
   const std::vector<int64_t> sizes = chunk_sizes(flat.numel(), n);

@@ -188,6 +188,25 @@ TEST(Redistribute, PartialMaxToShardIsAReduceScatter) {
   EXPECT_EQ(plan_redistribute(spec(x), spec(y)).to_string(), "ReduceScatter(mesh_dim=0, tensor_dim=0, max)");
 }
 
+TEST(Redistribute, LargePartialsReduceThroughMessagesForEveryOp) {
+  // Above 2 MiB the all-reduce runs as reduce-scatter + all-gather messages, and parts are cut
+  // into several messages: the sweep's small tensors never get there.
+  for (const DeviceMesh& mesh : test_meshes()) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product}) {
+      SCOPED_TRACE(mesh.to_string() + " " + to_string(op));
+      const int64_t m = mesh.ndim() - 1;
+      Placements partial(mesh.ndim(), Replicate()), replicated = partial, sharded = partial;
+      partial[m] = Partial(op);
+      sharded[m] = Shard(0);
+      const at::Tensor value = (iota({601, 1031}, c10::kDouble).remainder(97) - 48) / 8;
+      at::Tensor x = from_local(partial_term(value, mesh, partial), mesh, partial, ShardSizing::given({}));
+      EXPECT_TRUE(at::allclose(to_local(redistribute(x, replicated)), value));
+      EXPECT_TRUE(at::allclose(to_local(redistribute(x, sharded)),
+                               reference_piece(value, mesh.shape(), sharded, {}, mesh.coordinate())));
+    }
+  }
+}
+
 TEST(Redistribute, RebalancingExplicitSizesIsOneCall) {
   if (world_size() != 4) GTEST_SKIP() << "the 1,4,2,3 -> 3,3,2,2 case is for 4 ranks; the sweep covers others";
   const DeviceMesh& mesh = test_meshes().front();
