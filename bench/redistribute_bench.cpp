@@ -1,10 +1,11 @@
 // Redistribution benchmark: each transition next to the raw c10d collective that moves the
 // minimal bytes, measured in the same run, plus planning time.
 //
-//   shardrun -n 4 ./build/bench/redistribute_bench        (also -n 2; --planning-only: just planning)
+//   shardrun -n 4 ./build/bench/redistribute_bench        (also -n 2; --planning-only: just planning;
+//                                                        --only S(0)->R: matching transitions)
 //
 // Tensors: 16 MiB of float ([2048, 2048], even) and an awkward [2047, 2049] (uneven). Each
-// figure is the median of 25 runs after 3 warm-ups, with a barrier before every run; the
+// figure is the median of 41 runs after 3 warm-ups, with a barrier before every run; the
 // slowest rank's time counts (max over ranks of each run). Rank 0 prints a Markdown table.
 #include <ATen/ATen.h>
 #include <malloc.h>
@@ -25,7 +26,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kWarmup = 3, kRuns = 25;
+constexpr int kWarmup = 3, kRuns = 41;
 
 // Median over runs of the slowest rank's time, in milliseconds.
 double time_ms(const DeviceMesh& mesh, const std::function<void()>& fn) {
@@ -46,9 +47,13 @@ double time_ms(const DeviceMesh& mesh, const std::function<void()>& fn) {
 struct Row {
   std::string name, raw_name;
   double ours_ms, raw_ms;
+  double raw_with_own_ms;  // the same collective also placing this rank's own part (Gloo copies it)
 };
 
+std::string only;  // --only SUBSTRING: just the transitions whose name contains it
+
 Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const ShardTensorSpec& dst) {
+  if (!only.empty() && name.find(only) == std::string::npos) return {name, "skipped", 0, 1, 1};
   const DeviceMesh& mesh = src.mesh();
   at::Tensor x = from_local(at::rand(src.local_shape()), mesh, src.placements(), ShardSizing::given(src.shard_sizes()));
   const double ours = time_ms(mesh, [&] { redistribute(x, dst.placements(), dst.shard_sizes()); });
@@ -67,14 +72,24 @@ Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const 
   at::Tensor send = at::rand({s}), recv = at::empty({r});
   // The raw collective: one all_to_all with exactly those sizes, buffers prepared in advance.
   const double raw = time_ms(mesh, [&] { mesh.mesh_comm().all_to_all(recv, send, recv_splits, send_splits); });
-  return {name, "all_to_all (minimal bytes)", ours, raw};
+  // The same bytes on the wire, with this rank's own part in the buffers too, so that the
+  // output is the whole result, as redistribute's is: the own part is a local copy in Gloo.
+  const int64_t own = intersect(box_of(src, me), box_of(dst, me)).numel();
+  const int64_t self_index = mesh.mesh_comm().rank();
+  send_splits[self_index] = recv_splits[self_index] = own;
+  at::Tensor send_all = at::rand({s + own}), recv_all = at::empty({r + own});
+  const double raw_with_own = time_ms(mesh, [&] { mesh.mesh_comm().all_to_all(recv_all, send_all, recv_splits, send_splits); });
+  return {name, "all_to_all (minimal bytes)", ours, raw, raw_with_own};
 }
 
 void print(const std::vector<Row>& rows, int64_t world) {
-  std::cout << "\n| transition (" << world << " ranks) | shardtensor ms | raw c10d | raw ms | ratio |\n|---|---|---|---|---|\n";
+  std::cout << "\n| transition (" << world << " ranks) | shardtensor ms | raw c10d | raw ms | ratio | raw ms, own part included | ratio |\n"
+            << "|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows)
-    std::cout << "| " << r.name << " | " << std::fixed << std::setprecision(3) << r.ours_ms << " | " << r.raw_name << " | "
-              << r.raw_ms << " | " << std::setprecision(2) << r.ours_ms / r.raw_ms << " |\n";
+    if (r.raw_name != "skipped")
+      std::cout << "| " << r.name << " | " << std::fixed << std::setprecision(3) << r.ours_ms << " | " << r.raw_name << " | "
+              << r.raw_ms << " | " << std::setprecision(2) << r.ours_ms / r.raw_ms << " | " << std::setprecision(3)
+              << r.raw_with_own_ms << " | " << std::setprecision(2) << r.ours_ms / r.raw_with_own_ms << " |\n";
 }
 
 // Median over 15 batches of the mean time per plan in a batch of `reps`.
@@ -109,6 +124,7 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   const bool planning_only = argc > 1 && std::string(argv[1]) == "--planning-only";
+  if (argc > 2 && std::string(argv[1]) == "--only") only = argv[2];
   const int64_t world = world_size();
   DeviceMesh mesh = DeviceMesh::create({world});
   std::vector<Row> rows;
@@ -121,16 +137,23 @@ int main(int argc, char** argv) {
     // Partial: the raw baselines are all_reduce and an all_to_all of the reduce-scatter bytes.
     at::Tensor px = from_local(at::rand(shape), mesh, {Partial()}, ShardSizing::given({}));
     at::Tensor dense = at::rand(shape);
+    const double all_reduce_ms = time_ms(mesh, [&] { mesh.comm(0).all_reduce(dense, ReduceOp::Sum); });
     rows.push_back({"P(sum)->R" + tag, "all_reduce", time_ms(mesh, [&] { redistribute(px, {Replicate()}); }),
-                    time_ms(mesh, [&] { mesh.comm(0).all_reduce(dense, ReduceOp::Sum); })});
+                    all_reduce_ms, all_reduce_ms});
     at::Tensor flat = at::rand({dense.numel()}), flat_out = at::empty({dense.numel()});
     std::vector<int64_t> splits;
     for (int64_t rows_of_piece : chunk_sizes(shape[0], world)) splits.push_back(rows_of_piece * shape[1]);
     std::vector<int64_t> recv(world, splits[mesh.coordinate()[0]]);
     at::Tensor recv_buf = at::empty({world * splits[mesh.coordinate()[0]]});
+    // Gloo has no reduce-scatter: by hand it is this all_to_all, then a sum of the pieces
+    // (the last column).
     rows.push_back({"P(sum)->S(0)" + tag, "all_to_all (reduce-scatter bytes)",
                     time_ms(mesh, [&] { redistribute(px, {Shard(0)}); }),
-                    time_ms(mesh, [&] { mesh.comm(0).all_to_all(recv_buf, flat, recv, splits); })});
+                    time_ms(mesh, [&] { mesh.comm(0).all_to_all(recv_buf, flat, recv, splits); }),
+                    time_ms(mesh, [&] {
+                      mesh.comm(0).all_to_all(recv_buf, flat, recv, splits);
+                      at::sum(recv_buf.view({world, -1}), 0);
+                    })});
   }
   if (world == 4 && !planning_only) {
     ShardTensorSpec a(mesh, {Shard(0)}, {2048, 2048}, c10::kFloat, {{0, {256, 1024, 512, 256}}});

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "dist/dist_fixture.h"
+#include "redistribute/executor.h"
 #include "redistribute/plan.h"
 
 using namespace shardtensor;
@@ -204,6 +205,31 @@ TEST(Redistribute, LargePartialsReduceThroughMessagesForEveryOp) {
       EXPECT_TRUE(at::allclose(to_local(redistribute(x, sharded)),
                                reference_piece(value, mesh.shape(), sharded, {}, mesh.coordinate())));
     }
+  }
+}
+
+TEST(Redistribute, PartsCutIntoManyMessagesArriveWhole) {
+  // 4 KiB messages: every part of these layouts travels as several, packed ones included.
+  set_message_bytes(4096);
+  struct Restore {
+    ~Restore() { set_message_bytes(4 << 20); }
+  } restore;
+  for (const DeviceMesh& mesh : test_meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const std::vector<int64_t> shape = {67, 45};
+    Placements rows(mesh.ndim(), Replicate()), cols = rows, partial = rows;
+    rows[0] = Shard(0);
+    cols[mesh.ndim() - 1] = Shard(1);
+    partial[mesh.ndim() - 1] = Partial();
+    at::Tensor x = distributed(mesh, shape, rows);
+    expect_holds_reference(redistribute(x, cols), shape);
+    expect_holds_reference(redistribute(redistribute(x, cols), Placements(mesh.ndim(), Replicate())), shape);
+    const at::Tensor value = iota(shape, c10::kDouble);
+    at::Tensor p = from_local(partial_term(value, mesh, partial), mesh, partial, ShardSizing::given({}));
+    Placements scattered = partial;
+    scattered[mesh.ndim() - 1] = Shard(0);
+    EXPECT_TRUE(at::allclose(to_local(redistribute(p, scattered)),
+                             reference_piece(value, mesh.shape(), scattered, {}, mesh.coordinate())));
   }
 }
 
