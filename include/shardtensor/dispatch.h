@@ -34,7 +34,8 @@ std::vector<std::string> propagated_operators();
 // ---- Implicit replication ----------------------------------------------------------------
 // Plain tensors next to ShardTensors are an error, except 0-d and single-element ones, which
 // count as Replicate. Inside this scope (per thread) every plain tensor counts as Replicate:
-// each rank must then hold the same value.
+// each rank must then hold the same value. The same holds while autograd runs a backward pass,
+// where plain tensors come from libtorch's own formulas (zeros for an unused split piece).
 class ImplicitReplication {
  public:
   ImplicitReplication();

@@ -2,6 +2,7 @@
 #include "dispatch/dispatch_state.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -59,7 +60,12 @@ std::vector<std::string> fallback_operators() {
 ImplicitReplication::ImplicitReplication() : previous_(implicit_replication) { implicit_replication = true; }
 ImplicitReplication::~ImplicitReplication() { implicit_replication = previous_; }
 
-bool implicit_replication_active() { return implicit_replication; }
+// Inside autograd's backward every plain tensor next to ShardTensors was made by libtorch's
+// formulas from global sizes (split's backward fills unused pieces with at::zeros, sgn's
+// gradient is a zero tensor), the same on every rank: a replicated value by construction.
+bool implicit_replication_active() {
+  return implicit_replication || torch::autograd::get_current_graph_task_exec_info() != nullptr;
+}
 
 bool log_enabled() {
   static const bool enabled = env_flag("SHARDTENSOR_LOG");

@@ -6,6 +6,7 @@
 
 namespace shardtensor {
 
+// An ImplicitReplication scope, or autograd's backward running on this thread.
 bool implicit_replication_active();
 bool log_enabled();  // SHARDTENSOR_LOG=1
 

@@ -99,6 +99,31 @@ TEST(Kernel, PermutingViewsReportPermutedStridesSoWeightGradientsKeepTheWeightsL
   EXPECT_TRUE(at::allclose(full_tensor(w.grad()), plain.grad()));
 }
 
+TEST(Kernel, BackwardFormulasThatBuildPlainZerosWork) {
+  // libtorch 1.13 fills the gradient of an unused split piece with plain at::zeros, and an
+  // overwriting index_put's backward builds plain zeros too.
+  const at::Tensor global = same_randn({10, 6});
+  for (int64_t dim : {0, 1}) {
+    SCOPED_TRACE(dim);
+    at::Tensor x = rows(global, uneven(10, false)).requires_grad_();
+    x.split(4, dim)[0].square().sum().backward();
+    const at::Tensor plain = global.clone().requires_grad_();
+    plain.split(4, dim)[0].square().sum().backward();
+    EXPECT_TRUE(at::allclose(full_tensor(x.grad()), plain.grad()));
+  }
+  at::Tensor x = rows(global, uneven(10, false)).requires_grad_();
+  const at::Tensor index = at::tensor(std::vector<int64_t>{7, 1, 4});
+  const at::Tensor values_global = same_randn({3, 6});
+  const DeviceMesh& mesh = spec(x).mesh();
+  at::Tensor values = distribute_tensor(values_global, mesh, {Replicate()}).requires_grad_();
+  const c10::List<c10::optional<at::Tensor>> indices({distribute_tensor(index, mesh, {Replicate()})});
+  at::index_put(x, indices, values, /*accumulate=*/false).square().sum().backward();
+  const at::Tensor plain = global.clone().requires_grad_(), plain_values = values_global.clone().requires_grad_();
+  at::index_put(plain, c10::List<c10::optional<at::Tensor>>({index}), plain_values, false).square().sum().backward();
+  EXPECT_TRUE(at::allclose(full_tensor(x.grad()), plain.grad()));
+  EXPECT_TRUE(at::allclose(full_tensor(values.grad()), plain_values.grad()));
+}
+
 TEST(Kernel, PlainTensorsNextToShardTensors) {
   at::Tensor t = replicated(mesh_1d(), {3, 4});
   EXPECT_ERROR_CONTAINS(t.add(at::ones({3, 4})), "aten::add.Tensor", "plain 2-d tensor", "ImplicitReplication");
