@@ -13,7 +13,6 @@
 
 #include <atomic>
 
-
 #include "comm/comm.h"
 #include "redistribute/boxes.h"
 

@@ -6,6 +6,8 @@
 //
 // A layout is at most one byte per mesh dim, so a 3-D mesh over a 3-D tensor has at most
 // 5^3 = 125 of them; the search visits a fraction of those.
+#include <c10/util/Exception.h>
+
 #include <functional>
 #include <queue>
 #include <unordered_map>
@@ -58,6 +60,8 @@ std::vector<Move> searched_moves(const Problem& problem) {
     });
   }
 
+  // Always reachable: all-reduce every Partial, then Exchange.
+  TORCH_INTERNAL_ASSERT(reached.count(problem.target()), "graph planner: the target layout was not reached");
   std::vector<Move> moves;
   for (Codes at = problem.target(); at != problem.source(); at = reached.at(at).parent) moves.push_back(reached.at(at).move);
   return {moves.rbegin(), moves.rend()};

@@ -12,9 +12,9 @@
 //   Exchange                   any Shard/Replicate layout -> the target, in one all-to-all over
 //                              the mesh: each rank gets exactly the box intersections it lacks
 //                              (see redistribute/boxes.h). It also rebalances shard sizes.
-// Two planners produce plans (redistribute/planners.h): a greedy one, DTensor-style, and a
-// Dijkstra search over the same moves plus Exchange with a cost model in bytes; the search is
-// the default. Plans are cached by (source spec, target spec, planner).
+// Two planners produce plans (moves.h, greedy_planner.cpp, graph_planner.cpp): a greedy one,
+// DTensor-style, and a Dijkstra search over the same moves plus Exchange with a cost model in
+// bytes; the search is the default. Plans are cached by (source spec, target spec, planner).
 #pragma once
 
 #include <string>
