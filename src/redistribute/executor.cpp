@@ -11,6 +11,7 @@
 #include <ATen/ops/minimum.h>
 #include <ATen/ops/mul.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "comm/comm.h"
@@ -57,6 +58,13 @@ void receive_into(Messages& messages, int64_t peer, const at::Tensor& destinatio
 
 void send_from(Messages& messages, int64_t peer, const at::Tensor& source) {
   for (const at::Tensor& piece : message_pieces(source)) messages.send(peer, piece.contiguous());  // no copy for row blocks
+}
+
+// The other members of a group of n, starting after `self`: every rank sends in this order, so
+// that they do not all send to the same peer first.
+template <class Visit>
+void for_each_peer_after(int64_t self, int64_t n, Visit&& visit) {
+  for (int64_t k = 1; k < n; ++k) visit((self + k) % n);
 }
 
 at::Tensor fresh_copy(const at::Tensor& t) { return t.clone(at::MemoryFormat::Contiguous); }
@@ -111,16 +119,14 @@ at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const All
   auto scatter = comm.start_messages("all_reduce");
   for (int64_t p = 0, slot = 0; p < n; ++p)
     if (p != me) receive_into(*scatter, p, incoming[slot++], to_unpack);
-  for (int64_t p = 0; p < n; ++p)
-    if (p != me) send_from(*scatter, p, chunk(flat, p));
+  for_each_peer_after(me, n, [&](int64_t p) { send_from(*scatter, p, chunk(flat, p)); });
   scatter->wait();
   reduce_pieces_into(chunk(out_flat, me), chunk(flat, me), incoming, step.op, n);
 
   auto gather = comm.start_messages("all_reduce", /*counts=*/false);
   for (int64_t p = 0; p < n; ++p)
     if (p != me) receive_into(*gather, p, chunk(out_flat, p), to_unpack);
-  for (int64_t p = 0; p < n; ++p)
-    if (p != me) send_from(*gather, p, chunk(out_flat, me));
+  for_each_peer_after(me, n, [&](int64_t p) { send_from(*gather, p, chunk(out_flat, me)); });
   gather->wait();
   return out;
 }
@@ -129,6 +135,10 @@ at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const All
 struct Group {
   Comm& comm;
   std::vector<std::vector<int64_t>> members;  // coordinates, in the communicator's rank order
+
+  int64_t position_of(const std::vector<int64_t>& coordinate) const {
+    return std::find(members.begin(), members.end(), coordinate) - members.begin();
+  }
 };
 
 Group group_along(const DeviceMesh& mesh, int64_t mesh_dim) {
@@ -166,8 +176,8 @@ at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& curren
   int64_t slot = 0;
   for (int64_t p = 0; p < n; ++p)
     if (group.members[p] != mesh.coordinate()) receive_into(*messages, p, incoming[slot++], to_unpack);
-  for (int64_t p = 0; p < n; ++p)
-    if (group.members[p] != mesh.coordinate()) send_from(*messages, p, view_of(local, held, box_of(next, group.members[p])));
+  for_each_peer_after(group.position_of(mesh.coordinate()), n,
+                      [&](int64_t p) { send_from(*messages, p, view_of(local, held, box_of(next, group.members[p]))); });
   messages->wait();
   at::Tensor out = at::empty(mine.shape, local.options());
   reduce_pieces_into(out, view_of(local, held, mine), incoming, step.op, n);
@@ -203,11 +213,10 @@ at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, con
     if (peer == me) own = incoming;
     else if (!incoming.empty()) receive_into(*messages, static_cast<int64_t>(p), view_of(out, wanted, incoming), to_unpack);
   }
-  for (size_t p = 0; p < group.members.size(); ++p) {
-    const std::vector<int64_t>& peer = group.members[p];
-    const Box outgoing = feeds(current, me, peer) ? intersect(held, box_of(next, peer)) : Box::none();
-    if (peer != me && !outgoing.empty()) send_from(*messages, static_cast<int64_t>(p), view_of(local, held, outgoing));
-  }
+  for_each_peer_after(group.position_of(me), static_cast<int64_t>(group.members.size()), [&](int64_t p) {
+    const Box outgoing = feeds(current, me, group.members[p]) ? intersect(held, box_of(next, group.members[p])) : Box::none();
+    if (!outgoing.empty()) send_from(*messages, p, view_of(local, held, outgoing));
+  });
   if (!own.empty()) view_of(out, wanted, own).copy_(view_of(local, held, own));
   messages->wait();
   for (auto& [staging, destination] : to_unpack) destination.copy_(staging);

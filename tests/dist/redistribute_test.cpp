@@ -233,6 +233,28 @@ TEST(Redistribute, PartsCutIntoManyMessagesArriveWhole) {
   }
 }
 
+TEST(Redistribute, MeshesWhoseRanksArePermuted) {
+  // Messages go to group ranks; mesh coordinates and global ranks differ here.
+  std::vector<int64_t> reversed;
+  for (int64_t r = world_size() - 1; r >= 0; --r) reversed.push_back(r);
+  std::vector<DeviceMesh> meshes = {DeviceMesh::from_ranks({world_size()}, reversed)};
+  if (world_size() == 4) meshes.push_back(DeviceMesh::from_ranks({2, 2}, {3, 1, 2, 0}));
+  for (const DeviceMesh& mesh : meshes) {
+    SCOPED_TRACE(mesh.to_string());
+    const std::vector<int64_t> shape = {11, 7};
+    Placements rows(mesh.ndim(), Shard(0)), cols(mesh.ndim(), Replicate()), replicated = cols;
+    cols.back() = Shard(1);
+    at::Tensor x = distributed(mesh, shape, rows);
+    expect_holds_reference(redistribute(x, cols), shape);
+    expect_holds_reference(redistribute(x, replicated), shape);
+    Placements partial = replicated;
+    partial.back() = Partial();
+    const at::Tensor value = iota({700, 600}, c10::kDouble);  // 3.2 MiB: the message all-reduce
+    at::Tensor p = from_local(partial_term(value, mesh, partial), mesh, partial, ShardSizing::given({}));
+    EXPECT_TRUE(at::allclose(to_local(redistribute(p, replicated)), value));
+  }
+}
+
 TEST(Redistribute, RebalancingExplicitSizesIsOneCall) {
   if (world_size() != 4) GTEST_SKIP() << "the 1,4,2,3 -> 3,3,2,2 case is for 4 ranks; the sweep covers others";
   const DeviceMesh& mesh = test_meshes().front();
