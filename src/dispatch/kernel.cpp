@@ -86,8 +86,8 @@ void log_call(const Propagation& p) {
 // would: autograd's mm backward reads them to lay out a weight gradient like the weight (a
 // linear layer's weight reaches mm through t()), so the optimizer never mixes layouts. The
 // strides derive from global shapes and the op alone, so every rank agrees.
+// Called only for those three ops (Propagation::permutes_dims).
 std::vector<int64_t> permuted_global_strides(const std::string& name, c10::ArrayRef<c10::IValue> args) {
-  if (name != "aten::t" && name != "aten::transpose.int" && name != "aten::permute") return {};
   if (!args[0].isTensor()) return {};
   const at::Tensor& input = args[0].toTensor();
   if (!shard_tensor_impl(input)) return {};
@@ -123,7 +123,8 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   if (log_enabled()) log_call(p);
 
   const std::vector<int64_t> output_strides =
-      permuted_global_strides(p.meta.name, c10::ArrayRef<c10::IValue>(stack->data() + args_begin, num_args));
+      p.permutes_dims ? permuted_global_strides(p.meta.name, c10::ArrayRef<c10::IValue>(stack->data() + args_begin, num_args))
+                      : std::vector<int64_t>{};
 
   // Written arguments come back as the caller's wrappers.
   const bool inplace = p.meta.is_inplace();

@@ -110,6 +110,7 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
   const c10::FunctionSchema& schema = op.schema();
   OpMeta& meta = p->meta;
   meta.name = full_op_name(op.operator_name());
+  p->permutes_dims = meta.name == "aten::t" || meta.name == "aten::transpose.int" || meta.name == "aten::permute";
   meta.schema = &schema;
 
   const DeviceMesh* mesh = nullptr;

@@ -34,6 +34,7 @@ struct Propagation {
   std::vector<const RedistributePlan*> plans;   // per input; nullptr: already in place
   std::vector<std::optional<CachedOutput>> output_specs;  // filled on the first run
   bool fallback = false;                        // gathered inputs, Replicate outputs
+  bool permutes_dims = false;                   // t, transpose, permute: strides follow (kernel.cpp)
 };
 
 // Argument `i` of the call is an out= tensor (written, but not self): not a rule input.

@@ -89,6 +89,24 @@ void reduce_pieces_into(const at::Tensor& out, const at::Tensor& own, const at::
   if (op == ReduceOp::Avg) out.div_(n);
 }
 
+// Each member of a group of n sends every other member the piece that member will own
+// (`pieces`, by group position), then reduces the n-1 pieces it received with its own into
+// `out`: the bytes a ring reduce-scatter moves. Gloo has no reduce-scatter.
+void reduce_scatter_pieces(Comm& comm, int64_t self, const std::vector<at::Tensor>& pieces, const at::Tensor& out,
+                           ReduceOp op, const char* counted_as) {
+  const int64_t n = static_cast<int64_t>(pieces.size());
+  std::vector<int64_t> incoming_shape = out.sizes().vec();
+  incoming_shape.insert(incoming_shape.begin(), n - 1);
+  at::Tensor incoming = at::empty(incoming_shape, out.options());
+  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: the slots are contiguous
+  auto messages = comm.start_messages(counted_as);
+  for (int64_t p = 0, slot = 0; p < n; ++p)
+    if (p != self) receive_into(*messages, p, incoming[slot++], to_unpack);
+  for_each_peer_after(self, n, [&](int64_t p) { send_from(*messages, p, pieces[p]); });
+  messages->wait();
+  reduce_pieces_into(out, pieces[self], incoming, op, n);
+}
+
 constexpr int64_t kMessagesAllReduceBytes = 2 << 20;
 
 // Large tensors go out of place, as a reduce-scatter of flat chunks followed by an all-gather
@@ -114,15 +132,11 @@ at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const All
   for (int64_t p = 1; p < n; ++p) offsets[p] = offsets[p - 1] + sizes[p - 1];
   auto chunk = [&](const at::Tensor& t, int64_t p) { return t.narrow(0, offsets[p], sizes[p]); };
 
-  at::Tensor incoming = at::empty({n - 1, sizes[me]}, local.options());
-  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: 1-D pieces are contiguous
-  auto scatter = comm.start_messages("all_reduce");
-  for (int64_t p = 0, slot = 0; p < n; ++p)
-    if (p != me) receive_into(*scatter, p, incoming[slot++], to_unpack);
-  for_each_peer_after(me, n, [&](int64_t p) { send_from(*scatter, p, chunk(flat, p)); });
-  scatter->wait();
-  reduce_pieces_into(chunk(out_flat, me), chunk(flat, me), incoming, step.op, n);
+  std::vector<at::Tensor> pieces;
+  for (int64_t p = 0; p < n; ++p) pieces.push_back(chunk(flat, p));
+  reduce_scatter_pieces(comm, me, pieces, chunk(out_flat, me), step.op, "all_reduce");
 
+  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: 1-D pieces are contiguous
   auto gather = comm.start_messages("all_reduce", /*counts=*/false);
   for (int64_t p = 0; p < n; ++p)
     if (p != me) receive_into(*gather, p, chunk(out_flat, p), to_unpack);
@@ -157,30 +171,17 @@ Group whole_mesh(const DeviceMesh& mesh) {
   return group;
 }
 
-// Gloo has no reduce-scatter: each member sends every other member the piece that member will
-// own, which is the bytes a ring reduce-scatter moves, then reduces the n pieces it got.
 at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next,
                           const ReduceScatterStep& step) {
   const DeviceMesh& mesh = current.mesh();
   const Box held = box_of(current, mesh.coordinate());
   const Box mine = box_of(next, mesh.coordinate());
   if (held.empty()) return at::empty(mine.shape, local.options());
-  Group group = group_along(mesh, step.mesh_dim);
-  const int64_t n = static_cast<int64_t>(group.members.size());
-  // The n-1 incoming pieces land in one buffer; this rank's own piece is read in place.
-  std::vector<int64_t> incoming_shape = mine.shape;
-  incoming_shape.insert(incoming_shape.begin(), n - 1);
-  at::Tensor incoming = at::empty(incoming_shape, local.options());
-  auto messages = group.comm.start_messages();
-  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: slots are contiguous
-  int64_t slot = 0;
-  for (int64_t p = 0; p < n; ++p)
-    if (group.members[p] != mesh.coordinate()) receive_into(*messages, p, incoming[slot++], to_unpack);
-  for_each_peer_after(group.position_of(mesh.coordinate()), n,
-                      [&](int64_t p) { send_from(*messages, p, view_of(local, held, box_of(next, group.members[p]))); });
-  messages->wait();
+  const Group group = group_along(mesh, step.mesh_dim);
+  std::vector<at::Tensor> pieces;  // views of local: this rank's own one is read in place
+  for (const std::vector<int64_t>& member : group.members) pieces.push_back(view_of(local, held, box_of(next, member)));
   at::Tensor out = at::empty(mine.shape, local.options());
-  reduce_pieces_into(out, view_of(local, held, mine), incoming, step.op, n);
+  reduce_scatter_pieces(group.comm, group.position_of(mesh.coordinate()), pieces, out, step.op, "all_to_all");
   return out;
 }
 

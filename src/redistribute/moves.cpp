@@ -34,7 +34,7 @@ std::pair<double, double> held_fraction(Codes codes, int64_t d, const int64_t* c
 }  // namespace
 
 Problem::Problem(const ShardTensorSpec& source, const ShardTensorSpec& target)
-    : source_(source), target_(target), mesh_shape_(source.mesh().shape()), tensor_ndim_(source.ndim()) {
+    : mesh_shape_(source.mesh().shape()), tensor_ndim_(source.ndim()) {
   TORCH_CHECK(mesh_ndim() <= kMaxMeshDims, "redistribute: the planner handles meshes of up to ", kMaxMeshDims,
               " dims; this one has ", mesh_ndim());
   TORCH_CHECK(tensor_ndim_ < 250, "redistribute: the planner handles tensors of up to 249 dims");

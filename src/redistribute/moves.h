@@ -49,12 +49,9 @@ class Problem {
  public:
   Problem(const ShardTensorSpec& source, const ShardTensorSpec& target);
 
-  const ShardTensorSpec& source_spec() const { return source_; }
-  const ShardTensorSpec& target_spec() const { return target_; }
   Codes source() const { return source_codes_; }
   Codes target() const { return target_codes_; }
   int64_t mesh_ndim() const { return static_cast<int64_t>(mesh_shape_.size()); }
-  int64_t tensor_ndim() const { return tensor_ndim_; }
 
   // Whether `mesh_dim` may start sharding `tensor_dim` in `codes`: no later mesh dim shards it,
   // so the new split is the innermost one.
@@ -73,8 +70,6 @@ class Problem {
   double held_bytes(Codes codes) const;
   double exchange_bytes(Codes from) const;
 
-  const ShardTensorSpec& source_;
-  const ShardTensorSpec& target_;
   std::vector<int64_t> mesh_shape_;
   std::vector<int64_t> coordinates_;  // every mesh coordinate, row-major, flattened
   int64_t tensor_ndim_;
