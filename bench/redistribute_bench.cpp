@@ -5,8 +5,9 @@
 //                                                        --only S(0)->R: matching transitions)
 //
 // Tensors: 16 MiB of float ([2048, 2048], even) and an awkward [2047, 2049] (uneven). Each
-// figure is the median of 41 runs after 3 warm-ups, with a barrier before every run; the
-// slowest rank's time counts (max over ranks of each run). Rank 0 prints a Markdown table.
+// figure is the median of 61 runs after 3 warm-ups, with a barrier before every run; the
+// slowest rank's time counts (max over ranks of each run); a transition and its raw
+// collectives run in turns. Rank 0 prints a Markdown table.
 #include <ATen/ATen.h>
 #include <malloc.h>
 
@@ -26,22 +27,33 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kWarmup = 3, kRuns = 41;
+constexpr int kWarmup = 3, kRuns = 61;
 
-// Median over runs of the slowest rank's time, in milliseconds.
-double time_ms(const DeviceMesh& mesh, const std::function<void()>& fn) {
-  for (int i = 0; i < kWarmup; ++i) fn();
-  std::vector<double> samples;
-  for (int i = 0; i < kRuns; ++i) {
-    mesh.mesh_comm().barrier();
-    const auto start = Clock::now();
-    fn();
-    at::Tensor t = at::tensor(std::vector<double>{std::chrono::duration<double, std::milli>(Clock::now() - start).count()}, at::kDouble);
-    mesh.mesh_comm().all_reduce(t, ReduceOp::Max);
-    samples.push_back(t.item<double>());
+// One run of fn: the slowest rank's time in milliseconds.
+double run_ms(const DeviceMesh& mesh, const std::function<void()>& fn) {
+  mesh.mesh_comm().barrier();
+  const auto start = Clock::now();
+  fn();
+  at::Tensor t = at::tensor(std::vector<double>{std::chrono::duration<double, std::milli>(Clock::now() - start).count()}, at::kDouble);
+  mesh.mesh_comm().all_reduce(t, ReduceOp::Max);
+  return t.item<double>();
+}
+
+// The median run of each of `fns`, taken in turns (fns[0], fns[1], ..., fns[0], ...) so that
+// the machine's slow spells hit them alike: with ranks sharing 2 cores, separate timing loops
+// drifted apart by up to 30%.
+std::vector<double> time_ms(const DeviceMesh& mesh, const std::vector<std::function<void()>>& fns) {
+  for (int i = 0; i < kWarmup; ++i)
+    for (const auto& fn : fns) fn();
+  std::vector<std::vector<double>> samples(fns.size());
+  for (int i = 0; i < kRuns; ++i)
+    for (size_t f = 0; f < fns.size(); ++f) samples[f].push_back(run_ms(mesh, fns[f]));
+  std::vector<double> medians;
+  for (auto& s : samples) {
+    std::nth_element(s.begin(), s.begin() + kRuns / 2, s.end());
+    medians.push_back(s[kRuns / 2]);
   }
-  std::nth_element(samples.begin(), samples.begin() + kRuns / 2, samples.end());
-  return samples[kRuns / 2];
+  return medians;
 }
 
 struct Row {
@@ -56,7 +68,6 @@ Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const 
   if (!only.empty() && name.find(only) == std::string::npos) return {name, "skipped", 0, 1, 1};
   const DeviceMesh& mesh = src.mesh();
   at::Tensor x = from_local(at::rand(src.local_shape()), mesh, src.placements(), ShardSizing::given(src.shard_sizes()));
-  const double ours = time_ms(mesh, [&] { redistribute(x, dst.placements(), dst.shard_sizes()); });
   // Minimal bytes: what each receiver lacks, from the rank that holds it (boxes.h).
   std::vector<int64_t> send_splits, recv_splits;
   const auto me = mesh.coordinate();
@@ -70,15 +81,18 @@ Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const 
   for (int64_t v : send_splits) s += v;
   for (int64_t v : recv_splits) r += v;
   at::Tensor send = at::rand({s}), recv = at::empty({r});
-  // The raw collective: one all_to_all with exactly those sizes, buffers prepared in advance.
-  const double raw = time_ms(mesh, [&] { mesh.mesh_comm().all_to_all(recv, send, recv_splits, send_splits); });
   // The same bytes on the wire, with this rank's own part in the buffers too, so that the
   // output is the whole result, as redistribute's is: the own part is a local copy in Gloo.
   const int64_t own = intersect(box_of(src, me), box_of(dst, me)).numel();
   const int64_t self_index = mesh.mesh_comm().rank();
-  send_splits[self_index] = recv_splits[self_index] = own;
+  std::vector<int64_t> send_splits_all = send_splits, recv_splits_all = recv_splits;
+  send_splits_all[self_index] = recv_splits_all[self_index] = own;
   at::Tensor send_all = at::rand({s + own}), recv_all = at::empty({r + own});
-  const double raw_with_own = time_ms(mesh, [&] { mesh.mesh_comm().all_to_all(recv_all, send_all, recv_splits, send_splits); });
+  // The raw collectives: all_to_alls with exactly those sizes, buffers prepared in advance.
+  const std::vector<double> ms = time_ms(mesh, {[&] { redistribute(x, dst.placements(), dst.shard_sizes()); },
+                                                [&] { mesh.mesh_comm().all_to_all(recv, send, recv_splits, send_splits); },
+                                                [&] { mesh.mesh_comm().all_to_all(recv_all, send_all, recv_splits_all, send_splits_all); }});
+  const double ours = ms[0], raw = ms[1], raw_with_own = ms[2];
   return {name, "all_to_all (minimal bytes)", ours, raw, raw_with_own};
 }
 
@@ -137,9 +151,9 @@ int main(int argc, char** argv) {
     // Partial: the raw baselines are all_reduce and an all_to_all of the reduce-scatter bytes.
     at::Tensor px = from_local(at::rand(shape), mesh, {Partial()}, ShardSizing::given({}));
     at::Tensor dense = at::rand(shape);
-    const double all_reduce_ms = time_ms(mesh, [&] { mesh.comm(0).all_reduce(dense, ReduceOp::Sum); });
-    rows.push_back({"P(sum)->R" + tag, "all_reduce", time_ms(mesh, [&] { redistribute(px, {Replicate()}); }),
-                    all_reduce_ms, all_reduce_ms});
+    const std::vector<double> to_replicate =
+        time_ms(mesh, {[&] { redistribute(px, {Replicate()}); }, [&] { mesh.comm(0).all_reduce(dense, ReduceOp::Sum); }});
+    rows.push_back({"P(sum)->R" + tag, "all_reduce", to_replicate[0], to_replicate[1], to_replicate[1]});
     at::Tensor flat = at::rand({dense.numel()}), flat_out = at::empty({dense.numel()});
     std::vector<int64_t> splits;
     for (int64_t rows_of_piece : chunk_sizes(shape[0], world)) splits.push_back(rows_of_piece * shape[1]);
@@ -147,13 +161,13 @@ int main(int argc, char** argv) {
     at::Tensor recv_buf = at::empty({world * splits[mesh.coordinate()[0]]});
     // Gloo has no reduce-scatter: by hand it is this all_to_all, then a sum of the pieces
     // (the last column).
-    rows.push_back({"P(sum)->S(0)" + tag, "all_to_all (reduce-scatter bytes)",
-                    time_ms(mesh, [&] { redistribute(px, {Shard(0)}); }),
-                    time_ms(mesh, [&] { mesh.comm(0).all_to_all(recv_buf, flat, recv, splits); }),
-                    time_ms(mesh, [&] {
-                      mesh.comm(0).all_to_all(recv_buf, flat, recv, splits);
-                      at::sum(recv_buf.view({world, -1}), 0);
-                    })});
+    const std::vector<double> to_shard = time_ms(mesh, {[&] { redistribute(px, {Shard(0)}); },
+                                                        [&] { mesh.comm(0).all_to_all(recv_buf, flat, recv, splits); },
+                                                        [&] {
+                                                          mesh.comm(0).all_to_all(recv_buf, flat, recv, splits);
+                                                          at::sum(recv_buf.view({world, -1}), 0);
+                                                        }});
+    rows.push_back({"P(sum)->S(0)" + tag, "all_to_all (reduce-scatter bytes)", to_shard[0], to_shard[1], to_shard[2]});
   }
   if (world == 4 && !planning_only) {
     ShardTensorSpec a(mesh, {Shard(0)}, {2048, 2048}, c10::kFloat, {{0, {256, 1024, 512, 256}}});

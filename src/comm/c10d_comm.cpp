@@ -41,6 +41,7 @@ class C10dComm final : public Comm {
   int64_t size() const override { return static_cast<int64_t>(ranks_.size()); }
   const std::vector<int64_t>& global_ranks() const override { return ranks_; }
   std::string backend_name() const override { return group_->getBackendName(); }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
 
   void all_gather(const at::Tensor& input, const at::Tensor& output) override {
     TORCH_INTERNAL_ASSERT(output.size(0) == size() && output.is_contiguous());

@@ -3,6 +3,7 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "comm/comm.h"
 #include "comm/comm_debug.h"
+#include "comm/peer_memory.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
@@ -65,6 +66,24 @@ class PackedMessages final : public Messages {
 };
 
 }  // namespace
+
+Comm::Comm() = default;
+Comm::~Comm() = default;
+
+PeerMemory* Comm::peer_memory() {
+  if (size() == 1 || !peer_memory_enabled()) return nullptr;
+  if (!peer_memory_probed_) {
+    peer_memory_ = PeerMemory::probe(*this, why_no_peer_memory_);
+    peer_memory_probed_ = true;
+  }
+  return peer_memory_.get();
+}
+
+void Comm::stop_peer_memory(const std::string& why) {
+  peer_memory_.reset();
+  why_no_peer_memory_ = why;
+  peer_memory_probed_ = true;
+}
 
 std::unique_ptr<Messages> Comm::start_messages(const char* counted_as, bool counts) {
   return std::make_unique<PackedMessages>(*this, counted_as, counts);

@@ -6,6 +6,7 @@
 // This header names no c10d type: src/comm/c10d_*.cpp are the only files that include c10d.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,6 +19,8 @@ class Tensor;
 }
 
 namespace shardtensor {
+
+class PeerMemory;
 
 // A batch of point-to-point messages within a group. Every tensor is contiguous and stays
 // untouched (sends) or unread (receives) until wait(). Between a pair of ranks, the k-th
@@ -32,12 +35,15 @@ class Messages {
 
 class Comm {
  public:
-  virtual ~Comm() = default;
+  Comm();
+  virtual ~Comm();
 
   virtual int64_t rank() const = 0;  // this process's rank in the group
   virtual int64_t size() const = 0;
   virtual const std::vector<int64_t>& global_ranks() const = 0;
   virtual std::string backend_name() const = 0;
+  // How long a member waits for the others in a collective before it raises.
+  virtual std::chrono::milliseconds timeout() const = 0;
 
   // Every rank gives `input` of one shape; `output` ([size(), *input.shape], contiguous) gets
   // them in group-rank order.
@@ -57,6 +63,20 @@ class Comm {
   // CommDebugMode counts the batch as one `counted_as`; with `counts` false it only adds its
   // bytes (the second phase of one collective).
   virtual std::unique_ptr<Messages> start_messages(const char* counted_as = "all_to_all", bool counts = true);
+
+  // Direct reads of the members' memory (peer_memory.h), or null where they are unavailable or
+  // switched off. The first call with them switched on probes collectively, so every member
+  // must make it at the same point, as with any collective.
+  PeerMemory* peer_memory();
+  // Why peer_memory() is null (empty before the probe or when it is not).
+  const std::string& why_no_peer_memory() const { return why_no_peer_memory_; }
+  // After a failed read (which every member learns of together): messages from then on.
+  void stop_peer_memory(const std::string& why);
+
+ private:
+  std::unique_ptr<PeerMemory> peer_memory_;
+  bool peer_memory_probed_ = false;
+  std::string why_no_peer_memory_;
 };
 
 // The group of a mesh dim of size 1: every collective is a local copy.

@@ -4,8 +4,11 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "comm/comm.h"
+#include "comm/peer_memory.h"
 #include "dist/dist_fixture.h"
 #include "redistribute/executor.h"
+#include "redistribute/peer_copies.h"
 #include "redistribute/plan.h"
 
 using namespace shardtensor;
@@ -78,6 +81,24 @@ LayoutPair random_pair(std::mt19937& rng, const DeviceMesh& mesh) {
   return pair;
 }
 
+// The executor's transport while it lives: copies through the peers' memory for every size (where
+// the group is on one host, as here), or messages only.
+class Transport {
+ public:
+  enum Kind { kMemory, kMessages };
+  explicit Transport(Kind kind) : was_enabled_(peer_memory_enabled()) {
+    set_peer_memory_enabled(kind == kMemory && was_enabled_);
+    set_peer_copy_bytes(kind == kMemory ? 0 : kDefaultPeerCopyBytes);
+  }
+  ~Transport() {
+    set_peer_memory_enabled(was_enabled_);
+    set_peer_copy_bytes(kDefaultPeerCopyBytes);
+  }
+
+ private:
+  bool was_enabled_;
+};
+
 at::Tensor global_values(const std::vector<int64_t>& shape, int64_t salt) {
   return iota(shape, c10::kDouble) * 0.5 + static_cast<double>(salt);
 }
@@ -93,14 +114,18 @@ TEST(Redistribute, RandomLayoutPairsGiveTheReferenceValuesAndGradients) {
   } back_to_default;
   for (const DeviceMesh& mesh : test_meshes()) {
     for (int i = 0; i < 160; ++i, ++cases) {
-      // Both planners' plans run, alternately (the planner tests check every pair's plan).
+      // Both planners' plans run, alternately (the planner tests check every pair's plan), over
+      // both transports.
       const Planner planner = i % 2 ? Planner::Greedy : Planner::GraphSearch;
       set_default_planner(planner);
+      const bool memory = (i / 2) % 2 == 0;
+      Transport transport(memory ? Transport::kMemory : Transport::kMessages);
       const LayoutPair pair = random_pair(rng, mesh);
       const ShardTensorSpec src(mesh, pair.source.placements, pair.source.shape, c10::kDouble, pair.source.sizes);
       const ShardTensorSpec dst(mesh, pair.target.placements, pair.target.shape, c10::kDouble, pair.target.sizes);
       const std::string trace = "seed " + std::to_string(seed) + " case " + std::to_string(cases) + " on " + mesh.to_string() +
-                                ": " + src.to_string() + " -> " + dst.to_string() + " " + to_string(planner) + " plan " + plan_redistribute(src, dst).to_string();
+                                ": " + src.to_string() + " -> " + dst.to_string() + " " + to_string(planner) + " plan " + plan_redistribute(src, dst).to_string() +
+                                (memory ? " through peer memory" : " by messages");
       SCOPED_TRACE(trace);
       if (std::getenv("SHARDTENSOR_TEST_VERBOSE")) std::cout << trace << std::endl;
       const at::Tensor value = global_values(src.shape(), cases);
@@ -189,27 +214,31 @@ TEST(Redistribute, PartialMaxToShardIsAReduceScatter) {
   EXPECT_EQ(plan_redistribute(spec(x), spec(y)).to_string(), "ReduceScatter(mesh_dim=0, tensor_dim=0, max)");
 }
 
-TEST(Redistribute, LargePartialsReduceThroughMessagesForEveryOp) {
-  // Above 2 MiB the all-reduce runs as reduce-scatter + all-gather messages, and parts are cut
-  // into several messages: the sweep's small tensors never get there.
+TEST(Redistribute, LargePartialsReduceInTwoPhasesForEveryOp) {
+  // Above 2 MiB the all-reduce runs as a reduce-scatter + all-gather (messages or memory
+  // copies), and parts are cut into several messages: the sweep's small tensors never get there.
+  const at::Tensor value = (iota({601, 1031}, c10::kDouble).remainder(97) - 48) / 8;
   for (const DeviceMesh& mesh : test_meshes()) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product}) {
-      SCOPED_TRACE(mesh.to_string() + " " + to_string(op));
-      const int64_t m = mesh.ndim() - 1;
-      Placements partial(mesh.ndim(), Replicate()), replicated = partial, sharded = partial;
-      partial[m] = Partial(op);
-      sharded[m] = Shard(0);
-      const at::Tensor value = (iota({601, 1031}, c10::kDouble).remainder(97) - 48) / 8;
-      at::Tensor x = from_local(partial_term(value, mesh, partial), mesh, partial, ShardSizing::given({}));
-      EXPECT_TRUE(at::allclose(to_local(redistribute(x, replicated)), value));
-      EXPECT_TRUE(at::allclose(to_local(redistribute(x, sharded)),
-                               reference_piece(value, mesh.shape(), sharded, {}, mesh.coordinate())));
+      for (Transport::Kind kind : {Transport::kMemory, Transport::kMessages}) {
+        Transport transport(kind);
+        SCOPED_TRACE(mesh.to_string() + " " + to_string(op) + (kind == Transport::kMemory ? " memory" : " messages"));
+        const int64_t m = mesh.ndim() - 1;
+        Placements partial(mesh.ndim(), Replicate()), replicated = partial, sharded = partial;
+        partial[m] = Partial(op);
+        sharded[m] = Shard(0);
+        at::Tensor x = from_local(partial_term(value, mesh, partial), mesh, partial, ShardSizing::given({}));
+        EXPECT_TRUE(at::allclose(to_local(redistribute(x, replicated)), value));
+        EXPECT_TRUE(at::allclose(to_local(redistribute(x, sharded)),
+                                 reference_piece(value, mesh.shape(), sharded, {}, mesh.coordinate())));
+      }
     }
   }
 }
 
 TEST(Redistribute, PartsCutIntoManyMessagesArriveWhole) {
   // 4 KiB messages: every part of these layouts travels as several, packed ones included.
+  Transport transport(Transport::kMessages);
   set_message_bytes(4096);
   struct Restore {
     ~Restore() { set_message_bytes(4 << 20); }
@@ -231,6 +260,57 @@ TEST(Redistribute, PartsCutIntoManyMessagesArriveWhole) {
     EXPECT_TRUE(at::allclose(to_local(redistribute(p, scattered)),
                              reference_piece(value, mesh.shape(), scattered, {}, mesh.coordinate())));
   }
+}
+
+TEST(Redistribute, SameHostGroupsCopyThroughPeerMemory) {
+  // Every rank of this suite runs on one host, where peer memory must be available: a failed probe
+  // here is a bug, or a machine that forbids process_vm_readv (run with SHARDTENSOR_PEER_MEMORY=0
+  // there, which this test reports as a skip).
+  if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
+  Transport transport(Transport::kMemory);
+  for (const DeviceMesh& mesh : test_meshes()) {
+    SCOPED_TRACE(mesh.to_string());
+    const std::vector<int64_t> shape = {67, 45};
+    Placements rows(mesh.ndim(), Replicate()), cols = rows;
+    rows[0] = Shard(0);
+    cols[mesh.ndim() - 1] = Shard(1);
+    at::Tensor x = distributed(mesh, shape, rows);
+    CommDebugMode comms;
+    at::Tensor y = redistribute(x, cols);
+    expect_holds_reference(y, shape);
+    if (mesh.ndim() == 1 && mesh.size() > 1) {
+      // Copies count as the all_to_all they replace, with the bytes the peers took from this
+      // rank; the mailbox handshake is not a collective.
+      EXPECT_EQ(comms.count("all_to_all"), 1) << comms.table();
+      EXPECT_EQ(comms.counts().size(), 1u) << comms.table();
+      const int64_t rows_here = spec(x).local_shape()[0], cols_here = spec(y).local_shape()[1];
+      EXPECT_EQ(comms.bytes(), rows_here * (shape[1] - cols_here) * to_local(x).element_size()) << comms.table();
+    }
+    for (int64_t m = 0; m < mesh.ndim(); ++m)
+      if (mesh.size(m) > 1) EXPECT_NE(mesh.comm(m).peer_memory(), nullptr) << mesh.comm(m).why_no_peer_memory();
+    if (mesh.size() > 1) EXPECT_NE(mesh.mesh_comm().peer_memory(), nullptr) << mesh.mesh_comm().why_no_peer_memory();
+  }
+}
+
+TEST(Redistribute, AFailedPeerCopyFallsBackToMessagesOnEveryRank) {
+  if (world_size() == 1) GTEST_SKIP() << "one rank copies from no peer";
+  if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
+  const DeviceMesh mesh = DeviceMesh::create({world_size()});  // its own groups: they stop copying through memory for good
+  Transport transport(Transport::kMemory);
+  const std::vector<int64_t> shape = {67, 45};
+  at::Tensor x = distributed(mesh, shape, {Shard(0)});
+  expect_holds_reference(redistribute(x, {Shard(1)}), shape);
+  ASSERT_NE(mesh.comm(0).peer_memory(), nullptr) << mesh.comm(0).why_no_peer_memory();
+
+  // Rank 0's next copy fails: every rank learns it in the closing handshake and the same
+  // exchange is done again by messages, on every rank.
+  if (world_rank() == 0) fail_next_peer_copies(1);
+  at::Tensor y = redistribute(x, {Shard(1)});
+  expect_holds_reference(y, shape);
+  EXPECT_EQ(mesh.comm(0).peer_memory(), nullptr);
+  EXPECT_EQ(mesh.comm(0).why_no_peer_memory(),
+            world_rank() == 0 ? "a copy failed: failed on purpose by fail_next_peer_copies" : "another member's copy failed");
+  expect_holds_reference(redistribute(y, {Shard(0)}), shape);  // and the group goes on by messages
 }
 
 TEST(Redistribute, MeshesWhoseRanksArePermuted) {

@@ -1,0 +1,46 @@
+// Transfers through the peers' memory (comm/peer_memory.h) instead of messages: on a group
+// whose members share this host, each part is copied once, straight from the holder's local
+// tensor into the receiver's result, with no packing and no socket.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "redistribute/boxes.h"
+
+namespace shardtensor {
+
+class Comm;
+class PeerMemory;
+
+// A part that moves from group member `holder` to group member `receiver`. The boxes share one
+// coordinate system: the holder's source tensor (contiguous) covers `holder_holds`, the
+// receiver's destination tensor (contiguous) covers `receiver_holds`.
+struct PeerPart {
+  int64_t holder, receiver;
+  Box part, holder_holds, receiver_holds;
+};
+
+// The group's PeerMemory when a transfer in which each rank moves `bytes_per_rank` should go
+// through memory: CPU tensors, a same-host group, and enough bytes that the handshake does not
+// dominate. Every member must pass the same `bytes_per_rank`: they all take the same path.
+PeerMemory* peer_memory_for(Comm& comm, const at::Tensor& local, int64_t bytes_per_rank);
+// Sets that threshold; tests lower it to 0 so that small tensors go through memory too. Every
+// rank must hold the same value.
+constexpr int64_t kDefaultPeerCopyBytes = 256 << 10;
+void set_peer_copy_bytes(int64_t bytes);
+// Test hook: this rank's next `count` part copies fail, as a denied or faulting copy would, so
+// that the fallback to messages can be tested.
+void fail_next_peer_copies(int count);
+
+// Moves every part this rank holds or receives (`parts` lists them; parts this rank keeps are
+// copied by the caller), this rank's `source` and `destination` being the tensors the others
+// copy from and into. Counted as one `counted_as` that sent what this rank holds. False, on every
+// member alike, when a copy failed: the group has then gone back to messages for good, and the
+// caller moves the data that way.
+bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, const at::Tensor& destination,
+                         const std::vector<PeerPart>& parts, const char* counted_as, bool counts = true);
+
+}  // namespace shardtensor
