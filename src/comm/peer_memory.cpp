@@ -1,4 +1,4 @@
-// PeerMemory: the probe, the address exchange and the reads (see peer_memory.h).
+// PeerMemory: the probe, the mailbox handshake and the copies (see peer_memory.h).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "comm/peer_memory.h"
 
@@ -27,12 +27,12 @@
 namespace shardtensor {
 
 // A member's mailbox (see the header). Words are written with release stores and read by the
-// others one word per read, so a reader that sees `posted` == k then reads k's `address`.
+// others one word per read, so a reader that sees `posted` == k then reads k's addresses.
 struct Mailbox {
   std::atomic<uint64_t> posted{0};  // the last exchange whose addresses are below
   std::atomic<uint64_t> source{0};
   std::atomic<uint64_t> destination{0};
-  std::atomic<uint64_t> done{0};     // 2 * (the last exchange this member finished) + failed
+  std::atomic<uint64_t> done{0};  // 2 * (the last exchange this member finished) + failed
 };
 
 namespace {
@@ -169,6 +169,7 @@ std::vector<PeerMemory::Addresses> PeerMemory::share_addresses(const void* sourc
     return value;
   };
   wait_for_everyone("post its addresses", [&](int64_t p) { return word(p, offsetof(Mailbox, posted)) >= k; });
+  std::atomic_thread_fence(std::memory_order_acquire);  // the addresses were posted before `posted`
   std::vector<Addresses> addresses;
   for (int64_t p = 0; p < comm_.size(); ++p) {
     if (p == comm_.rank())
@@ -208,6 +209,7 @@ bool PeerMemory::copy(int64_t peer, const std::vector<Run>& runs, bool to_peer, 
 
 bool PeerMemory::all_succeeded(bool mine) {
   const uint64_t k = exchange_;
+  std::atomic_thread_fence(std::memory_order_release);  // this member's copies come before its "done"
   mailbox_->done.store(2 * k + (mine ? 0 : 1), std::memory_order_release);
   bool everyone = mine;
   wait_for_everyone("finish reading", [&](int64_t p) {
@@ -221,6 +223,8 @@ bool PeerMemory::all_succeeded(bool mine) {
     if (done / 2 == k && done % 2 == 1) everyone = false;
     return true;
   });
+  // What the others wrote here happened before their "done": see it before reading on.
+  std::atomic_thread_fence(std::memory_order_acquire);
   return everyone;
 }
 
