@@ -180,6 +180,9 @@ int main(int argc, char** argv) {
     ShardTensorSpec swap_a(grid, {Shard(0), Shard(1)}, {2048, 2048}, c10::kFloat);
     ShardTensorSpec swap_b(grid, {Shard(1), Shard(0)}, {2048, 2048}, c10::kFloat);
     rows.push_back(measure_exchange("(S(0),S(1))->(S(1),S(0)) 2x2", swap_a, swap_b));
+    // Strided on both sides: every rank's part is 128 rows of 32 x 32 blocks.
+    ShardTensorSpec last(mesh, {Shard(2)}, {256, 128, 128}, c10::kFloat), middle(mesh, {Shard(1)}, {256, 128, 128}, c10::kFloat);
+    rows.push_back(measure_exchange("S(2)->S(1) [256, 128, 128]", last, middle));
   }
   if (mesh.rank() == 0) {
     if (!planning_only) print(rows, world);

@@ -286,6 +286,12 @@ TEST(Redistribute, SameHostGroupsCopyThroughPeerMemory) {
       const int64_t rows_here = spec(x).local_shape()[0], cols_here = spec(y).local_shape()[1];
       EXPECT_EQ(comms.bytes(), rows_here * (shape[1] - cols_here) * to_local(x).element_size()) << comms.table();
     }
+    // Rows of 2000 floats: parts in long stretches go without staging, written by their holder
+    // (contiguous in the receiver) one way and read by their receiver the other way.
+    const std::vector<int64_t> wide = {40, 2000};
+    at::Tensor w = redistribute(distributed(mesh, wide, rows), cols);
+    expect_holds_reference(w, wide);
+    expect_holds_reference(redistribute(w, rows), wide);
     for (int64_t m = 0; m < mesh.ndim(); ++m)
       if (mesh.size(m) > 1) EXPECT_NE(mesh.comm(m).peer_memory(), nullptr) << mesh.comm(m).why_no_peer_memory();
     if (mesh.size() > 1) EXPECT_NE(mesh.mesh_comm().peer_memory(), nullptr) << mesh.mesh_comm().why_no_peer_memory();
