@@ -6,7 +6,9 @@
 #include <chrono>
 
 #include "comm/comm.h"
+#include "comm/peer_memory.h"
 #include "dist/dist_fixture.h"
+#include "redistribute/peer_copies.h"
 
 using namespace shardtensor;
 using namespace shardtensor::testing;
@@ -25,5 +27,27 @@ TEST(Failure, RanksWaitingForARankThatFailedRaiseAfterTheTimeout) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(waited, 30.0);
   }
+  healthy.comm(0).barrier();  // rank 0 stays alive until the others have seen their error
+}
+
+TEST(Failure, RanksWaitingInAPeerMemoryExchangeRaiseAfterTheTimeout) {
+  if (world_size() == 1) GTEST_SKIP() << "needs a rank that fails and one that waits";
+  if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
+  DeviceMesh healthy = DeviceMesh::create({world_size()});
+  MeshOptions short_timeout;
+  short_timeout.timeout = std::chrono::seconds(3);
+  DeviceMesh mesh = DeviceMesh::create({world_size()}, {}, short_timeout);
+  set_peer_copy_bytes(0);  // this small tensor goes through peer memory too
+  at::Tensor x = distribute_tensor(at::arange(60, at::kFloat).view({12, 5}), mesh, {Shard(0)});
+  redistribute(x, {Shard(1)});  // every rank: the group probes and copies through memory
+  ASSERT_NE(mesh.comm(0).peer_memory(), nullptr) << mesh.comm(0).why_no_peer_memory();
+  const auto start = std::chrono::steady_clock::now();
+  if (world_rank() != 0) {
+    // Rank 0 "failed" before this exchange and never posts its addresses.
+    EXPECT_ERROR_CONTAINS(redistribute(x, {Shard(1)}), "timed out", "waiting for group rank 0");
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(waited, 30.0);
+  }
+  set_peer_copy_bytes(kDefaultPeerCopyBytes);
   healthy.comm(0).barrier();  // rank 0 stays alive until the others have seen their error
 }
