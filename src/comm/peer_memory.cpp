@@ -136,22 +136,25 @@ bool PeerMemory::peek(int64_t peer, size_t field, uint64_t& value, std::string& 
   return read(peer, {{mailboxes_[peer] + field, &value, sizeof(value)}}, error);
 }
 
-// Polls every other member's mailbox until `ready(peer)`; yields the core between polls (ranks
-// often share cores) and raises after the group's timeout.
+// Polls every other member's mailbox until `ready(peer)` and raises after the group's timeout.
+// Between polls it yields the core (ranks often share cores), then sleeps, longer as the wait
+// goes on (20 µs doubling to 320 µs), so that a rank waiting for a busy one costs little CPU.
 template <class Ready>
 void PeerMemory::wait_for_everyone(const char* what, Ready&& ready) const {
   const auto deadline = std::chrono::steady_clock::now() + comm_.timeout();
   for (int64_t p = 0; p < comm_.size(); ++p) {
     if (p == comm_.rank()) continue;
     for (int polls = 0; !ready(p); ++polls) {
-      if (polls < 64) {
+      constexpr int kYields = 64, kSleepsPerStep = 32, kSteps = 4;
+      if (polls < kYields) {
         std::this_thread::yield();
         continue;
       }
       TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "shardtensor: all_to_all (peer memory) on the group of global ranks [",
                   join(comm_.global_ranks(), ", "), "] timed out (timeout ", comm_.timeout().count() / 1000.0, " s) waiting for group rank ",
                   p, " to ", what, "; another rank may have stopped before this collective.");
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      const int step = std::min((polls - kYields) / kSleepsPerStep, kSteps);
+      std::this_thread::sleep_for(std::chrono::microseconds(20 << step));
     }
   }
 }
