@@ -6,13 +6,13 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/cat.h>
 #include <ATen/ops/tensor.h>
 
 
 #include "comm/comm.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "redistribute/boxes.h"
+#include "redistribute/executor.h"
 #include "shardtensor/shard_tensor.h"
 #include "spec/placement_checks.h"
 #include "util/counter_random.h"
@@ -88,24 +88,11 @@ at::Tensor scatter_tensor(const at::Tensor& tensor_on_src, int64_t src_rank, con
   const std::vector<int64_t> shape(shape_t.data_ptr<int64_t>(), shape_t.data_ptr<int64_t>() + ndim);
   const ShardTensorSpec spec(mesh, normalize_placements("scatter_tensor", mesh, placements, ndim), shape, dtype);
 
-  // One all-to-all in which only the source sends, each rank exactly its box.
+  // One scatter: only the source sends, each rank exactly its box.
   const c10::TensorOptions data = at::TensorOptions().dtype(dtype).device(c10::Device(mesh.device_type()));
-  std::vector<int64_t> send_splits(ranks.size(), 0), recv_splits(ranks.size(), 0);
-  std::vector<at::Tensor> pieces;
-  for (size_t p = 0; p < ranks.size(); ++p) {
-    const Box box = box_of(spec, mesh.coordinate_of(ranks[p]));
-    if (is_src) {
-      at::Tensor piece = tensor_on_src.detach();
-      for (int64_t d = 0; d < ndim; ++d) piece = piece.narrow(d, box.offsets[d], box.shape[d]);
-      pieces.push_back(piece.reshape({-1}));
-      send_splits[p] = box.numel();
-    }
-  }
-  recv_splits[root] = box_of(spec, mesh.coordinate()).numel();
-  at::Tensor send = is_src ? at::cat(pieces).to(data.device()) : at::empty({0}, data);
-  at::Tensor received = at::empty({recv_splits[root]}, data);
-  comm.all_to_all(received, send, recv_splits, send_splits);
-  return wrap(received.view(spec.local_shape()), spec, requires_grad);
+  const at::Tensor source = is_src ? tensor_on_src.detach().to(data) : at::empty({0}, data);
+  at::Tensor received = scatter_boxes(source, mesh.coordinate_of(src_rank), spec);
+  return wrap(received, spec, requires_grad);
 }
 
 }  // namespace shardtensor

@@ -10,7 +10,6 @@
 #include "autograd/grad_fn.h"
 #include "comm/comm.h"
 #include "dispatch/shard_tensor_impl.h"
-#include "redistribute/boxes.h"
 #include "redistribute/executor.h"
 #include "redistribute/plan.h"
 #include "rules/helpers.h"
@@ -90,14 +89,9 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
               "distribute_tensor: the tensor is on ", global.device(), " but ", mesh, " is a '", mesh.device_type(), "' mesh.");
   const ShardTensorSpec target(mesh, normalize_placements("distribute_tensor", mesh, placements, global.dim()),
                                global.sizes().vec(), global.scalar_type(), sizes ? *sizes : ShardSizes{});
-  // The rank at coordinate 0 of each mesh dim is the source of truth.
-  at::Tensor truth = global.detach().clone(at::MemoryFormat::Contiguous);
-  if (truth.numel() > 0)
-    for (int64_t m = 0; m < mesh.ndim(); ++m) mesh.comm(m).broadcast(truth, /*root=*/0);
-  const Box mine = box_of(target, mesh.coordinate());
-  at::Tensor local = truth;
-  for (int64_t d = 0; d < truth.dim(); ++d) local = local.narrow(d, mine.offsets[d], mine.shape[d]);
-  local = local.clone(at::MemoryFormat::Contiguous);
+  // The rank at coordinate 0 of each mesh dim is the source of truth: every rank gets its box
+  // of the tensor the rank at (0, ..., 0) holds, and only its box.
+  at::Tensor local = scatter_boxes(global.detach(), std::vector<int64_t>(mesh.ndim(), 0), target);
   // Partial: the value on coordinate 0, the reduction's identity on the others (avg, max and
   // min keep the value everywhere, which reduces to it too).
   for (int64_t m = 0; m < mesh.ndim(); ++m) {

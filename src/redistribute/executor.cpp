@@ -304,6 +304,39 @@ void set_message_bytes(int64_t bytes) {
   message_bytes = bytes;
 }
 
+at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& root, const ShardTensorSpec& target) {
+  const DeviceMesh& mesh = target.mesh();
+  const Group group = whole_mesh(mesh);
+  const int64_t n = static_cast<int64_t>(group.members.size());
+  const int64_t from = group.position_of(root), self = group.position_of(mesh.coordinate());
+  const Box whole{std::vector<int64_t>(target.ndim(), 0), target.shape()};
+  const Box mine = box_of(target, mesh.coordinate());
+  at::Tensor local = at::empty(mine.shape, source.options().dtype(target.dtype()));
+  if (self == from && !mine.empty()) local.copy_(view_of(source, whole, mine));
+  if (n == 1) return local;
+  auto box_of_member = [&](int64_t p) { return box_of(target, group.members[p]); };
+
+  const int64_t numel = std::accumulate(target.shape().begin(), target.shape().end(), int64_t{1}, std::multiplies<>());
+  if (PeerMemory* memory = peer_memory_for(group.comm, local, numel * static_cast<int64_t>(local.element_size()) / mesh.size())) {
+    std::vector<PeerPart> parts;  // the root's to everyone, or this rank's from the root
+    for (int64_t p = 0; p < n; ++p)
+      if (p != from && (self == from || p == self)) parts.push_back({from, p, box_of_member(p), whole, box_of_member(p)});
+    if (copy_through_memory(group.comm, *memory, self == from ? source.contiguous() : local, local, parts, "scatter")) return local;
+  }
+  auto messages = group.comm.start_messages("scatter");
+  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: `local` is contiguous
+  if (self == from) {
+    for_each_peer_after(from, n, [&](int64_t p) {
+      const Box box = box_of_member(p);
+      if (!box.empty()) send_from(*messages, p, view_of(source, whole, box));
+    });
+  } else if (!mine.empty()) {
+    receive_into(*messages, from, local, to_unpack);
+  }
+  messages->wait();
+  return local;
+}
+
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan) {
   if (plan.empty()) return fresh_copy(local);
   at::Tensor current_local = local;

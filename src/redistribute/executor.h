@@ -2,6 +2,8 @@
 // the rank matters (which slice do I send, which do I own).
 #pragma once
 
+#include <vector>
+
 #include "redistribute/plan.h"
 
 namespace at {
@@ -10,13 +12,19 @@ class Tensor;
 
 namespace shardtensor {
 
-// `local` holds this rank's piece under `source`; returns its piece under the plan's last
-// layout, always a fresh tensor (never a view of `local`). Every rank of the mesh must call
-// this with the same source spec and plan.
 // Parts larger than this travel as several messages, so that packing one overlaps sending
 // another (default 4 MiB). Every rank must use the same value.
 void set_message_bytes(int64_t bytes);
 
+// `local` holds this rank's piece under `source`; returns its piece under the plan's last
+// layout, always a fresh tensor (never a view of `local`). Every rank of the mesh must call
+// this with the same source spec and plan.
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan);
+
+// One scatter over the whole mesh: every rank gets its box under `target` (Partial mesh dims
+// split nothing) of the tensor that the rank at mesh coordinate `root` passes as `source`
+// (global shape, on the mesh's device; other ranks pass any tensor, unread). Each rank
+// receives only its box. Every rank of the mesh must call this with the same spec and root.
+at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& root, const ShardTensorSpec& target);
 
 }  // namespace shardtensor

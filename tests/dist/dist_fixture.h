@@ -6,6 +6,8 @@
 
 #include <vector>
 
+#include "comm/peer_memory.h"
+#include "redistribute/peer_copies.h"
 #include "shardtensor/shardtensor.h"
 #include "support/reference.h"
 
@@ -19,5 +21,25 @@ inline const std::vector<DeviceMesh>& test_meshes() {
   }();
   return meshes;
 }
+
+// The executor's transport while it lives: copies through the peers' memory for every size
+// (where the group is on one host, as here), or messages only. Every rank must make the same.
+class Transport {
+ public:
+  enum Kind { kMemory, kMessages };
+  explicit Transport(Kind kind) : was_enabled_(peer_memory_enabled()) {
+    set_peer_memory_enabled(kind == kMemory && was_enabled_);
+    set_peer_copy_bytes(kind == kMemory ? 0 : kDefaultPeerCopyBytes);
+  }
+  ~Transport() {
+    set_peer_memory_enabled(was_enabled_);
+    set_peer_copy_bytes(kDefaultPeerCopyBytes);
+  }
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+ private:
+  bool was_enabled_;
+};
 
 }  // namespace shardtensor::testing

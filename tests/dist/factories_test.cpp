@@ -79,13 +79,16 @@ TEST(Factories, ScatterTensorSendsEachRankItsPieceFromTheSource) {
   for (const DeviceMesh& mesh : test_meshes()) {
     const int64_t src = world_size() - 1;
     for (const Placements& ps : layouts_for(mesh)) {
-      at::Tensor on_src = world_rank() == src ? iota({5, 3}, c10::kDouble) : at::Tensor();
-      at::Tensor t = scatter_tensor(on_src, src, mesh, ps, /*requires_grad=*/true);
-      EXPECT_EQ(t.sizes().vec(), (std::vector<int64_t>{5, 3}));
-      EXPECT_EQ(t.scalar_type(), at::kDouble);
-      EXPECT_TRUE(t.requires_grad() && t.is_leaf());
-      EXPECT_TRUE(at::equal(to_local(t), reference_piece(iota({5, 3}, c10::kDouble), mesh.shape(), spec(t).placements(), {},
-                                                         mesh.coordinate())));
+      for (Transport::Kind kind : {Transport::kMemory, Transport::kMessages}) {
+        Transport transport(kind);
+        at::Tensor on_src = world_rank() == src ? iota({5, 3}, c10::kDouble) : at::Tensor();
+        at::Tensor t = scatter_tensor(on_src, src, mesh, ps, /*requires_grad=*/true);
+        EXPECT_EQ(t.sizes().vec(), (std::vector<int64_t>{5, 3}));
+        EXPECT_EQ(t.scalar_type(), at::kDouble);
+        EXPECT_TRUE(t.requires_grad() && t.is_leaf());
+        EXPECT_TRUE(at::equal(to_local(t), reference_piece(iota({5, 3}, c10::kDouble), mesh.shape(), spec(t).placements(), {},
+                                                           mesh.coordinate())));
+      }
     }
   }
   EXPECT_ERROR_CONTAINS(scatter_tensor(at::Tensor(), 0, test_meshes().front(), {Replicate()}), "passed an undefined tensor");

@@ -5,10 +5,8 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "comm/comm.h"
-#include "comm/peer_memory.h"
 #include "dist/dist_fixture.h"
 #include "redistribute/executor.h"
-#include "redistribute/peer_copies.h"
 #include "redistribute/plan.h"
 
 using namespace shardtensor;
@@ -80,24 +78,6 @@ LayoutPair random_pair(std::mt19937& rng, const DeviceMesh& mesh) {
   }
   return pair;
 }
-
-// The executor's transport while it lives: copies through the peers' memory for every size (where
-// the group is on one host, as here), or messages only.
-class Transport {
- public:
-  enum Kind { kMemory, kMessages };
-  explicit Transport(Kind kind) : was_enabled_(peer_memory_enabled()) {
-    set_peer_memory_enabled(kind == kMemory && was_enabled_);
-    set_peer_copy_bytes(kind == kMemory ? 0 : kDefaultPeerCopyBytes);
-  }
-  ~Transport() {
-    set_peer_memory_enabled(was_enabled_);
-    set_peer_copy_bytes(kDefaultPeerCopyBytes);
-  }
-
- private:
-  bool was_enabled_;
-};
 
 at::Tensor global_values(const std::vector<int64_t>& shape, int64_t salt) {
   return iota(shape, c10::kDouble) * 0.5 + static_cast<double>(salt);
@@ -380,14 +360,17 @@ TEST(Redistribute, FullTensorGathersAndIsDifferentiable) {
 
 TEST(Redistribute, DistributeTensorTakesCoordinateZerosValues) {
   for (const DeviceMesh& mesh : test_meshes()) {
-    at::Tensor mine = iota({4, 3}) + (world_rank() == 0 ? 0 : 100);  // only rank 0's values count
-    Placements ps(mesh.ndim(), Replicate());
-    ps.front() = Shard(1);
-    at::Tensor t = distribute_tensor(mine, mesh, ps);
-    expect_holds_reference(t, {4, 3});
-    at::Tensor leaf = distribute_tensor(iota({4, 3}).requires_grad_(true), mesh, ps);
-    EXPECT_TRUE(leaf.requires_grad());
-    EXPECT_TRUE(leaf.is_leaf());
+    for (Transport::Kind kind : {Transport::kMemory, Transport::kMessages}) {
+      Transport transport(kind);
+      at::Tensor mine = iota({4, 3}) + (world_rank() == 0 ? 0 : 100);  // only rank 0's values count
+      Placements ps(mesh.ndim(), Replicate());
+      ps.front() = Shard(1);
+      at::Tensor t = distribute_tensor(mine, mesh, ps);
+      expect_holds_reference(t, {4, 3});
+      at::Tensor leaf = distribute_tensor(iota({4, 3}).requires_grad_(true), mesh, ps);
+      EXPECT_TRUE(leaf.requires_grad());
+      EXPECT_TRUE(leaf.is_leaf());
+    }
   }
 }
 
