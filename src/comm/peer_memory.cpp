@@ -120,6 +120,11 @@ std::unique_ptr<PeerMemory> PeerMemory::probe(Comm& comm, std::string& why_not) 
     if (!candidate->read(p, {{static_cast<uint64_t>(row[1]), &seen, sizeof(seen)}}, error) || seen != row[2]) {
       why_not = "cannot read the memory of group rank " + std::to_string(p) + " (pid " + std::to_string(row[0]) +
                 "): " + (error.empty() ? "another value is there" : error);
+      // Same host, yet no access: worth saying once, since the fix is the machine's.
+      TORCH_WARN_ONCE("shardtensor: ranks on this host ", why_not,
+                      "; redistribution goes over Gloo messages instead. Ranks of one user may read each other's memory "
+                      "unless Yama's ptrace_scope or a container's seccomp profile forbids process_vm_readv; "
+                      "SHARDTENSOR_PEER_MEMORY=0 skips the attempt.");
       ok = false;
     }
   }
