@@ -142,7 +142,7 @@ void reduce_scatter_boxes(Comm& comm, int64_t self, const at::Tensor& local, con
 constexpr int64_t kMessagesAllReduceBytes = 2 << 20;
 
 // Large tensors go out of place, as a reduce-scatter of flat chunks followed by an all-gather
-// of the reduced chunks, both read from the peers' memory or sent as messages: the bytes of a
+// of the reduced chunks, both copied through the peers' memory or sent as messages: the bytes of a
 // ring all-reduce, with no copy of the input first. Small tensors go to c10d's in-place
 // all-reduce: as messages (under 2 MiB) two rounds cost more latency than the copy it needs.
 at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const AllReduceStep& step) {
@@ -233,6 +233,13 @@ at::Tensor local_slice(const at::Tensor& local, const ShardTensorSpec& current, 
   return fresh_copy(view_of(local, box_of(current, coord), wanted));
 }
 
+// The size of `spec`'s tensor over its ranks: the same on every rank, so whether a transfer
+// goes through peer memory (peer_copies.h) can be decided on it.
+int64_t bytes_per_rank(const ShardTensorSpec& spec) {
+  const int64_t numel = std::accumulate(spec.shape().begin(), spec.shape().end(), int64_t{1}, std::multiplies<>());
+  return numel * static_cast<int64_t>(c10::elementSize(spec.dtype())) / spec.mesh().size();
+}
+
 // The part of `current`'s data that `member` sends to `receiver` in an exchange to `next`.
 Box part_for(const ShardTensorSpec& current, const ShardTensorSpec& next, const std::vector<int64_t>& member,
              const std::vector<int64_t>& receiver) {
@@ -270,9 +277,7 @@ at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, con
   const Box wanted = box_of(next, me);
   at::Tensor out = at::empty(wanted.shape, local.options());
 
-  // Every rank takes the same path: the size test depends only on the specs.
-  const int64_t numel = std::accumulate(current.shape().begin(), current.shape().end(), int64_t{1}, std::multiplies<>());
-  if (PeerMemory* memory = peer_memory_for(group.comm, local, numel * static_cast<int64_t>(local.element_size()) / current.mesh().size()))
+  if (PeerMemory* memory = peer_memory_for(group.comm, local, bytes_per_rank(current)))
     if (exchange_through_memory(*memory, local, out, current, next, group)) return out;
 
   // Sends first, then receives; this rank's own part is copied while the messages travel.
@@ -316,8 +321,7 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
   if (n == 1) return local;
   auto box_of_member = [&](int64_t p) { return box_of(target, group.members[p]); };
 
-  const int64_t numel = std::accumulate(target.shape().begin(), target.shape().end(), int64_t{1}, std::multiplies<>());
-  if (PeerMemory* memory = peer_memory_for(group.comm, local, numel * static_cast<int64_t>(local.element_size()) / mesh.size())) {
+  if (PeerMemory* memory = peer_memory_for(group.comm, local, bytes_per_rank(target))) {
     std::vector<PeerPart> parts;  // the root's to everyone, or this rank's from the root
     for (int64_t p = 0; p < n; ++p)
       if (p != from && (self == from || p == self)) parts.push_back({from, p, box_of_member(p), whole, box_of_member(p)});
