@@ -71,7 +71,8 @@ Comm::Comm() = default;
 Comm::~Comm() = default;
 
 PeerMemory* Comm::peer_memory() {
-  if (size() == 1 || !peer_memory_enabled()) return nullptr;
+  // Host memory only: a CUDA group (NCCL) moves device tensors, and its probe would need them.
+  if (size() == 1 || !peer_memory_enabled() || backend_name() == "nccl") return nullptr;
   if (!peer_memory_probed_) {
     peer_memory_ = PeerMemory::probe(*this, why_no_peer_memory_);
     peer_memory_probed_ = true;

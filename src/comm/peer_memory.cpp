@@ -89,7 +89,7 @@ void set_peer_memory_enabled(bool enabled) { enabled_flag() = enabled; }
 
 // The mailbox is never freed: a peer may still poll it after this member has finished its last
 // exchange (it saw every "done", the peer has not yet seen this one's), and a freed mailbox could
-// hold anything by then. It is three words per communicator.
+// hold anything by then. It is four words per communicator.
 PeerMemory::PeerMemory(Comm& comm) : comm_(comm), mailbox_(new Mailbox) {}
 
 std::unique_ptr<PeerMemory> PeerMemory::probe(Comm& comm, std::string& why_not) {
