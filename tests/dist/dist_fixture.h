@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
+#include "comm/comm.h"
 #include "comm/peer_memory.h"
 #include "redistribute/peer_copies.h"
 #include "shardtensor/shardtensor.h"
@@ -20,6 +22,21 @@ inline const std::vector<DeviceMesh>& test_meshes() {
     return out;
   }();
   return meshes;
+}
+
+// Whether this machine's kernel forbids the ranks of `comm` to read each other's memory (a
+// seccomp profile or Yama rule refusing process_vm_readv): peer memory is then unavailable by
+// the machine's choice, not by a bug, and tests of it skip, saying so. Collective over `comm`
+// (it may run the probe), so every rank decides alike.
+inline bool kernel_forbids_peer_memory(Comm& comm) {
+  if (comm.size() == 1 || comm.peer_memory()) return false;
+  const std::string& why = comm.why_no_peer_memory();
+  bool forbidden = false;
+  for (const char* refusal : {"Operation not permitted", "Function not implemented", "Permission denied"})
+    forbidden = forbidden || why.find(refusal) != std::string::npos;
+  at::Tensor any = at::tensor(std::vector<int64_t>{forbidden ? 1 : 0}, at::kLong);
+  comm.all_reduce(any, ReduceOp::Max);
+  return any.item<int64_t>() == 1;
 }
 
 // The executor's transport while it lives: copies through the peers' memory for every size
