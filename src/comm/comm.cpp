@@ -1,5 +1,6 @@
 // Comm's default message batch, for backends without point-to-point messages here: it holds
-// the messages until wait(), then runs them as one all_to_all with split sizes.
+// the messages until wait(), then runs them as one all_to_all with split sizes. Also the
+// communicator's peer-memory state: probed on first use, dropped for good after a failure.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "comm/comm.h"
 #include "comm/comm_debug.h"

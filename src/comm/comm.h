@@ -64,13 +64,13 @@ class Comm {
   // bytes (the second phase of one collective).
   virtual std::unique_ptr<Messages> start_messages(const char* counted_as = "all_to_all", bool counts = true);
 
-  // Direct reads of the members' memory (peer_memory.h), or null where they are unavailable or
-  // switched off. The first call with them switched on probes collectively, so every member
-  // must make it at the same point, as with any collective.
+  // Copies straight between the members' memory (peer_memory.h), or null where they are
+  // unavailable or switched off. The first call with them switched on probes collectively, so
+  // every member must make it at the same point, as with any collective.
   PeerMemory* peer_memory();
   // Why peer_memory() is null (empty before the probe or when it is not).
   const std::string& why_no_peer_memory() const { return why_no_peer_memory_; }
-  // After a failed read (which every member learns of together): messages from then on.
+  // After a failed copy (which every member learns of together): messages from then on.
   void stop_peer_memory(const std::string& why);
 
  private:

@@ -21,8 +21,6 @@ class CurrentOperatorScope {
   const std::string* previous_;
 };
 
-// Counts one collective of `kind`, which sent `bytes` from this rank to others, into the
-// active CommDebugMode of this thread, if any.
 // No recording on this thread while it lives: for a collective that carries another one's data.
 class CommDebugPause {
  public:
@@ -35,6 +33,9 @@ class CommDebugPause {
   CommDebugMode* paused_;
 };
 
+// Counts one collective of `kind`, which sent `bytes` from this rank to others, into the
+// active CommDebugMode of this thread, if any; with `counts` false it only adds the bytes (the
+// second phase of a collective already counted).
 void record_collective(const char* kind, int64_t bytes, bool counts = true);
 
 }  // namespace shardtensor

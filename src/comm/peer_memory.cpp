@@ -220,12 +220,12 @@ bool PeerMemory::all_succeeded(bool mine) {
   std::atomic_thread_fence(std::memory_order_release);  // this member's copies come before its "done"
   mailbox_->done.store(2 * k + (mine ? 0 : 1), std::memory_order_release);
   bool everyone = mine;
-  wait_for_everyone("finish reading", [&](int64_t p) {
+  wait_for_everyone("finish copying", [&](int64_t p) {
     uint64_t done = 0;
     std::string error;
     // A peer that cannot be read any more has exited, and it exits only after this exchange:
-    // had its reads failed, it would be falling back to messages with everyone, not exiting.
-    // What this member read from it was complete before its "done".
+    // had its copies failed, it would be falling back to messages with everyone, not exiting.
+    // What this member copied from it was complete before its "done".
     if (!peek(p, offsetof(Mailbox, done), done, error)) return true;
     if (done / 2 < k) return false;
     if (done / 2 == k && done % 2 == 1) everyone = false;

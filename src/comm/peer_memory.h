@@ -1,4 +1,4 @@
-// Reading a group member's memory directly, for members that are processes on this host.
+// Copying straight between group members' memory, for members that are processes on this host.
 //
 // Over Gloo, bytes between two processes on one host cross a loopback socket: the sender packs
 // them into a contiguous message, the kernel copies them into the socket and out again. Linux's
@@ -11,8 +11,9 @@
 // Coordination goes through a small mailbox in each member's memory, which the others read the
 // same way: a member posts the addresses of its source and destination for exchange k, the
 // others wait for them, copy, and post "done k" (with whether they succeeded); a member returns
-// only when every member is done, so no source or destination changes while others use it. Small Gloo collectives would do the same
-// but cost 0.1 ms each, and 2-5 ms in one call out of four on a busy machine.
+// only when every member is done, so no source or destination changes while others use it.
+// Small Gloo collectives would do the same but cost 0.1 ms each, and 2-5 ms in one call out of
+// four on a busy machine.
 // A member that never arrives makes the others raise after the group's timeout, as a
 // collective would; one that died before posting makes them raise at once.
 //
@@ -57,8 +58,9 @@ class PeerMemory {
   // failure returns false and says why in `error`.
   bool read(int64_t peer, const std::vector<Run>& runs, std::string& error) const;
   bool write(int64_t peer, const std::vector<Run>& runs, std::string& error) const;
-  // Ends the exchange: posts whether this member's reads succeeded and waits until every member
-  // has posted; true when all succeeded. After it every source may change or be freed.
+  // Ends the exchange: posts whether this member's copies succeeded and waits until every
+  // member has posted; true when all succeeded. After it every source and destination may
+  // change or be freed.
   bool all_succeeded(bool mine);
 
  private:

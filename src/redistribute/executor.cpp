@@ -151,7 +151,8 @@ at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const All
   // Every member of the group holds the same (Partial) box, so they all take the same path.
   if (n == 1 || local.numel() == 0) return fresh_copy(local);
   const int64_t bytes = static_cast<int64_t>(local.nbytes());
-  if (bytes < kMessagesAllReduceBytes && !peer_memory_for(comm, local, bytes)) {
+  PeerMemory* memory = peer_memory_for(comm, local, bytes);
+  if (bytes < kMessagesAllReduceBytes && !memory) {
     at::Tensor out = fresh_copy(local);
     comm.all_reduce(out, step.op);
     return out;
@@ -166,7 +167,8 @@ at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const All
   auto chunk = [&](const at::Tensor& t, int64_t p) { return view_of(t, whole, chunks[p]); };
   reduce_scatter_boxes(comm, me, flat, whole, chunks, chunk(out_flat, me), step.op, "all_reduce");
 
-  if (PeerMemory* memory = peer_memory_for(comm, local, bytes)) {
+  if (memory) memory = comm.peer_memory();  // null now if the reduce-scatter's copies failed
+  if (memory) {
     std::vector<PeerPart> parts;
     for (int64_t p = 0; p < n; ++p) {
       if (p == me) continue;
