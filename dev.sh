@@ -2,16 +2,28 @@
 # The project's entry point (the README's two commands use it):
 #   ./dev.sh demo [RANKS] [OPTIONS]  build, then run the main demo (a U-Net on a spatially
 #                           sharded heat field) on RANKS local ranks (default 4); OPTIONS go to
-#                           the demo: --mesh 2x2, --steps N, --out DIR
-#   ./dev.sh test           build, then run every test (unit, 1-4 ranks, launcher)
+#                           the demo: --mesh 2x2, --steps N, --out DIR, --device cuda
+#   ./dev.sh test           build and run every test (unit, 1-4 ranks, failure, launcher,
+#                           package, demo) on each torch line in turn
 #   ./dev.sh build          configure and build only
-# Each first installs the Debian packages it needs that are missing (apt-get; root or sudo).
-# BUILD_DIR (default build) and CMAKE_ARGS (e.g. -DTorch_DIR=/opt/libtorch/share/cmake/Torch)
-# change where and how it builds.
+#
+# Torch lines (TORCH_LINE, default "all" for test and "debian" for demo and build):
+#   debian  Debian 12's libtorch-dev 1.13.1, built in build/
+#   wheel   torch==2.15.0 from PyPI (a CUDA build), installed into .venv/ in this checkout and
+#           built in build-torch2/; its libtorch is what the C++ build uses, with NCCL on
+#   all     both, one after the other (test only)
+# Each line first installs what it needs that is missing: Debian packages through apt-get
+# (root or sudo), the wheel through pip. The wheel and its CUDA libraries (about 3 GB) are
+# downloaded once per machine into $SHARDTENSOR_WHEELHOUSE (default ~/.cache/shardtensor/wheels)
+# and installed from there, so a fresh clone never downloads them again.
+# BUILD_DIR and CMAKE_ARGS (e.g. -DTorch_DIR=/opt/libtorch/share/cmake/Torch) change where and
+# how the debian line builds; they let any libtorch tree (a pytorch.org zip) stand in for it.
 set -euo pipefail
 cd "$(dirname "$0")"
-BUILD_DIR=${BUILD_DIR:-build}
-PACKAGES=(cmake make g++ ccache libtorch-dev libgloo-dev libgtest-dev libbenchmark-dev libopenblas0)
+TORCH_WHEEL_VERSION=2.15.0
+WHEELHOUSE=${SHARDTENSOR_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/shardtensor/wheels}
+VENV=.venv
+PACKAGES=(cmake make g++ ccache libtorch-dev libgloo-dev libgtest-dev libbenchmark-dev libopenblas0 python3-venv)
 
 install_missing_packages() {
   local missing=()
@@ -26,31 +38,103 @@ install_missing_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 }
 
-build() {
-  install_missing_packages
-  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
-    # shellcheck disable=SC2086
-    cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo ${CMAKE_ARGS:-}
+free_gib() { df -Pk "$1" | awk 'NR == 2 { print int($4 / 1048576) }'; }
+
+# Fails early and says why when a disk cannot hold what comes next, instead of half-way
+# through an unpack. $1: folder, $2: GiB needed, $3: what for.
+require_disk() {
+  mkdir -p "$1"
+  local have
+  have=$(free_gib "$1")
+  if [ "$have" -lt "$2" ]; then
+    echo "dev.sh: $3 needs about $2 GiB free under $1, but only $have GiB is free." >&2
+    echo "dev.sh: free some space there, or point SHARDTENSOR_WHEELHOUSE at a larger disk." >&2
+    exit 3
   fi
-  cmake --build "$BUILD_DIR" -j2
 }
 
+venv_has_torch() {
+  [ -x "$VENV/bin/python" ] &&
+    "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_WHEEL_VERSION')" 2>/dev/null
+}
+
+# torch==$TORCH_WHEEL_VERSION in .venv: downloaded into the wheelhouse only when it is not
+# there yet, then installed from it without asking the index again.
+install_torch_wheel() {
+  venv_has_torch && return 0
+  if ! ls "$WHEELHOUSE"/torch-"$TORCH_WHEEL_VERSION"*.whl > /dev/null 2>&1; then
+    require_disk "$WHEELHOUSE" 6 "downloading torch==$TORCH_WHEEL_VERSION and its CUDA libraries (about 3 GB)"
+    echo "dev.sh: downloading torch==$TORCH_WHEEL_VERSION into $WHEELHOUSE (once per machine)"
+    python3 -m pip download --quiet --only-binary=:all: --dest "$WHEELHOUSE" "torch==$TORCH_WHEEL_VERSION"
+  fi
+  require_disk . 8 "installing torch==$TORCH_WHEEL_VERSION into $VENV (about 6 GB unpacked)"
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  echo "dev.sh: installing torch==$TORCH_WHEEL_VERSION into $VENV from $WHEELHOUSE"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$WHEELHOUSE" \
+    "torch==$TORCH_WHEEL_VERSION"
+}
+
+# Sets build_dir and cmake_args for line $1.
+select_line() {
+  case "$1" in
+    debian)
+      build_dir=${BUILD_DIR:-build}
+      cmake_args=${CMAKE_ARGS:-}
+      ;;
+    wheel)
+      install_torch_wheel
+      build_dir=build-torch2
+      cmake_args="-DTorch_DIR=$("$VENV/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)/Torch"
+      ;;
+    *)
+      echo "dev.sh: TORCH_LINE=$1 is not a torch line; use debian, wheel or all." >&2
+      exit 2
+      ;;
+  esac
+}
+
+build_line() {
+  select_line "$1"
+  if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+    # shellcheck disable=SC2086
+    cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo $cmake_args
+  fi
+  cmake --build "$build_dir" -j2
+}
+
+test_line() {
+  build_line "$1"
+  echo "== torch line '$1': $(grep -m1 '^SHARDTENSOR_TORCH_LINE:' "$build_dir/CMakeCache.txt" | cut -d= -f2-) =="
+  ctest --test-dir "$build_dir" --output-on-failure --timeout 900
+}
+
+lines_of() {
+  if [ "$1" = all ]; then echo debian wheel; else echo "$1"; fi
+}
+
+install_missing_packages
 case "${1:-}" in
   demo)
-    build
+    line=${TORCH_LINE:-debian}
+    build_line "$line"
     ranks=${2:-4}
     shift $(( $# > 1 ? 2 : 1 ))
-    exec "$BUILD_DIR/tools/shardrun/shardrun" -n "$ranks" --timeout 1200 "$BUILD_DIR/examples/heat_unet_demo" "$@"
+    exec "$build_dir/tools/shardrun/shardrun" -n "$ranks" --timeout 1200 "$build_dir/examples/heat_unet_demo" "$@"
     ;;
   test)
-    build
-    exec ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900
+    status=0
+    for line in $(lines_of "${TORCH_LINE:-all}"); do
+      start=$SECONDS
+      test_line "$line" || status=1
+      echo "== torch line '$line': built and tested in $(( SECONDS - start )) s =="
+    done
+    exit $status
     ;;
   build)
-    build
+    for line in $(lines_of "${TORCH_LINE:-debian}"); do build_line "$line"; done
     ;;
   *)
-    echo "usage: ./dev.sh demo [RANKS] [--mesh AxB] [--steps N] [--out DIR] | test | build" >&2
+    echo "usage: [TORCH_LINE=debian|wheel|all] ./dev.sh demo [RANKS] [--mesh AxB] [--steps N] [--out DIR] | test | build" >&2
     exit 2
     ;;
 esac

@@ -9,6 +9,7 @@
 // and anything about tensors (spec.h).
 #pragma once
 
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
@@ -89,6 +90,9 @@ class DeviceMesh {
   DeviceMesh submesh(const std::string& dim_name) const;
 
   const std::string& device_type() const;
+  // The device of this rank's local tensors: cpu, or on a "cuda" mesh cuda:LOCAL_RANK (modulo
+  // the GPUs this process sees), whatever the current CUDA device is.
+  c10::Device device() const;
   std::chrono::milliseconds timeout() const;
   bool has_comms() const;
   Comm& comm(int64_t mesh_dim) const;  // raises on a mesh built without_comms
@@ -113,5 +117,10 @@ std::ostream& operator<<(std::ostream& os, const DeviceMesh& mesh);
 // a single-process world when neither is set).
 int64_t world_rank();
 int64_t world_size();
+
+// Whether this build of shardtensor can create NCCL meshes (libtorch was a CUDA build with
+// c10d's NCCL process group when shardtensor was compiled). Says nothing about a GPU being
+// present: see torch::cuda::is_available().
+bool built_with_nccl();
 
 }  // namespace shardtensor

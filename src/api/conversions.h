@@ -15,4 +15,8 @@ at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target);
 // gradient of a pending reduction reaches every term whole), everything else stays.
 ShardTensorSpec gradient_layout(const ShardTensorSpec& spec);
 
+// Raises, naming `api`, unless `t` is on the device of this rank's pieces of `mesh`
+// (DeviceMesh::device(): cpu, or cuda:LOCAL_RANK on a cuda mesh).
+void check_on_mesh_device(const char* api, const at::Tensor& t, const DeviceMesh& mesh);
+
 }  // namespace shardtensor

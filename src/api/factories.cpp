@@ -29,7 +29,7 @@ ShardTensorSpec spec_of(const FactoryLayout& layout) {
 }
 
 c10::TensorOptions local_options(const FactoryLayout& layout) {
-  return layout.options.requires_grad(false).device(c10::Device(layout.mesh.device_type()));
+  return layout.options.requires_grad(false).device(layout.mesh.device());
 }
 
 at::Tensor wrap(at::Tensor local, ShardTensorSpec spec, bool requires_grad) {
@@ -71,7 +71,7 @@ at::Tensor scatter_tensor(const at::Tensor& tensor_on_src, int64_t src_rank, con
   const int64_t root = src_it - ranks.begin();
   const bool is_src = mesh.rank() == src_rank;
   Comm& comm = mesh.mesh_comm();
-  const c10::TensorOptions meta = at::TensorOptions().dtype(at::kLong).device(c10::Device(mesh.device_type()));
+  const c10::TensorOptions meta = at::TensorOptions().dtype(at::kLong).device(mesh.device());
   // The source's header: [defined, ndim, dtype], then its shape. An undefined source tensor
   // raises on every rank after the first broadcast.
   at::Tensor header = at::tensor(std::vector<int64_t>{is_src && tensor_on_src.defined(), is_src ? tensor_on_src.dim() : 0,
@@ -89,7 +89,7 @@ at::Tensor scatter_tensor(const at::Tensor& tensor_on_src, int64_t src_rank, con
   const ShardTensorSpec spec(mesh, normalize_placements("scatter_tensor", mesh, placements, ndim), shape, dtype);
 
   // One scatter: only the source sends, each rank exactly its box.
-  const c10::TensorOptions data = at::TensorOptions().dtype(dtype).device(c10::Device(mesh.device_type()));
+  const c10::TensorOptions data = at::TensorOptions().dtype(dtype).device(mesh.device());
   const at::Tensor source = is_src ? tensor_on_src.detach().to(data) : at::empty({0}, data);
   at::Tensor received = scatter_boxes(source, mesh.coordinate_of(src_rank), spec);
   return wrap(received, spec, requires_grad);

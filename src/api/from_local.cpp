@@ -169,14 +169,18 @@ at::Tensor wrap_differentiably(const at::Tensor& local, ShardTensorSpec spec) {
 
 }  // namespace
 
+void check_on_mesh_device(const char* api, const at::Tensor& t, const DeviceMesh& mesh) {
+  TORCH_CHECK(t.device() == mesh.device(), api, ": the tensor is on ", t.device(), " but this rank's pieces of ", mesh,
+              " (a '", mesh.device_type(), "' mesh) live on ", mesh.device(), "; move the tensor there (.to(",
+              mesh.device(), ")) or build the mesh with that device type.");
+}
+
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                       const ShardSizing& sizing, bool run_check) {
   TORCH_CHECK(local.defined(), "from_local: the local tensor is undefined.");
   TORCH_CHECK(!is_shard_tensor(local), "from_local: expects this rank's plain local tensor, got a ShardTensor (",
               spec(local), "); use redistribute to change its layout.");
-  TORCH_CHECK(c10::DeviceTypeName(local.device().type(), /*lower_case=*/true) == mesh.device_type(),
-              "from_local: the local tensor is on ", local.device(), " but ", mesh, " is a '", mesh.device_type(),
-              "' mesh; move the tensor or build the mesh with that device type.");
+  check_on_mesh_device("from_local", local, mesh);
   const Placements normalized = normalize_placements("from_local", mesh, placements, local.dim());
 
   if (sizing.mode() == ShardSizing::Mode::Infer) {

@@ -4,6 +4,7 @@
 #include "shardtensor/redistribute.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 
 #include "api/conversions.h"
@@ -85,8 +86,7 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
                              const std::optional<ShardSizes>& sizes) {
   TORCH_CHECK(global.defined() && !is_shard_tensor(global), "distribute_tensor: expects a plain tensor that every rank holds, got ",
               global.defined() ? "a ShardTensor; use redistribute" : "an undefined tensor", ".");
-  TORCH_CHECK(c10::DeviceTypeName(global.device().type(), /*lower_case=*/true) == mesh.device_type(),
-              "distribute_tensor: the tensor is on ", global.device(), " but ", mesh, " is a '", mesh.device_type(), "' mesh.");
+  check_on_mesh_device("distribute_tensor", global, mesh);
   const ShardTensorSpec target(mesh, normalize_placements("distribute_tensor", mesh, placements, global.dim()),
                                global.sizes().vec(), global.scalar_type(), sizes ? *sizes : ShardSizes{});
   // The rank at coordinate 0 of each mesh dim is the source of truth: every rank gets its box

@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "util/torch_compat.h"
+
 namespace shardtensor {
 namespace {
 
@@ -27,8 +29,7 @@ class ConversionBackward final : public torch::autograd::Node {
 
 at::Tensor attach_grad_fn(at::Tensor output, const at::Tensor& input, BackwardFn backward, const char* name) {
   if (!at::GradMode::is_enabled() || !input.requires_grad()) return output;
-  auto node = std::shared_ptr<ConversionBackward>(new ConversionBackward(std::move(backward), name),
-                                                  torch::autograd::deleteNode);
+  auto node = compat::make_autograd_node<ConversionBackward>(std::move(backward), name);
   node->set_next_edges(torch::autograd::collect_next_edges(input));
   torch::autograd::set_history(output, node);
   return output;

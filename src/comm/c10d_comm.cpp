@@ -2,11 +2,8 @@
 // Every collective waits with the mesh's timeout and turns a failure or a timeout into an
 // error that names the collective and the group, on every rank that was waiting.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#define SHARDTENSOR_COMPAT_C10D
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#if SHARDTENSOR_C10D_HAS_BACKEND
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#endif
 
 #include "comm/c10d_comm.h"
 #include "comm/comm_debug.h"
@@ -30,9 +27,9 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 // bytes, same storage), so masks and comparison results redistribute like any tensor.
 at::Tensor movable(const at::Tensor& t) { return t.scalar_type() == at::kBool ? t.view(at::kByte) : t; }
 
-template <typename Group>
 class C10dComm final : public Comm {
  public:
+  using Group = C10dBackend;
   C10dComm(c10::intrusive_ptr<Group> group, std::vector<int64_t> global_ranks, int64_t my_group_rank,
            std::chrono::milliseconds timeout)
       : group_(std::move(group)), ranks_(std::move(global_ranks)), rank_(my_group_rank), timeout_(timeout) {}
@@ -167,14 +164,7 @@ class C10dComm final : public Comm {
 
 std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<C10dBackend> group, std::vector<int64_t> global_ranks,
                                      int64_t my_group_rank, std::chrono::milliseconds timeout) {
-  return std::make_shared<C10dComm<C10dBackend>>(std::move(group), std::move(global_ranks), my_group_rank, timeout);
+  return std::make_shared<C10dComm>(std::move(group), std::move(global_ranks), my_group_rank, timeout);
 }
-
-#if SHARDTENSOR_C10D_HAS_BACKEND
-std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int64_t> global_ranks,
-                                     int64_t my_group_rank, std::chrono::milliseconds timeout) {
-  return std::make_shared<C10dComm<c10d::ProcessGroup>>(std::move(group), std::move(global_ranks), my_group_rank, timeout);
-}
-#endif
 
 }  // namespace shardtensor

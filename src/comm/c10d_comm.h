@@ -11,19 +11,13 @@
 #include "comm/comm.h"
 #include "util/torch_compat.h"
 
-namespace c10d {
-class ProcessGroup;
-}
-
 namespace shardtensor {
 
-// A Comm over a c10d group whose group rank i is global rank `global_ranks[i]`. Collectives
-// wait at most `timeout` and then raise with the group's ranks in the message.
+// A Comm over a c10d backend (ProcessGroupGloo, ProcessGroupNCCL; on 2.x a user's
+// ProcessGroup is first reduced to its backend by compat::backend_of) whose group rank i is
+// global rank `global_ranks[i]`. Collectives wait at most `timeout` and then raise with the
+// group's ranks in the message.
 std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<C10dBackend> group, std::vector<int64_t> global_ranks,
                                      int64_t my_group_rank, std::chrono::milliseconds timeout);
-#if SHARDTENSOR_C10D_HAS_BACKEND
-std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int64_t> global_ranks,
-                                     int64_t my_group_rank, std::chrono::milliseconds timeout);
-#endif
 
 }  // namespace shardtensor

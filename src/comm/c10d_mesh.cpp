@@ -6,6 +6,8 @@
 // names: "shardtensor/mesh<k>/dim<d>/<first global rank of the slice>", where k counts meshes
 // created in this process. That is why every rank must create the same meshes in one order.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#define SHARDTENSOR_COMPAT_C10D
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -46,7 +48,7 @@ c10::intrusive_ptr<c10d::Store> world_store(std::chrono::milliseconds timeout) {
   opts.waitWorkers = true;
   opts.timeout = timeout;
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    store = compat::make_tcp_store(env.master_addr, opts);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "shardtensor: rank ", env.rank, " of ", env.world_size, " could not reach the rendezvous store at ",
                 env.master_addr, ":", env.master_port, " (MASTER_ADDR/MASTER_PORT): ", e.what());
@@ -65,6 +67,17 @@ std::shared_ptr<::gloo::transport::Device> gloo_device() {
     return c10d::ProcessGroupGloo::createDefaultDevice();
   }();
   return device;
+}
+
+// Local tensors of a "cuda" mesh live on cuda:LOCAL_RANK, as torchrun lays ranks out over a
+// host's GPUs; modulo the visible count, so that one GPU per process (CUDA_VISIBLE_DEVICES set
+// per rank) is cuda:0. Never the current device, which a library may have changed.
+c10::Device resolve_device(const MeshOptions& options) {
+  if (options.device_type == "cpu") return c10::Device(c10::kCPU);
+  const int64_t visible = static_cast<int64_t>(at::getNumGPUs());
+  TORCH_CHECK(visible > 0, "DeviceMesh: device_type \"cuda\" was requested on global rank ", world_env().rank,
+              ", but this process sees no CUDA device (torch::cuda::is_available() is false); use device_type \"cpu\".");
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world_env().local_rank % visible));
 }
 
 CommBackend resolve_backend(const MeshOptions& options) {
@@ -114,6 +127,7 @@ DeviceMesh build_mesh(std::vector<int64_t> shape, std::vector<int64_t> ranks, st
   auto impl = make_mesh_topology(std::move(shape), std::move(ranks), std::move(dim_names), env.rank, env.world_size);
   const CommBackend backend = resolve_backend(options);
   impl->device_type = options.device_type;
+  impl->device = resolve_device(options);
   impl->timeout = options.timeout;
   const int64_t mesh_id = mesh_counter++;
   for (int64_t d = 0; d < static_cast<int64_t>(impl->shape.size()); ++d) {
@@ -150,7 +164,9 @@ DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vect
   auto impl = make_mesh_topology(std::move(shape), std::move(ranks), std::move(dim_names), env.rank, env.world_size);
   TORCH_CHECK(groups.size() == impl->shape.size(), "DeviceMesh::from_process_groups: ", groups.size(),
               " process groups given for a ", impl->shape.size(), "-d mesh; give one group per mesh dim.");
+  resolve_backend(options);  // validates the device type
   impl->device_type = options.device_type;
+  impl->device = resolve_device(options);
   impl->timeout = options.timeout;
   for (int64_t d = 0; d < static_cast<int64_t>(groups.size()); ++d) {
     std::vector<int64_t> group_ranks = ranks_along(*impl, d, impl->coordinate);
@@ -160,7 +176,8 @@ DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vect
                 "DeviceMesh::from_process_groups: the group for mesh dim ", d, " has size ", groups[d]->getSize(),
                 " and rank ", groups[d]->getRank(), ", but this rank's slice along that dim is global ranks [",
                 join(group_ranks, ", "), "] where it is at position ", impl->coordinate[d], ".");
-    impl->comms.push_back(make_c10d_comm(groups[d], group_ranks, impl->coordinate[d], options.timeout));
+    impl->comms.push_back(
+        make_c10d_comm(compat::backend_of(groups[d], impl->device.type()), group_ranks, impl->coordinate[d], options.timeout));
   }
   if (impl->shape.size() == 1) {
     impl->mesh_comm = impl->comms.front();
@@ -170,9 +187,18 @@ DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vect
                 "DeviceMesh::from_process_groups: mesh_group has size ", mesh_group->getSize(), " and rank ",
                 mesh_group->getRank(), "; it must span all ", impl->ranks.size(),
                 " ranks with this rank at its row-major position ", position, ".");
-    impl->mesh_comm = make_c10d_comm(mesh_group, impl->ranks, position, options.timeout);
+    impl->mesh_comm =
+        make_c10d_comm(compat::backend_of(mesh_group, impl->device.type()), impl->ranks, position, options.timeout);
   }
   return DeviceMesh(std::move(impl));
+}
+
+bool built_with_nccl() {
+#ifdef SHARDTENSOR_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace shardtensor

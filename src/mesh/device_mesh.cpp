@@ -113,6 +113,7 @@ int64_t DeviceMesh::rank() const { return impl_->rank; }
 const std::vector<int64_t>& DeviceMesh::coordinate() const { return impl_->coordinate; }
 const std::vector<int64_t>& DeviceMesh::ranks() const { return impl_->ranks; }
 const std::string& DeviceMesh::device_type() const { return impl_->device_type; }
+c10::Device DeviceMesh::device() const { return impl_->device; }
 std::chrono::milliseconds DeviceMesh::timeout() const { return impl_->timeout; }
 bool DeviceMesh::has_comms() const { return !impl_->comms.empty(); }
 size_t DeviceMesh::hash() const { return impl_->hash; }

@@ -18,6 +18,7 @@ struct DeviceMesh::Impl {
   std::vector<std::shared_ptr<Comm>> comms;  // one per mesh dim; empty for without_comms meshes
   std::shared_ptr<Comm> mesh_comm;           // all ranks of the mesh, group rank = row-major position
   std::string device_type = "cpu";
+  c10::Device device = c10::Device(c10::kCPU);  // where this rank's local tensors live
   std::chrono::milliseconds timeout{0};
   size_t hash = 0;
 };

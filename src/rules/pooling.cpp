@@ -91,7 +91,9 @@ PoolPlan sliding_pool_plan(const OpMeta& op, PoolKind kind, const ShardTensorSpe
       const Range mine = plan.outputs.back()[plan.axes.axes.back().me(in.mesh())];
       std::vector<int64_t> shape(in.ndim(), 1);
       shape[d] = mine.size();
-      factors.push_back(at::tensor(std::vector<double>(all.begin() + mine.begin, all.begin() + mine.end), at::kDouble).view(shape));
+      factors.push_back(at::tensor(std::vector<double>(all.begin() + mine.begin, all.begin() + mine.end),
+                                   at::TensorOptions().dtype(at::kDouble).device(in.mesh().device()))
+                            .view(shape));
     }
   }
   if (!is_max) {

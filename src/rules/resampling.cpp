@@ -133,22 +133,25 @@ struct MapPlan {
 };
 
 // This rank's slice of a map's sources, relative to its window.
-at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t window_begin) {
+// On the mesh's device, where the pieces they index live.
+at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t window_begin, c10::Device device) {
   std::vector<int64_t> v(all.begin() + mine.begin, all.begin() + mine.end);
   for (int64_t& i : v) i -= window_begin;
-  return at::tensor(v, at::kLong);
+  return at::tensor(v, at::TensorOptions().dtype(at::kLong).device(device));
 }
 
 // Fills in a's slices for this rank (`ndim`: the rank of the tensors it applies to).
 void slice_for_this_rank(MapAxis& a, const DeviceMesh& mesh, int64_t ndim) {
   const int64_t me = a.halo.me(mesh);
   const Range mine = a.outputs[me];
-  a.first = local_indices(a.map.i0, mine, a.halo.window[me].begin);
+  a.first = local_indices(a.map.i0, mine, a.halo.window[me].begin, mesh.device());
   if (a.map.weight1.empty()) return;
-  a.second = local_indices(a.map.i1, mine, a.halo.window[me].begin);
+  a.second = local_indices(a.map.i1, mine, a.halo.window[me].begin, mesh.device());
   std::vector<int64_t> shape(ndim, 1);
   shape[a.halo.tensor_dim] = mine.size();
-  a.weight = at::tensor(std::vector<double>(a.map.weight1.begin() + mine.begin, a.map.weight1.begin() + mine.end), at::kDouble).view(shape);
+  a.weight = at::tensor(std::vector<double>(a.map.weight1.begin() + mine.begin, a.map.weight1.begin() + mine.end),
+                        at::TensorOptions().dtype(at::kDouble).device(mesh.device()))
+                 .view(shape);
 }
 
 at::Tensor apply_forward(const MapPlan& plan, at::Tensor x) {

@@ -1,5 +1,6 @@
 // DeviceMesh over real process groups: coordinates, per-dim groups, mesh-wide gathers, explicit
 // rank layouts and meshes over the caller's own process groups.
+#define SHARDTENSOR_COMPAT_C10D  // compat::process_group_over
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -8,6 +9,7 @@
 #include "comm/comm.h"
 #include "comm/mesh_collectives.h"
 #include "dist/dist_fixture.h"
+#include "util/torch_compat.h"
 
 using namespace shardtensor;
 using namespace shardtensor::testing;
@@ -65,12 +67,14 @@ TEST(DistMesh, ExplicitRankLayoutReversed) {
 }
 
 TEST(DistMesh, MeshOverTheCallersOwnProcessGroups) {
-  // The caller's groups: one Gloo group over the whole world, formed through a FileStore.
+  // The caller's groups: one Gloo group over the whole world, formed through a FileStore, as
+  // the ProcessGroup a torch.distributed program holds (on 2.x a front over the Gloo backend).
   const std::string path = "/tmp/shardtensor_pg_test_" + std::string(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "single");
   auto store = c10::make_intrusive<c10d::FileStore>(path, static_cast<int>(world_size()));
   auto opts = c10d::ProcessGroupGloo::Options::create();
   opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(world_rank()), static_cast<int>(world_size()), opts);
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(world_rank()), static_cast<int>(world_size()), opts);
+  c10::intrusive_ptr<c10d::ProcessGroup> group = compat::process_group_over(gloo, store, c10::kCPU);
   std::vector<int64_t> ranks;
   for (int64_t r = 0; r < world_size(); ++r) ranks.push_back(r);
   DeviceMesh mesh = DeviceMesh::from_process_groups({world_size()}, ranks, {group});
