@@ -105,7 +105,11 @@ build_line() {
 test_line() {
   build_line "$1"
   echo "== torch line '$1': $(grep -m1 '^SHARDTENSOR_TORCH_LINE:' "$build_dir/CMakeCache.txt" | cut -d= -f2-) =="
-  ctest --test-dir "$build_dir" --output-on-failure --timeout 900
+  local status=0
+  ctest --test-dir "$build_dir" --output-on-failure --timeout 900 || status=$?
+  # Tests that could not run here (no GPU) say why; show it, so no skip goes unseen.
+  grep -ho "cuda_tests: skipped: .*" "$build_dir/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u || true
+  return $status
 }
 
 lines_of() {
