@@ -1,0 +1,56 @@
+"""shardtensor: tensors that live across many processes, with DTensor's and PhysicsNeMo
+ShardTensor's API for PyTorch programs and a C++ core underneath.
+
+    import shardtensor as st
+    mesh = st.init_device_mesh("cpu", (4,))
+    x = st.distribute_tensor(torch.randn(10, 6), mesh, [st.Shard(0)])   # rows 3, 3, 3, 1
+    y = (x * 2).relu().sum(0)            # dispatched in C++: no Python runs per operator
+    y.placements, y.full_tensor()
+
+A ShardTensor is a plain torch.Tensor whose sizes are the global sizes; isinstance(x,
+st.ShardTensor) tells them apart. torch.nn modules, autograd and torch.optim work on them.
+"""
+
+import torch  # loads libtorch before the extension that links it
+
+from . import _C
+from ._placements import Partial, Placement, Replicate, Shard
+from ._mesh import DeviceMesh, init_device_mesh
+from ._tensor import (
+    ShardTensor,
+    describe,
+    distribute_tensor,
+    from_dtensor,
+    from_local,
+    install_tensor_methods,
+    is_shard_tensor,
+    scatter_tensor,
+    to_dtensor,
+)
+from ._factories import empty, full, manual_seed, ones, rand, randn, zeros
+from ._debug import (
+    CommDebugMode,
+    explain_redistribute,
+    fallback_operators,
+    implicit_replication,
+    is_strict,
+    layout_table,
+    local_map,
+    propagated_operators,
+    set_strict,
+    strict,
+    visualize_sharding,
+)
+
+install_tensor_methods()
+
+built_with_nccl = _C.built_with_nccl
+__version__ = "0.1.0"
+
+__all__ = [
+    "CommDebugMode", "DeviceMesh", "Partial", "Placement", "Replicate", "Shard", "ShardTensor",
+    "built_with_nccl", "describe", "distribute_tensor", "empty", "explain_redistribute", "fallback_operators",
+    "from_dtensor", "from_local", "full", "implicit_replication", "init_device_mesh", "is_shard_tensor",
+    "is_strict", "layout_table", "local_map", "manual_seed", "ones", "propagated_operators", "rand", "randn",
+    "scatter_tensor", "set_strict", "strict", "to_dtensor", "visualize_sharding", "zeros",
+]

@@ -1,0 +1,146 @@
+"""Dispatch policy and debug tools: strict mode, implicit replication, local_map,
+CommDebugMode and visualize_sharding."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+from . import _C, _placements
+from ._tensor import _require
+
+set_strict = _C.set_strict
+is_strict = _C.is_strict
+fallback_operators = _C.fallback_operators
+propagated_operators = _C.propagated_operators
+
+
+@contextlib.contextmanager
+def strict(enabled: bool = True):
+    """Within the block, an operator without a sharding rule raises instead of gathering."""
+    previous = _C.is_strict()
+    _C.set_strict(enabled)
+    try:
+        yield
+    finally:
+        _C.set_strict(previous)
+
+
+@contextlib.contextmanager
+def implicit_replication():
+    """Within the block (this thread), plain tensors next to ShardTensors count as Replicate."""
+    scope = _C.ImplicitReplication()
+    scope.enter()
+    try:
+        yield
+    finally:
+        scope.exit()
+
+
+class CommDebugMode:
+    """Counts the collectives shardtensor issues on this thread, as DTensor's CommDebugMode.
+
+        with CommDebugMode() as comm_mode:
+            y = x @ w
+        comm_mode.get_total_counts(), comm_mode.get_comm_counts()  # {"all_reduce": 1}
+
+    Kinds are named as c10d's collectives ("all_reduce", "all_gather", "all_to_all", ...);
+    get_comm_counts_by_operator() and table() give them per ATen operator.
+    """
+
+    def __init__(self):
+        self._counter = _C.CommCounter()
+
+    def __enter__(self):
+        self._counter.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._counter.stop()
+        return False
+
+    def _now(self):
+        self._counter.snapshot()
+        return self._counter
+
+    def get_total_counts(self) -> int:
+        return self._now().total
+
+    def get_comm_counts(self) -> dict[str, int]:
+        return dict(self._now().counts)
+
+    def get_comm_counts_by_operator(self) -> dict[str, dict[str, int]]:
+        return {op: dict(kinds) for op, kinds in self._now().by_operator.items()}
+
+    def get_bytes(self) -> int:
+        """Bytes this rank sent to other ranks."""
+        return self._now().bytes
+
+    def table(self) -> str:
+        """One row per operator and collective kind."""
+        return self._now().table
+
+    generate_comm_debug_tracing_table = table
+
+
+def visualize_sharding(x, header: str = "", use_rich: bool = False) -> str:
+    """Prints (and returns) which rank owns which part of x; no communication."""
+    _require(x, "visualize_sharding")
+    text = (header + "\n" if header else "") + _C.visualize_sharding(x)
+    print(text)
+    return text
+
+
+def layout_table(x) -> str:
+    _require(x, "layout_table")
+    return _C.layout_table(x)
+
+
+def explain_redistribute(x, placements, sharding_shapes=None) -> str:
+    """The plan that x.redistribute(placements) would run, without running it."""
+    from ._tensor import _encode_sizes
+    from ._mesh import mesh_of_cpp
+
+    _require(x, "explain_redistribute")
+    mesh = mesh_of_cpp(_C.mesh(x))
+    encoded = _placements.encode(placements, mesh.ndim)
+    return _C.explain_redistribute(x, encoded, _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh))
+
+
+def local_map(func=None, out_placements=None, in_placements=None, device_mesh=None, *, redistribute_inputs=True):
+    """DTensor's local_map: `func` runs on local tensors; its outputs get `out_placements`.
+
+    Each ShardTensor argument is first redistributed to its entry of `in_placements` (None: as
+    it is); plain tensors and non-tensor arguments pass through. Output shard sizes are
+    inferred from the local outputs, so uneven outputs work. Differentiable.
+    """
+    if func is None:
+        return functools.partial(local_map, out_placements=out_placements, in_placements=in_placements,
+                                 device_mesh=device_mesh, redistribute_inputs=redistribute_inputs)
+    if out_placements is None:
+        raise ValueError("local_map: out_placements is required (one placement tuple per output)")
+    single = not (out_placements and isinstance(out_placements[0], (list, tuple)))
+    outs = [out_placements] if single else list(out_placements)
+
+    @functools.wraps(func)
+    def wrapped(*args, **kwargs):
+        tensor_slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        inputs = [args[i] for i in tensor_slots]
+        ins = []
+        for i in tensor_slots:
+            declared = None if in_placements is None else in_placements[i]
+            ins.append(None if declared is None or not _C.is_shard_tensor(args[i]) else _placements.encode(declared))
+
+        def on_locals(locals_):
+            call_args = list(args)
+            for slot, local in zip(tensor_slots, locals_):
+                call_args[slot] = local
+            result = func(*call_args, **kwargs)
+            return [result] if single else list(result)
+
+        results = _C.local_map(on_locals, inputs, ins, [_placements.encode(p) for p in outs])
+        return results[0] if single else tuple(results)
+
+    return wrapped

@@ -1,0 +1,52 @@
+"""Factories that never materialise the global tensor: each rank fills only its piece.
+
+Random factories are sharding-invariant: with the same seed the global tensor is the same
+whatever the mesh, placements or shard sizes (a counter-based generator indexed by each
+element's global position), so a Replicate tensor holds the same values on every rank.
+"""
+
+from __future__ import annotations
+
+from . import _C, _placements
+from ._tensor import _encode_sizes, _mesh_or_current
+
+
+def _make(kind, size, device_mesh, placements, dtype, requires_grad, sharding_shapes, value=0.0, seed=None):
+    shape = list(size[0]) if len(size) == 1 and not isinstance(size[0], int) else list(size)
+    mesh = _mesh_or_current(device_mesh, kind)
+    if placements is None:
+        placements = [_placements.Replicate()] * mesh.ndim
+    encoded = _placements.encode(placements, mesh.ndim)
+    sizes = _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
+    return _C.factory(kind, [int(s) for s in shape], mesh._cpp, encoded, dtype, requires_grad, sizes, float(value), seed)
+
+
+def empty(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False, sharding_shapes=None):
+    return _make("empty", size, device_mesh, placements, dtype, requires_grad, sharding_shapes)
+
+
+def zeros(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False, sharding_shapes=None):
+    return _make("zeros", size, device_mesh, placements, dtype, requires_grad, sharding_shapes)
+
+
+def ones(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False, sharding_shapes=None):
+    return _make("ones", size, device_mesh, placements, dtype, requires_grad, sharding_shapes)
+
+
+def full(size, fill_value, *, device_mesh=None, placements=None, dtype=None, requires_grad=False, sharding_shapes=None):
+    return _make("full", (size,), device_mesh, placements, dtype, requires_grad, sharding_shapes, value=fill_value)
+
+
+def rand(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False, sharding_shapes=None, seed=None):
+    return _make("rand", size, device_mesh, placements, dtype, requires_grad, sharding_shapes, seed=seed)
+
+
+def randn(*size, device_mesh=None, placements=None, dtype=None, requires_grad=False, sharding_shapes=None, seed=None):
+    return _make("randn", size, device_mesh, placements, dtype, requires_grad, sharding_shapes, seed=seed)
+
+
+def manual_seed(seed: int, device_mesh=None) -> None:
+    """Seeds shardtensor's random factories and random ops (every rank must pass the same seed)."""
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"manual_seed: seed must be a non-negative int, got {seed!r}")
+    _C.manual_seed(seed)

@@ -1,0 +1,192 @@
+"""DeviceMesh and init_device_mesh, under DTensor's names.
+
+A mesh is built over torch.distributed's process groups: a program that already called
+torch.distributed.init_process_group (the usual torchrun script) keeps its one rendezvous, and
+one that did not gets it initialised here from the launcher's environment (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT), as DTensor's init_device_mesh does. The C++ mesh then runs every
+collective of shardtensor on those groups' backends, and get_group() hands back the same
+ProcessGroup objects that torch.distributed uses.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+_DEFAULT_TIMEOUT_S = 300.0
+
+
+def collective_timeout_s() -> float:
+    """$SHARDTENSOR_TIMEOUT_S, else 300 s: how long any collective may wait before it raises."""
+    value = os.environ.get("SHARDTENSOR_TIMEOUT_S")
+    if not value:
+        return _DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"SHARDTENSOR_TIMEOUT_S={value!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise ValueError(f"SHARDTENSOR_TIMEOUT_S={value!r} must be positive")
+    return seconds
+
+
+def _ensure_process_group(device_type: str) -> None:
+    """Initialises torch.distributed from the launcher's environment unless the program did."""
+    if not dist.is_initialized():
+        backend = {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl"}.get(device_type)
+        if backend is None:
+            raise ValueError(f"init_device_mesh: device_type {device_type!r} is not supported; use 'cpu' or 'cuda'")
+        timeout = datetime.timedelta(seconds=collective_timeout_s())
+        if "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend, timeout=timeout)
+        else:  # a single process, no launcher: a world of one over an in-process store
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    # The C++ layer reads the world from the environment; a program that passed rank and world
+    # size to init_process_group directly has not set it.
+    rank, size = dist.get_rank(), dist.get_world_size()
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(size))
+    if (_C.world_rank(), _C.world_size()) != (rank, size):
+        raise RuntimeError(f"torch.distributed says rank {rank} of {size}, but RANK/WORLD_SIZE in the environment "
+                           f"say {_C.world_rank()} of {_C.world_size()}; launch with torchrun or shardrun, or make "
+                           f"them agree")
+
+
+class DeviceMesh:
+    """An n-d array of ranks with one process group per slice along each mesh dim."""
+
+    def __init__(self, cpp_mesh, torch_mesh=None):
+        self._cpp = cpp_mesh
+        self._torch_mesh = torch_mesh
+        _BY_CPP[cpp_mesh] = self
+
+    # ---- shape and this rank's place ----
+    @property
+    def device_type(self) -> str:
+        return self._cpp.device_type
+
+    @property
+    def ndim(self) -> int:
+        return self._cpp.ndim
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._cpp.shape)
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...] | None:
+        return tuple(self._cpp.dim_names) or None
+
+    @property
+    def mesh(self) -> torch.Tensor:
+        """The global ranks at every coordinate, as DTensor's DeviceMesh.mesh."""
+        return torch.tensor(self._cpp.ranks, dtype=torch.int).reshape(self.shape)
+
+    def size(self, mesh_dim: int | str | None = None) -> int:
+        if mesh_dim is None:
+            return self._cpp.size()
+        return self._cpp.size(self._dim(mesh_dim))
+
+    def get_rank(self) -> int:
+        return self._cpp.rank
+
+    def get_coordinate(self) -> list[int]:
+        return list(self._cpp.coordinate)
+
+    def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
+        if mesh_dim is None:
+            if self.ndim != 1:
+                raise ValueError(f"get_local_rank: this mesh has {self.ndim} dims; name one")
+            mesh_dim = 0
+        return self._cpp.coordinate[self._dim(mesh_dim)]
+
+    def get_group(self, mesh_dim: int | str | None = None):
+        """The torch.distributed ProcessGroup of this rank's slice along `mesh_dim`."""
+        if self._torch_mesh is None:
+            raise RuntimeError("get_group: this mesh was not built over torch.distributed groups")
+        if mesh_dim is None and self.ndim != 1:
+            raise ValueError(f"get_group: this mesh has {self.ndim} dims; name one")
+        return self._torch_mesh.get_group(0 if mesh_dim is None else self._dim(mesh_dim))
+
+    def to_torch(self):
+        """torch's own DeviceMesh over the same process groups (for DTensor interop)."""
+        if self._torch_mesh is None:
+            raise RuntimeError("this mesh was not built over torch.distributed groups")
+        return self._torch_mesh
+
+    def __getitem__(self, name: str) -> "DeviceMesh":
+        """The 1-d mesh along the named dim through this rank (mesh['tp'])."""
+        d = self._dim(name)
+        sub = self._cpp.submesh(d)
+        found = _BY_CPP.get(sub)
+        if found is not None:
+            return found
+        torch_sub = self._torch_mesh[self.mesh_dim_names[d]] if self._torch_mesh is not None and self.mesh_dim_names else None
+        return DeviceMesh(sub, torch_sub)
+
+    def _dim(self, mesh_dim: int | str) -> int:
+        if isinstance(mesh_dim, str):
+            return self._cpp.mesh_dim(mesh_dim)
+        if not -self.ndim <= mesh_dim < self.ndim:
+            raise IndexError(f"mesh dim {mesh_dim} is out of range for a {self.ndim}-d mesh")
+        return mesh_dim % self.ndim
+
+    def __eq__(self, other):
+        return isinstance(other, DeviceMesh) and self._cpp == other._cpp
+
+    def __hash__(self):
+        return hash(self._cpp)
+
+    def __repr__(self):
+        names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
+        return f"DeviceMesh('{self.device_type}', {self.mesh.tolist()}{names})"
+
+
+# Meshes by their C++ handle, so that x.device_mesh returns the object the program built.
+_BY_CPP: dict = {}
+
+
+def mesh_of_cpp(cpp_mesh) -> DeviceMesh:
+    found = _BY_CPP.get(cpp_mesh)
+    return found if found is not None else DeviceMesh(cpp_mesh)
+
+
+def init_device_mesh(device_type: str, mesh_shape, *, mesh_dim_names=None) -> DeviceMesh:
+    """A mesh of `mesh_shape` over all ranks, in rank order (the same layout as DTensor's)."""
+    mesh_shape = tuple(int(s) for s in mesh_shape)
+    if mesh_dim_names is not None and len(mesh_dim_names) != len(mesh_shape):
+        raise ValueError(f"init_device_mesh: {len(mesh_dim_names)} mesh_dim_names {tuple(mesh_dim_names)} for a "
+                         f"{len(mesh_shape)}-d mesh_shape {mesh_shape}")
+    _ensure_process_group(device_type)
+    world = dist.get_world_size()
+    product = 1
+    for s in mesh_shape:
+        product *= s
+    if product != world:
+        raise ValueError(f"init_device_mesh: mesh_shape {mesh_shape} holds {product} ranks, but the world has {world}")
+    from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
+
+    torch_mesh = torch_init_device_mesh(device_type, mesh_shape, mesh_dim_names=mesh_dim_names)
+    return from_torch_mesh(torch_mesh)
+
+
+def from_torch_mesh(torch_mesh) -> DeviceMesh:
+    """Our mesh over the process groups of torch's DeviceMesh (no new rendezvous)."""
+    for mesh in _BY_CPP.values():
+        if mesh._torch_mesh is torch_mesh:
+            return mesh
+    _ensure_process_group(torch_mesh.device_type)
+    shape = list(torch_mesh.mesh.shape)
+    ranks = torch_mesh.mesh.flatten().tolist()
+    groups = [torch_mesh.get_group(d) for d in range(len(shape))]
+    mesh_group = None
+    if len(shape) > 1 and sorted(ranks) == ranks and len(ranks) == dist.get_world_size():
+        mesh_group = dist.group.WORLD  # its group rank is the row-major position
+    cpp = _C.DeviceMesh.from_process_groups(shape, ranks, groups, list(torch_mesh.mesh_dim_names or ()),
+                                            torch_mesh.device_type, collective_timeout_s(), mesh_group)
+    return DeviceMesh(cpp, torch_mesh)

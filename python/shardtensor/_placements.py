@@ -1,0 +1,142 @@
+"""Placements, under DTensor's names and meanings: Shard(dim), Replicate(), Partial(op).
+
+Every function of shardtensor also accepts torch.distributed.tensor's own placement objects.
+Placements cross into C++ as (kind, value) pairs; see python/src/bindings.h.
+"""
+
+from __future__ import annotations
+
+_REDUCE_OPS = ("sum", "avg", "max", "min", "product")
+
+
+class Placement:
+    """Base of the three placements; the is_* queries match DTensor's."""
+
+    __slots__ = ()
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return False
+
+    def is_replicate(self) -> bool:
+        return False
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return False
+
+
+class Shard(Placement):
+    """Splits tensor dim `dim` over the ranks of a mesh dim (uneven splits allowed)."""
+
+    __slots__ = ("dim",)
+
+    def __init__(self, dim: int):
+        if not isinstance(dim, int):
+            raise TypeError(f"Shard(dim): dim must be an int, got {type(dim).__name__}")
+        self.dim = dim
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return dim is None or dim == self.dim
+
+    def __eq__(self, other):
+        return isinstance(other, Shard) and other.dim == self.dim
+
+    def __hash__(self):
+        return hash(("shard", self.dim))
+
+    def __repr__(self):
+        return f"Shard(dim={self.dim})"
+
+
+class Replicate(Placement):
+    """Every rank of the mesh dim holds the whole tensor."""
+
+    __slots__ = ()
+
+    def is_replicate(self) -> bool:
+        return True
+
+    def __eq__(self, other):
+        return isinstance(other, Replicate)
+
+    def __hash__(self):
+        return hash("replicate")
+
+    def __repr__(self):
+        return "Replicate()"
+
+
+class Partial(Placement):
+    """Every rank of the mesh dim holds one term of a pending reduction."""
+
+    __slots__ = ("reduce_op",)
+
+    def __init__(self, reduce_op: str = "sum"):
+        if reduce_op not in _REDUCE_OPS:
+            raise ValueError(f"Partial(reduce_op={reduce_op!r}): allowed are {', '.join(map(repr, _REDUCE_OPS))}")
+        self.reduce_op = reduce_op
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return reduce_op is None or reduce_op == self.reduce_op
+
+    def __eq__(self, other):
+        return isinstance(other, Partial) and other.reduce_op == self.reduce_op
+
+    def __hash__(self):
+        return hash(("partial", self.reduce_op))
+
+    def __repr__(self):
+        return f"Partial({self.reduce_op})"
+
+
+def encode(placements, mesh_ndim: int | None = None) -> list[tuple[int, int]]:
+    """Placements (ours or DTensor's) as the (kind, value) pairs the C++ layer takes."""
+    if isinstance(placements, Placement) or not hasattr(placements, "__iter__"):
+        raise TypeError(f"placements must be a sequence of Shard/Replicate/Partial, one per mesh dim, got {placements!r}")
+    placements = tuple(placements)
+    if mesh_ndim is not None and len(placements) != mesh_ndim:
+        raise ValueError(f"{len(placements)} placements given ({list(placements)}) for a {mesh_ndim}-d mesh; "
+                         f"give one per mesh dim")
+    out = []
+    for p in placements:
+        if not all(hasattr(p, q) for q in ("is_shard", "is_replicate", "is_partial")):
+            raise TypeError(f"{p!r} is not a placement; use Shard(dim), Replicate() or Partial(op)")
+        if p.is_shard():
+            out.append((0, int(p.dim)))
+        elif p.is_replicate():
+            out.append((1, 0))
+        else:
+            op = str(getattr(p, "reduce_op", "sum")).lower().replace("reduceop.", "")
+            if op not in _REDUCE_OPS:
+                raise ValueError(f"Partial reduce op {op!r} is not supported; allowed are {', '.join(_REDUCE_OPS)}")
+            out.append((2, _REDUCE_OPS.index(op)))
+    return out
+
+
+_DECODED: dict[tuple, tuple] = {}
+
+
+def decode(encoded) -> tuple[Placement, ...]:
+    """The C++ (kind, value) pairs as a tuple of placements (memoised: x.placements is cheap)."""
+    key = tuple(encoded)
+    cached = _DECODED.get(key)
+    if cached is None:
+        cached = tuple(Shard(v) if k == 0 else Replicate() if k == 1 else Partial(_REDUCE_OPS[v]) for k, v in key)
+        _DECODED[key] = cached
+    return cached
+
+
+def to_torch(placements):
+    """Our placements as torch.distributed.tensor's (for to_dtensor)."""
+    from torch.distributed.tensor import Partial as TPartial, Replicate as TReplicate, Shard as TShard
+
+    out = []
+    for p in placements:
+        if p.is_shard():
+            out.append(TShard(p.dim))
+        elif p.is_replicate():
+            out.append(TReplicate())
+        else:
+            if p.reduce_op == "product":
+                raise ValueError("to_dtensor: DTensor has no Partial(product); redistribute to Replicate first")
+            out.append(TPartial(p.reduce_op))
+    return tuple(out)

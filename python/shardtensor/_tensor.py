@@ -1,0 +1,306 @@
+"""ShardTensors in Python: building them, looking inside them, and the methods every tensor gains.
+
+A ShardTensor is a plain torch.Tensor in Python (its C++ TensorImpl is shardtensor's), so every
+operator on it dispatches in C++ without a Python hook. What DTensor offers as methods of its
+subclass (placements, device_mesh, to_local, full_tensor, redistribute) are installed on
+torch.Tensor once, at import; they raise for tensors that are not sharded, so every result of
+every op has them. This module also fixes what a ShardTensor does where torch would read its
+storage: repr shows the layout and this rank's piece (no collective), and numpy(), tolist(),
+pickling and torch.save raise an error that names to_local() and full_tensor().
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _C, _placements
+from ._mesh import DeviceMesh, mesh_of_cpp
+
+is_shard_tensor = _C.is_shard_tensor
+
+
+class _ShardTensorMeta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Tensor) and _C.is_shard_tensor(obj)
+
+
+class ShardTensor(metaclass=_ShardTensorMeta):
+    """The type of sharded tensors, for isinstance() and for PhysicsNeMo's constructors.
+
+    isinstance(x, ShardTensor) is true for every sharded torch.Tensor, whichever op made it.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        raise TypeError("ShardTensor is not constructed directly; use ShardTensor.from_local(), "
+                        "distribute_tensor() or scatter_tensor()")
+
+    @staticmethod
+    def from_local(local_tensor, device_mesh=None, placements=None, sharding_shapes="chunk", *, run_check=False):
+        return from_local(local_tensor, device_mesh, placements, run_check=run_check, sharding_shapes=sharding_shapes)
+
+    @staticmethod
+    def from_dtensor(dtensor):
+        return from_dtensor(dtensor)
+
+
+def _require(t, what: str):
+    if not (isinstance(t, torch.Tensor) and _C.is_shard_tensor(t)):
+        raise TypeError(f"{what}: expected a ShardTensor, got a plain {type(t).__name__}")
+
+
+
+def _mesh_or_current(device_mesh, what: str) -> DeviceMesh:
+    if device_mesh is None:
+        from . import _mesh
+
+        if not _mesh._BY_CPP:
+            raise ValueError(f"{what}: no device_mesh given and none has been created; call init_device_mesh first")
+        return list(_mesh._BY_CPP.values())[-1]
+    if not isinstance(device_mesh, DeviceMesh):
+        from ._mesh import from_torch_mesh
+
+        if type(device_mesh).__name__ == "DeviceMesh":  # torch's own
+            return from_torch_mesh(device_mesh)
+        raise TypeError(f"{what}: device_mesh must be a shardtensor.DeviceMesh, got {type(device_mesh).__name__}")
+    return device_mesh
+
+
+def _encode_sizes(sizes, placements, mesh: DeviceMesh):
+    """Explicit shard sizes as the C++ layer takes them: [(tensor dim, sizes)].
+
+    Two spellings are accepted:
+      {tensor_dim: [size per piece, ...]}            shardtensor's, e.g. {0: [1, 4, 2, 3]}
+      {mesh_dim: [local shape per rank, ...]}        PhysicsNeMo's sharding_shapes
+    """
+    if sizes is None:
+        return None
+    if not isinstance(sizes, dict):
+        raise TypeError(f"shard sizes must be a dict, got {type(sizes).__name__}")
+    out = []
+    placements = tuple(placements)
+    for key, values in sizes.items():
+        values = list(values)
+        if values and not isinstance(values[0], int):  # PhysicsNeMo: per-rank shapes along a mesh dim
+            if not (0 <= key < len(placements)) or not placements[key].is_shard():
+                raise ValueError(f"sharding_shapes: mesh dim {key} does not shard a tensor dim "
+                                 f"(placements {list(placements)})")
+            dim = placements[key].dim
+            out.append((dim, [int(tuple(s)[dim]) for s in values]))
+        else:
+            out.append((int(key), [int(v) for v in values]))
+    return out
+
+
+def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=False, shape=None, stride=None,
+               sharding_shapes="chunk"):
+    """A ShardTensor from this rank's piece (DTensor.from_local, with uneven sizes).
+
+    sharding_shapes: "chunk" (torch.chunk sizes; with `shape`, any chunk split of it),
+    "infer" (one all-gather of local shapes), or explicit sizes (see _encode_sizes).
+    """
+    if not isinstance(local_tensor, torch.Tensor):
+        raise TypeError(f"from_local: local_tensor must be a torch.Tensor, got {type(local_tensor).__name__}")
+    mesh = _mesh_or_current(device_mesh, "from_local")
+    if placements is None:
+        placements = [_placements.Replicate()] * mesh.ndim
+    encoded = _placements.encode(placements, mesh.ndim)
+    if isinstance(sharding_shapes, str):
+        if sharding_shapes not in ("chunk", "infer"):
+            raise ValueError(f"from_local: sharding_shapes={sharding_shapes!r}; allowed are 'chunk', 'infer' or a dict")
+        mode, sizes = sharding_shapes, None
+    else:
+        mode, sizes = "given", _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
+    global_shape = [int(s) for s in shape] if shape is not None else None
+    return _C.from_local(local_tensor, mesh._cpp, encoded, mode, global_shape, sizes, run_check)
+
+
+def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0, sharding_shapes=None):
+    """Shards a tensor that every rank holds (the rank at coordinate 0 is the source of truth)."""
+    if src_data_rank != 0:
+        raise ValueError(f"distribute_tensor: src_data_rank={src_data_rank}; only 0 is supported "
+                         f"(use scatter_tensor for another source)")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"distribute_tensor: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    mesh = _mesh_or_current(device_mesh, "distribute_tensor")
+    if placements is None:
+        placements = [_placements.Replicate()] * mesh.ndim
+    encoded = _placements.encode(placements, mesh.ndim)
+    sizes = _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
+    return _C.distribute_tensor(tensor, mesh._cpp, encoded, sizes)
+
+
+def scatter_tensor(tensor, global_src, mesh, placements, *, requires_grad=False):
+    """Shards a tensor that only global rank `global_src` has (PhysicsNeMo's scatter_tensor)."""
+    mesh = _mesh_or_current(mesh, "scatter_tensor")
+    return _C.scatter_tensor(tensor, int(global_src), mesh._cpp, _placements.encode(placements, mesh.ndim), requires_grad)
+
+
+# ---- the methods every torch.Tensor gains -----------------------------------------------
+
+def _placements_of(self):
+    if not _C.is_shard_tensor(self):
+        raise AttributeError("placements: this tensor is not a ShardTensor")
+    return _placements.decode(_C.placements(self))
+
+
+def _device_mesh_of(self):
+    if not _C.is_shard_tensor(self):
+        raise AttributeError("device_mesh: this tensor is not a ShardTensor")
+    return mesh_of_cpp(_C.mesh(self))
+
+
+def _to_local(self, *, grad_placements=None):
+    _require(self, "to_local")
+    return _C.to_local(self, None if grad_placements is None else _placements.encode(grad_placements))
+
+
+def _full_tensor(self, *, grad_placements=None):
+    _require(self, "full_tensor")
+    return _C.full_tensor(self, None if grad_placements is None else _placements.encode(grad_placements))
+
+
+def _redistribute(self, device_mesh=None, placements=None, *, async_op=False, sharding_shapes=None):
+    _require(self, "redistribute")
+    mesh = mesh_of_cpp(_C.mesh(self)) if device_mesh is None else _mesh_or_current(device_mesh, "redistribute")
+    if placements is None:
+        placements = _placements_of(self)
+    encoded = _placements.encode(placements, mesh.ndim)
+    return _C.redistribute(self, mesh._cpp, encoded, _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh))
+
+
+def _local_shape(self):
+    _require(self, "local_shape")
+    return torch.Size(_C.local_shape(self))
+
+
+def _sharding_shapes(self):
+    """{tensor dim: [size of every piece]} for each sharded tensor dim."""
+    _require(self, "sharding_shapes")
+    return {dim: list(sizes) for dim, sizes in _C.shard_sizes(self)}
+
+
+def describe(t) -> str:
+    """Global shape, dtype, placements, mesh, shard sizes and this rank's piece: no collective."""
+    _require(t, "describe")
+    return _C.describe(t)
+
+
+def _make_repr(original):
+    def __repr__(self, *args, **kwargs):
+        if not _C.is_shard_tensor(self):
+            return original(self, *args, **kwargs)
+        with torch.no_grad():
+            local = _C.to_local(self, None)
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"{_C.describe(self)}{grad}\nlocal piece: {local!r}"
+
+    return __repr__
+
+
+def _refusing(name: str, original):
+    why = (f"{name}() of a ShardTensor would need the whole tensor; call x.to_local().{name}() for this rank's "
+           f"piece or x.full_tensor().{name}() for the whole tensor (a collective)")
+
+    def method(self, *args, **kwargs):
+        if _C.is_shard_tensor(self):
+            raise TypeError(why)
+        return original(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _make_reduce_ex(original):
+    def __reduce_ex__(self, protocol):
+        if _C.is_shard_tensor(self):
+            raise TypeError("a ShardTensor cannot be pickled or torch.save()d: its data lives on many processes. "
+                            "Save x.to_local() (with x.placements and x.sharding_shapes()) on every rank, or "
+                            "x.full_tensor() on one")
+        return original(self, protocol)
+
+    return __reduce_ex__
+
+
+def _make_deepcopy(original):
+    def __deepcopy__(self, memo):
+        if not _C.is_shard_tensor(self):
+            return original(self, memo)
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            copy = self.clone()
+        copy.requires_grad_(self.requires_grad)
+        if isinstance(self, torch.nn.Parameter):
+            copy = torch.nn.Parameter(copy, requires_grad=self.requires_grad)
+        memo[id(self)] = copy
+        return copy
+
+    return __deepcopy__
+
+
+_TENSOR_ATTRIBUTES = {
+    "placements": property(_placements_of),
+    "device_mesh": property(_device_mesh_of),
+    "to_local": _to_local,
+    "full_tensor": _full_tensor,
+    "redistribute": _redistribute,
+    "local_shape": property(_local_shape),
+    "sharding_shapes": _sharding_shapes,
+}
+
+
+def install_tensor_methods() -> None:
+    """Adds the ShardTensor attributes to torch.Tensor and guards the storage-reading ones."""
+    T = torch.Tensor
+    if getattr(T, "_shardtensor_installed", False):
+        return
+    for name, value in _TENSOR_ATTRIBUTES.items():
+        if name in T.__dict__ or any(name in base.__dict__ for base in T.__mro__[1:]):
+            raise RuntimeError(f"shardtensor: torch.Tensor already has an attribute {name!r} in torch "
+                               f"{torch.__version__}; this shardtensor does not support that torch")
+        setattr(T, name, value)
+    T.__repr__ = _make_repr(T.__repr__)
+    T.__reduce_ex__ = _make_reduce_ex(T.__reduce_ex__)
+    T.__deepcopy__ = _make_deepcopy(T.__deepcopy__)
+    for name in ("numpy", "tolist", "__array__"):
+        setattr(T, name, _refusing(name, getattr(T, name)))
+    T._shardtensor_installed = True
+
+
+# ---- torch's DTensor -----------------------------------------------------------------------
+
+def to_dtensor(x):
+    """torch's DTensor over the same process groups and the same local tensor (no copy)."""
+    _require(x, "to_dtensor")
+    from torch.distributed.tensor import DTensor
+
+    mesh = mesh_of_cpp(_C.mesh(x))
+    placements = _placements_of(x)
+    for dim, sizes in _C.shard_sizes(x):
+        expected = [len(c) for c in torch.arange(x.shape[dim]).chunk(_pieces(mesh, placements, dim))]
+        expected += [0] * (len(sizes) - len(expected))
+        if list(sizes) != expected:
+            raise ValueError(f"to_dtensor: dim {dim} is split {list(sizes)}, but DTensor only knows torch.chunk splits "
+                             f"({expected}); redistribute to chunk sizes first")
+    return DTensor.from_local(_C.to_local(x, None), mesh.to_torch(), _placements.to_torch(placements), run_check=False,
+                              shape=x.shape, stride=x.stride())
+
+
+def _pieces(mesh: DeviceMesh, placements, dim: int) -> int:
+    n = 1
+    for d, p in enumerate(placements):
+        if p.is_shard(dim):
+            n *= mesh.size(d)
+    return n
+
+
+def from_dtensor(dtensor):
+    """A ShardTensor over the same process groups and the same local tensor as a DTensor (no copy)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(dtensor, DTensor):
+        raise TypeError(f"from_dtensor: expected a torch.distributed.tensor.DTensor, got {type(dtensor).__name__}")
+    from ._mesh import from_torch_mesh
+
+    mesh = from_torch_mesh(dtensor.device_mesh)
+    return from_local(dtensor.to_local(), mesh, dtensor.placements, shape=dtensor.shape)

@@ -1,0 +1,94 @@
+// Dispatch policy and debug tools for Python: strict mode, implicit replication, the
+// collective counter, and the translation of C++ errors into Python exceptions.
+#include <c10/util/Exception.h>
+
+#include <memory>
+
+#include "bindings.h"
+#include "shardtensor/dispatch.h"
+
+namespace shardtensor::python {
+namespace {
+
+// A scope object for `with`: the C++ RAII guard lives between __enter__ and __exit__.
+template <typename Guard>
+struct Scope {
+  std::unique_ptr<Guard> guard;
+  void enter() {
+    TORCH_CHECK(!guard, "this scope is already active; `with` it once at a time.");
+    guard = std::make_unique<Guard>();
+  }
+  void exit() { guard.reset(); }
+};
+
+// CommDebugMode keeps its counts after the `with` block ends, as DTensor's does: the C++
+// counter is read into plain maps when the scope closes.
+struct CommCounter : Scope<CommDebugMode> {
+  std::map<std::string, int64_t> counts;
+  std::map<std::string, std::map<std::string, int64_t>> by_operator;
+  int64_t total = 0;
+  int64_t bytes = 0;
+  std::string table;
+
+  void snapshot() {
+    if (!guard) return;
+    counts = guard->counts();
+    by_operator = guard->counts_by_operator();
+    total = guard->total();
+    bytes = guard->bytes();
+    table = guard->table();
+  }
+  void stop() {
+    snapshot();
+    exit();
+  }
+};
+
+// C++ errors keep their message (without the C++ backtrace) and become the Python exception
+// of their kind, on every rank where the C++ layer raises.
+void translate_errors() {
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    } catch (const c10::IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    } catch (const c10::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+}
+
+}  // namespace
+
+void bind_dispatch(py::module_& m) {
+  translate_errors();
+  m.def("set_strict", &set_strict, py::arg("strict"));
+  m.def("is_strict", &is_strict);
+  m.def("fallback_operators", &fallback_operators);
+  m.def("propagated_operators", &propagated_operators);
+
+  using Replication = Scope<ImplicitReplication>;
+  py::class_<Replication>(m, "ImplicitReplication")
+      .def(py::init<>())
+      .def("enter", &Replication::enter)
+      .def("exit", &Replication::exit);
+
+  py::class_<CommCounter>(m, "CommCounter")
+      .def(py::init<>())
+      .def("start", &CommCounter::enter)
+      .def("stop", &CommCounter::stop)
+      .def("snapshot", &CommCounter::snapshot)
+      .def_readonly("counts", &CommCounter::counts)
+      .def_readonly("by_operator", &CommCounter::by_operator)
+      .def_readonly("total", &CommCounter::total)
+      .def_readonly("bytes", &CommCounter::bytes)
+      .def_readonly("table", &CommCounter::table);
+}
+
+}  // namespace shardtensor::python

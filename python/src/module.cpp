@@ -1,0 +1,56 @@
+// shardtensor._C: the compiled half of the Python package.
+#include "bindings.h"
+
+#include <c10/util/Exception.h>
+
+namespace shardtensor::python {
+
+Placements decode_placements(const EncodedPlacements& encoded) {
+  Placements placements;
+  placements.reserve(encoded.size());
+  for (const auto& [kind, value] : encoded) {
+    switch (kind) {
+      case 0: placements.push_back(Shard(value)); break;
+      case 1: placements.push_back(Replicate()); break;
+      case 2:
+        TORCH_CHECK_VALUE(value >= 0 && value <= static_cast<int64_t>(ReduceOp::Product), "Partial: reduce op code ",
+                          value, " is not one of sum, avg, max, min, product.");
+        placements.push_back(Partial(static_cast<ReduceOp>(value)));
+        break;
+      default: TORCH_CHECK_VALUE(false, "placement kind code ", kind, " is not Shard (0), Replicate (1) or Partial (2).");
+    }
+  }
+  return placements;
+}
+
+EncodedPlacements encode_placements(const Placements& placements) {
+  EncodedPlacements encoded;
+  encoded.reserve(placements.size());
+  for (const Placement& p : placements) {
+    if (p.is_shard()) encoded.emplace_back(0, p.tensor_dim);
+    else if (p.is_replicate()) encoded.emplace_back(1, 0);
+    else encoded.emplace_back(2, static_cast<int64_t>(p.reduce_op));
+  }
+  return encoded;
+}
+
+ShardSizes decode_sizes(const EncodedSizes& encoded) {
+  ShardSizes sizes;
+  for (const auto& [dim, values] : encoded) sizes.push_back({dim, values});
+  return sizes;
+}
+
+EncodedSizes encode_sizes(const ShardSizes& sizes) {
+  EncodedSizes encoded;
+  for (const DimShardSizes& s : sizes) encoded.emplace_back(s.tensor_dim, s.sizes);
+  return encoded;
+}
+
+}  // namespace shardtensor::python
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "shardtensor's C++ core; use the shardtensor package, not this module.";
+  shardtensor::python::bind_mesh(m);
+  shardtensor::python::bind_tensor(m);
+  shardtensor::python::bind_dispatch(m);
+}
