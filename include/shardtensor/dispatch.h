@@ -31,6 +31,12 @@ std::vector<std::string> fallback_operators();
 // Operators that ran through their sharding rule so far in this process.
 std::vector<std::string> propagated_operators();
 
+// Drops every cached propagation and redistribute plan, and with them the references they
+// hold to meshes and their communicators. For shutdown (Python calls it at exit, so that
+// process groups are destroyed while the interpreter and c10d are still alive); call it only
+// while no operator runs. Later operators simply rebuild their cache entries.
+void release_cached_layouts();
+
 // ---- Implicit replication ----------------------------------------------------------------
 // Plain tensors next to ShardTensors are an error, except 0-d and single-element ones, which
 // count as Replicate. Inside this scope (per thread) every plain tensor counts as Replicate:

@@ -11,9 +11,11 @@ A ShardTensor is a plain torch.Tensor whose sizes are the global sizes; isinstan
 st.ShardTensor) tells them apart. torch.nn modules, autograd and torch.optim work on them.
 """
 
+import atexit
+
 import torch  # loads libtorch before the extension that links it
 
-from . import _C
+from . import _C, _mesh
 from ._placements import Partial, Placement, Replicate, Shard
 from ._mesh import DeviceMesh, init_device_mesh
 from ._tensor import (
@@ -43,6 +45,15 @@ from ._debug import (
 )
 
 install_tensor_methods()
+
+
+@atexit.register
+def _release_communicators() -> None:
+    # Caches and meshes hold c10d backends; dropping them here destroys the process groups while
+    # the interpreter and c10d still run, not during C++ static destruction (where Gloo's
+    # threads were seen to abort the process with "terminate called without an active exception").
+    _mesh._BY_CPP.clear()
+    _C.release_cached_layouts()
 
 built_with_nccl = _C.built_with_nccl
 __version__ = "0.1.0"

@@ -72,6 +72,7 @@ void bind_dispatch(py::module_& m) {
   m.def("is_strict", &is_strict);
   m.def("fallback_operators", &fallback_operators);
   m.def("propagated_operators", &propagated_operators);
+  m.def("release_cached_layouts", &release_cached_layouts);
 
   using Replication = Scope<ImplicitReplication>;
   py::class_<Replication>(m, "ImplicitReplication")

@@ -176,8 +176,11 @@ DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vect
                 "DeviceMesh::from_process_groups: the group for mesh dim ", d, " has size ", groups[d]->getSize(),
                 " and rank ", groups[d]->getRank(), ", but this rank's slice along that dim is global ranks [",
                 join(group_ranks, ", "), "] where it is at position ", impl->coordinate[d], ".");
-    impl->comms.push_back(
-        make_c10d_comm(compat::backend_of(groups[d], impl->device.type()), group_ranks, impl->coordinate[d], options.timeout));
+    // A slice of one rank needs no backend: its collectives are local copies, as in build_mesh.
+    impl->comms.push_back(group_ranks.size() == 1
+                              ? make_self_comm(env.rank)
+                              : make_c10d_comm(compat::backend_of(groups[d], impl->device.type()), group_ranks,
+                                               impl->coordinate[d], options.timeout));
   }
   if (impl->shape.size() == 1) {
     impl->mesh_comm = impl->comms.front();

@@ -202,3 +202,12 @@ Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
 void clear_propagation_cache() { cache().entries.clear(); }
 
 }  // namespace shardtensor
+
+namespace shardtensor {
+
+void release_cached_layouts() {
+  clear_propagation_cache();  // this thread's; other threads' entries go when those threads end
+  clear_plan_cache();
+}
+
+}  // namespace shardtensor

@@ -77,6 +77,8 @@ void set_default_planner(Planner planner);
 
 // Plans (and caches by the pair of specs) a redistribution. Pure: no communication, the same
 // answer on every rank. Source and target must share mesh, shape and dtype.
+// Drops every cached plan (and the meshes their specs hold); only while no plan is in use.
+void clear_plan_cache();
 const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target,
                                           Planner planner = default_planner());
 

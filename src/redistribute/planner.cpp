@@ -167,14 +167,34 @@ std::string RedistributePlan::to_string() const {
   return out;
 }
 
+namespace {
+
+struct PlanCache {
+  std::mutex mutex;
+  std::unordered_map<PlanKey, RedistributePlan, PlanKeyHash> plans;
+};
+
+PlanCache& plan_cache() {
+  static PlanCache cache;
+  return cache;
+}
+
+}  // namespace
+
 const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
-  static std::mutex mutex;
-  static std::unordered_map<PlanKey, RedistributePlan, PlanKeyHash> cache;
-  std::lock_guard<std::mutex> lock(mutex);
+  PlanCache& cache = plan_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
   PlanKey key{source, target, planner};
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(std::move(key), plan_redistribute_uncached(source, target, planner)).first;
+  auto it = cache.plans.find(key);
+  if (it == cache.plans.end())
+    it = cache.plans.emplace(std::move(key), plan_redistribute_uncached(source, target, planner)).first;
   return it->second;  // unordered_map never moves its values, so the reference stays valid
+}
+
+void clear_plan_cache() {
+  PlanCache& cache = plan_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.plans.clear();
 }
 
 RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {

@@ -1,0 +1,77 @@
+"""Runs a test body on N local ranks, each a fresh process, and reports every rank's failure.
+
+    def body(rank, world_size): ...          # a module-level function of a test file
+    run_ranks(body, world_size=3)
+
+Each rank gets the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT on a free port), and SHARDTENSOR_TIMEOUT_S so that a collective that a broken test
+leaves waiting raises within seconds. The parent waits at most `timeout` seconds, kills what is
+left and fails, so a broken test never hangs CI.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import traceback
+
+COLLECTIVE_TIMEOUT_S = "20"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(body, rank, world_size, port, extra_env, args, errors):
+    os.environ.update({
+        "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "SHARDTENSOR_TIMEOUT_S": COLLECTIVE_TIMEOUT_S, "SHARDTENSOR_STRICT": "1",
+    })
+    os.environ.update(extra_env)
+    try:
+        body(rank, world_size, *args)
+    except BaseException:  # noqa: BLE001 - every failure goes back to the parent
+        errors.put((rank, traceback.format_exc()))
+        raise SystemExit(1)
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def run_ranks(body, world_size: int, *args, timeout: float = 180.0, env: dict | None = None) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    errors = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(body, r, world_size, port, env or {}, args, errors))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    import time
+
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    reports = []
+    while not errors.empty():
+        reports.append(errors.get())
+    reports.sort()
+    message = "".join(f"\n--- rank {r} ---\n{tb}" for r, tb in reports)
+    if hung:
+        message += f"\nranks {hung} still ran after {timeout} s and were killed"
+    codes = [p.exitcode for p in procs]
+    if message or any(c != 0 for c in codes):
+        raise AssertionError(f"{body.__name__} on {world_size} ranks failed (exit codes {codes}):{message}")
