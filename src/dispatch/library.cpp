@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "dispatch/decompositions.h"
+#include "dispatch/foreach.h"
 #include "dispatch/kernel.h"
 
 namespace shardtensor {
@@ -56,6 +57,16 @@ void register_everything() {
   }
   // Decompositions of our own for composite ops whose libtorch one cannot run on ShardTensors.
   whole_autograd->impl("_pad_circular", TORCH_FN(circular_pad));
+  // _foreach_* operators: one per-tensor call per element (foreach.h), above autograd so that
+  // each element's call is recorded by the per-tensor operator's own formula.
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::_foreach_", 0) != 0) continue;
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || !op->hasSchema() || op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+    const std::string unqualified = full_op_name(name).substr(6);
+    whole->impl(unqualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&foreach_kernel>());
+    whole_autograd->impl(unqualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&foreach_kernel>());
+  }
   libraries.push_back(std::move(whole));
   libraries.push_back(std::move(whole_autograd));
 
