@@ -118,6 +118,12 @@ std::ostream& operator<<(std::ostream& os, const DeviceMesh& mesh);
 int64_t world_rank();
 int64_t world_size();
 
+// Drops shardtensor's references to every c10d process group its meshes use, so that their
+// owner (torch.distributed.destroy_process_group, or the end of the process) destroys them
+// while c10d still runs, not during static destruction. Meshes that exist raise on their next
+// collective. The Python package calls it at interpreter exit.
+void release_communicators();
+
 // Whether this build of shardtensor can create NCCL meshes (libtorch was a CUDA build with
 // c10d's NCCL process group when shardtensor was compiled). Says nothing about a GPU being
 // present: see torch::cuda::is_available().

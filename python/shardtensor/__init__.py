@@ -47,13 +47,9 @@ from ._debug import (
 install_tensor_methods()
 
 
-@atexit.register
-def _release_communicators() -> None:
-    # Caches and meshes hold c10d backends; dropping them here destroys the process groups while
-    # the interpreter and c10d still run, not during C++ static destruction (where Gloo's
-    # threads were seen to abort the process with "terminate called without an active exception").
-    _mesh._BY_CPP.clear()
-    _C.release_cached_layouts()
+# Caches, meshes and tensors hold c10d backends; at exit they are released while the
+# interpreter and c10d still run (_mesh.shutdown).
+atexit.register(_mesh.shutdown)
 
 built_with_nccl = _C.built_with_nccl
 __version__ = "0.1.0"

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from . import _C
 
 _DEFAULT_TIMEOUT_S = 300.0
+_initialised_here = False  # whether shardtensor, not the program, called init_process_group
 
 
 def collective_timeout_s() -> float:
@@ -37,7 +38,9 @@ def collective_timeout_s() -> float:
 
 def _ensure_process_group(device_type: str) -> None:
     """Initialises torch.distributed from the launcher's environment unless the program did."""
+    global _initialised_here
     if not dist.is_initialized():
+        _initialised_here = True
         backend = {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl"}.get(device_type)
         if backend is None:
             raise ValueError(f"init_device_mesh: device_type {device_type!r} is not supported; use 'cpu' or 'cuda'")
@@ -60,9 +63,10 @@ def _ensure_process_group(device_type: str) -> None:
 class DeviceMesh:
     """An n-d array of ranks with one process group per slice along each mesh dim."""
 
-    def __init__(self, cpp_mesh, torch_mesh=None):
+    def __init__(self, cpp_mesh, torch_mesh=None, groups=None):
         self._cpp = cpp_mesh
         self._torch_mesh = torch_mesh
+        self._groups = groups  # this rank's ProcessGroup per mesh dim
         _BY_CPP[cpp_mesh] = self
 
     # ---- shape and this rank's place ----
@@ -107,16 +111,25 @@ class DeviceMesh:
 
     def get_group(self, mesh_dim: int | str | None = None):
         """The torch.distributed ProcessGroup of this rank's slice along `mesh_dim`."""
-        if self._torch_mesh is None:
-            raise RuntimeError("get_group: this mesh was not built over torch.distributed groups")
         if mesh_dim is None and self.ndim != 1:
             raise ValueError(f"get_group: this mesh has {self.ndim} dims; name one")
-        return self._torch_mesh.get_group(0 if mesh_dim is None else self._dim(mesh_dim))
+        d = 0 if mesh_dim is None else self._dim(mesh_dim)
+        if self._groups is not None:
+            return self._groups[d]
+        if self._torch_mesh is not None:
+            return self._torch_mesh.get_group(d)
+        raise RuntimeError("get_group: this mesh was not built over torch.distributed groups")
 
     def to_torch(self):
         """torch's own DeviceMesh over the same process groups (for DTensor interop)."""
         if self._torch_mesh is None:
-            raise RuntimeError("this mesh was not built over torch.distributed groups")
+            if self._groups is None:
+                raise RuntimeError("this mesh was not built over torch.distributed groups")
+            from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
+
+            self._torch_mesh = TorchDeviceMesh.from_group(
+                self._groups if self.ndim > 1 else self._groups[0], self.device_type,
+                mesh=self.mesh if self.ndim > 1 else None, mesh_dim_names=self.mesh_dim_names)
         return self._torch_mesh
 
     def __getitem__(self, name: str) -> "DeviceMesh":
@@ -126,8 +139,11 @@ class DeviceMesh:
         found = _BY_CPP.get(sub)
         if found is not None:
             return found
-        torch_sub = self._torch_mesh[self.mesh_dim_names[d]] if self._torch_mesh is not None and self.mesh_dim_names else None
-        return DeviceMesh(sub, torch_sub)
+        groups = [self._groups[d]] if self._groups is not None else None
+        torch_sub = None
+        if groups is None and self._torch_mesh is not None and self.mesh_dim_names:
+            torch_sub = self._torch_mesh[self.mesh_dim_names[d]]
+        return DeviceMesh(sub, torch_sub, groups)
 
     def _dim(self, mesh_dim: int | str) -> int:
         if isinstance(mesh_dim, str):
@@ -156,23 +172,63 @@ def mesh_of_cpp(cpp_mesh) -> DeviceMesh:
     return found if found is not None else DeviceMesh(cpp_mesh)
 
 
+def shutdown() -> None:
+    """At exit: drop shardtensor's references to process groups, and destroy the default group if
+    shardtensor created it (a program that created its own destroys it itself)."""
+    _BY_CPP.clear()
+    _C.release_cached_layouts()
+    _C.release_communicators()
+    if _initialised_here and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def init_device_mesh(device_type: str, mesh_shape, *, mesh_dim_names=None) -> DeviceMesh:
-    """A mesh of `mesh_shape` over all ranks, in rank order (the same layout as DTensor's)."""
+    """A mesh of `mesh_shape` over all ranks, in rank order (the same layout as DTensor's).
+
+    Its groups come from torch.distributed: the world group for a 1-d mesh, new_group() per
+    slice otherwise. torch's own DeviceMesh over the same groups is made only when asked for
+    (get_group does not need it; to_torch and to_dtensor do).
+    """
     mesh_shape = tuple(int(s) for s in mesh_shape)
     if mesh_dim_names is not None and len(mesh_dim_names) != len(mesh_shape):
         raise ValueError(f"init_device_mesh: {len(mesh_dim_names)} mesh_dim_names {tuple(mesh_dim_names)} for a "
                          f"{len(mesh_shape)}-d mesh_shape {mesh_shape}")
+    if not mesh_shape or any(s < 1 for s in mesh_shape):
+        raise ValueError(f"init_device_mesh: mesh_shape {mesh_shape} must have at least one dim, each >= 1")
     _ensure_process_group(device_type)
     world = dist.get_world_size()
-    product = 1
-    for s in mesh_shape:
-        product *= s
-    if product != world:
-        raise ValueError(f"init_device_mesh: mesh_shape {mesh_shape} holds {product} ranks, but the world has {world}")
-    from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
+    layout = torch.arange(world).reshape(-1)
+    if layout.numel() != _product(mesh_shape):
+        raise ValueError(f"init_device_mesh: mesh_shape {mesh_shape} holds {_product(mesh_shape)} ranks, but the "
+                         f"world has {world}")
+    layout = layout.reshape(mesh_shape)
+    groups = [_slice_groups(layout, d) for d in range(len(mesh_shape))]
+    names = list(mesh_dim_names or ())
+    cpp = _C.DeviceMesh.from_process_groups(list(mesh_shape), layout.flatten().tolist(), groups, names, device_type,
+                                            collective_timeout_s(), dist.group.WORLD if len(mesh_shape) > 1 else None)
+    return DeviceMesh(cpp, groups=groups)
 
-    torch_mesh = torch_init_device_mesh(device_type, mesh_shape, mesh_dim_names=mesh_dim_names)
-    return from_torch_mesh(torch_mesh)
+
+def _product(values) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
+
+
+def _slice_groups(layout: torch.Tensor, mesh_dim: int):
+    """This rank's group along `mesh_dim`. Every rank creates every slice's group, in one order,
+    as torch.distributed.new_group requires."""
+    if layout.dim() == 1:
+        return dist.group.WORLD
+    me = dist.get_rank()
+    slices = layout.movedim(mesh_dim, -1).reshape(-1, layout.shape[mesh_dim])
+    mine = None
+    for ranks in slices.tolist():
+        group = dist.new_group(ranks=ranks)
+        if me in ranks:
+            mine = group
+    return mine
 
 
 def from_torch_mesh(torch_mesh) -> DeviceMesh:

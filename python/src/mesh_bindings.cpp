@@ -81,6 +81,7 @@ void bind_mesh(py::module_& m) {
   m.def("world_rank", &world_rank);
   m.def("world_size", &world_size);
   m.def("built_with_nccl", &built_with_nccl);
+  m.def("release_communicators", &release_communicators);
 }
 
 }  // namespace shardtensor::python

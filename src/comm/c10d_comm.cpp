@@ -5,6 +5,9 @@
 #define SHARDTENSOR_COMPAT_C10D
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
+#include <mutex>
+
 #include "comm/c10d_comm.h"
 #include "comm/comm_debug.h"
 #include "util/strings.h"
@@ -23,9 +26,16 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
 }
 
+// A tensor handed to a backend is a shallow copy: the same storage under a TensorImpl of its
+// own. c10d's work objects keep their tensors and are destroyed later, on the backend's own
+// thread; were that the TensorImpl a Python object holds, its release there would take the
+// GIL, which aborts the process during interpreter shutdown (seen on torch 2.15:
+// "terminate called without an active exception" from ProcessGroupGloo::runLoop).
+at::Tensor for_backend(const at::Tensor& t) { return t.variable_data(); }
+
 // Gloo moves bytes of numeric types only: a bool tensor travels as its uint8 view (same
 // bytes, same storage), so masks and comparison results redistribute like any tensor.
-at::Tensor movable(const at::Tensor& t) { return t.scalar_type() == at::kBool ? t.view(at::kByte) : t; }
+at::Tensor movable(const at::Tensor& t) { return for_backend(t.scalar_type() == at::kBool ? t.view(at::kByte) : t); }
 
 class C10dComm final : public Comm {
  public:
@@ -37,23 +47,26 @@ class C10dComm final : public Comm {
   int64_t rank() const override { return rank_; }
   int64_t size() const override { return static_cast<int64_t>(ranks_.size()); }
   const std::vector<int64_t>& global_ranks() const override { return ranks_; }
-  std::string backend_name() const override { return group_->getBackendName(); }
+  std::string backend_name() const override { return group()->getBackendName(); }
   std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  // Drops the backend (shutdown): the process group can then be destroyed by its owner.
+  void release() { group_.reset(); }
 
   void all_gather(const at::Tensor& input, const at::Tensor& output) override {
     TORCH_INTERNAL_ASSERT(output.size(0) == size() && output.is_contiguous());
     std::vector<at::Tensor> inputs{movable(input.contiguous())};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(movable(output).select(0, i));
-    run("all_gather", input.nbytes(), [&] { return group_->allgather(outputs, inputs); });
+    run("all_gather", input.nbytes(), [&] { return group()->allgather(outputs, inputs); });
   }
 
   void all_reduce(const at::Tensor& tensor, ReduceOp op) override {
     TORCH_INTERNAL_ASSERT(tensor.is_contiguous());
-    std::vector<at::Tensor> tensors{tensor};
+    std::vector<at::Tensor> tensors{for_backend(tensor)};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
-    run("all_reduce", tensor.nbytes(), [&] { return group_->allreduce(tensors, opts); });
+    run("all_reduce", tensor.nbytes(), [&] { return group()->allreduce(tensors, opts); });
     if (op == ReduceOp::Avg) tensor.div_(size());
   }
 
@@ -62,11 +75,11 @@ class C10dComm final : public Comm {
     std::vector<at::Tensor> tensors{movable(tensor)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    run("broadcast", rank_ == root ? tensor.nbytes() : 0, [&] { return group_->broadcast(tensors, opts); });
+    run("broadcast", rank_ == root ? tensor.nbytes() : 0, [&] { return group()->broadcast(tensors, opts); });
   }
 
   void barrier() override {
-    run("barrier", 0, [&] { return group_->barrier(); });
+    run("barrier", 0, [&] { return group()->barrier(); });
   }
 
   void all_to_all(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
@@ -77,16 +90,22 @@ class C10dComm final : public Comm {
     int64_t sent = 0;
     for (size_t q = 0; q < in_splits.size(); ++q)
       if (static_cast<int64_t>(q) != rank_) sent += in_splits[q];
-    run("all_to_all", sent * static_cast<int64_t>(input.element_size()), [&] { return group_->alltoall_base(out, in, out_splits, in_splits); });
+    run("all_to_all", sent * static_cast<int64_t>(input.element_size()), [&] { return group()->alltoall_base(out, in, out_splits, in_splits); });
   }
 
   std::unique_ptr<Messages> start_messages(const char* counted_as, bool counts) override {
     // NCCL would need a batched group (ncclGroupStart) for messages posted one by one.
-    if (group_->getBackendName() != "gloo") return Comm::start_messages(counted_as, counts);
+    if (group()->getBackendName() != "gloo") return Comm::start_messages(counted_as, counts);
     return std::make_unique<PostedMessages>(*this, counted_as, counts);
   }
 
  private:
+  const c10::intrusive_ptr<Group>& group() const {
+    TORCH_CHECK(group_, "shardtensor: this mesh's communicator over global ranks [", join(ranks_, ", "),
+                "] was released at shutdown (release_communicators); create a new mesh.");
+    return group_;
+  }
+
   using WorkType = std::decay_t<decltype(*std::declval<Group&>().barrier())>;
 
   // Gloo's point-to-point messages, posted at once. Messages between a pair of ranks match in
@@ -106,12 +125,12 @@ class C10dComm final : public Comm {
     }
 
     void receive(int64_t peer, const at::Tensor& into) override {
-      if (into.numel() > 0) post(into, [&](std::vector<at::Tensor>& t) { return comm_.group_->recv(t, peer, kTag); });
+      if (into.numel() > 0) post(into, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, peer, kTag); });
     }
     void send(int64_t peer, const at::Tensor& from) override {
       if (from.numel() == 0) return;
       bytes_sent_ += static_cast<int64_t>(from.nbytes());
-      post(from, [&](std::vector<at::Tensor>& t) { return comm_.group_->send(t, peer, kTag); });
+      post(from, [&](std::vector<at::Tensor>& t) { return comm_.group()->send(t, peer, kTag); });
     }
     void wait() override {
       record_collective(counted_as_, bytes_sent_, counts_);
@@ -160,11 +179,35 @@ class C10dComm final : public Comm {
   std::chrono::milliseconds timeout_;
 };
 
+// Every C10dComm made, so that release_communicators() can drop their backends at shutdown.
+struct CommRegistry {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<C10dComm>> comms;
+};
+
+CommRegistry& registry() {
+  static CommRegistry* r = new CommRegistry();  // leaked: used from atexit handlers
+  return *r;
+}
+
 }  // namespace
+
+void release_communicators() {
+  CommRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& weak : r.comms)
+    if (auto comm = weak.lock()) comm->release();
+  r.comms.clear();
+}
 
 std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<C10dBackend> group, std::vector<int64_t> global_ranks,
                                      int64_t my_group_rank, std::chrono::milliseconds timeout) {
-  return std::make_shared<C10dComm>(std::move(group), std::move(global_ranks), my_group_rank, timeout);
+  auto comm = std::make_shared<C10dComm>(std::move(group), std::move(global_ranks), my_group_rank, timeout);
+  CommRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.comms.erase(std::remove_if(r.comms.begin(), r.comms.end(), [](const auto& w) { return w.expired(); }), r.comms.end());
+  r.comms.push_back(comm);
+  return comm;
 }
 
 }  // namespace shardtensor
