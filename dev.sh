@@ -4,8 +4,12 @@
 #                           sharded heat field) on RANKS local ranks (default 4); OPTIONS go to
 #                           the demo: --mesh 2x2, --steps N, --out DIR, --device cuda
 #   ./dev.sh test           build and run every test (unit, 1-4 ranks, failure, launcher,
-#                           package, demo) on each torch line in turn
+#                           package, demo) on each torch line in turn, then the Python
+#                           package's pytest suite on the wheel line
 #   ./dev.sh build          configure and build only
+#   ./dev.sh pydemo [RANKS] [OPTIONS]  the Python package's demo (examples/heat_unet_demo.py)
+#                           on RANKS local ranks, on torch==2.15.0 in .venv
+#   ./dev.sh python         build and install the Python package (pip install .) into .venv
 #
 # Torch lines (TORCH_LINE, default "all" for test and "debian" for demo and build):
 #   debian  Debian 12's libtorch-dev 1.13.1, built in build/
@@ -23,7 +27,7 @@ cd "$(dirname "$0")"
 TORCH_WHEEL_VERSION=2.15.0
 WHEELHOUSE=${SHARDTENSOR_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/shardtensor/wheels}
 VENV=.venv
-PACKAGES=(cmake make g++ ccache libtorch-dev libgloo-dev libgtest-dev libbenchmark-dev libopenblas0 python3-venv)
+PACKAGES=(cmake make g++ ccache libtorch-dev libgloo-dev libgtest-dev libbenchmark-dev libopenblas0 python3-venv python3-dev)
 
 install_missing_packages() {
   local missing=()
@@ -72,6 +76,31 @@ install_torch_wheel() {
   echo "dev.sh: installing torch==$TORCH_WHEEL_VERSION into $VENV from $WHEELHOUSE"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$WHEELHOUSE" \
     "torch==$TORCH_WHEEL_VERSION"
+}
+
+# The Python package's build and test tools, in .venv beside torch (small: pip's cache serves
+# them again on this machine).
+PYTHON_TOOLS=(numpy pytest scikit-build-core matplotlib)
+
+install_python_tools() {
+  install_torch_wheel
+  "$VENV/bin/python" -c "import numpy, pytest, scikit_build_core, matplotlib" 2>/dev/null && return 0
+  echo "dev.sh: installing ${PYTHON_TOOLS[*]} into $VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PYTHON_TOOLS[@]}"
+}
+
+# The Python package (pip install of this checkout), built against .venv's torch in
+# build-python/ (pyproject.toml), so a rebuild only compiles what changed.
+install_python_package() {
+  install_python_tools
+  echo "dev.sh: building and installing the Python package shardtensor into $VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation --no-deps .
+}
+
+test_python() {
+  install_python_package
+  echo "== Python package on torch $TORCH_WHEEL_VERSION: pytest tests/python (world sizes 1-4) =="
+  "$VENV/bin/python" -m pytest -q tests/python
 }
 
 # Sets build_dir and cmake_args for line $1.
@@ -131,14 +160,29 @@ case "${1:-}" in
       start=$SECONDS
       test_line "$line" || status=1
       echo "== torch line '$line': built and tested in $(( SECONDS - start )) s =="
+      if [ "$line" = wheel ]; then
+        start=$SECONDS
+        test_python || status=1
+        echo "== Python package: built and tested in $(( SECONDS - start )) s =="
+      fi
     done
     exit $status
+    ;;
+  pydemo)
+    install_python_package
+    ranks=${2:-4}
+    shift $(( $# > 1 ? 2 : 1 ))
+    exec "$VENV/bin/shardrun" -n "$ranks" --timeout 1200 "$VENV/bin/python" examples/heat_unet_demo.py "$@"
+    ;;
+  python)
+    install_python_package
     ;;
   build)
     for line in $(lines_of "${TORCH_LINE:-debian}"); do build_line "$line"; done
     ;;
   *)
     echo "usage: [TORCH_LINE=debian|wheel|all] ./dev.sh demo [RANKS] [--mesh AxB] [--steps N] [--out DIR] | test | build" >&2
+    echo "       ./dev.sh pydemo [RANKS] [--mesh AxB] [--steps N] [--out DIR] | python   (the Python package, torch $TORCH_WHEEL_VERSION)" >&2
     exit 2
     ;;
 esac
