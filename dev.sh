@@ -27,7 +27,7 @@ cd "$(dirname "$0")"
 TORCH_WHEEL_VERSION=2.15.0
 WHEELHOUSE=${SHARDTENSOR_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/shardtensor/wheels}
 VENV=.venv
-PACKAGES=(cmake make g++ ccache libtorch-dev libgloo-dev libgtest-dev libbenchmark-dev libopenblas0 python3-venv python3-dev)
+PACKAGES=(cmake make g++ ccache libtorch-dev libgloo-dev libgtest-dev libbenchmark-dev libopenblas0 python3-venv python3-dev libpng-dev)
 
 install_missing_packages() {
   local missing=()

@@ -1,5 +1,5 @@
-// A minimal PNG writer for the demo's pictures: 8-bit RGB, zlib "stored" (uncompressed)
-// deflate blocks, so it needs no zlib. Images are small; size does not matter here.
+// The C++ demo's pictures: an RGB canvas with lines and a colour map, written by libpng
+// (Debian's libpng-dev). The Python demo (heat_unet_demo.py) draws its figures with matplotlib.
 #pragma once
 
 #include <cstdint>
