@@ -100,7 +100,7 @@ install_python_package() {
 test_python() {
   install_python_package
   echo "== Python package on torch $TORCH_WHEEL_VERSION: pytest tests/python (world sizes 1-4) =="
-  "$VENV/bin/python" -m pytest -q tests/python
+  "$VENV/bin/python" -m pytest -q -rs tests/python   # -rs: every skip prints its reason
 }
 
 # Sets build_dir and cmake_args for line $1.
