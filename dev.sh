@@ -69,10 +69,10 @@ install_torch_wheel() {
   if ! ls "$WHEELHOUSE"/torch-"$TORCH_WHEEL_VERSION"*.whl > /dev/null 2>&1; then
     require_disk "$WHEELHOUSE" 6 "downloading torch==$TORCH_WHEEL_VERSION and its CUDA libraries (about 3 GB)"
     echo "dev.sh: downloading torch==$TORCH_WHEEL_VERSION into $WHEELHOUSE (once per machine)"
-    python3 -m pip download --quiet --only-binary=:all: --dest "$WHEELHOUSE" "torch==$TORCH_WHEEL_VERSION"
+    python3 -m pip download --quiet --only-binary=:all: --dest "$WHEELHOUSE" "torch==$TORCH_WHEEL_VERSION" || return 1
   fi
   require_disk . 8 "installing torch==$TORCH_WHEEL_VERSION into $VENV (about 6 GB unpacked)"
-  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" || return 1
   echo "dev.sh: installing torch==$TORCH_WHEEL_VERSION into $VENV from $WHEELHOUSE"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$WHEELHOUSE" \
     "torch==$TORCH_WHEEL_VERSION"
@@ -83,7 +83,7 @@ install_torch_wheel() {
 PYTHON_TOOLS=(numpy pytest scikit-build-core matplotlib)
 
 install_python_tools() {
-  install_torch_wheel
+  install_torch_wheel || return 1
   "$VENV/bin/python" -c "import numpy, pytest, scikit_build_core, matplotlib" 2>/dev/null && return 0
   echo "dev.sh: installing ${PYTHON_TOOLS[*]} into $VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PYTHON_TOOLS[@]}"
@@ -92,13 +92,13 @@ install_python_tools() {
 # The Python package (pip install of this checkout), built against .venv's torch in
 # build-python/ (pyproject.toml), so a rebuild only compiles what changed.
 install_python_package() {
-  install_python_tools
+  install_python_tools || return 1
   echo "dev.sh: building and installing the Python package shardtensor into $VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation --no-deps .
 }
 
 test_python() {
-  install_python_package
+  install_python_package || { echo "dev.sh: building the Python package failed" >&2; return 1; }
   echo "== Python package on torch $TORCH_WHEEL_VERSION: pytest tests/python (world sizes 1-4) =="
   "$VENV/bin/python" -m pytest -q -rs tests/python   # -rs: every skip prints its reason
 }
@@ -111,7 +111,7 @@ select_line() {
       cmake_args=${CMAKE_ARGS:-}
       ;;
     wheel)
-      install_torch_wheel
+      install_torch_wheel || return 1
       build_dir=build-torch2
       cmake_args="-DTorch_DIR=$("$VENV/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)/Torch"
       ;;
@@ -123,16 +123,18 @@ select_line() {
 }
 
 build_line() {
-  select_line "$1"
+  select_line "$1" || return 1
   if [ ! -f "$build_dir/CMakeCache.txt" ]; then
     # shellcheck disable=SC2086
-    cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo $cmake_args
+    cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo $cmake_args || return 1
   fi
-  cmake --build "$build_dir" -j2
+  cmake --build "$build_dir" -j2 || return 1
 }
 
+# Callers use `test_line ... || status=1`, where bash ignores `set -e` inside the function:
+# every step that can fail returns explicitly, so a failed build never tests old binaries.
 test_line() {
-  build_line "$1"
+  build_line "$1" || { echo "dev.sh: the build of torch line '$1' failed" >&2; return 1; }
   echo "== torch line '$1': $(grep -m1 '^SHARDTENSOR_TORCH_LINE:' "$build_dir/CMakeCache.txt" | cut -d= -f2-) =="
   local status=0
   ctest --test-dir "$build_dir" --output-on-failure --timeout 900 || status=$?

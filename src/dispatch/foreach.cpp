@@ -50,7 +50,7 @@ std::optional<c10::OperatorHandle> find_overload(const std::string& name, const 
     bool fits = true;
     for (size_t j = 0; j < args.size() && fits; ++j)
       fits = j < types.size() ? args[j].type()->str() == types[j] : args[j].default_value().has_value();
-    if (fits) return op;
+    if (fits) return *op;  // findOp gives c10::optional on libtorch 1.13
   }
   return std::nullopt;
 }
