@@ -99,6 +99,16 @@ std::string describe_args(const OpMeta& meta) {
   return join(parts, ", ");
 }
 
+bool changes_shape_in_place(const std::string& name) {
+  static const char* const kOps[] = {"aten::t_",       "aten::transpose_", "aten::unsqueeze_", "aten::squeeze_",
+                                     "aten::swapdims_", "aten::swapaxes_",  "aten::as_strided_", "aten::resize_",
+                                     "aten::resize_as_"};
+  const std::string base = name.substr(0, name.find('.'));
+  for (const char* op : kOps)
+    if (base == op) return true;
+  return false;
+}
+
 RuleResult fallback_result(const OpMeta& meta) {
   RuleResult r;
   for (const TensorInput& in : meta.inputs) r.input_targets.push_back(replicated(in.spec));
@@ -144,6 +154,11 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
                   ". It is a view operator, so it cannot fall back to computing on gathered inputs (the result "
                   "would not alias its input, and writes through it would be lost). Register a rule for '",
                   meta.name, "' with register_sharding_rule(), or use to_local() pieces.");
+    // In-place operators that change their input's shape or strides cannot fall back either:
+    // the gathered result has another shape than the tensor it would be written into.
+    TORCH_CHECK(!changes_shape_in_place(meta.name), meta.name, ": ", why,
+                ". It changes its input's shape in place, which a ShardTensor cannot do without a rule; use "
+                "the out-of-place operator (x = x.t() rather than x.t_()).");
     note_fallback(meta.name, why);
     p->result = fallback_result(meta);
     p->fallback = true;

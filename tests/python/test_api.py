@@ -315,3 +315,23 @@ def bad_input_body(rank, world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_bad_input_raises_on_every_rank(world_size):
     run_ranks(bad_input_body, world_size)
+
+
+def inplace_shape_body(rank, world_size):
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    x = st.distribute_tensor(torch.arange(24.0).reshape(8, 3), mesh, [st.Shard(0)])
+    # Operators that change a ShardTensor's shape in place have no rule and cannot fall back:
+    # a clear error on every rank, in strict mode and out of it, and the tensor is unchanged.
+    for call in (lambda: x.t_(), lambda: x.transpose_(0, 1), lambda: x.unsqueeze_(0)):
+        with st.strict(False):
+            with pytest.raises(RuntimeError, match="in place"):
+                call()
+    assert x.shape == (8, 3)
+    assert_close(x.full_tensor(), torch.arange(24.0).reshape(8, 3), "after refused in-place ops")
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_shape_changing_inplace_ops_raise(world_size):
+    run_ranks(inplace_shape_body, world_size)
