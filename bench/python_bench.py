@@ -257,6 +257,17 @@ def st_placement_str(placements):
 # 2. redistribute
 # ---------------------------------------------------------------------------------------------
 
+def sgd_step(x, w1, w2, target, lr):
+    """One TP-MLP training step (forward, backward, SGD update), the same code for either library."""
+    loss = F.mse_loss(F.linear(F.relu(F.linear(x, w1)), w2), target)
+    loss.backward()
+    with torch.no_grad():
+        for p in (w1, w2):
+            p.sub_(p.grad * lr)
+            p.grad.zero_()
+    return loss
+
+
 def run_ms(fn):
     dist.barrier()
     start = time.perf_counter()
@@ -525,13 +536,7 @@ def section_tp(ctx: Ctx):
         st_t = st.distribute_tensor(target, mesh, [st.Replicate()])
 
         def sharded():
-            loss = F.mse_loss(F.linear(F.relu(F.linear(sx, s1)), s2), st_t)
-            loss.backward()
-            with torch.no_grad():
-                for p in (s1, s2):
-                    p.sub_(p.grad * lr)
-                    p.grad.zero_()
-            return loss
+            return sgd_step(sx, s1, s2, st_t, lr)
 
         d1 = dt_distribute(w1, tmesh, [DShard(0)]).requires_grad_()
         d2 = dt_distribute(w2, tmesh, [DShard(1)]).requires_grad_()
@@ -539,13 +544,7 @@ def section_tp(ctx: Ctx):
         dtarget = dt_distribute(target, tmesh, [DReplicate()])
 
         def with_dtensor():
-            loss = F.mse_loss(F.linear(F.relu(F.linear(dx, d1)), d2), dtarget)
-            loss.backward()
-            with torch.no_grad():
-                for p in (d1, d2):
-                    p.sub_(p.grad * lr)
-                    p.grad.zero_()
-            return loss
+            return sgd_step(dx, d1, d2, dtarget, lr)
 
         # Validate one step of each from the same weights: same loss, same updated pieces.
         lh = by_hand()

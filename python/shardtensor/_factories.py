@@ -8,15 +8,12 @@ element's global position), so a Replicate tensor holds the same values on every
 from __future__ import annotations
 
 from . import _C, _placements
-from ._tensor import _encode_sizes, _mesh_or_current
+from ._tensor import _encode_sizes, _mesh_and_placements
 
 
 def _make(kind, size, device_mesh, placements, dtype, requires_grad, sharding_shapes, value=0.0, seed=None):
     shape = list(size[0]) if len(size) == 1 and not isinstance(size[0], int) else list(size)
-    mesh = _mesh_or_current(device_mesh, kind)
-    if placements is None:
-        placements = [_placements.Replicate()] * mesh.ndim
-    encoded = _placements.encode(placements, mesh.ndim)
+    mesh, encoded = _mesh_and_placements(device_mesh, placements, kind)
     sizes = _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
     return _C.factory(kind, [int(s) for s in shape], mesh._cpp, encoded, dtype, requires_grad, sizes, float(value), seed)
 

@@ -65,6 +65,14 @@ def _mesh_or_current(device_mesh, what: str) -> DeviceMesh:
     return device_mesh
 
 
+def _mesh_and_placements(device_mesh, placements, what: str):
+    """The mesh (given, or the current one) and the placements encoded for it (default: Replicate)."""
+    mesh = _mesh_or_current(device_mesh, what)
+    if placements is None:
+        placements = [_placements.Replicate()] * mesh.ndim
+    return mesh, _placements.encode(placements, mesh.ndim)
+
+
 def _encode_sizes(sizes, placements, mesh: DeviceMesh):
     """Explicit shard sizes as the C++ layer takes them: [(tensor dim, sizes)].
 
@@ -100,10 +108,7 @@ def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=Fal
     """
     if not isinstance(local_tensor, torch.Tensor):
         raise TypeError(f"from_local: local_tensor must be a torch.Tensor, got {type(local_tensor).__name__}")
-    mesh = _mesh_or_current(device_mesh, "from_local")
-    if placements is None:
-        placements = [_placements.Replicate()] * mesh.ndim
-    encoded = _placements.encode(placements, mesh.ndim)
+    mesh, encoded = _mesh_and_placements(device_mesh, placements, "from_local")
     if isinstance(sharding_shapes, str):
         if sharding_shapes not in ("chunk", "infer"):
             raise ValueError(f"from_local: sharding_shapes={sharding_shapes!r}; allowed are 'chunk', 'infer' or a dict")
@@ -121,10 +126,7 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
                          f"(use scatter_tensor for another source)")
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"distribute_tensor: tensor must be a torch.Tensor, got {type(tensor).__name__}")
-    mesh = _mesh_or_current(device_mesh, "distribute_tensor")
-    if placements is None:
-        placements = [_placements.Replicate()] * mesh.ndim
-    encoded = _placements.encode(placements, mesh.ndim)
+    mesh, encoded = _mesh_and_placements(device_mesh, placements, "distribute_tensor")
     sizes = _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
     return _C.distribute_tensor(tensor, mesh._cpp, encoded, sizes)
 
