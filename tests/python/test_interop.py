@@ -91,13 +91,16 @@ def test_dtensor_second_oracle_and_conversions(world_size):
     run_ranks(dtensor_body, world_size)
 
 
+# Each rank reports into its own file: the launchers share one stdout between
+# ranks, so printed lines from two ranks can interleave mid-line.
 SCRIPT = textwrap.dedent("""
-    import torch, shardtensor as st
-    mesh = st.init_device_mesh("cpu", (int(__import__("os").environ["WORLD_SIZE"]),))
+    import os, sys, torch, shardtensor as st
+    mesh = st.init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
     x = st.distribute_tensor(torch.arange(10.0), mesh, [st.Shard(0)])
     total = (x * 2).sum().full_tensor().item()
     assert total == 90.0, total
-    print("rank", mesh.get_rank(), "ok", flush=True)
+    with open(os.path.join(os.path.dirname(sys.argv[0]), f"rank{mesh.get_rank()}.ok"), "w") as f:
+        f.write(str(total))
 """)
 
 
@@ -108,14 +111,18 @@ def _launch(cmd, tmp_path):
     return subprocess.run(cmd + [str(script)], env=env, capture_output=True, text=True, timeout=120)
 
 
+def _ranks_reporting_ok(tmp_path):
+    return sorted(int(p.stem[len("rank"):]) for p in tmp_path.glob("rank*.ok") if p.read_text() == "90.0")
+
+
 def test_shardrun_launches_python_ranks(tmp_path):
     shardrun = os.path.join(os.path.dirname(sys.executable), "shardrun")
     result = _launch([shardrun, "-n", "3", sys.executable], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count(" ok") == 3, result.stdout
+    assert _ranks_reporting_ok(tmp_path) == [0, 1, 2], result.stdout + result.stderr
 
 
 def test_torchrun_launches_python_ranks(tmp_path):
     result = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count(" ok") == 2, result.stdout
+    assert _ranks_reporting_ok(tmp_path) == [0, 1], result.stdout + result.stderr
