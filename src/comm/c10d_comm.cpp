@@ -8,8 +8,14 @@
 #include <algorithm>
 #include <mutex>
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <cstring>
+
 #include "comm/c10d_comm.h"
 #include "comm/comm_debug.h"
+#include "comm/fingerprint.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -58,7 +64,7 @@ class C10dComm final : public Comm {
     std::vector<at::Tensor> inputs{movable(input.contiguous())};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(movable(output).select(0, i));
-    run("all_gather", input.nbytes(), [&] { return group()->allgather(outputs, inputs); });
+    run("all_gather", input.nbytes(), [&] { return group()->allgather(outputs, inputs); }, [&] { return "all_gather of " + sized(input); });
   }
 
   void all_reduce(const at::Tensor& tensor, ReduceOp op) override {
@@ -66,7 +72,8 @@ class C10dComm final : public Comm {
     std::vector<at::Tensor> tensors{for_backend(tensor)};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
-    run("all_reduce", tensor.nbytes(), [&] { return group()->allreduce(tensors, opts); });
+    run("all_reduce", tensor.nbytes(), [&] { return group()->allreduce(tensors, opts); },
+        [&] { return std::string("all_reduce(") + to_string(op) + ") of " + sized(tensor); });
     if (op == ReduceOp::Avg) tensor.div_(size());
   }
 
@@ -75,11 +82,12 @@ class C10dComm final : public Comm {
     std::vector<at::Tensor> tensors{movable(tensor)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    run("broadcast", rank_ == root ? tensor.nbytes() : 0, [&] { return group()->broadcast(tensors, opts); });
+    run("broadcast", rank_ == root ? tensor.nbytes() : 0, [&] { return group()->broadcast(tensors, opts); },
+        [&] { return "broadcast from group rank " + std::to_string(root) + " of " + sized(tensor); });
   }
 
   void barrier() override {
-    run("barrier", 0, [&] { return group()->barrier(); });
+    run("barrier", 0, [&] { return group()->barrier(); }, [] { return std::string("barrier"); });
   }
 
   void all_to_all(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
@@ -90,12 +98,16 @@ class C10dComm final : public Comm {
     int64_t sent = 0;
     for (size_t q = 0; q < in_splits.size(); ++q)
       if (static_cast<int64_t>(q) != rank_) sent += in_splits[q];
-    run("all_to_all", sent * static_cast<int64_t>(input.element_size()), [&] { return group()->alltoall_base(out, in, out_splits, in_splits); });
+    // Split sizes differ per rank: the fingerprint names the dtype only; the split sizes follow
+    // from the operation, which the fingerprint does name.
+    run("all_to_all", sent * static_cast<int64_t>(input.element_size()), [&] { return group()->alltoall_base(out, in, out_splits, in_splits); },
+        [&] { return std::string("all_to_all of ") + c10::toString(input.scalar_type()); });
   }
 
   std::unique_ptr<Messages> start_messages(const char* counted_as, bool counts) override {
     // NCCL would need a batched group (ncclGroupStart) for messages posted one by one.
     if (group()->getBackendName() != "gloo") return Comm::start_messages(counted_as, counts);
+    agree_on([&] { return std::string(counted_as) + " (messages)"; });
     return std::make_unique<PostedMessages>(*this, counted_as, counts);
   }
 
@@ -133,6 +145,7 @@ class C10dComm final : public Comm {
       post(from, [&](std::vector<at::Tensor>& t) { return comm_.group()->send(t, peer, kTag); });
     }
     void wait() override {
+      fault_point("messages:wait");
       record_collective(counted_as_, bytes_sent_, counts_);
       try {
         for (auto& work : works_) work->wait(comm_.timeout_);
@@ -172,8 +185,52 @@ class C10dComm final : public Comm {
                   " s; another rank may have stopped before this collective): ", e.what());
     }
   }
+  template <typename Launch, typename Describe>
+  void run(const char* what, int64_t bytes, Launch&& launch, Describe&& describe) {
+    agree_on(describe);
+    run(what, bytes, launch);
+  }
+
+  static std::string sized(const at::Tensor& t) { return std::to_string(t.numel()) + " " + c10::toString(t.scalar_type()); }
+
+  // The fingerprint check (fingerprint.h) before a collective on Gloo: one all_gather of a
+  // fixed-size record, [sequence number, hash, description], which every rank can run whatever
+  // collective the others are about to run; a rank whose peers posted another record raises,
+  // naming both, before any byte of the collective moves (mismatched sizes would abort Gloo).
+  // NCCL is not checked this way: its record would need a device round trip per collective.
+  static constexpr int64_t kRecordWords = 2 + 16;  // 128 characters of description
+  template <typename Describe>
+  void agree_on(Describe&& describe) {
+    if (size() == 1 || !message_fingerprints_enabled() || group()->getBackendName() != "gloo") return;
+    const Fingerprint mine = fingerprint_of(describe());
+    const int64_t sequence = ++fingerprints_;
+    at::Tensor record = at::zeros({kRecordWords}, at::kLong);
+    int64_t* words = record.data_ptr<int64_t>();
+    words[0] = sequence;
+    words[1] = static_cast<int64_t>(mine.hash);
+    std::memcpy(words + 2, mine.description.data(), std::min(mine.description.size(), sizeof(int64_t) * (kRecordWords - 2) - 1));
+    at::Tensor all = at::empty({size(), kRecordWords}, at::kLong);
+    {
+      CommDebugPause pause;  // part of the collective it checks
+      std::vector<at::Tensor> inputs{record};
+      std::vector<std::vector<at::Tensor>> outputs(1);
+      for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(all.select(0, i));
+      run("all_gather (fingerprint)", 0, [&] { return group()->allgather(outputs, inputs); });
+    }
+    fault_point("messages:agreed");
+    for (int64_t p = 0; p < size(); ++p) {
+      const int64_t* theirs = all[p].data_ptr<int64_t>();
+      if (theirs[0] == sequence && theirs[1] == words[1]) continue;
+      const char* text = reinterpret_cast<const char*>(theirs + 2);
+      TORCH_CHECK(false, "shardtensor: the ranks called different collectives on the group of global ranks [", join(ranks_, ", "),
+                  "]: this rank (group rank ", rank_, ") runs \"", mine.description, "\" as its collective #", sequence, " there, group rank ",
+                  p, " runs \"", std::string(text, strnlen(text, sizeof(int64_t) * (kRecordWords - 2))), "\" as its collective #", theirs[0],
+                  ". Every rank must run the same collectives in the same order.");
+    }
+  }
 
   c10::intrusive_ptr<Group> group_;
+  int64_t fingerprints_ = 0;  // collectives checked on this group
   std::vector<int64_t> ranks_;
   int64_t rank_;
   std::chrono::milliseconds timeout_;

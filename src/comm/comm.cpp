@@ -78,6 +78,8 @@ PeerMemory* Comm::peer_memory() {
     peer_memory_ = PeerMemory::probe(*this, why_no_peer_memory_);
     peer_memory_probed_ = true;
   }
+  // A member that gave up an exchange (an error) never offers or reads through memory again.
+  if (peer_memory_ && peer_memory_->closed()) stop_peer_memory("an exchange through peer memory failed on this rank");
   return peer_memory_.get();
 }
 

@@ -1,4 +1,4 @@
-// PeerMemory: the probe, the mailbox handshake and the copies (see peer_memory.h).
+// PeerMemory: the probe, the mailbox protocol and the reads (see peer_memory.h).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "comm/peer_memory.h"
 
@@ -26,14 +26,29 @@
 
 namespace shardtensor {
 
-// A member's mailbox (see the header). Words are written with release stores and read by the
-// others one word per read, so a reader that sees `posted` == k then reads k's addresses.
-struct Mailbox {
-  std::atomic<uint64_t> posted{0};  // the last exchange whose addresses are below
-  std::atomic<uint64_t> source{0};
-  std::atomic<uint64_t> destination{0};
-  std::atomic<uint64_t> done{0};  // 2 * (the last exchange this member finished) + failed
+// A member's mailbox (see the header), read by the others. The first four words are what a
+// waiting peer polls; the rest describe the posted exchange and are written before `posted`
+// (release), so a reader that sees `posted` == k and then reads them gets k's.
+constexpr size_t kDescriptionBytes = 200;
+struct alignas(64) Mailbox {
+  std::atomic<uint64_t> cookie{0};  // this member's random identity; never changes
+  std::atomic<uint64_t> posted{0};  // the last exchange whose operation and offers are below
+  std::atomic<uint64_t> done{0};    // 2 * (the last exchange this member finished) + failed
+  std::atomic<uint64_t> closed{0};  // non-zero: the exchange this member gave up; it is gone
+  std::atomic<uint64_t> operation{0};
+  std::atomic<uint64_t> table{0};  // address of the offers
+  std::atomic<uint64_t> table_words{0};
+  char description[kDescriptionBytes] = {0};
 };
+
+// A reader's copy of a mailbox: the same layout, as plain words.
+struct PeerMemory::Header {
+  uint64_t cookie, posted, done, closed, operation, table, table_words;
+  char description[kDescriptionBytes];
+};
+static_assert(sizeof(PeerMemory::Header) <= sizeof(Mailbox) && offsetof(PeerMemory::Header, description) == offsetof(Mailbox, description),
+              "a Header mirrors a Mailbox");
+constexpr size_t kPolledBytes = 4 * sizeof(uint64_t);  // cookie, posted, done, closed
 
 namespace {
 
@@ -48,12 +63,7 @@ int64_t host_identity() {
   return static_cast<int64_t>(std::hash<std::string>{}(boot_id + "/" + std::string(ns, static_cast<size_t>(n))));
 }
 
-// A random value this process publishes with its address; a reader that finds it there has
-// read the right process.
-const int64_t& cookie() {
-  static const int64_t value = static_cast<int64_t>((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) | 1;
-  return value;
-}
+uint64_t random_cookie() { return ((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) | 1; }
 
 std::atomic<bool>& enabled_flag() {
   static std::atomic<bool> flag{[] {
@@ -89,35 +99,38 @@ void set_peer_memory_enabled(bool enabled) { enabled_flag() = enabled; }
 
 // The mailbox is never freed: a peer may still poll it after this member has finished its last
 // exchange (it saw every "done", the peer has not yet seen this one's), and a freed mailbox could
-// hold anything by then. It is four words per communicator.
-PeerMemory::PeerMemory(Comm& comm) : comm_(comm), mailbox_(new Mailbox) {}
+// hold anything by then. It is 256 bytes per communicator.
+PeerMemory::PeerMemory(Comm& comm) : comm_(comm), mailbox_(new Mailbox) { mailbox_->cookie.store(random_cookie()); }
+PeerMemory::~PeerMemory() = default;
 
 std::unique_ptr<PeerMemory> PeerMemory::probe(Comm& comm, std::string& why_not) {
   CommDebugPause pause;  // set-up traffic, not a collective the user asked for
   const int64_t n = comm.size();
   std::unique_ptr<PeerMemory> candidate(new PeerMemory(comm));
-  at::Tensor mine = at::tensor(std::vector<int64_t>{static_cast<int64_t>(getpid()), static_cast<int64_t>(reinterpret_cast<uintptr_t>(&cookie())),
-                                                    cookie(), host_identity(),
+  const uint64_t cookie = candidate->mailbox_->cookie.load();
+  at::Tensor mine = at::tensor(std::vector<int64_t>{static_cast<int64_t>(getpid()), static_cast<int64_t>(cookie), host_identity(),
                                                     static_cast<int64_t>(reinterpret_cast<uintptr_t>(candidate->mailbox_))},
                                at::kLong);
   at::Tensor all = at::empty({n, mine.numel()}, at::kLong);
   comm.all_gather(mine, all);
   for (int64_t p = 0; p < n; ++p) {
-    candidate->pids_.push_back(all[p][0].item<int64_t>());
-    candidate->mailboxes_.push_back(static_cast<uint64_t>(all[p][4].item<int64_t>()));
+    const int64_t* row = all[p].data_ptr<int64_t>();
+    candidate->pids_.push_back(row[0]);
+    candidate->cookies_.push_back(static_cast<uint64_t>(row[1]));
+    candidate->mailboxes_.push_back(static_cast<uint64_t>(row[3]));
   }
   bool ok = true;
   for (int64_t p = 0; p < n && ok; ++p) {
     if (p == comm.rank()) continue;
     const int64_t* row = all[p].data_ptr<int64_t>();
-    if (row[3] == 0 || row[3] != host_identity()) {
+    if (row[2] == 0 || row[2] != host_identity()) {
       why_not = "group rank " + std::to_string(p) + " runs on another host or in another PID namespace";
       ok = false;
       continue;
     }
-    int64_t seen = 0;
+    Header header;
     std::string error;
-    if (!candidate->read(p, {{static_cast<uint64_t>(row[1]), &seen, sizeof(seen)}}, error) || seen != row[2]) {
+    if (!candidate->read_mailbox(p, header, error) || header.cookie != candidate->cookies_[p]) {
       why_not = "cannot read the memory of group rank " + std::to_string(p) + " (pid " + std::to_string(row[0]) +
                 "): " + (error.empty() ? "another value is there" : error);
       // Same host, yet no access: worth saying once, since the fix is the machine's.
@@ -137,61 +150,122 @@ std::unique_ptr<PeerMemory> PeerMemory::probe(Comm& comm, std::string& why_not) 
   return candidate;
 }
 
-bool PeerMemory::peek(int64_t peer, size_t field, uint64_t& value, std::string& error) const {
-  return read(peer, {{mailboxes_[peer] + field, &value, sizeof(value)}}, error);
+bool PeerMemory::read_mailbox(int64_t peer, Header& header, std::string& error) const {
+  return copy(peer, {{mailboxes_[peer], &header, sizeof(Header)}}, error);
 }
 
-// Polls every other member's mailbox until `ready(peer)` and raises after the group's timeout.
-// Between polls it yields the core (ranks often share cores), then sleeps, longer as the wait
-// goes on (20 µs doubling to 320 µs), so that a rank waiting for a busy one costs little CPU.
+std::string PeerMemory::name_of(int64_t peer) const {
+  return "group rank " + std::to_string(peer) + " (global rank " + std::to_string(comm_.global_ranks()[peer]) + ", pid " +
+         std::to_string(pids_[peer]) + ")";
+}
+
+std::string PeerMemory::group_name() const { return "the group of global ranks [" + join(comm_.global_ranks(), ", ") + "]"; }
+
+void PeerMemory::close(uint64_t k) {
+  mailbox_->closed.store(k, std::memory_order_release);
+  closed_ = true;
+}
+
+// Polls every other member's mailbox until `ready(peer, header)`. Between polls it yields the
+// core (ranks often share cores), then sleeps, longer as the wait goes on (20 µs doubling to
+// 320 µs), so that a rank waiting for a busy one costs little CPU. Every failure closes this
+// member's mailbox before it raises, so that the others raise too.
 template <class Ready>
-void PeerMemory::wait_for_everyone(const char* what, Ready&& ready) const {
+void PeerMemory::wait_for_everyone(const char* what, uint64_t k, Ready&& ready) {
   const auto deadline = std::chrono::steady_clock::now() + comm_.timeout();
+  auto raise = [&](const std::string& why) {
+    close(k);
+    TORCH_CHECK(false, "shardtensor: exchange through peer memory on ", group_name(), " failed while waiting for ", what, ": ", why);
+  };
   for (int64_t p = 0; p < comm_.size(); ++p) {
     if (p == comm_.rank()) continue;
-    for (int polls = 0; !ready(p); ++polls) {
+    for (int polls = 0;; ++polls) {
+      Header header;
+      std::string error;
+      if (!copy(p, {{mailboxes_[p], &header, kPolledBytes}}, error))
+        raise(name_of(p) + " cannot be read any more (" + error + "): it exited or was killed");
+      if (header.cookie != cookies_[p]) raise(name_of(p) + " is gone: its PID now names another process");
+      if (header.closed != 0)
+        raise(name_of(p) + " gave up its exchange #" + std::to_string(header.closed) + " (it timed out or raised an error)");
+      if (ready(p, header)) break;
       constexpr int kYields = 64, kSleepsPerStep = 32, kSteps = 4;
       if (polls < kYields) {
         std::this_thread::yield();
         continue;
       }
-      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "shardtensor: all_to_all (peer memory) on the group of global ranks [",
-                  join(comm_.global_ranks(), ", "), "] timed out (timeout ", comm_.timeout().count() / 1000.0, " s) waiting for group rank ",
-                  p, " to ", what, "; another rank may have stopped before this collective.");
+      if (std::chrono::steady_clock::now() >= deadline)
+        raise("timed out (timeout " + std::to_string(comm_.timeout().count() / 1000.0) + " s) waiting for " + name_of(p) +
+              "; another rank may have stopped before this collective");
       const int step = std::min((polls - kYields) / kSleepsPerStep, kSteps);
       std::this_thread::sleep_for(std::chrono::microseconds(20 << step));
     }
   }
 }
 
-std::vector<PeerMemory::Addresses> PeerMemory::share_addresses(const void* source, const void* destination) {
-  const uint64_t k = ++exchange_;
-  mailbox_->source.store(reinterpret_cast<uintptr_t>(source), std::memory_order_relaxed);
-  mailbox_->destination.store(reinterpret_cast<uintptr_t>(destination), std::memory_order_relaxed);
-  mailbox_->posted.store(k, std::memory_order_release);
-  auto word = [&](int64_t p, size_t field) {
-    uint64_t value = 0;
+PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers)
+    : memory_(memory), operation_(operation), k_(++memory.exchange_), offers_(memory.comm_.size()), offers_read_(memory.comm_.size(), false) {
+  TORCH_CHECK(!memory.closed_, "shardtensor: internal error: an exchange started on a closed peer memory");
+  Mailbox& box = *memory.mailbox_;
+  box.operation.store(operation.hash, std::memory_order_relaxed);
+  box.table.store(reinterpret_cast<uintptr_t>(offers.data()), std::memory_order_relaxed);
+  box.table_words.store(offers.size(), std::memory_order_relaxed);
+  std::strncpy(box.description, operation.description.c_str(), kDescriptionBytes - 1);
+  box.posted.store(k_, std::memory_order_release);
+  fault_point("peer_memory:posted");
+  memory.wait_for_everyone("every member to post the same exchange", k_, [&](int64_t p, const Header& polled) {
+    if (polled.posted < k_) return false;
+    Header header;
     std::string error;
-    TORCH_CHECK(peek(p, field, value, error), "shardtensor: all_to_all (peer memory) on the group of global ranks [",
-                join(comm_.global_ranks(), ", "), "] lost group rank ", p, " (pid ", pids_[p], "): ", error);
-    return value;
-  };
-  wait_for_everyone("post its addresses", [&](int64_t p) { return word(p, offsetof(Mailbox, posted)) >= k; });
-  std::atomic_thread_fence(std::memory_order_acquire);  // the addresses were posted before `posted`
-  std::vector<Addresses> addresses;
-  for (int64_t p = 0; p < comm_.size(); ++p) {
-    if (p == comm_.rank())
-      addresses.push_back({reinterpret_cast<uintptr_t>(source), reinterpret_cast<uintptr_t>(destination)});
-    else
-      addresses.push_back({word(p, offsetof(Mailbox, source)), word(p, offsetof(Mailbox, destination))});
-  }
-  return addresses;
+    if (!memory.read_mailbox(p, header, error)) fail(memory.name_of(p) + " cannot be read any more (" + error + ")");
+    if (header.posted != k_)
+      fail(memory.name_of(p) + " is at exchange #" + std::to_string(header.posted) + " where this rank is at #" + std::to_string(k_) +
+           ": the ranks ran different sequences of collectives");
+    if (header.operation != operation_.hash)
+      fail("the ranks called different collectives: this rank (group rank " + std::to_string(memory.comm_.rank()) + ") runs \"" +
+           operation_.description + "\", " + memory.name_of(p) + " runs \"" + std::string(header.description, strnlen(header.description, kDescriptionBytes)) +
+           "\" (exchange #" + std::to_string(k_) + ")");
+    offers_[p].resize(header.table_words);
+    if (header.table_words > 0 && !memory.copy(p, {{header.table, offers_[p].data(), header.table_words * sizeof(uint64_t)}}, error))
+      fail("cannot read the offers of " + memory.name_of(p) + " (" + error + ")");
+    offers_read_[p] = true;
+    return true;
+  });
 }
 
-bool PeerMemory::read(int64_t peer, const std::vector<Run>& runs, std::string& error) const { return copy(peer, runs, false, error); }
-bool PeerMemory::write(int64_t peer, const std::vector<Run>& runs, std::string& error) const { return copy(peer, runs, true, error); }
+PeerMemory::Exchange::~Exchange() {
+  if (!finished_) memory_.close(k_);  // an error left this exchange: no one may trust it now
+}
 
-bool PeerMemory::copy(int64_t peer, const std::vector<Run>& runs, bool to_peer, std::string& error) const {
+void PeerMemory::Exchange::fail(const std::string& why) {
+  memory_.close(k_);
+  TORCH_CHECK(false, "shardtensor: exchange through peer memory on ", memory_.group_name(), " failed: ", why);
+}
+
+const std::vector<uint64_t>& PeerMemory::Exchange::offers_of(int64_t peer) {
+  TORCH_INTERNAL_ASSERT(offers_read_[peer]);
+  return offers_[peer];
+}
+
+bool PeerMemory::Exchange::read(int64_t peer, const std::vector<Run>& runs, std::string& error) {
+  fault_point("peer_memory:read");
+  return memory_.copy(peer, runs, error);
+}
+
+bool PeerMemory::Exchange::finish(bool mine) {
+  fault_point("peer_memory:finish");
+  std::atomic_thread_fence(std::memory_order_release);  // this member's reads come before its "done"
+  memory_.mailbox_->done.store(2 * k_ + (mine ? 0 : 1), std::memory_order_release);
+  bool everyone = mine;
+  memory_.wait_for_everyone("every member to finish copying", k_, [&](int64_t, const Header& polled) {
+    if (polled.done / 2 < k_) return false;
+    if (polled.done / 2 == k_ && polled.done % 2 == 1) everyone = false;
+    return true;
+  });
+  finished_ = true;
+  return everyone;
+}
+
+bool PeerMemory::copy(int64_t peer, const std::vector<Run>& runs, std::string& error) const {
   std::vector<iovec> local, remote;
   // Up to IOV_MAX runs per call, so that neither side's list can exceed it.
   for (size_t begin = 0; begin < runs.size(); begin += IOV_MAX) {
@@ -199,41 +273,17 @@ bool PeerMemory::copy(int64_t peer, const std::vector<Run>& runs, bool to_peer, 
     iovecs_of(runs, begin, end, local, remote);
     size_t wanted = 0;
     for (const iovec& v : local) wanted += v.iov_len;
-    const pid_t pid = static_cast<pid_t>(pids_[peer]);
-    const ssize_t done = to_peer ? process_vm_writev(pid, local.data(), local.size(), remote.data(), remote.size(), 0)
-                                 : process_vm_readv(pid, local.data(), local.size(), remote.data(), remote.size(), 0);
-    const char* call = to_peer ? "process_vm_writev" : "process_vm_readv";
+    const ssize_t done = process_vm_readv(static_cast<pid_t>(pids_[peer]), local.data(), local.size(), remote.data(), remote.size(), 0);
     if (done < 0) {
-      error = std::string(call) + ": " + std::strerror(errno);
+      error = std::string("process_vm_readv: ") + std::strerror(errno);
       return false;
     }
     if (static_cast<size_t>(done) != wanted) {
-      error = std::string(call) + " copied " + std::to_string(done) + " of " + std::to_string(wanted) + " bytes";
+      error = "process_vm_readv copied " + std::to_string(done) + " of " + std::to_string(wanted) + " bytes";
       return false;
     }
   }
   return true;
-}
-
-bool PeerMemory::all_succeeded(bool mine) {
-  const uint64_t k = exchange_;
-  std::atomic_thread_fence(std::memory_order_release);  // this member's copies come before its "done"
-  mailbox_->done.store(2 * k + (mine ? 0 : 1), std::memory_order_release);
-  bool everyone = mine;
-  wait_for_everyone("finish copying", [&](int64_t p) {
-    uint64_t done = 0;
-    std::string error;
-    // A peer that cannot be read any more has exited, and it exits only after this exchange:
-    // had its copies failed, it would be falling back to messages with everyone, not exiting.
-    // What this member copied from it was complete before its "done".
-    if (!peek(p, offsetof(Mailbox, done), done, error)) return true;
-    if (done / 2 < k) return false;
-    if (done / 2 == k && done % 2 == 1) everyone = false;
-    return true;
-  });
-  // What the others wrote here happened before their "done": see it before reading on.
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return everyone;
 }
 
 }  // namespace shardtensor

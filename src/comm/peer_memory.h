@@ -2,26 +2,35 @@
 //
 // Over Gloo, bytes between two processes on one host cross a loopback socket: the sender packs
 // them into a contiguous message, the kernel copies them into the socket and out again. Linux's
-// cross-memory attach (process_vm_readv / process_vm_writev) copies them once, straight from the
-// holder's tensor into the receiver's, with no packing: strided parts travel as lists of runs.
-// It is what MPI libraries use within a node. The kernel pins the other process's pages run by
-// run, so a part is read when it is contiguous in the holder and written when it is contiguous
-// in the receiver.
+// cross-memory attach (process_vm_readv) copies them once, straight from the holder's tensor
+// into the receiver's, with no packing: strided parts travel as lists of runs. It is what MPI
+// libraries use within a node.
 //
-// Coordination goes through a small mailbox in each member's memory, which the others read the
-// same way: a member posts the addresses of its source and destination for exchange k, the
-// others wait for them, copy, and post "done k" (with whether they succeeded); a member returns
-// only when every member is done, so no source or destination changes while others use it.
-// Small Gloo collectives would do the same but cost 0.1 ms each, and 2-5 ms in one call out of
-// four on a busy machine.
-// A member that never arrives makes the others raise after the group's timeout, as a
-// collective would; one that died before posting makes them raise at once.
+// Only receivers copy, by reading: no process ever writes into another's memory. A member that
+// gave up on an exchange (it timed out, or raised) may already have freed its buffers; a peer
+// that still reads them fills only its own memory with stale bytes, and learns at the end of
+// the exchange that it failed (see below), so stale bytes are never returned as a result.
+//
+// An exchange, through a small mailbox in each member's memory that the others read:
+//  1. every member posts the exchange's sequence number, its operation fingerprint
+//     (fingerprint.h) and a table of the parts it offers (for each receiver: the part's box and
+//     where and how it lies in the holder's memory, with the buffer's real extent);
+//  2. each member waits until every peer has posted the same exchange; a peer that posted a
+//     different operation is an error naming both operations, before any byte moves;
+//  3. each receiver reads the offers meant for it, checks each against the part it expects
+//     and every run against the offered extent, and reads the bytes;
+//  4. every member posts "done k" (and whether its copies succeeded) and waits for the others'.
+//     A member returns only when every member is done, so no offered buffer changes while a
+//     peer reads it.
+// A peer that cannot be read any more (it exited), that is not the process that joined (its
+// random cookie is gone: a reused PID), or that closed its mailbox (it gave up) is an error on
+// every member, at whatever step it is found: never a success. A member that leaves an exchange
+// by an error closes its mailbox first, so the others raise at once instead of waiting out the
+// timeout, and it uses messages from then on.
 //
 // Whether a group may use it is probed collectively (over c10d), once per communicator: every
 // member must run on this host, in this PID namespace, and be allowed to read the others (same
-// user, no seccomp or Yama rule against it). The probe reads a random cookie from every peer
-// and compares it with the value the peer published, so a wrong process is never read.
-// SHARDTENSOR_PEER_MEMORY=0 turns it off.
+// user, no seccomp or Yama rule against it). SHARDTENSOR_PEER_MEMORY=0 turns it off.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +38,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "comm/fingerprint.h"
 
 namespace shardtensor {
 
@@ -40,6 +51,7 @@ class PeerMemory {
   // Collective over `comm`: every member gets the same answer (null where any member cannot
   // read every other one; `why_not` then says why, on the members that know).
   static std::unique_ptr<PeerMemory> probe(Comm& comm, std::string& why_not);
+  ~PeerMemory();
 
   // One contiguous stretch of `bytes`: at address `remote` in the peer and `local` here.
   struct Run {
@@ -47,35 +59,63 @@ class PeerMemory {
     void* local;
     size_t bytes;
   };
-  struct Addresses {
-    uint64_t source, destination;
+
+  // Steps 1-4 above. Constructing it posts and waits for every peer (step 2); an Exchange
+  // destroyed before finish() (an error unwinds) closes this member's mailbox.
+  class Exchange {
+   public:
+    // `offers` (words whose meaning the caller defines) must stay alive, with every buffer they
+    // point at, until finish().
+    Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers);
+    ~Exchange();
+    Exchange(const Exchange&) = delete;
+    Exchange& operator=(const Exchange&) = delete;
+
+    // `peer`'s offers, as it posted them (read once per peer).
+    const std::vector<uint64_t>& offers_of(int64_t peer);
+    // Reads every run from `peer`; false (and why in `error`) when a copy failed.
+    bool read(int64_t peer, const std::vector<Run>& runs, std::string& error);
+    // Step 4. True when every member's copies succeeded, false when one failed (every member
+    // gets the same answer; the group then moves its data as messages). Raises when a peer is
+    // gone or gave up.
+    bool finish(bool mine);
+    const Fingerprint& operation() const { return operation_; }
+
+   private:
+    [[noreturn]] void fail(const std::string& why);
+    PeerMemory& memory_;
+    Fingerprint operation_;
+    uint64_t k_;
+    std::vector<std::vector<uint64_t>> offers_;
+    std::vector<bool> offers_read_;
+    bool finished_ = false;
   };
 
-  // Starts an exchange: posts this member's source and destination and returns every member's,
-  // by group rank, once they have all posted theirs.
-  std::vector<Addresses> share_addresses(const void* source, const void* destination);
-  // Copies every run from `peer`'s memory to this process's (read) or the other way (write); on
-  // failure returns false and says why in `error`.
-  bool read(int64_t peer, const std::vector<Run>& runs, std::string& error) const;
-  bool write(int64_t peer, const std::vector<Run>& runs, std::string& error) const;
-  // Ends the exchange: posts whether this member's copies succeeded and waits until every
-  // member has posted; true when all succeeded. After it every source and destination may
-  // change or be freed.
-  bool all_succeeded(bool mine);
+  // True once this member gave up an exchange: it offers and reads nothing from then on.
+  bool closed() const { return closed_; }
+
+  struct Header;  // a reader's copy of a peer's mailbox
 
  private:
   explicit PeerMemory(Comm& comm);
-  // One word of `peer`'s mailbox; false when the peer cannot be read (it has exited).
-  bool peek(int64_t peer, size_t field, uint64_t& value, std::string& error) const;
-  bool copy(int64_t peer, const std::vector<Run>& runs, bool to_peer, std::string& error) const;
+  // Reads `peer`'s mailbox words [0, words); false (and why) when it cannot.
+  bool read_mailbox(int64_t peer, Header& header, std::string& error) const;
+  bool copy(int64_t peer, const std::vector<Run>& runs, std::string& error) const;
+  std::string name_of(int64_t peer) const;
+  std::string group_name() const;
+  // Polls every peer's mailbox until `ready(peer, header)`; raises when a peer is gone or
+  // closed, or after the group's timeout.
   template <class Ready>
-  void wait_for_everyone(const char* what, Ready&& ready) const;
+  void wait_for_everyone(const char* what, uint64_t k, Ready&& ready);
+  void close(uint64_t k);
 
   Comm& comm_;
   Mailbox* mailbox_;                  // this member's, read by the others; never freed (see .cpp)
   std::vector<int64_t> pids_;         // by group rank
+  std::vector<uint64_t> cookies_;     // each member's random identity, by group rank
   std::vector<uint64_t> mailboxes_;   // their addresses, by group rank
   uint64_t exchange_ = 0;             // exchanges started on this group
+  bool closed_ = false;
 };
 
 // Switched off where the environment says SHARDTENSOR_PEER_MEMORY=0; tests switch it to run

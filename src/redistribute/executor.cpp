@@ -17,8 +17,10 @@
 #include <numeric>
 
 #include "comm/comm.h"
+#include "comm/fingerprint.h"
 #include "redistribute/boxes.h"
 #include "redistribute/peer_copies.h"
+#include "util/strings.h"
 
 namespace shardtensor {
 namespace {
@@ -349,6 +351,10 @@ at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& 
   const ShardTensorSpec* current = &source;
   for (const PlannedStep& planned : plan.steps) {
     const RedistributeStep& step = planned.step;
+    // Names the step in the transports' fingerprints, so that ranks running different steps or
+    // different redistributes get an error that names both.
+    const TransferScope transfer(to_string(current->placements()) + " -> " + to_string(planned.after.placements()) + " of " +
+                                 c10::toString(source.dtype()) + "[" + join(source.shape(), ", ") + "] on " + source.mesh().to_string());
     if (auto* s = std::get_if<AllReduceStep>(&step)) {
       current_local = all_reduce(current_local, source.mesh(), *s);
     } else if (auto* s = std::get_if<ReduceScatterStep>(&step)) {

@@ -11,7 +11,9 @@
 
 #include "comm/comm.h"
 #include "comm/comm_debug.h"
+#include "comm/fingerprint.h"
 #include "comm/peer_memory.h"
+#include "util/strings.h"
 
 namespace shardtensor {
 namespace {
@@ -40,11 +42,6 @@ int64_t stretches(const Box& part, const Box& holds) {
   for (int64_t d = 0; d < contiguous_from(part, holds); ++d) n *= part.shape[d];
   return n;
 }
-
-// The kernel pins the other process's pages stretch by stretch, so the side whose memory is in
-// fewer stretches should be the other process: a part contiguous in the receiver is written by
-// its holder, any other is read by its receiver. Both sides decide alike from the boxes.
-bool written_by_holder(const PeerPart& p) { return stretches(p.part, p.receiver_holds) < stretches(p.part, p.holder_holds); }
 
 // The runs that carry `p.part`, as (holder offset, receiver offset) in elements and a length:
 // one per block of the innermost dims that both sides hold whole.
@@ -81,41 +78,104 @@ at::Tensor view_in(const at::Tensor& t, const Box& holds, const Box& part) {
   return v;
 }
 
-// The kernel walks this process's side of a copy stretch by stretch too, at about 60 ns each:
-// for stretches shorter than this, a local copy through a contiguous buffer is faster.
+// The kernel walks each side of a copy stretch by stretch, at about 60 ns a stretch: for
+// stretches shorter than this, a local copy through a contiguous buffer is faster.
 constexpr int64_t kShortStretchBytes = 1024;
+bool in_short_stretches(const Box& part, const Box& holds, int64_t element) {
+  return part.numel() * element < kShortStretchBytes * stretches(part, holds);
+}
 
-// Copies one part: this rank is its receiver (a read) or its holder (a write). Where this
-// rank's side is in short stretches, the part goes through a contiguous staging buffer.
-bool copy_part(const PeerMemory& memory, const PeerPart& p, bool write, const PeerMemory::Addresses& other, const at::Tensor& source,
-               const at::Tensor& destination, std::string& error) {
+// What a holder offers a receiver (see PeerMemory::Exchange): the part, and the contiguous
+// buffer at `base` (of `extent` bytes) that covers `holds`, with its element size. As words:
+// receiver, base, extent, element, ndim, then part's and holds' offsets and shapes.
+struct Offer {
+  int64_t receiver = -1;
+  uint64_t base = 0, extent = 0;
+  int64_t element = 0;
+  Box part, holds;
+};
+
+void append_offer(std::vector<uint64_t>& words, const Offer& o) {
+  const size_t ndim = o.part.shape.size();
+  for (uint64_t w : {static_cast<uint64_t>(o.receiver), o.base, o.extent, static_cast<uint64_t>(o.element), static_cast<uint64_t>(ndim)})
+    words.push_back(w);
+  for (const std::vector<int64_t>* v : {&o.part.offsets, &o.part.shape, &o.holds.offsets, &o.holds.shape})
+    for (int64_t x : *v) words.push_back(static_cast<uint64_t>(x));
+}
+
+// The offer `words` makes to `receiver` for `part`; false when there is none. Offers come from
+// another process: every length is checked before it is used.
+bool find_offer(const std::vector<uint64_t>& words, int64_t receiver, const Box& part, Offer& found) {
+  constexpr size_t kFixed = 5;
+  for (size_t at = 0; at + kFixed <= words.size();) {
+    const size_t ndim = words[at + 4];
+    if (ndim > 64 || at + kFixed + 4 * ndim > words.size()) return false;
+    auto box = [&](size_t first) {
+      Box b;
+      for (size_t d = 0; d < ndim; ++d) b.offsets.push_back(static_cast<int64_t>(words[first + d]));
+      for (size_t d = 0; d < ndim; ++d) b.shape.push_back(static_cast<int64_t>(words[first + ndim + d]));
+      return b;
+    };
+    Offer o{static_cast<int64_t>(words[at]), words[at + 1], words[at + 2], static_cast<int64_t>(words[at + 3]), box(at + kFixed),
+            box(at + kFixed + 2 * ndim)};
+    at += kFixed + 4 * ndim;
+    if (o.receiver == receiver && o.part.offsets == part.offsets && o.part.shape == part.shape) {
+      found = std::move(o);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool contains(const Box& outer, const Box& inner) {
+  if (outer.shape.size() != inner.shape.size()) return false;
+  for (size_t d = 0; d < outer.shape.size(); ++d)
+    if (inner.offsets[d] < outer.offsets[d] || inner.offsets[d] + inner.shape[d] > outer.offsets[d] + outer.shape[d]) return false;
+  return true;
+}
+
+std::string describe(const Box& b) { return "offsets [" + join(b.offsets, ", ") + "] shape [" + join(b.shape, ", ") + "]"; }
+
+// This rank's offer of part `p` to its receiver: straight from `source`, or, where the part
+// lies in short stretches of it, from a packed copy added to `packed` (kept until the end).
+Offer offer_for(const PeerPart& p, const at::Tensor& source, std::vector<at::Tensor>& packed) {
+  const int64_t element = static_cast<int64_t>(source.element_size());
+  if (!in_short_stretches(p.part, p.holder_holds, element))
+    return {p.receiver, reinterpret_cast<uintptr_t>(source.data_ptr()), source.nbytes(), element, p.part, p.holder_holds};
+  packed.push_back(at::empty(p.part.shape, source.options()));
+  packed.back().copy_(view_in(source, p.holder_holds, p.part));
+  return {p.receiver, reinterpret_cast<uintptr_t>(packed.back().data_ptr()), packed.back().nbytes(), element, p.part, p.part};
+}
+
+// Reads part `p` (this rank is its receiver) as `offer` describes it, into `destination`,
+// which covers p.receiver_holds. Where this rank's side is in short stretches, the part goes
+// through a contiguous staging buffer. The offer is checked against the part first.
+bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& offer, const at::Tensor& destination, std::string& error) {
+  const int64_t element = static_cast<int64_t>(destination.element_size());
+  const bool consistent = offer.element == element && contains(offer.holds, p.part) &&
+                          offer.extent >= static_cast<uint64_t>(offer.holds.numel() * element);
+  if (!consistent)
+    TORCH_CHECK(false, "shardtensor: exchange through peer memory failed: group rank ", p.holder, " offers part ", describe(p.part),
+                " from a buffer that cannot hold it (it holds ", describe(offer.holds), " in ", offer.extent, " bytes of ", offer.element,
+                "-byte elements; this rank reads ", element, "-byte elements) in \"", exchange.operation().description, "\"");
+  TORCH_INTERNAL_ASSERT(contains(p.receiver_holds, p.part) && destination.nbytes() >= static_cast<size_t>(p.receiver_holds.numel() * element));
   if (copies_to_fail.load(std::memory_order_relaxed) > 0) {
     --copies_to_fail;
     error = "failed on purpose by fail_next_peer_copies";
     return false;
   }
-  const int64_t element = static_cast<int64_t>(source.element_size());
-  const Box& here_holds = write ? p.holder_holds : p.receiver_holds;
-  PeerPart staged = p;
+  PeerPart layout{p.holder, p.receiver, p.part, offer.holds, p.receiver_holds};
   at::Tensor staging;
-  if (p.part.numel() * element < kShortStretchBytes * stretches(p.part, here_holds)) {
-    staging = at::empty(p.part.shape, source.options());
-    if (write) {
-      staging.copy_(view_in(source, p.holder_holds, p.part));
-      staged.holder_holds = p.part;
-    } else {
-      staged.receiver_holds = p.part;
-    }
+  if (in_short_stretches(p.part, p.receiver_holds, element)) {
+    staging = at::empty(p.part.shape, destination.options());
+    layout.receiver_holds = p.part;
   }
-  char* const here = static_cast<char*>(staging.defined() ? staging.data_ptr() : write ? source.data_ptr() : destination.data_ptr());
-  const uint64_t there = write ? other.destination : other.source;
+  char* const here = static_cast<char*>(staging.defined() ? staging.data_ptr() : destination.data_ptr());
   std::vector<PeerMemory::Run> runs;
-  for (const ElementRun& r : runs_of(staged)) {
-    const int64_t mine = write ? r.holder : r.receiver, theirs = write ? r.receiver : r.holder;
-    runs.push_back({there + static_cast<uint64_t>(theirs * element), here + mine * element, static_cast<size_t>(r.length * element)});
-  }
-  const bool ok = write ? memory.write(p.receiver, runs, error) : memory.read(p.holder, runs, error);
-  if (ok && staging.defined() && !write) view_in(destination, p.receiver_holds, p.part).copy_(staging);
+  for (const ElementRun& r : runs_of(layout))
+    runs.push_back({offer.base + static_cast<uint64_t>(r.holder * element), here + r.receiver * element, static_cast<size_t>(r.length * element)});
+  const bool ok = exchange.read(p.holder, runs, error);
+  if (ok && staging.defined()) view_in(destination, p.receiver_holds, p.part).copy_(staging);
   return ok;
 }
 
@@ -137,20 +197,29 @@ bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& sourc
                          const std::vector<PeerPart>& parts, const char* counted_as, bool counts) {
   TORCH_INTERNAL_ASSERT(source.is_contiguous() && destination.is_contiguous());
   const int64_t me = comm.rank();
-  const std::vector<PeerMemory::Addresses> addresses = memory.share_addresses(source.data_ptr(), destination.data_ptr());
-  bool ok = true;
-  std::string error;
+  std::vector<at::Tensor> packed;
+  std::vector<uint64_t> offers;
   int64_t bytes_sent = 0;
   for (const PeerPart& p : parts) {
-    if (p.holder == me) bytes_sent += p.part.numel() * static_cast<int64_t>(source.element_size());
-    if (!ok || p.part.empty()) continue;
-    const bool write = written_by_holder(p);
-    if (write ? p.holder == me : p.receiver == me)
-      ok = copy_part(memory, p, write, addresses[write ? p.receiver : p.holder], source, destination, error);
+    if (p.holder != me || p.part.empty()) continue;
+    bytes_sent += p.part.numel() * static_cast<int64_t>(source.element_size());
+    append_offer(offers, offer_for(p, source, packed));
+  }
+  PeerMemory::Exchange exchange(memory, fingerprint_of(std::string(counted_as) + " of " + std::string(c10::toString(source.scalar_type()))),
+                                offers);
+  bool ok = true;
+  std::string error;
+  for (const PeerPart& p : parts) {
+    if (!ok || p.receiver != me || p.part.empty()) continue;
+    Offer offer;
+    TORCH_CHECK(find_offer(exchange.offers_of(p.holder), me, p.part, offer), "shardtensor: exchange through peer memory failed: group rank ",
+                p.holder, " offers no part ", describe(p.part), " to this rank (group rank ", me, ") in \"", exchange.operation().description,
+                "\": the ranks disagree on the layout (sizes or placements differ between ranks)");
+    ok = read_part(exchange, p, offer, destination, error);
   }
   record_collective(counted_as, bytes_sent, counts);
   if (!ok) TORCH_WARN("shardtensor: copying through a peer's memory failed (", error, "); the group goes back to messages.");
-  if (memory.all_succeeded(ok)) return true;
+  if (exchange.finish(ok)) return true;
   // Every member saw the failure and stops with this one.
   comm.stop_peer_memory(ok ? "another member's copy failed" : "a copy failed: " + error);
   return false;

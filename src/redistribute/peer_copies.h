@@ -1,6 +1,7 @@
 // Transfers through the peers' memory (comm/peer_memory.h) instead of messages: on a group
-// whose members share this host, each part is copied once, straight from the holder's local
-// tensor into the receiver's result, with no packing and no socket.
+// whose members share this host, each part is read once by its receiver, straight from the
+// holder's local tensor into the receiver's result, with no packing and no socket. Each holder
+// offers its parts with their boxes; a receiver checks the offer against the part it expects.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,10 +37,12 @@ void set_peer_copy_bytes(int64_t bytes);
 void fail_next_peer_copies(int count);
 
 // Moves every part this rank holds or receives (`parts` lists them; parts this rank keeps are
-// copied by the caller), this rank's `source` and `destination` being the tensors the others
-// copy from and into. Counted as one `counted_as` that sent what this rank holds. False, on every
-// member alike, when a copy failed: the group has then gone back to messages for good, and the
-// caller moves the data that way.
+// copied by the caller): this rank offers `source` (which covers p.holder_holds of each part it
+// holds) and reads into `destination` (which covers p.receiver_holds of each part it receives).
+// Counted as one `counted_as` that sent what this rank holds. False, on every member alike,
+// when a copy failed: the group has then gone back to messages for good, and the caller moves
+// the data that way. Raises on every member when the ranks disagree on the operation or the
+// parts, or when a member is gone or gave up (see PeerMemory::Exchange).
 bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, const at::Tensor& destination,
                          const std::vector<PeerPart>& parts, const char* counted_as, bool counts = true);
 

@@ -1,0 +1,54 @@
+// What a collective belongs to, as every member must agree on it: a hash and a description.
+//
+// Ranks that call collectives in different orders, or with different sizes, must get an error
+// that names both operations, never wrong bytes or a backend abort. Every transport posts the
+// fingerprint of the exchange it is about to run and compares it with its peers' before it
+// moves a byte (peer memory through the mailbox, messages through one small fixed-size
+// all_gather; see c10d_comm.cpp).
+//
+// The description is the operator running (current_operator()), the step of it that moves bytes
+// (TransferScope, set by the executor: "S(0) -> S(1) of float[2048, 2048]") and the collective.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace shardtensor {
+
+// Names the transfer this thread is running, for fingerprints and errors.
+class TransferScope {
+ public:
+  explicit TransferScope(std::string description);
+  ~TransferScope();
+  TransferScope(const TransferScope&) = delete;
+  TransferScope& operator=(const TransferScope&) = delete;
+
+ private:
+  std::string description_;
+  const std::string* previous_;
+};
+
+struct Fingerprint {
+  uint64_t hash;
+  std::string description;
+};
+
+// `collective` ("all_to_all", "all_reduce of 4096 float elements", ...) within the current
+// operator and transfer.
+Fingerprint fingerprint_of(const std::string& collective);
+
+// Whether message transports check fingerprints (SHARDTENSOR_FINGERPRINT=0 turns it off; it
+// costs one small all_gather per collective on Gloo; peer memory checks them for free).
+// Every rank must hold the same setting.
+bool message_fingerprints_enabled();
+void set_message_fingerprints_enabled(bool enabled);
+
+// Test hook: `hook(point)` runs at named points inside the transports ("peer_memory:read",
+// "peer_memory:finish", "messages:wait", ...), so that a test can kill or stop this process at
+// an exact point, such as the middle of a copy. Null (the default) costs one load per point.
+using FaultHook = std::function<void(const char* point)>;
+void set_fault_hook(FaultHook hook);
+void fault_point(const char* point);
+
+}  // namespace shardtensor
