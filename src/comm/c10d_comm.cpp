@@ -163,7 +163,12 @@ class C10dComm final : public Comm {
     void post(const at::Tensor& t, Launch&& launch) {
       TORCH_INTERNAL_ASSERT(t.is_contiguous());
       std::vector<at::Tensor> one{movable(t)};  // c10d takes the list by reference and keeps the tensor
-      works_.push_back(launch(one));
+      try {
+        works_.push_back(launch(one));
+      } catch (const std::exception& e) {  // Gloo refuses to post to a peer whose connection closed
+        TORCH_CHECK(false, "shardtensor: all_to_all (point-to-point) on the group of global ranks [", join(comm_.ranks_, ", "),
+                    "] failed: a message could not be posted (another rank may have exited or given up): ", e.what());
+      }
     }
 
     C10dComm& comm_;

@@ -185,9 +185,11 @@ void PeerMemory::wait_for_everyone(const char* what, uint64_t k, Ready&& ready) 
       if (!copy(p, {{mailboxes_[p], &header, kPolledBytes}}, error))
         raise(name_of(p) + " cannot be read any more (" + error + "): it exited or was killed");
       if (header.cookie != cookies_[p]) raise(name_of(p) + " is gone: its PID now names another process");
+      // What the peer posted before it gave up still counts: it finished the exchange this
+      // member waits on, or it posted another operation (the error should name both).
+      if (ready(p, header)) break;
       if (header.closed != 0)
         raise(name_of(p) + " gave up its exchange #" + std::to_string(header.closed) + " (it timed out or raised an error)");
-      if (ready(p, header)) break;
       constexpr int kYields = 64, kSleepsPerStep = 32, kSteps = 4;
       if (polls < kYields) {
         std::this_thread::yield();

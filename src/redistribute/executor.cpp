@@ -315,6 +315,8 @@ void set_message_bytes(int64_t bytes) {
 
 at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& root, const ShardTensorSpec& target) {
   const DeviceMesh& mesh = target.mesh();
+  const TransferScope transfer("scatter from mesh coordinate [" + join(root, ", ") + "] to " + target.to_string() + " of " +
+                               c10::toString(target.dtype()));
   const Group group = whole_mesh(mesh);
   const int64_t n = static_cast<int64_t>(group.members.size());
   const int64_t from = group.position_of(root), self = group.position_of(mesh.coordinate());

@@ -1,0 +1,257 @@
+// The fault-injection suite (issue 14): ranks of fault_rank are started here, one of them is
+// killed, stopped, made late or made to run other collectives, and every rank's outcome is
+// judged. With peer memory on and off, every survivor must raise within the timeout + 5 s (or
+// be stopped by this driver), no rank may report a wrong value, no rank may die of a signal it
+// was not sent (heap corruption shows as SIGSEGV or SIGABRT), and no process may outlive the
+// case. Every case is bounded: the driver kills everything it started at its deadline.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kTimeoutS = 3.0;  // the ranks' collective timeout
+constexpr double kSlackS = 5.0;    // the bar: every survivor raises within timeout + 5 s
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Case {
+  int ranks = 3;
+  std::string scenario = "none";
+  int victim = 1;
+  int seed = 0;
+  bool peer_memory = true;
+  double kill_after_s = -1;  // the driver SIGKILLs the victim this long after the start
+};
+
+struct RankOutcome {
+  std::string report;  // the first line the rank wrote ("" if none)
+  std::string log_tail;  // the end of what it printed
+  int signal = 0;      // the signal it died of, 0 if it exited
+  int exit_code = -1;
+};
+
+// Starts the ranks, applies the driver's part of the fault, waits (bounded) and collects.
+std::vector<RankOutcome> run_case(const Case& c) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("shardtensor_fault_" + std::to_string(getpid()) + "_" + std::to_string(free_port()));
+  std::filesystem::create_directories(dir);
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < c.ranks; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(c.ranks).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(c.ranks).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", port.c_str(), 1);
+      setenv("SHARDTENSOR_TIMEOUT_S", std::to_string(kTimeoutS).c_str(), 1);
+      setenv("SHARDTENSOR_PEER_MEMORY", c.peer_memory ? "1" : "0", 1);
+      setenv("OMP_NUM_THREADS", "1", 1);
+      // The rank's output goes to its log, shown when a case fails.
+      const std::string log = (dir / ("rank" + std::to_string(r) + ".log")).string();
+      if (FILE* f = std::fopen(log.c_str(), "w")) {
+        dup2(fileno(f), 1);
+        dup2(fileno(f), 2);
+      }
+      const std::string victim = std::to_string(c.victim), seed = std::to_string(c.seed), report_dir = dir.string();
+      execl(FAULT_RANK_PATH, FAULT_RANK_PATH, c.scenario.c_str(), victim.c_str(), seed.c_str(), report_dir.c_str(), nullptr);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<RankOutcome> outcomes(c.ranks);
+  std::vector<bool> done(c.ranks, false);
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(60.0);
+  std::vector<Clock::time_point> stopped_at(c.ranks);
+  std::vector<bool> stopped(c.ranks, false);
+  bool killed = false;
+  int remaining = c.ranks;
+  while (remaining > 0 && Clock::now() < deadline) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    if (c.kill_after_s >= 0 && !killed && elapsed >= c.kill_after_s) {
+      kill(pids[c.victim], SIGKILL);
+      killed = true;
+    }
+    for (int r = 0; r < c.ranks; ++r) {
+      if (done[r]) continue;
+      int status = 0;
+      const pid_t got = waitpid(pids[r], &status, WNOHANG | WUNTRACED);
+      if (got == pids[r] && WIFSTOPPED(status)) {
+        stopped[r] = true;
+        stopped_at[r] = Clock::now();
+      } else if (got == pids[r]) {
+        done[r] = true;
+        --remaining;
+        if (WIFSIGNALED(status)) outcomes[r].signal = WTERMSIG(status);
+        if (WIFEXITED(status)) outcomes[r].exit_code = WEXITSTATUS(status);
+      }
+      // A stopped rank is resumed once the others must have timed out.
+      if (stopped[r] && Clock::now() - stopped_at[r] > std::chrono::duration<double>(kTimeoutS + 3)) {
+        kill(pids[r], SIGCONT);
+        stopped[r] = false;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int r = 0; r < c.ranks; ++r) {
+    if (done[r]) continue;
+    ADD_FAILURE() << "rank " << r << " still ran 60 s after the start of " << c.scenario << ": killed";
+    kill(-pids[r], SIGKILL);
+    kill(pids[r], SIGKILL);
+    waitpid(pids[r], nullptr, 0);
+  }
+  for (int r = 0; r < c.ranks; ++r) {
+    std::ifstream in(dir / ("rank" + std::to_string(r)));
+    std::getline(in, outcomes[r].report);
+    std::ifstream log(dir / ("rank" + std::to_string(r) + ".log"));
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    outcomes[r].log_tail = text.substr(text.size() > 2000 ? text.size() - 2000 : 0);
+    // No process of the rank's group may outlive it (threads of Gloo, forked helpers).
+    EXPECT_NE(kill(-pids[r], 0), 0) << "rank " << r << " left a process behind";
+  }
+  std::filesystem::remove_all(dir);
+  return outcomes;
+}
+
+std::string describe(const Case& c, const std::vector<RankOutcome>& outcomes) {
+  std::ostringstream os;
+  os << c.scenario << " (victim " << c.victim << ", seed " << c.seed << ", peer memory " << (c.peer_memory ? "on" : "off") << ")";
+  for (size_t r = 0; r < outcomes.size(); ++r)
+    os << "\n  rank " << r << ": exit " << outcomes[r].exit_code << " signal " << outcomes[r].signal << " report: " << outcomes[r].report
+       << "\n  rank " << r << " printed (end):\n" << outcomes[r].log_tail;
+  return os.str();
+}
+
+double raised_after(const RankOutcome& o) { return std::atof(o.report.c_str() + std::string("raised ").size()); }
+
+// The judgement every case shares: no wrong value, no unexpected death, every survivor (and
+// the victim where `victim_raises`) raised in time, with `expected` in its message if given.
+void judge(const Case& c, bool victim_raises, const std::string& expected = "") {
+  const std::vector<RankOutcome> outcomes = run_case(c);
+  const std::string what = describe(c, outcomes);
+  for (int r = 0; r < c.ranks; ++r) {
+    const RankOutcome& o = outcomes[r];
+    EXPECT_NE(o.report.rfind("wrong", 0), 0u) << "WRONG VALUES: " << what;
+    if (r == c.victim && !victim_raises) continue;
+    EXPECT_EQ(o.signal, 0) << "rank " << r << " died of signal " << o.signal << ": " << what;
+    EXPECT_EQ(o.exit_code, 0) << what;
+    ASSERT_EQ(o.report.rfind("raised ", 0), 0u) << "rank " << r << " did not raise: " << what;
+    EXPECT_LE(raised_after(o), kTimeoutS + kSlackS) << "rank " << r << " raised too late: " << what;
+    // Ours, not a backend's raw text: the transports' errors, or mesh creation's when the
+    // fault lands while the ranks are still forming the mesh.
+    EXPECT_TRUE(o.report.find("shardtensor: ") != std::string::npos || o.report.find("DeviceMesh: ") != std::string::npos)
+        << "rank " << r << " raised an error that is not ours: " << what;
+    if (!expected.empty() && r != c.victim) EXPECT_NE(o.report.find(expected), std::string::npos) << what;
+  }
+}
+
+class Faults : public ::testing::TestWithParam<bool> {};  // peer memory on / off
+
+TEST_P(Faults, BaselineIsCorrect) {
+  Case c;
+  c.peer_memory = GetParam();
+  const auto outcomes = run_case(c);
+  for (const RankOutcome& o : outcomes) EXPECT_EQ(o.report, "ok") << describe(c, outcomes);
+}
+
+TEST_P(Faults, RankKilledAtRandomTimes) {
+  std::mt19937 random(20261124);
+  for (int repetition = 0; repetition < 20; ++repetition) {
+    Case c;
+    c.peer_memory = GetParam();
+    c.scenario = "run";
+    c.victim = static_cast<int>(random() % 3);
+    c.kill_after_s = 0.8 + 1.5 * std::uniform_real_distribution<double>(0, 1)(random);
+    judge(c, false);
+  }
+}
+
+TEST_P(Faults, RankKilledInsideAnExchange) {
+  const std::vector<std::string> points = GetParam() ? std::vector<std::string>{"peer_memory:posted", "peer_memory:read", "peer_memory:finish"}
+                                                     : std::vector<std::string>{"messages:agreed", "messages:wait"};
+  for (int repetition = 0; repetition < 20; ++repetition) {
+    Case c;
+    c.peer_memory = GetParam();
+    c.scenario = "kill_at:" + points[repetition % points.size()];
+    c.victim = repetition % 3;
+    c.seed = repetition;
+    judge(c, false);
+  }
+}
+
+TEST_P(Faults, RankStoppedPastTheTimeout) {
+  Case c;
+  c.peer_memory = GetParam();
+  c.scenario = GetParam() ? "stop_at:peer_memory:read" : "stop_at:messages:agreed";
+  judge(c, true);
+}
+
+TEST_P(Faults, RankLateThenEveryoneGoesOn) {
+  for (const char* point : GetParam() ? std::vector<const char*>{"peer_memory:posted", "peer_memory:read"}
+                                      : std::vector<const char*>{"messages:agreed"}) {
+    Case c;
+    c.peer_memory = GetParam();
+    c.scenario = std::string("late_at:") + point;
+    c.victim = 2;
+    judge(c, true);
+  }
+}
+
+TEST_P(Faults, RankSkippingACollective) {
+  Case c;
+  c.peer_memory = GetParam();
+  c.scenario = "skip";
+  judge(c, true, "different collectives");
+}
+
+TEST_P(Faults, RankReorderingCollectivesOfTheSameSize) {
+  Case c;
+  c.peer_memory = GetParam();
+  c.scenario = "reorder_same";
+  judge(c, true, "different collectives");
+}
+
+TEST_P(Faults, RankReorderingCollectivesOfDifferentSizes) {
+  Case c;
+  c.peer_memory = GetParam();
+  c.scenario = "reorder_sizes";
+  c.victim = 0;
+  judge(c, true, "different collectives");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Faults, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? std::string("PeerMemory") : std::string("Messages"); });
+
+}  // namespace
