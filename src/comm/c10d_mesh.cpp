@@ -5,6 +5,10 @@
 // exchanging addresses through a prefix of the store, so groups need unique, rank-independent
 // names: "shardtensor/mesh<k>/dim<d>/<first global rank of the slice>", where k counts meshes
 // created in this process. That is why every rank must create the same meshes in one order.
+//
+// Creating a mesh waits at most the mesh's timeout ($SHARDTENSOR_TIMEOUT_S) at every step: the
+// store connect, the job check (Note [Job identity]) and each group's rendezvous and connect
+// (Note [Gloo's connect timeout]).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #define SHARDTENSOR_COMPAT_C10D
 #include <ATen/Context.h>
@@ -17,9 +21,13 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <random>
 
 #include "comm/c10d_comm.h"
 #include "mesh/mesh_impl.h"
@@ -29,8 +37,107 @@
 namespace shardtensor {
 namespace {
 
+// Note [Job identity]
+// Two jobs on one MASTER_ADDR:MASTER_PORT meet at one store. The second job's rank 0 cannot
+// bind the port and raises, but its other ranks connect to the first job's store as clients,
+// and c10d lets any client in; so does a rank left over from an earlier run whose connect was
+// still retrying. Unchecked, such a process joins the first job's groups: Gloo hands it the
+// first job's addresses, and it waits in Gloo's connect or is wired in beside the real rank.
+//
+// So the world's store is checked before any group key is written to it:
+// - rank 0 serves the store, so it is of the job that owns it. It publishes under kJobKey
+//   the job's id, as the launcher named it (SHARDTENSOR_JOB_ID, which shardrun sets at random
+//   per launch; else torchrun's TORCHELASTIC_RUN_ID unless "none"; else none), and a random
+//   token;
+// - every other rank compares that id with its own and, if they differ, raises at once. It
+//   is the process that does not belong; it leaves before writing any key, so the job it
+//   reached goes on unharmed. Every rank agrees with rank 0, hence with every other;
+// - every rank then claims its rank number under the token; the first claim wins and a
+//   second claimant raises, naming the holder. With no launcher id (mpirun, ranks started by
+//   hand) this is the only check: it stops two processes from acting as one rank, but cannot
+//   tell which of them is the intruder.
+// Parent PIDs were considered as a fallback id and left out: ranks started by hand from two
+// shells, or one per container, have different parents in a healthy job.
+constexpr const char* kJobKey = "shardtensor/job";
+
+std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+std::string text(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
+
+std::string random_hex(int words) {
+  std::random_device device;
+  std::string out;
+  char word[9];
+  for (int i = 0; i < words; ++i) {
+    std::snprintf(word, sizeof(word), "%08x", static_cast<unsigned>(device()));
+    out += word;
+  }
+  return out;
+}
+
+// This process's job as its launcher named it; empty when no launcher did.
+std::string launcher_job_id() {
+  if (const char* id = std::getenv("SHARDTENSOR_JOB_ID"); id && *id) return id;
+  if (const char* id = std::getenv("TORCHELASTIC_RUN_ID"); id && *id && std::string(id) != "none")
+    return std::string("torchrun:") + id;
+  return "";
+}
+
+// An exception's message without c10's backtrace, for messages that quote it.
+std::string message_of(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
+  return e.what();
+}
+
+std::string printable_job(const std::string& id) { return id.empty() ? "(none)" : "'" + id + "'"; }
+
+// Host and pid, for messages, and a random tag that keeps two processes apart where the host
+// name and pid do not (containers with their own pid namespaces).
+std::string this_process() {
+  char host[256] = "?";
+  gethostname(host, sizeof(host) - 1);
+  return "pid " + std::to_string(getpid()) + " on " + host + " [" + random_hex(2) + "]";
+}
+
+// See Note [Job identity]. Raises, on the process that does not belong, what it found, what it
+// expected and the likely cause.
+void check_job_identity(c10d::Store& store, const WorldEnv& env) {
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  const std::string mine = launcher_job_id();
+  std::string published;
+  if (env.rank == 0) {
+    published = random_hex(4) + " " + mine;
+    store.set(kJobKey, bytes(published));
+  } else {
+    try {
+      published = text(store.get(kJobKey));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "DeviceMesh: global rank ", env.rank, " of ", env.world_size, " reached the store at ", where,
+                  ", but no job identity was published there (", message_of(e), "). The store may belong to another "
+                  "program; is a second job using the same MASTER_ADDR:MASTER_PORT?");
+    }
+  }
+  const size_t space = published.find(' ');
+  TORCH_CHECK(space != std::string::npos, "DeviceMesh: the store at ", where, " holds '", published, "' under '", kJobKey,
+              "', which is not a shardtensor job identity; is a second job using the same MASTER_ADDR:MASTER_PORT?");
+  const std::string token = published.substr(0, space);
+  const std::string theirs = published.substr(space + 1);
+  TORCH_CHECK(theirs == mine, "DeviceMesh: this process (global rank ", env.rank, " of ", env.world_size, ", job ",
+              printable_job(mine), ") reached the rendezvous store at ", where, ", which belongs to job ",
+              printable_job(theirs), " (as its rank 0 published). The likely cause is a second job on the same "
+              "MASTER_ADDR:MASTER_PORT, or a rank left over from an earlier run; give each job its own MASTER_PORT "
+              "(shardrun picks a free one unless --port is given). Job ids come from SHARDTENSOR_JOB_ID (set by "
+              "shardrun) or torchrun's TORCHELASTIC_RUN_ID.");
+  const std::string me = this_process();
+  const std::string holder = text(store.compareSet(std::string(kJobKey) + "/" + token + "/rank" + std::to_string(env.rank),
+                                                   /*expectedValue=*/{}, bytes(me)));
+  TORCH_CHECK(holder == me, "DeviceMesh: global rank ", env.rank, " of the job at ", where, " is already held by ",
+              holder, "; this process (", me, ") was started as the same rank. The likely cause is a rank left over "
+              "from an earlier run, or a second job on the same MASTER_ADDR:MASTER_PORT.");
+}
+
 // The world's store, created on first use: a TCPStore served by rank 0 when launched, an
-// in-process HashStore for a single-process world.
+// in-process HashStore for a single-process world. A TCPStore is kept only once this process
+// has passed the job check.
 c10::intrusive_ptr<c10d::Store> world_store(std::chrono::milliseconds timeout) {
   static std::mutex mutex;
   static c10::intrusive_ptr<c10d::Store> store;
@@ -47,13 +154,66 @@ c10::intrusive_ptr<c10d::Store> world_store(std::chrono::milliseconds timeout) {
   opts.numWorkers = static_cast<size_t>(env.world_size);
   opts.waitWorkers = true;
   opts.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> tcp_store;
   try {
-    store = compat::make_tcp_store(env.master_addr, opts);
+    tcp_store = compat::make_tcp_store(env.master_addr, opts);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "shardtensor: rank ", env.rank, " of ", env.world_size, " could not reach the rendezvous store at ",
-                env.master_addr, ":", env.master_port, " (MASTER_ADDR/MASTER_PORT): ", e.what());
+    const bool port_taken = opts.isServer && message_of(e).find("in use") != std::string::npos;
+    TORCH_CHECK(false, "shardtensor: rank ", env.rank, " of ", env.world_size, " could not ",
+                opts.isServer ? "serve" : "reach", " the rendezvous store at ", env.master_addr, ":", env.master_port,
+                " (MASTER_ADDR/MASTER_PORT): ", message_of(e),
+                port_taken ? ". Another process already listens on that port: most likely a second job on the same "
+                             "MASTER_ADDR:MASTER_PORT, or a rank left over from an earlier run; give each job its own "
+                             "MASTER_PORT."
+                           : "");
   }
+  check_job_identity(*tcp_store, env);
+  store = std::move(tcp_store);
   return store;
+}
+
+// Note [Gloo's connect timeout]
+// Gloo waits five times its timeout for a pair to connect (gloo/transport/tcp/pair.h: "Use a
+// longer timeout when waiting for initial connect"): with SHARDTENSOR_TIMEOUT_S=20, a rank
+// whose peer published an address and never connects waited 100 s (issue 14; 25 s at 5 s on
+// both torch lines here). So a group is built with a fifth of the mesh's timeout, which makes
+// Gloo's connect wait the timeout itself, and gets the full timeout back for its collectives
+// once connected. A fifth is never less than 2 s (or the timeout, when that is shorter): Gloo
+// may also wait only that long for its members' addresses, which the barrier in make_group
+// makes a matter of milliseconds, yet on a loaded machine not zero.
+std::chrono::milliseconds gloo_connect_timeout(std::chrono::milliseconds timeout) {
+  return std::max(timeout / 5, std::min(timeout, std::chrono::milliseconds(2000)));
+}
+
+// A ProcessGroupGloo whose timeout can be raised once it is connected. Torch 2.x has
+// setTimeout(); 1.13 does not, but both keep options_ and contexts_ where a subclass reaches
+// them, and their collectives read the timeout from there.
+class GlooGroup final : public c10d::ProcessGroupGloo {
+ public:
+  using ProcessGroupGloo::ProcessGroupGloo;
+  void set_collective_timeout(std::chrono::milliseconds timeout) {
+    options_->timeout = timeout;
+    for (auto& context : contexts_) context->setTimeout(timeout);
+  }
+};
+
+// Every member of the group named by `store`'s prefix checks in and waits for the others, for
+// at most `timeout`: the backend then starts its rendezvous with every member there.
+void wait_for_members(c10d::Store& store, int64_t group_rank, const std::vector<int64_t>& group_ranks,
+                      std::chrono::milliseconds timeout) {
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < group_ranks.size(); ++i) keys.push_back("arrived/" + std::to_string(i));
+  store.set(keys[static_cast<size_t>(group_rank)], bytes("1"));
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception& e) {
+    std::vector<int64_t> missing;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (!store.check({keys[i]})) missing.push_back(group_ranks[i]);
+    TORCH_CHECK(false, "DeviceMesh: global rank(s) [", join(missing, ", "), "] did not arrive to form the group over [",
+                join(group_ranks, ", "), "] within the timeout (", timeout.count() / 1000.0,
+                " s, SHARDTENSOR_TIMEOUT_S); they may have failed or be creating different meshes: ", message_of(e));
+  }
 }
 
 // One Gloo transport device per process. Loopback when the master is local (shardrun, tests),
@@ -91,13 +251,18 @@ std::shared_ptr<Comm> make_group(const std::vector<int64_t>& group_ranks, int64_
                                  CommBackend backend, std::chrono::milliseconds timeout) {
   const int64_t group_rank = std::find(group_ranks.begin(), group_ranks.end(), my_rank) - group_ranks.begin();
   if (group_ranks.size() == 1) return make_self_comm(my_rank);
-  auto store = c10::make_intrusive<c10d::PrefixStore>(name, world_store(timeout));
+  auto world = world_store(timeout);
+  world->setTimeout(timeout);  // the store outlives the mesh that created it; waits follow this mesh
+  auto store = c10::make_intrusive<c10d::PrefixStore>(name, world);
   const int size = static_cast<int>(group_ranks.size());
+  wait_for_members(*store, group_rank, group_ranks, timeout);
   try {
     if (backend == CommBackend::Gloo) {
-      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      // See Note [Gloo's connect timeout].
+      auto opts = c10d::ProcessGroupGloo::Options::create(gloo_connect_timeout(timeout));
       opts->devices.push_back(gloo_device());
-      auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(group_rank), size, opts);
+      auto pg = c10::make_intrusive<GlooGroup>(store, static_cast<int>(group_rank), size, opts);
+      pg->set_collective_timeout(timeout);
       return make_c10d_comm(std::move(pg), group_ranks, group_rank, timeout);
     }
 #ifdef SHARDTENSOR_HAVE_NCCL

@@ -2,7 +2,15 @@
 //   rank_behaviour env                        print the launcher variables and exit 0
 //   rank_behaviour fail RANK CODE PIDDIR      RANK exits with CODE after 0.5 s; the others sleep 60 s
 //   rank_behaviour hang PIDDIR                every rank sleeps 60 s
+//   rank_behaviour signals                    print how the rank starts: the SIGPIPE, SIGINT,
+//                                             SIGTERM and SIGHUP dispositions, the blocked
+//                                             signals and the parent-death signal
+//   rank_behaviour as-job RANK JOB program... every rank runs program; RANK with
+//                                             SHARDTENSOR_JOB_ID=JOB, as if of another job
+//   rank_behaviour only RANK program...       RANK runs program; the others sleep 60 s
 // Each rank of fail/hang writes its pid to PIDDIR/<rank>.pid so the test can check it was stopped.
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,15 +18,59 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <utility>
+
+namespace {
+
+const char* disposition(int sig) {
+  struct sigaction current {};
+  sigaction(sig, nullptr, &current);
+  return current.sa_handler == SIG_DFL ? "default" : current.sa_handler == SIG_IGN ? "ignored" : "handled";
+}
+
+int print_signal_state() {
+  for (auto [sig, name] : {std::pair{SIGPIPE, "SIGPIPE"}, {SIGINT, "SIGINT"}, {SIGTERM, "SIGTERM"}, {SIGHUP, "SIGHUP"}})
+    std::printf("%s=%s\n", name, disposition(sig));
+  sigset_t blocked;
+  sigprocmask(SIG_SETMASK, nullptr, &blocked);
+  std::string names;
+  for (int sig = 1; sig < NSIG; ++sig)
+    if (sigismember(&blocked, sig) == 1) names += (names.empty() ? "" : ",") + std::to_string(sig);
+  std::printf("blocked=%s\n", names.empty() ? "none" : names.c_str());
+  int death_signal = 0;
+  prctl(PR_GET_PDEATHSIG, &death_signal);
+  std::printf("pdeathsig=%d\n", death_signal);
+  return 0;
+}
+
+int run(char** command) {
+  execvp(command[0], command);
+  std::fprintf(stderr, "rank_behaviour: cannot run %s: %s\n", command[0], std::strerror(errno));
+  return 127;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const char* rank_env = std::getenv("RANK");
   const int rank = rank_env ? std::atoi(rank_env) : -1;
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "env") {
-    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"})
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+                             "SHARDTENSOR_JOB_ID"})
       std::printf("%s=%s\n", name, std::getenv(name) ? std::getenv(name) : "(unset)");
     std::fprintf(stderr, "to stderr\n");
+    return 0;
+  }
+  if (mode == "signals") return print_signal_state();
+  if ((mode == "as-job" && argc > 4) || (mode == "only" && argc > 3)) {
+    const bool chosen = rank == std::atoi(argv[2]);
+    if (mode == "as-job") {
+      if (chosen) setenv("SHARDTENSOR_JOB_ID", argv[3], /*overwrite=*/1);
+      return run(argv + 4);
+    }
+    if (chosen) return run(argv + 3);
+    sleep(60);
     return 0;
   }
   const std::string pid_dir = mode == "fail" && argc > 4 ? argv[4] : mode == "hang" && argc > 2 ? argv[2] : "";

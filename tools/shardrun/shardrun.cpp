@@ -10,11 +10,21 @@
 // When a rank exits non-zero (or dies of a signal), or the timeout passes, shardrun stops the
 // other ranks (SIGTERM to each rank's process group, SIGKILL after a grace period) and exits
 // non-zero: the failing rank's status, or 124 on timeout. It exits 0 when every rank does.
+// SIGINT, SIGTERM or SIGHUP to shardrun stops the ranks the same way; it then exits 128 + the
+// signal's number. A shardrun that is killed outright (SIGKILL) takes its ranks with it: each
+// rank is started with PR_SET_PDEATHSIG. Ranks start with the signal dispositions and mask
+// shardrun was given, except SIGPIPE, which is always the default (prepare_rank_process).
+//
+// Every rank of one launch also gets SHARDTENSOR_JOB_ID, random per launch: the library
+// compares it with rank 0's when it forms the world group, so that a process of another job
+// that reaches this job's MASTER_PORT is refused (see Note [Job identity] in
+// src/comm/c10d_mesh.cpp).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -123,21 +134,89 @@ void emit_lines(Stream& s, int rank, bool flush_partial) {
   std::fflush(s.sink);
 }
 
-volatile sig_atomic_t g_interrupted = 0;
-void on_signal(int) { g_interrupted = 1; }
+// The signals that make shardrun stop its ranks and exit (128 + the signal).
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
-pid_t spawn(const Options& o, int rank, int port, Rank& r) {
+volatile sig_atomic_t g_stop_signal = 0;  // the stop signal received, 0 while none
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// What shardrun changed about signals for itself, so that each rank can be given back what
+// shardrun was given.
+struct LauncherSignals {
+  sigset_t stop_signals;    // blocked around fork(), see spawn()
+  sigset_t inherited_mask;  // the mask shardrun started with
+};
+
+// Handlers for the stop signals, and SIGPIPE ignored: a reader of shardrun's output that goes
+// away must not kill it while it still has ranks to stop. A stop signal that shardrun's own
+// parent ignores (SIGHUP under nohup) stays ignored, for shardrun and its ranks.
+LauncherSignals install_signal_handlers() {
+  LauncherSignals s;
+  sigprocmask(SIG_SETMASK, nullptr, &s.inherited_mask);
+  sigemptyset(&s.stop_signals);
+  for (int sig : kStopSignals) {
+    struct sigaction current {};
+    sigaction(sig, nullptr, &current);
+    if (current.sa_handler == SIG_IGN) continue;
+    signal(sig, on_stop_signal);
+    sigaddset(&s.stop_signals, sig);
+  }
+  signal(SIGPIPE, SIG_IGN);
+  return s;
+}
+
+// 128 random bits in hex: SHARDTENSOR_JOB_ID, which tells this launch's ranks from any other's.
+std::string random_job_id() {
+  std::random_device device;
+  char text[33];
+  std::snprintf(text, sizeof(text), "%08x%08x%08x%08x", static_cast<unsigned>(device()),
+                static_cast<unsigned>(device()), static_cast<unsigned>(device()), static_cast<unsigned>(device()));
+  return text;
+}
+
+// Runs in the forked child, before exec: undoes what shardrun changed about signals and ties
+// the rank's life to shardrun's.
+void prepare_rank_process(const LauncherSignals& signals, pid_t launcher) {
+  // exec() would reset the handlers anyway, but a stop signal that is pending now (blocked
+  // around fork) must find the default action, which ends the rank, not shardrun's handler.
+  for (int sig : kStopSignals)
+    if (sigismember(&signals.stop_signals, sig)) signal(sig, SIG_DFL);
+  // An ignored disposition survives exec(): without this, a rank writing to a pipe whose
+  // reader died would get EPIPE errors forever instead of the default death by SIGPIPE.
+  signal(SIGPIPE, SIG_DFL);
+  sigprocmask(SIG_SETMASK, &signals.inherited_mask, nullptr);
+  // Die with the launcher, however it ends (SIGKILL included, where it cannot stop its ranks
+  // itself). The kernel sends this when the parent *thread* exits; shardrun is
+  // single-threaded, so that is when shardrun exits. It applies to the rank process, not to
+  // processes the rank starts itself. If shardrun died between fork() and prctl(), the signal
+  // will never come: the parent is already another process, so stop at once.
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
+    std::perror("shardrun: prctl(PR_SET_PDEATHSIG)");
+    _exit(127);
+  }
+  if (getppid() != launcher) _exit(127);
+}
+
+pid_t spawn(const Options& o, int rank, int port, const std::string& job_id, const LauncherSignals& signals,
+            Rank& r) {
   int out_pipe[2], err_pipe[2];
   if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) {
     std::perror("shardrun: pipe");
     std::exit(2);
   }
+  const pid_t launcher = getpid();
+  // Stop signals wait until the child has reset its handlers (prepare_rank_process) and the
+  // parent has recorded the child; delivered in between, shardrun's handler would run in the
+  // child, which never reads the flag it sets.
+  sigset_t mask_before_fork;
+  sigprocmask(SIG_BLOCK, &signals.stop_signals, &mask_before_fork);
   pid_t pid = fork();
   if (pid < 0) {
     std::perror("shardrun: fork");
     std::exit(2);
   }
   if (pid == 0) {
+    prepare_rank_process(signals, launcher);
     setpgid(0, 0);  // its own process group, so stopping it also stops what it started
     dup2(out_pipe[1], STDOUT_FILENO);
     dup2(err_pipe[1], STDERR_FILENO);
@@ -153,11 +232,13 @@ pid_t spawn(const Options& o, int rank, int port, Rank& r) {
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
     setenv("OMP_NUM_THREADS", "1", /*overwrite=*/0);
+    setenv("SHARDTENSOR_JOB_ID", job_id.c_str(), /*overwrite=*/1);  // a new job, even inside another
     execvp(o.command[0], o.command.data());
     std::fprintf(stderr, "shardrun: cannot run %s: %s\n", o.command[0], std::strerror(errno));
     _exit(127);
   }
   setpgid(pid, pid);
+  sigprocmask(SIG_SETMASK, &mask_before_fork, nullptr);
   close(out_pipe[1]);
   close(err_pipe[1]);
   r.pid = pid;
@@ -215,12 +296,11 @@ int exit_code_of(int status) {
 int main(int argc, char** argv) {
   const Options o = parse_options(argc, argv);
   const int port = o.port > 0 ? o.port : free_port();
-  signal(SIGINT, on_signal);
-  signal(SIGTERM, on_signal);
-  signal(SIGPIPE, SIG_IGN);
+  const LauncherSignals signals = install_signal_handlers();
+  const std::string job_id = random_job_id();
 
   std::vector<Rank> ranks(static_cast<size_t>(o.num_ranks));
-  for (int r = 0; r < o.num_ranks; ++r) spawn(o, r, port, ranks[r]);
+  for (int r = 0; r < o.num_ranks; ++r) spawn(o, r, port, job_id, signals, ranks[r]);
 
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
@@ -253,7 +333,8 @@ int main(int argc, char** argv) {
                                                                              : " exited with code " + std::to_string(code)));
       }
     }
-    if (g_interrupted && !stopping) begin_stop(130, "interrupted");
+    if (const int sig = g_stop_signal; sig != 0 && !stopping)
+      begin_stop(128 + sig, std::string("received ") + strsignal(sig));
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     if (o.timeout_s > 0 && elapsed > o.timeout_s && !stopping && running > 0) {
       char why[128];
