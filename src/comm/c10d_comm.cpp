@@ -107,7 +107,7 @@ class C10dComm final : public Comm {
   std::unique_ptr<Messages> start_messages(const char* counted_as, bool counts) override {
     // NCCL would need a batched group (ncclGroupStart) for messages posted one by one.
     if (group()->getBackendName() != "gloo") return Comm::start_messages(counted_as, counts);
-    agree_on([&] { return std::string(counted_as) + " (messages)"; });
+    check_usable();
     return std::make_unique<PostedMessages>(*this, counted_as, counts);
   }
 
@@ -122,73 +122,139 @@ class C10dComm final : public Comm {
 
   // Gloo's point-to-point messages, posted at once. Messages between a pair of ranks match in
   // the order they were posted, and every rank runs the same sequence of batches, so one tag
-  // serves them all.
+  // serves them all. Where fingerprints are checked, every member sends every other a record
+  // (fingerprint.h) of the batch with the bytes it sends that peer, on a tag of its own, and
+  // receives are posted only once every record has arrived and matches: ranks running
+  // different batches, or expecting other sizes, all raise, naming both operations, instead of
+  // receiving the wrong bytes (or aborting Gloo on a size mismatch). Sends go out at once.
   class PostedMessages final : public Messages {
    public:
-    PostedMessages(C10dComm& comm, const char* counted_as, bool counts) : comm_(comm), counted_as_(counted_as), counts_(counts) {}
+    PostedMessages(C10dComm& comm, const char* counted_as, bool counts)
+        : comm_(comm), counted_as_(counted_as), counts_(counts), checked_(message_fingerprints_enabled()),
+          bytes_to_(comm.size(), 0), bytes_from_(comm.size(), 0) {
+      if (checked_) {
+        operation_ = fingerprint_of(std::string(counted_as) + " (messages)");
+        batch_ = ++comm.batches_;
+      }
+    }
     ~PostedMessages() override {
       // Unwaited messages (an error unwound past wait()) must not outlive their tensors.
-      for (auto& work : works_) {
-        try {
-          work->abort();
-        } catch (const std::exception&) {
+      for (auto* works : {&records_, &works_})
+        for (auto& work : *works) {
+          try {
+            work->abort();
+          } catch (const std::exception&) {
+          }
         }
-      }
     }
 
     void receive(int64_t peer, const at::Tensor& into) override {
-      if (into.numel() > 0) post(into, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, peer, kTag); });
+      if (into.numel() == 0) return;
+      bytes_from_[peer] += static_cast<int64_t>(into.nbytes());
+      if (checked_)
+        receives_.push_back({peer, into});
+      else
+        post(into, works_, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, peer, kTag); });
     }
     void send(int64_t peer, const at::Tensor& from) override {
       if (from.numel() == 0) return;
-      bytes_sent_ += static_cast<int64_t>(from.nbytes());
-      post(from, [&](std::vector<at::Tensor>& t) { return comm_.group()->send(t, peer, kTag); });
+      bytes_to_[peer] += static_cast<int64_t>(from.nbytes());
+      post(from, works_, [&](std::vector<at::Tensor>& t) { return comm_.group()->send(t, peer, kTag); });
     }
     void wait() override {
       fault_point("messages:wait");
-      record_collective(counted_as_, bytes_sent_, counts_);
-      try {
-        for (auto& work : works_) work->wait(comm_.timeout_);
-      } catch (const std::exception& e) {
-        TORCH_CHECK(false, "shardtensor: all_to_all (point-to-point) on the group of global ranks [", join(comm_.ranks_, ", "),
-                    "] failed or timed out (timeout ", comm_.timeout_.count() / 1000.0,
-                    " s; another rank may have stopped before this collective): ", e.what());
-      }
-      works_.clear();
+      int64_t bytes_sent = 0;
+      for (int64_t b : bytes_to_) bytes_sent += b;
+      record_collective(counted_as_, bytes_sent, counts_);
+      if (checked_) check_records();
+      for (const Receive& r : receives_)
+        post(r.into, works_, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, r.peer, kTag); });
+      wait_for(works_);
     }
 
    private:
-    static constexpr int kTag = 7;
+    static constexpr int kTag = 7, kRecordTag = 8;
+    struct Receive {
+      int64_t peer;
+      at::Tensor into;
+    };
+
+    void check_records() {
+      const int64_t n = comm_.size(), me = comm_.rank_;
+      at::Tensor theirs = at::empty({n, kRecordWords}, at::kLong);
+      std::vector<at::Tensor> mine;
+      for (int64_t p = 0; p < n; ++p) {
+        if (p == me) continue;
+        post(theirs[p], records_, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, p, kRecordTag); });
+        mine.push_back(record_of(operation_, batch_, bytes_to_[p]));
+        post(mine.back(), records_, [&](std::vector<at::Tensor>& t) { return comm_.group()->send(t, p, kRecordTag); });
+      }
+      wait_for(records_);
+      try {
+        for (int64_t p = 0; p < n; ++p)
+          if (p != me) check_record(theirs[p], operation_, batch_, bytes_from_[p], comm_.group_name(), me, p);
+      } catch (const std::exception& e) {
+        comm_.broken_ = e.what();  // this batch's sends stay queued on the pairs
+        throw;
+      }
+      fault_point("messages:checked");
+    }
+
     template <typename Launch>
-    void post(const at::Tensor& t, Launch&& launch) {
+    void post(const at::Tensor& t, std::vector<c10::intrusive_ptr<WorkType>>& works, Launch&& launch) {
       TORCH_INTERNAL_ASSERT(t.is_contiguous());
       std::vector<at::Tensor> one{movable(t)};  // c10d takes the list by reference and keeps the tensor
       try {
-        works_.push_back(launch(one));
+        works.push_back(launch(one));
       } catch (const std::exception& e) {  // Gloo refuses to post to a peer whose connection closed
-        TORCH_CHECK(false, "shardtensor: all_to_all (point-to-point) on the group of global ranks [", join(comm_.ranks_, ", "),
-                    "] failed: a message could not be posted (another rank may have exited or given up): ", e.what());
+        comm_.broken_ = e.what();
+        TORCH_CHECK(false, "shardtensor: all_to_all (point-to-point) on ", comm_.group_name(),
+                    " failed: a message could not be posted (another rank may have exited or given up): ", e.what());
       }
+    }
+    void wait_for(std::vector<c10::intrusive_ptr<WorkType>>& works) {
+      try {
+        for (auto& work : works) work->wait(comm_.timeout_);
+      } catch (const std::exception& e) {
+        comm_.broken_ = e.what();
+        TORCH_CHECK(false, "shardtensor: all_to_all (point-to-point) on ", comm_.group_name(), " failed or timed out (timeout ",
+                    comm_.timeout_.count() / 1000.0, " s; another rank may have stopped before this collective): ", e.what());
+      }
+      works.clear();
     }
 
     C10dComm& comm_;
     const char* counted_as_;
     bool counts_;
-    std::vector<c10::intrusive_ptr<WorkType>> works_;
-    int64_t bytes_sent_ = 0;
+    bool checked_;
+    Fingerprint operation_;
+    int64_t batch_ = 0;
+    std::vector<int64_t> bytes_to_, bytes_from_;  // by peer, this batch
+    std::vector<Receive> receives_;              // posted once the records match
+    std::vector<c10::intrusive_ptr<WorkType>> records_, works_;
   };
 
   template <typename Launch>
   void run(const char* what, int64_t bytes, Launch&& launch) {
+    check_usable();
     record_collective(what, bytes);
     try {
       auto work = launch();
       work->wait(timeout_);
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "shardtensor: ", what, " on the group of global ranks [", join(ranks_, ", "),
-                  "] failed or timed out (timeout ", timeout_.count() / 1000.0,
+      broken_ = e.what();
+      TORCH_CHECK(false, "shardtensor: ", what, " on ", group_name(), " failed or timed out (timeout ", timeout_.count() / 1000.0,
                   " s; another rank may have stopped before this collective): ", e.what());
     }
+  }
+
+  std::string group_name() const { return "the group of global ranks [" + join(ranks_, ", ") + "]"; }
+
+  // After a failed or timed-out transfer the group's state is unknown (messages of it may still
+  // be queued, peers may be gone): every later collective on it raises at once.
+  void check_usable() const {
+    TORCH_CHECK(broken_.empty(), "shardtensor: ", group_name(), " is unusable since an earlier collective on it failed (", broken_,
+                "); create a new mesh to go on.");
   }
   template <typename Launch, typename Describe>
   void run(const char* what, int64_t bytes, Launch&& launch, Describe&& describe) {
@@ -198,44 +264,48 @@ class C10dComm final : public Comm {
 
   static std::string sized(const at::Tensor& t) { return std::to_string(t.numel()) + " " + c10::toString(t.scalar_type()); }
 
-  // The fingerprint check (fingerprint.h) before a collective on Gloo: one all_gather of a
-  // fixed-size record, [sequence number, hash, description], which every rank can run whatever
-  // collective the others are about to run; a rank whose peers posted another record raises,
-  // naming both, before any byte of the collective moves (mismatched sizes would abort Gloo).
+  // The fingerprint check (fingerprint.h) before a collective on Gloo: every rank sends its
+  // record to every other and checks theirs, before any byte of the collective moves. Direct
+  // messages take one step (c10d's all_gather would queue on its worker thread and take n-1).
   // NCCL is not checked this way: its record would need a device round trip per collective.
-  static constexpr int64_t kRecordWords = 2 + 16;  // 128 characters of description
   template <typename Describe>
   void agree_on(Describe&& describe) {
     if (size() == 1 || !message_fingerprints_enabled() || group()->getBackendName() != "gloo") return;
+    check_usable();
     const Fingerprint mine = fingerprint_of(describe());
     const int64_t sequence = ++fingerprints_;
-    at::Tensor record = at::zeros({kRecordWords}, at::kLong);
-    int64_t* words = record.data_ptr<int64_t>();
-    words[0] = sequence;
-    words[1] = static_cast<int64_t>(mine.hash);
-    std::memcpy(words + 2, mine.description.data(), std::min(mine.description.size(), sizeof(int64_t) * (kRecordWords - 2) - 1));
-    at::Tensor all = at::empty({size(), kRecordWords}, at::kLong);
-    {
-      CommDebugPause pause;  // part of the collective it checks
-      std::vector<at::Tensor> inputs{record};
-      std::vector<std::vector<at::Tensor>> outputs(1);
-      for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(all.select(0, i));
-      run("all_gather (fingerprint)", 0, [&] { return group()->allgather(outputs, inputs); });
+    constexpr int kAgreeTag = 9;
+    const at::Tensor record = record_of(mine, sequence, -1);
+    at::Tensor theirs = at::empty({size(), kRecordWords}, at::kLong);
+    std::vector<c10::intrusive_ptr<WorkType>> works;
+    try {
+      for (int64_t p = 0; p < size(); ++p) {
+        if (p == rank_) continue;
+        std::vector<at::Tensor> in{theirs[p]}, out{record};
+        works.push_back(group()->recv(in, static_cast<int>(p), kAgreeTag));
+        works.push_back(group()->send(out, static_cast<int>(p), kAgreeTag));
+      }
+      for (auto& work : works) work->wait(timeout_);
+    } catch (const std::exception& e) {
+      broken_ = e.what();
+      for (auto& work : works) {
+        try {
+          work->abort();
+        } catch (const std::exception&) {
+        }
+      }
+      TORCH_CHECK(false, "shardtensor: checking the collective's fingerprint on ", group_name(), " failed or timed out (timeout ",
+                  timeout_.count() / 1000.0, " s; another rank may have stopped before this collective): ", e.what());
     }
     fault_point("messages:agreed");
-    for (int64_t p = 0; p < size(); ++p) {
-      const int64_t* theirs = all[p].data_ptr<int64_t>();
-      if (theirs[0] == sequence && theirs[1] == words[1]) continue;
-      const char* text = reinterpret_cast<const char*>(theirs + 2);
-      TORCH_CHECK(false, "shardtensor: the ranks called different collectives on the group of global ranks [", join(ranks_, ", "),
-                  "]: this rank (group rank ", rank_, ") runs \"", mine.description, "\" as its collective #", sequence, " there, group rank ",
-                  p, " runs \"", std::string(text, strnlen(text, sizeof(int64_t) * (kRecordWords - 2))), "\" as its collective #", theirs[0],
-                  ". Every rank must run the same collectives in the same order.");
-    }
+    for (int64_t p = 0; p < size(); ++p)
+      if (p != rank_) check_record(theirs[p], mine, sequence, -1, group_name(), rank_, p);
   }
 
   c10::intrusive_ptr<Group> group_;
   int64_t fingerprints_ = 0;  // collectives checked on this group
+  int64_t batches_ = 0;       // message batches checked on this group
+  std::string broken_;        // why this group is unusable (empty while it is not)
   std::vector<int64_t> ranks_;
   int64_t rank_;
   std::chrono::milliseconds timeout_;

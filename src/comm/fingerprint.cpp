@@ -1,7 +1,14 @@
 // See fingerprint.h.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "comm/fingerprint.h"
 
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdlib>
 #include <memory>
 
@@ -45,6 +52,29 @@ Fingerprint fingerprint_of(const std::string& collective) {
   if (current_transfer) description += ": " + *current_transfer;
   description += " (" + collective + ")";
   return {stable_hash(description), description};
+}
+
+at::Tensor record_of(const Fingerprint& operation, int64_t sequence, int64_t bytes) {
+  at::Tensor record = at::zeros({kRecordWords}, at::kLong);
+  int64_t* words = record.data_ptr<int64_t>();
+  words[0] = sequence;
+  words[1] = static_cast<int64_t>(operation.hash);
+  words[2] = bytes;
+  std::memcpy(words + 3, operation.description.data(), std::min(operation.description.size(), sizeof(int64_t) * (kRecordWords - 3) - 1));
+  return record;
+}
+
+void check_record(const at::Tensor& theirs, const Fingerprint& mine, int64_t sequence, int64_t bytes, const std::string& group,
+                  int64_t my_rank, int64_t peer) {
+  const int64_t* words = theirs.data_ptr<int64_t>();
+  const char* text = reinterpret_cast<const char*>(words + 3);
+  const std::string their_description(text, strnlen(text, sizeof(int64_t) * (kRecordWords - 3)));
+  TORCH_CHECK(words[0] == sequence && words[1] == static_cast<int64_t>(mine.hash), "shardtensor: the ranks called different collectives on ",
+              group, ": this rank (group rank ", my_rank, ") runs \"", mine.description, "\" as its collective #", sequence, " there, group rank ",
+              peer, " runs \"", their_description, "\" as its collective #", words[0], ". Every rank must run the same collectives in the same order.");
+  TORCH_CHECK(bytes < 0 || words[2] == bytes, "shardtensor: group rank ", peer, " of ", group, " sends ", words[2], " bytes where this rank (group rank ",
+              my_rank, ") expects ", bytes, " in \"", mine.description,
+              "\": the ranks disagree on the layout (the sizes or placements they were given differ).");
 }
 
 bool message_fingerprints_enabled() { return fingerprints_flag().load(std::memory_order_relaxed); }

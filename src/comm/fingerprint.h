@@ -3,8 +3,9 @@
 // Ranks that call collectives in different orders, or with different sizes, must get an error
 // that names both operations, never wrong bytes or a backend abort. Every transport posts the
 // fingerprint of the exchange it is about to run and compares it with its peers' before it
-// moves a byte (peer memory through the mailbox, messages through one small fixed-size
-// all_gather; see c10d_comm.cpp).
+// moves a byte (peer memory through the mailbox; on Gloo a fixed-size record message ahead of
+// each message of a batch, or from every rank to every other before a collective; see
+// c10d_comm.cpp).
 //
 // The description is the operator running (current_operator()), the step of it that moves bytes
 // (TransferScope, set by the executor: "S(0) -> S(1) of float[2048, 2048]") and the collective.
@@ -13,6 +14,10 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+
+namespace at {
+class Tensor;
+}
 
 namespace shardtensor {
 
@@ -38,8 +43,18 @@ struct Fingerprint {
 // operator and transfer.
 Fingerprint fingerprint_of(const std::string& collective);
 
+// A fingerprint as a message of fixed size: [sequence, hash, bytes, description]. Message
+// transports exchange these before the bytes they describe, so that a mismatch is found before
+// a receive of the wrong size is posted (Gloo aborts on one).
+constexpr int64_t kRecordWords = 3 + 15;  // 120 characters of description
+at::Tensor record_of(const Fingerprint& operation, int64_t sequence, int64_t bytes);
+// Raises, naming both operations, unless `theirs` (group rank `peer`'s record) is `mine` at
+// `sequence` and, where `bytes` >= 0, announces that many bytes. `group` names the group.
+void check_record(const at::Tensor& theirs, const Fingerprint& mine, int64_t sequence, int64_t bytes, const std::string& group,
+                  int64_t my_rank, int64_t peer);
+
 // Whether message transports check fingerprints (SHARDTENSOR_FINGERPRINT=0 turns it off; it
-// costs one small all_gather per collective on Gloo; peer memory checks them for free).
+// costs one small message round on Gloo; peer memory checks them for free).
 // Every rank must hold the same setting.
 bool message_fingerprints_enabled();
 void set_message_fingerprints_enabled(bool enabled);

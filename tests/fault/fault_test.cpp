@@ -202,7 +202,7 @@ TEST_P(Faults, RankKilledAtRandomTimes) {
 
 TEST_P(Faults, RankKilledInsideAnExchange) {
   const std::vector<std::string> points = GetParam() ? std::vector<std::string>{"peer_memory:posted", "peer_memory:read", "peer_memory:finish"}
-                                                     : std::vector<std::string>{"messages:agreed", "messages:wait"};
+                                                     : std::vector<std::string>{"messages:wait", "messages:checked"};
   for (int repetition = 0; repetition < 20; ++repetition) {
     Case c;
     c.peer_memory = GetParam();
@@ -216,13 +216,13 @@ TEST_P(Faults, RankKilledInsideAnExchange) {
 TEST_P(Faults, RankStoppedPastTheTimeout) {
   Case c;
   c.peer_memory = GetParam();
-  c.scenario = GetParam() ? "stop_at:peer_memory:read" : "stop_at:messages:agreed";
+  c.scenario = GetParam() ? "stop_at:peer_memory:read" : "stop_at:messages:checked";
   judge(c, true);
 }
 
 TEST_P(Faults, RankLateThenEveryoneGoesOn) {
   for (const char* point : GetParam() ? std::vector<const char*>{"peer_memory:posted", "peer_memory:read"}
-                                      : std::vector<const char*>{"messages:agreed"}) {
+                                      : std::vector<const char*>{"messages:wait", "messages:checked"}) {
     Case c;
     c.peer_memory = GetParam();
     c.scenario = std::string("late_at:") + point;
