@@ -75,7 +75,46 @@ void for_each_input_tensor(const c10::FunctionSchema& schema, c10::ArrayRef<c10:
   }
 }
 
+bool is_tensor_argument(const c10::IValue& v) {
+  if (v.isTensor()) return true;
+  if (!v.isList()) return false;
+  for (const c10::IValue& e : v.toListRef())
+    if (e.isTensor()) return true;
+  return false;
+}
+
+// Equality of two non-tensor arguments, of the kinds rules read; other kinds compare by
+// identity (a generator), which at worst rebuilds a propagation that could have been reused.
+bool same_argument(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isNone() || b.isNone()) return a.isNone() && b.isNone();
+  if (a.isInt()) return b.isInt() && a.toInt() == b.toInt();
+  if (a.isBool()) return b.isBool() && a.toBool() == b.toBool();
+  if (a.isDouble()) {
+    if (!b.isDouble()) return false;
+    const double x = a.toDouble(), y = b.toDouble();
+    return std::memcmp(&x, &y, sizeof x) == 0;  // bitwise: -0.0 and NaN payloads are arguments too
+  }
+  if (a.isString()) return b.isString() && a.toStringRef() == b.toStringRef();
+  if (a.isDevice()) return b.isDevice() && a.toDevice() == b.toDevice();
+  if (a.isComplexDouble()) return b.isComplexDouble() && a.toComplexDouble() == b.toComplexDouble();
+  if (a.isList()) {
+    if (!b.isList()) return false;
+    const auto x = a.toListRef(), y = b.toListRef();
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (!same_argument(x[i], y[i])) return false;
+    return true;
+  }
+  return a.isSameIdentity(b);
+}
+
 bool matches(const Propagation& p, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  if (args.size() != p.arguments.size()) return false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (is_out_argument(schema, i)) continue;
+    if (is_tensor_argument(args[i]) != p.tensor_arguments[i]) return false;
+    if (!p.tensor_arguments[i] && !same_argument(args[i], p.arguments[i])) return false;
+  }
   size_t k = 0;
   bool same = true;
   for_each_input_tensor(schema, args, [&](const at::Tensor& t, size_t) {
@@ -166,6 +205,11 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
     note_propagated(meta.name);
   }
   meta.args = {};  // the stack does not outlive this call
+  for (const c10::IValue& arg : args) {
+    const bool tensor = is_tensor_argument(arg);
+    p->tensor_arguments.push_back(tensor);
+    p->arguments.push_back(tensor ? c10::IValue() : arg);  // kept without tensors, which they would keep alive
+  }
 
   TORCH_INTERNAL_ASSERT(p->result.input_targets.size() == meta.inputs.size(), meta.name, ": the rule gave ",
                         p->result.input_targets.size(), " input layouts for ", meta.inputs.size(), " inputs");

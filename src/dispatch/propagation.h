@@ -3,7 +3,9 @@
 // A Propagation is everything the kernel needs to run a call whose inputs have given specs:
 // the target layout of every input with its (cached) redistribute plan, the output layouts,
 // and the output specs once known. It is built once per (operator, input specs, non-tensor
-// arguments) and reused: a cache hit costs a hash over the arguments and a spec comparison.
+// arguments) and reused: a cache hit costs a hash over the arguments, then a comparison of
+// every input spec and every non-tensor argument with the ones it was built for (a hash alone
+// could let two calls collide and run one with the other's layouts).
 #pragma once
 
 #include <ATen/core/stack.h>
@@ -30,6 +32,8 @@ struct CachedOutput {
 
 struct Propagation {
   OpMeta meta;                                  // name, inputs' specs and positions (args not kept)
+  std::vector<c10::IValue> arguments;           // the non-tensor arguments built for; tensors as None
+  std::vector<bool> tensor_arguments;           // which arguments are tensors (or tensor lists)
   RuleResult result;
   std::vector<const RedistributePlan*> plans;   // per input; nullptr: already in place
   std::vector<std::optional<CachedOutput>> output_specs;  // filled on the first run
