@@ -1,0 +1,137 @@
+// The layer rules of shared/STYLE.md, checked on the source tree: every `#include "dir/..."`
+// in src/ must point to a layer below its own, c10d headers stay in src/comm, and no header
+// pulls in <ATen/ATen.h> or <torch/torch.h>. A new include that breaks a rule fails here, with
+// the file and the line; so does an entry of the known-debt list that has been paid off (take
+// it out of the list).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The project layers each layer of src/ may include, besides itself, util/ and the public
+// shardtensor/ headers. Dependency order (STYLE.md): mesh -> spec -> rules, spec ->
+// redistribute (planner) -> comm <- executor, dispatch and autograd on top, api above all.
+const std::map<std::string, std::set<std::string>>& allowed() {
+  static const std::map<std::string, std::set<std::string>> table = {
+      {"util", {}},
+      {"mesh", {}},
+      {"spec", {"mesh"}},
+      {"comm", {"mesh"}},
+      {"redistribute", {"mesh", "spec", "comm"}},  // the planner's files: not comm (below)
+      {"rules", {"mesh", "spec", "redistribute"}},  // the planner's headers only (below)
+      {"domain", {"mesh", "spec", "comm"}},
+      {"autograd", {"mesh", "spec"}},
+      {"debug", {"mesh", "spec", "redistribute", "rules"}},
+      {"dispatch", {"mesh", "spec", "comm", "redistribute", "rules", "domain", "autograd"}},
+      {"api", {"mesh", "spec", "comm", "redistribute", "rules", "domain", "autograd", "dispatch", "debug"}},
+  };
+  return table;
+}
+
+// Files of redistribute/ that run plans (and so talk to comm/); the rest is the pure planner.
+bool is_executor(const std::string& file) {
+  return file.rfind("redistribute/executor", 0) == 0 || file.rfind("redistribute/peer_copies", 0) == 0;
+}
+
+// Includes that break a rule today and are scheduled to go (issue 14, item 3: rules become
+// pure metadata; their communicating local kernels move out of rules/).
+const std::set<std::pair<std::string, std::string>> kKnownDebt = {
+    {"rules/loss.cpp", "comm/mesh_collectives.h"},
+    {"rules/normalization.cpp", "comm/mesh_collectives.h"},
+    {"rules/spatial_norm.cpp", "comm/mesh_collectives.h"},
+    {"rules/spatial.h", "domain/halo.h"},
+};
+
+struct Include {
+  std::string file;  // relative to src/
+  int line;
+  std::string target;  // as written between the quotes or brackets
+  bool quoted;
+};
+
+std::vector<Include> includes_of_src() {
+  const fs::path src = fs::path(SHARDTENSOR_SOURCE_DIR) / "src";
+  std::vector<Include> out;
+  for (const auto& entry : fs::recursive_directory_iterator(src)) {
+    const std::string ext = entry.path().extension().string();
+    if (ext != ".h" && ext != ".cpp" && ext != ".cu") continue;
+    const std::string file = fs::relative(entry.path(), src).generic_string();
+    std::ifstream in(entry.path());
+    std::string text;
+    for (int line = 1; std::getline(in, text); ++line) {
+      const size_t at = text.find("#include");
+      if (at != 0) continue;
+      const size_t open = text.find_first_of("\"<", at);
+      if (open == std::string::npos) continue;
+      const size_t close = text.find_first_of("\">", open + 1);
+      out.push_back({file, line, text.substr(open + 1, close - open - 1), text[open] == '"'});
+    }
+  }
+  return out;
+}
+
+std::string layer_of(const std::string& path) { return path.substr(0, path.find('/')); }
+
+TEST(IncludeGraph, EveryProjectIncludePointsDownward) {
+  const std::vector<Include> all = includes_of_src();
+  ASSERT_GT(all.size(), 100u) << "read too few includes from " << SHARDTENSOR_SOURCE_DIR << "/src";
+  std::set<std::pair<std::string, std::string>> debt_seen;
+  for (const Include& inc : all) {
+    if (!inc.quoted || inc.target.find('/') == std::string::npos) continue;
+    const std::string from = layer_of(inc.file), to = layer_of(inc.target);
+    if (from == to || to == "util" || to == "shardtensor") continue;
+    const auto rules = allowed().find(from);
+    ASSERT_NE(rules, allowed().end()) << "src/" << inc.file << ": layer '" << from << "' is not in the table of this test";
+    bool ok = rules->second.count(to) > 0;
+    if (from == "redistribute" && to == "comm" && !is_executor(inc.file)) ok = false;  // the planner is pure
+    if (from == "rules" && to == "redistribute" && is_executor(inc.target)) ok = false;
+    if (!ok && kKnownDebt.count({inc.file, inc.target})) {
+      debt_seen.insert({inc.file, inc.target});
+      continue;
+    }
+    EXPECT_TRUE(ok) << "src/" << inc.file << ":" << inc.line << " includes \"" << inc.target << "\": layer '" << from
+                    << "' may not include layer '" << to << "' (shared/STYLE.md, section 1)";
+  }
+  for (const auto& debt : kKnownDebt)
+    EXPECT_TRUE(debt_seen.count(debt)) << "src/" << debt.first << " no longer includes " << debt.second
+                                       << ": take it out of kKnownDebt in this test";
+}
+
+TEST(IncludeGraph, C10dStaysInComm) {
+  const fs::path src = fs::path(SHARDTENSOR_SOURCE_DIR) / "src";
+  for (const auto& entry : fs::recursive_directory_iterator(src)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string file = fs::relative(entry.path(), src).generic_string();
+    if (layer_of(file) == "comm") continue;
+    // Its c10d part is compiled only where SHARDTENSOR_COMPAT_C10D is defined, which only
+    // src/comm may do (checked below for every other file).
+    if (file == "util/torch_compat.h") continue;
+    std::ifstream in(entry.path());
+    std::string text;
+    for (int line = 1; std::getline(in, text); ++line) {
+      const bool c10d = text.rfind("#include", 0) == 0 && text.find("distributed/c10d") != std::string::npos;
+      const bool compat = text.rfind("#define SHARDTENSOR_COMPAT_C10D", 0) == 0;
+      EXPECT_FALSE(c10d || compat) << "src/" << file << ":" << line << ": c10d headers are for src/comm only (STYLE.md)";
+    }
+  }
+}
+
+TEST(IncludeGraph, NoHeaderPullsInAllOfATenOrTorch) {
+  for (const Include& inc : includes_of_src()) {
+    const bool header = inc.file.size() > 2 && inc.file.compare(inc.file.size() - 2, 2, ".h") == 0;
+    EXPECT_FALSE(inc.target == "torch/torch.h") << "src/" << inc.file << ":" << inc.line << ": <torch/torch.h> is for examples only";
+    EXPECT_FALSE(header && inc.target == "ATen/ATen.h")
+        << "src/" << inc.file << ":" << inc.line << ": headers include the ATen headers they need, not <ATen/ATen.h>";
+  }
+}
+
+}  // namespace
