@@ -294,8 +294,9 @@ class C10dComm final : public Comm {
         } catch (const std::exception&) {
         }
       }
-      TORCH_CHECK(false, "shardtensor: checking the collective's fingerprint on ", group_name(), " failed or timed out (timeout ",
-                  timeout_.count() / 1000.0, " s; another rank may have stopped before this collective): ", e.what());
+      TORCH_CHECK(false, "shardtensor: \"", mine.description, "\" on ", group_name(),
+                  " failed or timed out while the ranks checked that they all run it (timeout ", timeout_.count() / 1000.0,
+                  " s; another rank may have stopped before this collective): ", e.what());
     }
     fault_point("messages:agreed");
     for (int64_t p = 0; p < size(); ++p)
