@@ -21,9 +21,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -216,10 +218,21 @@ void wait_for_members(c10d::Store& store, int64_t group_rank, const std::vector<
   }
 }
 
+// Gloo writes to its sockets without MSG_NOSIGNAL (libtorch 1.13's Gloo; the fault suite saw a
+// survivor killed this way): a write to a peer that died raises SIGPIPE, whose default action
+// kills this process instead of letting Gloo report the closed connection as an error. Where
+// the program left SIGPIPE at its default, it is ignored from the first Gloo group on, as Python
+// does at start-up; writes to a closed pipe or socket then fail with EPIPE instead.
+void let_closed_sockets_fail_instead_of_killing() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+}
+
 // One Gloo transport device per process. Loopback when the master is local (shardrun, tests),
 // GLOO_SOCKET_IFNAME when set, else the address the host name resolves to.
 std::shared_ptr<::gloo::transport::Device> gloo_device() {
   static std::shared_ptr<::gloo::transport::Device> device = [] {
+    let_closed_sockets_fail_instead_of_killing();
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
     const std::string& addr = world_env().master_addr;
     if (addr == "127.0.0.1" || addr == "localhost" || addr == "::1")
