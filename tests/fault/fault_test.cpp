@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -48,7 +49,7 @@ struct Case {
   int victim = 1;
   int seed = 0;
   bool peer_memory = true;
-  double kill_after_s = -1;  // the driver SIGKILLs the victim this long after the start
+  double kill_after_s = -1;  // the driver SIGKILLs the victim this long after every rank formed its mesh
 };
 
 struct RankOutcome {
@@ -97,10 +98,16 @@ std::vector<RankOutcome> run_case(const Case& c) {
   std::vector<Clock::time_point> stopped_at(c.ranks);
   std::vector<bool> stopped(c.ranks, false);
   bool killed = false;
+  std::optional<Clock::time_point> all_ready;
   int remaining = c.ranks;
   while (remaining > 0 && Clock::now() < deadline) {
-    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    if (c.kill_after_s >= 0 && !killed && elapsed >= c.kill_after_s) {
+    if (!all_ready) {
+      bool ready = true;
+      for (int r = 0; r < c.ranks; ++r) ready = ready && std::filesystem::exists(dir / ("rank" + std::to_string(r) + ".ready"));
+      if (ready) all_ready = Clock::now();
+    }
+    if (c.kill_after_s >= 0 && !killed && all_ready &&
+        std::chrono::duration<double>(Clock::now() - *all_ready).count() >= c.kill_after_s) {
       kill(pids[c.victim], SIGKILL);
       killed = true;
     }
@@ -186,8 +193,8 @@ TEST_P(Faults, BaselineIsCorrect) {
   for (const RankOutcome& o : outcomes) EXPECT_EQ(o.report, "ok") << describe(c, outcomes);
 }
 
-// Kills land 1.2-2.7 s after the start: after the mesh is formed (start-up faults are the
-// launcher tests' and mesh creation's), at random points of the rounds of exchanges.
+// Kills land 0-1.5 s after every rank has formed its mesh, at random points of the rounds of
+// exchanges (faults during start-up are the launcher's and mesh creation's tests).
 TEST_P(Faults, RankKilledAtRandomTimes) {
   std::mt19937 random(20261124);
   for (int repetition = 0; repetition < 20; ++repetition) {
@@ -195,7 +202,7 @@ TEST_P(Faults, RankKilledAtRandomTimes) {
     c.peer_memory = GetParam();
     c.scenario = "run";
     c.victim = static_cast<int>(random() % 3);
-    c.kill_after_s = 1.2 + 1.5 * std::uniform_real_distribution<double>(0, 1)(random);
+    c.kill_after_s = 1.5 * std::uniform_real_distribution<double>(0, 1)(random);
     judge(c, false);
   }
 }
