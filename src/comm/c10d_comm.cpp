@@ -5,13 +5,10 @@
 #define SHARDTENSOR_COMPAT_C10D
 #include <ATen/core/Tensor.h>
 
+#include <ATen/ops/empty.h>
+
 #include <algorithm>
 #include <mutex>
-
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-
-#include <cstring>
 
 #include "comm/c10d_comm.h"
 #include "comm/comm_debug.h"
@@ -48,7 +45,11 @@ class C10dComm final : public Comm {
   using Group = C10dBackend;
   C10dComm(c10::intrusive_ptr<Group> group, std::vector<int64_t> global_ranks, int64_t my_group_rank,
            std::chrono::milliseconds timeout)
-      : group_(std::move(group)), ranks_(std::move(global_ranks)), rank_(my_group_rank), timeout_(timeout) {}
+      : group_(std::move(group)),
+        gloo_(group_->getBackendName() == "gloo"),
+        ranks_(std::move(global_ranks)),
+        rank_(my_group_rank),
+        timeout_(timeout) {}
 
   int64_t rank() const override { return rank_; }
   int64_t size() const override { return static_cast<int64_t>(ranks_.size()); }
@@ -106,7 +107,7 @@ class C10dComm final : public Comm {
 
   std::unique_ptr<Messages> start_messages(const char* counted_as, bool counts) override {
     // NCCL would need a batched group (ncclGroupStart) for messages posted one by one.
-    if (group()->getBackendName() != "gloo") return Comm::start_messages(counted_as, counts);
+    if (!gloo_) return Comm::start_messages(counted_as, counts);
     check_usable();
     return std::make_unique<PostedMessages>(*this, counted_as, counts);
   }
@@ -120,33 +121,30 @@ class C10dComm final : public Comm {
 
   using WorkType = std::decay_t<decltype(*std::declval<Group&>().barrier())>;
 
+  static constexpr int kMessageTag = 7, kRecordTag = 8;
+
+  static void abort_all(std::vector<c10::intrusive_ptr<WorkType>>& works) {
+    for (auto& work : works) {
+      try {
+        work->abort();
+      } catch (const std::exception&) {
+      }
+    }
+  }
+
   // Gloo's point-to-point messages, posted at once. Messages between a pair of ranks match in
   // the order they were posted, and every rank runs the same sequence of batches, so one tag
-  // serves them all. Where fingerprints are checked, every member sends every other a record
-  // (fingerprint.h) of the batch with the bytes it sends that peer, on a tag of its own, and
-  // receives are posted only once every record has arrived and matches: ranks running
-  // different batches, or expecting other sizes, all raise, naming both operations, instead of
-  // receiving the wrong bytes (or aborting Gloo on a size mismatch). Sends go out at once.
+  // serves them all. Sends go out at once; where fingerprints are checked, receives are posted
+  // only once agree() has found every member running this batch with the sizes this rank
+  // expects, so that ranks running something else raise instead of receiving the wrong bytes
+  // (or aborting Gloo on a size mismatch).
   class PostedMessages final : public Messages {
    public:
     PostedMessages(C10dComm& comm, const char* counted_as, bool counts)
-        : comm_(comm), counted_as_(counted_as), counts_(counts), checked_(message_fingerprints_enabled()),
-          bytes_to_(comm.size(), 0), bytes_from_(comm.size(), 0) {
-      if (checked_) {
-        operation_ = fingerprint_of(std::string(counted_as) + " (messages)");
-        batch_ = ++comm.batches_;
-      }
-    }
-    ~PostedMessages() override {
-      // Unwaited messages (an error unwound past wait()) must not outlive their tensors.
-      for (auto* works : {&records_, &works_})
-        for (auto& work : *works) {
-          try {
-            work->abort();
-          } catch (const std::exception&) {
-          }
-        }
-    }
+        : comm_(comm), counted_as_(counted_as), counts_(counts), checked_(comm.checks_fingerprints()),
+          bytes_to_(comm.size(), 0), bytes_from_(comm.size(), 0) {}
+    // Unwaited messages (an error unwound past wait()) must not outlive their tensors.
+    ~PostedMessages() override { abort_all(works_); }
 
     void receive(int64_t peer, const at::Tensor& into) override {
       if (into.numel() == 0) return;
@@ -154,84 +152,60 @@ class C10dComm final : public Comm {
       if (checked_)
         receives_.push_back({peer, into});
       else
-        post(into, works_, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, peer, kTag); });
+        post(into, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, peer, kMessageTag); });
     }
     void send(int64_t peer, const at::Tensor& from) override {
       if (from.numel() == 0) return;
       bytes_to_[peer] += static_cast<int64_t>(from.nbytes());
-      post(from, works_, [&](std::vector<at::Tensor>& t) { return comm_.group()->send(t, peer, kTag); });
+      post(from, [&](std::vector<at::Tensor>& t) { return comm_.group()->send(t, peer, kMessageTag); });
     }
     void wait() override {
       fault_point("messages:wait");
       int64_t bytes_sent = 0;
       for (int64_t b : bytes_to_) bytes_sent += b;
       record_collective(counted_as_, bytes_sent, counts_);
-      if (checked_) check_records();
+      if (checked_) {
+        comm_.agree(std::string(counted_as_) + " (messages)", &bytes_to_, &bytes_from_);
+        fault_point("messages:checked");
+      }
       for (const Receive& r : receives_)
-        post(r.into, works_, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, r.peer, kTag); });
-      wait_for(works_);
+        post(r.into, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, r.peer, kMessageTag); });
+      try {
+        for (auto& work : works_) work->wait(comm_.timeout_);
+      } catch (const std::exception& e) {
+        comm_.broken_ = e.what();
+        TORCH_CHECK(false, "shardtensor: all_to_all (point-to-point) on ", comm_.group_name(), " failed or timed out (timeout ",
+                    comm_.timeout_.count() / 1000.0, " s; another rank may have stopped before this collective): ", e.what());
+      }
+      works_.clear();
     }
 
    private:
-    static constexpr int kTag = 7, kRecordTag = 8;
     struct Receive {
       int64_t peer;
       at::Tensor into;
     };
 
-    void check_records() {
-      const int64_t n = comm_.size(), me = comm_.rank_;
-      at::Tensor theirs = at::empty({n, kRecordWords}, at::kLong);
-      std::vector<at::Tensor> mine;
-      for (int64_t p = 0; p < n; ++p) {
-        if (p == me) continue;
-        post(theirs[p], records_, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, p, kRecordTag); });
-        mine.push_back(record_of(operation_, batch_, bytes_to_[p]));
-        post(mine.back(), records_, [&](std::vector<at::Tensor>& t) { return comm_.group()->send(t, p, kRecordTag); });
-      }
-      wait_for(records_);
-      try {
-        for (int64_t p = 0; p < n; ++p)
-          if (p != me) check_record(theirs[p], operation_, batch_, bytes_from_[p], comm_.group_name(), me, p);
-      } catch (const std::exception& e) {
-        comm_.broken_ = e.what();  // this batch's sends stay queued on the pairs
-        throw;
-      }
-      fault_point("messages:checked");
-    }
-
     template <typename Launch>
-    void post(const at::Tensor& t, std::vector<c10::intrusive_ptr<WorkType>>& works, Launch&& launch) {
+    void post(const at::Tensor& t, Launch&& launch) {
       TORCH_INTERNAL_ASSERT(t.is_contiguous());
       std::vector<at::Tensor> one{movable(t)};  // c10d takes the list by reference and keeps the tensor
       try {
-        works.push_back(launch(one));
+        works_.push_back(launch(one));
       } catch (const std::exception& e) {  // Gloo refuses to post to a peer whose connection closed
         comm_.broken_ = e.what();
         TORCH_CHECK(false, "shardtensor: all_to_all (point-to-point) on ", comm_.group_name(),
                     " failed: a message could not be posted (another rank may have exited or given up): ", e.what());
       }
     }
-    void wait_for(std::vector<c10::intrusive_ptr<WorkType>>& works) {
-      try {
-        for (auto& work : works) work->wait(comm_.timeout_);
-      } catch (const std::exception& e) {
-        comm_.broken_ = e.what();
-        TORCH_CHECK(false, "shardtensor: all_to_all (point-to-point) on ", comm_.group_name(), " failed or timed out (timeout ",
-                    comm_.timeout_.count() / 1000.0, " s; another rank may have stopped before this collective): ", e.what());
-      }
-      works.clear();
-    }
 
     C10dComm& comm_;
     const char* counted_as_;
     bool counts_;
     bool checked_;
-    Fingerprint operation_;
-    int64_t batch_ = 0;
     std::vector<int64_t> bytes_to_, bytes_from_;  // by peer, this batch
-    std::vector<Receive> receives_;              // posted once the records match
-    std::vector<c10::intrusive_ptr<WorkType>> records_, works_;
+    std::vector<Receive> receives_;              // posted once the members agree
+    std::vector<c10::intrusive_ptr<WorkType>> works_;
   };
 
   template <typename Launch>
@@ -247,8 +221,11 @@ class C10dComm final : public Comm {
                   " s; another rank may have stopped before this collective): ", e.what());
     }
   }
-
-  std::string group_name() const { return "the group of global ranks [" + join(ranks_, ", ") + "]"; }
+  template <typename Launch, typename Describe>
+  void run(const char* what, int64_t bytes, Launch&& launch, Describe&& describe) {
+    if (checks_fingerprints()) agree(describe(), nullptr, nullptr);
+    run(what, bytes, launch);
+  }
 
   // After a failed or timed-out transfer the group's state is unknown (messages of it may still
   // be queued, peers may be gone): every later collective on it raises at once.
@@ -256,56 +233,55 @@ class C10dComm final : public Comm {
     TORCH_CHECK(broken_.empty(), "shardtensor: ", group_name(), " is unusable since an earlier collective on it failed (", broken_,
                 "); create a new mesh to go on.");
   }
-  template <typename Launch, typename Describe>
-  void run(const char* what, int64_t bytes, Launch&& launch, Describe&& describe) {
-    agree_on(describe);
-    run(what, bytes, launch);
-  }
 
   static std::string sized(const at::Tensor& t) { return std::to_string(t.numel()) + " " + c10::toString(t.scalar_type()); }
 
-  // The fingerprint check (fingerprint.h) before a collective on Gloo: every rank sends its
-  // record to every other and checks theirs, before any byte of the collective moves. Direct
-  // messages take one step (c10d's all_gather would queue on its worker thread and take n-1).
-  // NCCL is not checked this way: its record would need a device round trip per collective.
-  template <typename Describe>
-  void agree_on(Describe&& describe) {
-    if (size() == 1 || !message_fingerprints_enabled() || group()->getBackendName() != "gloo") return;
+  // NCCL is not checked: a record would need a device round trip per collective.
+  bool checks_fingerprints() const { return gloo_ && size() > 1 && message_fingerprints_enabled(); }
+
+  // The fingerprint check (fingerprint.h) before a collective or a message batch on Gloo, with
+  // one sequence and one tag for both, so that a rank running a batch where a peer runs a
+  // collective is caught too: every member sends every other its record and checks theirs,
+  // before any byte of what it describes is received. A batch passes the bytes this rank sends
+  // each peer (`bytes_to`) and expects from each (`bytes_from`); a collective's sizes follow
+  // from its description. Direct messages take one step (c10d's all_gather would queue on its
+  // worker thread and take n-1).
+  void agree(const std::string& collective, const std::vector<int64_t>* bytes_to, const std::vector<int64_t>* bytes_from) {
     check_usable();
-    const Fingerprint mine = fingerprint_of(describe());
+    const Fingerprint mine = fingerprint_of(collective);
     const int64_t sequence = ++fingerprints_;
-    constexpr int kAgreeTag = 9;
-    const at::Tensor record = record_of(mine, sequence, -1);
     at::Tensor theirs = at::empty({size(), kRecordWords}, at::kLong);
+    std::vector<at::Tensor> records;  // alive until sent
     std::vector<c10::intrusive_ptr<WorkType>> works;
     try {
       for (int64_t p = 0; p < size(); ++p) {
         if (p == rank_) continue;
-        std::vector<at::Tensor> in{theirs[p]}, out{record};
-        works.push_back(group()->recv(in, static_cast<int>(p), kAgreeTag));
-        works.push_back(group()->send(out, static_cast<int>(p), kAgreeTag));
+        records.push_back(record_of(mine, sequence, bytes_to ? (*bytes_to)[p] : -1));
+        std::vector<at::Tensor> in{theirs[p]}, out{records.back()};
+        works.push_back(group()->recv(in, static_cast<int>(p), kRecordTag));
+        works.push_back(group()->send(out, static_cast<int>(p), kRecordTag));
       }
       for (auto& work : works) work->wait(timeout_);
     } catch (const std::exception& e) {
       broken_ = e.what();
-      for (auto& work : works) {
-        try {
-          work->abort();
-        } catch (const std::exception&) {
-        }
-      }
+      abort_all(works);
       TORCH_CHECK(false, "shardtensor: \"", mine.description, "\" on ", group_name(),
                   " failed or timed out while the ranks checked that they all run it (timeout ", timeout_.count() / 1000.0,
                   " s; another rank may have stopped before this collective): ", e.what());
     }
     fault_point("messages:agreed");
-    for (int64_t p = 0; p < size(); ++p)
-      if (p != rank_) check_record(theirs[p], mine, sequence, -1, group_name(), rank_, p);
+    try {
+      for (int64_t p = 0; p < size(); ++p)
+        if (p != rank_) check_record(theirs[p], mine, sequence, bytes_from ? (*bytes_from)[p] : -1, group_name(), rank_, p);
+    } catch (const std::exception& e) {
+      if (bytes_to) broken_ = e.what();  // a batch's sends are posted already and stay queued on the pairs
+      throw;
+    }
   }
 
   c10::intrusive_ptr<Group> group_;
-  int64_t fingerprints_ = 0;  // collectives checked on this group
-  int64_t batches_ = 0;       // message batches checked on this group
+  bool gloo_;                 // the backend is Gloo (fingerprints, posted messages)
+  int64_t fingerprints_ = 0;  // collectives and message batches checked on this group
   std::string broken_;        // why this group is unusable (empty while it is not)
   std::vector<int64_t> ranks_;
   int64_t rank_;

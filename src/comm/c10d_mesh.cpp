@@ -25,7 +25,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -226,7 +225,7 @@ void wait_for_members(c10d::Store& store, int64_t group_rank, const std::vector<
 // does at start-up; writes to a closed pipe or socket then fail with EPIPE instead.
 void let_closed_sockets_fail_instead_of_killing() {
   struct sigaction current {};
-  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
 }
 
 // One Gloo transport device per process. Loopback when the master is local (shardrun, tests),

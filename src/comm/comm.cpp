@@ -5,6 +5,7 @@
 #include "comm/comm.h"
 #include "comm/comm_debug.h"
 #include "comm/peer_memory.h"
+#include "util/strings.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
@@ -69,6 +70,8 @@ class PackedMessages final : public Messages {
 }  // namespace
 
 Comm::Comm() = default;
+
+std::string Comm::group_name() const { return "the group of global ranks [" + join(global_ranks(), ", ") + "]"; }
 Comm::~Comm() = default;
 
 PeerMemory* Comm::peer_memory() {

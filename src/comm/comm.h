@@ -42,6 +42,8 @@ class Comm {
   virtual int64_t size() const = 0;
   virtual const std::vector<int64_t>& global_ranks() const = 0;
   virtual std::string backend_name() const = 0;
+  // "the group of global ranks [0, 2]": how errors name this group.
+  std::string group_name() const;
   // How long a member waits for the others in a collective before it raises.
   virtual std::chrono::milliseconds timeout() const = 0;
 

@@ -17,7 +17,7 @@
 namespace shardtensor {
 namespace {
 
-thread_local const std::string* current_transfer = nullptr;
+thread_local const TransferScope* current_transfer = nullptr;
 
 std::atomic<bool>& fingerprints_flag() {
   static std::atomic<bool> flag{[] {
@@ -42,14 +42,14 @@ std::atomic<bool> hook_set{false};
 
 }  // namespace
 
-TransferScope::TransferScope(std::string description) : description_(std::move(description)), previous_(current_transfer) {
-  current_transfer = &description_;
+TransferScope::TransferScope(Describe describe, const void* context) : describe_(describe), context_(context), previous_(current_transfer) {
+  current_transfer = this;
 }
 TransferScope::~TransferScope() { current_transfer = previous_; }
 
 Fingerprint fingerprint_of(const std::string& collective) {
   std::string description = current_operator();
-  if (current_transfer) description += ": " + *current_transfer;
+  if (current_transfer) description += ": " + current_transfer->description();
   description += " (" + collective + ")";
   return {stable_hash(description), description};
 }
@@ -64,14 +64,20 @@ at::Tensor record_of(const Fingerprint& operation, int64_t sequence, int64_t byt
   return record;
 }
 
+std::string different_operations(const std::string& group, int64_t my_rank, const std::string& mine, int64_t my_sequence,
+                                 const std::string& peer, const std::string& theirs, int64_t their_sequence) {
+  return "the ranks called different collectives on " + group + ": this rank (group rank " + std::to_string(my_rank) +
+         ") runs \"" + mine + "\" as its collective #" + std::to_string(my_sequence) + " there, " + peer + " runs \"" + theirs +
+         "\" as its collective #" + std::to_string(their_sequence) + ". Every rank must run the same collectives in the same order.";
+}
+
 void check_record(const at::Tensor& theirs, const Fingerprint& mine, int64_t sequence, int64_t bytes, const std::string& group,
                   int64_t my_rank, int64_t peer) {
   const int64_t* words = theirs.data_ptr<int64_t>();
   const char* text = reinterpret_cast<const char*>(words + 3);
   const std::string their_description(text, strnlen(text, sizeof(int64_t) * (kRecordWords - 3)));
-  TORCH_CHECK(words[0] == sequence && words[1] == static_cast<int64_t>(mine.hash), "shardtensor: the ranks called different collectives on ",
-              group, ": this rank (group rank ", my_rank, ") runs \"", mine.description, "\" as its collective #", sequence, " there, group rank ",
-              peer, " runs \"", their_description, "\" as its collective #", words[0], ". Every rank must run the same collectives in the same order.");
+  TORCH_CHECK(words[0] == sequence && words[1] == static_cast<int64_t>(mine.hash),
+              "shardtensor: ", different_operations(group, my_rank, mine.description, sequence, "group rank " + std::to_string(peer), their_description, words[0]));
   TORCH_CHECK(bytes < 0 || words[2] == bytes, "shardtensor: group rank ", peer, " of ", group, " sends ", words[2], " bytes where this rank (group rank ",
               my_rank, ") expects ", bytes, " in \"", mine.description,
               "\": the ranks disagree on the layout (the sizes or placements they were given differ).");

@@ -21,17 +21,23 @@ class Tensor;
 
 namespace shardtensor {
 
-// Names the transfer this thread is running, for fingerprints and errors.
+// Names the transfer this thread is running, for fingerprints and errors. The name is made by
+// `describe(context)` only when a fingerprint is taken: most steps (local slices, NCCL, one
+// rank) never need it, and a redistribute should not build strings it does not use.
 class TransferScope {
  public:
-  explicit TransferScope(std::string description);
+  using Describe = std::string (*)(const void* context);
+  TransferScope(Describe describe, const void* context);
   ~TransferScope();
   TransferScope(const TransferScope&) = delete;
   TransferScope& operator=(const TransferScope&) = delete;
 
+  std::string description() const { return describe_(context_); }
+
  private:
-  std::string description_;
-  const std::string* previous_;
+  Describe describe_;
+  const void* context_;
+  const TransferScope* previous_;
 };
 
 struct Fingerprint {
@@ -52,6 +58,11 @@ at::Tensor record_of(const Fingerprint& operation, int64_t sequence, int64_t byt
 // `sequence` and, where `bytes` >= 0, announces that many bytes. `group` names the group.
 void check_record(const at::Tensor& theirs, const Fingerprint& mine, int64_t sequence, int64_t bytes, const std::string& group,
                   int64_t my_rank, int64_t peer);
+
+// The error for two members that run different operations, as both transports word it
+// (without the "shardtensor: " prefix).
+std::string different_operations(const std::string& group, int64_t my_rank, const std::string& mine, int64_t my_sequence,
+                                 const std::string& peer, const std::string& theirs, int64_t their_sequence);
 
 // Whether message transports check fingerprints (SHARDTENSOR_FINGERPRINT=0 turns it off; it
 // costs one small message round on Gloo; peer memory checks them for free).

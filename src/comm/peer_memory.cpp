@@ -159,11 +159,14 @@ std::string PeerMemory::name_of(int64_t peer) const {
          std::to_string(pids_[peer]) + ")";
 }
 
-std::string PeerMemory::group_name() const { return "the group of global ranks [" + join(comm_.global_ranks(), ", ") + "]"; }
-
 void PeerMemory::close(uint64_t k) {
   mailbox_->closed.store(k, std::memory_order_release);
   closed_ = true;
+}
+
+void PeerMemory::give_up(uint64_t k, const std::string& why) {
+  close(k);
+  TORCH_CHECK(false, "shardtensor: exchange through peer memory on ", comm_.group_name(), " failed: ", why);
 }
 
 // Polls every other member's mailbox until `ready(peer, header)`. Between polls it yields the
@@ -173,10 +176,7 @@ void PeerMemory::close(uint64_t k) {
 template <class Ready>
 void PeerMemory::wait_for_everyone(const char* what, uint64_t k, Ready&& ready) {
   const auto deadline = std::chrono::steady_clock::now() + comm_.timeout();
-  auto raise = [&](const std::string& why) {
-    close(k);
-    TORCH_CHECK(false, "shardtensor: exchange through peer memory on ", group_name(), " failed while waiting for ", what, ": ", why);
-  };
+  auto raise = [&](const std::string& why) { give_up(k, std::string("while waiting for ") + what + ": " + why); };
   for (int64_t p = 0; p < comm_.size(); ++p) {
     if (p == comm_.rank()) continue;
     for (int polls = 0;; ++polls) {
@@ -205,7 +205,7 @@ void PeerMemory::wait_for_everyone(const char* what, uint64_t k, Ready&& ready) 
 }
 
 PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers)
-    : memory_(memory), operation_(operation), k_(++memory.exchange_), offers_(memory.comm_.size()), offers_read_(memory.comm_.size(), false) {
+    : memory_(memory), operation_(operation), k_(++memory.exchange_), offers_(memory.comm_.size()) {
   TORCH_CHECK(!memory.closed_, "shardtensor: internal error: an exchange started on a closed peer memory");
   Mailbox& box = *memory.mailbox_;
   box.operation.store(operation.hash, std::memory_order_relaxed);
@@ -218,34 +218,22 @@ PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation,
     if (polled.posted < k_) return false;
     Header header;
     std::string error;
-    if (!memory.read_mailbox(p, header, error)) fail(memory.name_of(p) + " cannot be read any more (" + error + ")");
+    if (!memory.read_mailbox(p, header, error)) memory.give_up(k_, memory.name_of(p) + " cannot be read any more (" + error + ")");
     if (header.posted != k_)
-      fail(memory.name_of(p) + " is at exchange #" + std::to_string(header.posted) + " where this rank is at #" + std::to_string(k_) +
+      memory.give_up(k_, memory.name_of(p) + " is at exchange #" + std::to_string(header.posted) + " where this rank is at #" + std::to_string(k_) +
            ": the ranks ran different sequences of collectives");
     if (header.operation != operation_.hash)
-      fail("the ranks called different collectives: this rank (group rank " + std::to_string(memory.comm_.rank()) + ") runs \"" +
-           operation_.description + "\", " + memory.name_of(p) + " runs \"" + std::string(header.description, strnlen(header.description, kDescriptionBytes)) +
-           "\" (exchange #" + std::to_string(k_) + ")");
+      memory.give_up(k_, different_operations(memory.comm_.group_name(), memory.comm_.rank(), operation_.description, k_, memory.name_of(p),
+                                              std::string(header.description, strnlen(header.description, kDescriptionBytes)), header.posted));
     offers_[p].resize(header.table_words);
     if (header.table_words > 0 && !memory.copy(p, {{header.table, offers_[p].data(), header.table_words * sizeof(uint64_t)}}, error))
-      fail("cannot read the offers of " + memory.name_of(p) + " (" + error + ")");
-    offers_read_[p] = true;
+      memory.give_up(k_, "cannot read the offers of " + memory.name_of(p) + " (" + error + ")");
     return true;
   });
 }
 
 PeerMemory::Exchange::~Exchange() {
   if (!finished_) memory_.close(k_);  // an error left this exchange: no one may trust it now
-}
-
-void PeerMemory::Exchange::fail(const std::string& why) {
-  memory_.close(k_);
-  TORCH_CHECK(false, "shardtensor: exchange through peer memory on ", memory_.group_name(), " failed: ", why);
-}
-
-const std::vector<uint64_t>& PeerMemory::Exchange::offers_of(int64_t peer) {
-  TORCH_INTERNAL_ASSERT(offers_read_[peer]);
-  return offers_[peer];
 }
 
 bool PeerMemory::Exchange::read(int64_t peer, const std::vector<Run>& runs, std::string& error) {

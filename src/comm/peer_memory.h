@@ -71,8 +71,8 @@ class PeerMemory {
     Exchange(const Exchange&) = delete;
     Exchange& operator=(const Exchange&) = delete;
 
-    // `peer`'s offers, as it posted them (read once per peer).
-    const std::vector<uint64_t>& offers_of(int64_t peer);
+    // `peer`'s offers, as it posted them (read for every peer when the exchange started).
+    const std::vector<uint64_t>& offers_of(int64_t peer) const { return offers_[peer]; }
     // Reads every run from `peer`; false (and why in `error`) when a copy failed.
     bool read(int64_t peer, const std::vector<Run>& runs, std::string& error);
     // Step 4. True when every member's copies succeeded, false when one failed (every member
@@ -82,12 +82,10 @@ class PeerMemory {
     const Fingerprint& operation() const { return operation_; }
 
    private:
-    [[noreturn]] void fail(const std::string& why);
     PeerMemory& memory_;
     Fingerprint operation_;
     uint64_t k_;
     std::vector<std::vector<uint64_t>> offers_;
-    std::vector<bool> offers_read_;
     bool finished_ = false;
   };
 
@@ -102,12 +100,14 @@ class PeerMemory {
   bool read_mailbox(int64_t peer, Header& header, std::string& error) const;
   bool copy(int64_t peer, const std::vector<Run>& runs, std::string& error) const;
   std::string name_of(int64_t peer) const;
-  std::string group_name() const;
   // Polls every peer's mailbox until `ready(peer, header)`; raises when a peer is gone or
   // closed, or after the group's timeout.
   template <class Ready>
   void wait_for_everyone(const char* what, uint64_t k, Ready&& ready);
+  // Marks exchange `k` given up in this member's mailbox, so that the others raise too.
   void close(uint64_t k);
+  // Closes and raises: exchange `k` failed for `why`.
+  [[noreturn]] void give_up(uint64_t k, const std::string& why);
 
   Comm& comm_;
   Mailbox* mailbox_;                  // this member's, read by the others; never freed (see .cpp)

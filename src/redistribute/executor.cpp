@@ -306,6 +306,26 @@ at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, con
   return out;
 }
 
+// What the transports' fingerprints call a step of a plan and a scatter (see TransferScope).
+struct Step {
+  const ShardTensorSpec& from;
+  const ShardTensorSpec& to;
+};
+std::string describe_step(const void* context) {
+  const Step& s = *static_cast<const Step*>(context);
+  return to_string(s.from.placements()) + " -> " + to_string(s.to.placements()) + " of " + c10::toString(s.from.dtype()) + "[" +
+         join(s.from.shape(), ", ") + "] on " + s.from.mesh().to_string();
+}
+
+struct Scatter {
+  const std::vector<int64_t>& root;
+  const ShardTensorSpec& target;
+};
+std::string describe_scatter(const void* context) {
+  const Scatter& s = *static_cast<const Scatter*>(context);
+  return "scatter from mesh coordinate [" + join(s.root, ", ") + "] to " + s.target.to_string() + " of " + c10::toString(s.target.dtype());
+}
+
 }  // namespace
 
 void set_message_bytes(int64_t bytes) {
@@ -315,8 +335,8 @@ void set_message_bytes(int64_t bytes) {
 
 at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& root, const ShardTensorSpec& target) {
   const DeviceMesh& mesh = target.mesh();
-  const TransferScope transfer("scatter from mesh coordinate [" + join(root, ", ") + "] to " + target.to_string() + " of " +
-                               c10::toString(target.dtype()));
+  const Scatter named{root, target};
+  const TransferScope transfer(describe_scatter, &named);
   const Group group = whole_mesh(mesh);
   const int64_t n = static_cast<int64_t>(group.members.size());
   const int64_t from = group.position_of(root), self = group.position_of(mesh.coordinate());
@@ -355,8 +375,8 @@ at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& 
     const RedistributeStep& step = planned.step;
     // Names the step in the transports' fingerprints, so that ranks running different steps or
     // different redistributes get an error that names both.
-    const TransferScope transfer(to_string(current->placements()) + " -> " + to_string(planned.after.placements()) + " of " +
-                                 c10::toString(source.dtype()) + "[" + join(source.shape(), ", ") + "] on " + source.mesh().to_string());
+    const Step named{*current, planned.after};
+    const TransferScope transfer(describe_step, &named);
     if (auto* s = std::get_if<AllReduceStep>(&step)) {
       current_local = all_reduce(current_local, source.mesh(), *s);
     } else if (auto* s = std::get_if<ReduceScatterStep>(&step)) {

@@ -129,9 +129,8 @@ bool find_offer(const std::vector<uint64_t>& words, int64_t receiver, const Box&
 
 bool contains(const Box& outer, const Box& inner) {
   if (outer.shape.size() != inner.shape.size()) return false;
-  for (size_t d = 0; d < outer.shape.size(); ++d)
-    if (inner.offsets[d] < outer.offsets[d] || inner.offsets[d] + inner.shape[d] > outer.offsets[d] + outer.shape[d]) return false;
-  return true;
+  const Box common = intersect(outer, inner);
+  return common.offsets == inner.offsets && common.shape == inner.shape;
 }
 
 std::string describe(const Box& b) { return "offsets [" + join(b.offsets, ", ") + "] shape [" + join(b.shape, ", ") + "]"; }
@@ -154,8 +153,7 @@ bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& o
   const int64_t element = static_cast<int64_t>(destination.element_size());
   const bool consistent = offer.element == element && contains(offer.holds, p.part) &&
                           offer.extent >= static_cast<uint64_t>(offer.holds.numel() * element);
-  if (!consistent)
-    TORCH_CHECK(false, "shardtensor: exchange through peer memory failed: group rank ", p.holder, " offers part ", describe(p.part),
+  TORCH_CHECK(consistent, "shardtensor: exchange through peer memory failed: group rank ", p.holder, " offers part ", describe(p.part),
                 " from a buffer that cannot hold it (it holds ", describe(offer.holds), " in ", offer.extent, " bytes of ", offer.element,
                 "-byte elements; this rank reads ", element, "-byte elements) in \"", exchange.operation().description, "\"");
   TORCH_INTERNAL_ASSERT(contains(p.receiver_holds, p.part) && destination.nbytes() >= static_cast<size_t>(p.receiver_holds.numel() * element));
