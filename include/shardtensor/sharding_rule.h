@@ -25,6 +25,7 @@
 #include <ATen/core/stack.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,8 @@ class OperatorHandle;
 }
 
 namespace shardtensor {
+
+struct KernelPlan;  // src/rules/kernel_plan.h: how the built-in rules declare their local kernels
 
 // One tensor argument: a ShardTensor, or a plain tensor taken as Replicate (0-d and
 // single-element tensors always; others inside an implicit-replication scope).
@@ -74,12 +77,13 @@ struct RuleResult {
   std::vector<ShardTensorSpec> input_targets;  // one per input, in the order of OpMeta::inputs
   std::vector<OutputLayout> outputs;           // one per tensor output
   LocalKernel local_kernel;                    // empty: call the operator itself
+  // The built-in rules' form of local_kernel: a declared plan, lowered into one when the
+  // propagation is cached. A rule sets at most one of the two.
+  std::shared_ptr<const KernelPlan> kernel_plan;
   std::string unsupported_reason;              // non-empty: the rule refuses this call
 
   static RuleResult unsupported(std::string reason);
 };
-
-using Rule = std::function<RuleResult(const OpMeta&)>;
 
 using Rule = std::function<RuleResult(const OpMeta&)>;
 

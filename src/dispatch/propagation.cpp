@@ -11,6 +11,7 @@
 #include "dispatch/kernel.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "rules/helpers.h"
+#include "rules/kernel_plan.h"
 #include "rules/registry.h"
 #include "shardtensor/dispatch.h"
 #include "util/strings.h"
@@ -203,6 +204,10 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
     p->fallback = true;
   } else {
     note_propagated(meta.name);
+  }
+  if (p->result.kernel_plan) {  // lowered once: the propagation is cached with its kernel
+    TORCH_INTERNAL_ASSERT(!p->result.local_kernel, meta.name, ": a rule sets both a local kernel and a kernel plan");
+    p->result.local_kernel = p->result.kernel_plan->lower();
   }
   meta.args = {};  // the stack does not outlive this call
   for (const c10::IValue& arg : args) {

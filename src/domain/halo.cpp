@@ -28,31 +28,6 @@ at::Tensor slab(const at::Tensor& t, int64_t dim, Range covers, Range part) {
   return t.narrow(dim, part.begin - covers.begin, part.size());
 }
 
-// A run of window positions that lies in the field: window positions [offset, offset + n)
-// hold the field positions `field` (n = field.size()).
-struct InField {
-  int64_t offset;
-  Range field;
-};
-
-// The in-field runs of `window`, in window order: one (clipped) run, or on a periodic axis
-// one run per wrap.
-std::vector<InField> in_field_runs(Range window, int64_t length, bool periodic) {
-  std::vector<InField> runs;
-  if (!periodic) {
-    const Range inside = intersect(window, {0, length});
-    if (inside.size()) runs.push_back({inside.begin - window.begin, inside});
-    return runs;
-  }
-  for (int64_t p = window.begin; p < window.end && length > 0;) {
-    const int64_t wrap = p >= 0 ? p / length : -((-p + length - 1) / length);
-    const int64_t end = std::min(window.end, (wrap + 1) * length);
-    runs.push_back({p - window.begin, {p - wrap * length, end - wrap * length}});
-    p = end;
-  }
-  return runs;
-}
-
 // One all-to-all on the axis's group: to every other group rank q the tensors send(q) (shaped
 // like `like` but for `dim`), concatenated; from q, parts of the lengths recv(q), in order.
 template <typename Send, typename Recv>
@@ -89,41 +64,8 @@ std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& like, const Halo
 
 }  // namespace
 
-std::vector<Range> sizes_to_ranges(const std::vector<int64_t>& sizes) {
-  std::vector<Range> ranges;
-  int64_t offset = 0;
-  for (int64_t n : sizes) {
-    ranges.push_back({offset, offset + n});
-    offset += n;
-  }
-  return ranges;
-}
 
-std::vector<int64_t> range_sizes(const std::vector<Range>& ranges) {
-  std::vector<int64_t> sizes;
-  for (const Range& r : ranges) sizes.push_back(r.size());
-  return sizes;
-}
 
-std::vector<Range> shifted_ranges(const std::vector<Range>& owned, int64_t shift, int64_t out_length) {
-  std::vector<Range> ranges(owned.size());
-  for (size_t r = 0; r < owned.size(); ++r) {
-    ranges[r].begin = r == 0 ? 0 : std::min(std::max<int64_t>(owned[r].begin + shift, 0), out_length);
-    if (r > 0) ranges[r - 1].end = ranges[r].begin;
-  }
-  ranges.back().end = out_length;
-  return ranges;
-}
-
-Range intersect(Range a, Range b) { return {std::max(a.begin, b.begin), std::max(std::max(a.begin, b.begin), std::min(a.end, b.end))}; }
-
-bool HaloAxis::crosses_shards() const {
-  for (size_t q = 0; q < window.size(); ++q)
-    for (const InField& run : in_field_runs(window[q], length, periodic))
-      for (size_t r = 0; r < owned.size(); ++r)
-        if (q != r && intersect(run.field, owned[r]).size()) return true;
-  return false;
-}
 
 at::Tensor gather_window(const at::Tensor& owned_piece, const HaloAxis& axis, const DeviceMesh& mesh, double fill) {
   const int64_t dim = axis.tensor_dim, me = axis.me(mesh);
@@ -208,6 +150,16 @@ at::Tensor scatter_add_window(const at::Tensor& window_piece, const HaloAxis& ax
     }
   }
   return result;
+}
+
+at::Tensor gather_windows(const HaloPlan& plan, at::Tensor owned, double fill) {
+  for (const HaloAxis& axis : plan.axes) owned = gather_window(owned, axis, plan.mesh, fill);
+  return owned;
+}
+
+at::Tensor scatter_add_windows(const HaloPlan& plan, at::Tensor window) {
+  for (auto it = plan.axes.rbegin(); it != plan.axes.rend(); ++it) window = scatter_add_window(window, *it, plan.mesh);
+  return window;
 }
 
 }  // namespace shardtensor

@@ -7,9 +7,7 @@
 // operands differ in size (gather allows a smaller index) is gathered as well. Indices are
 // global positions along the gathered dim, so they need no rewriting. Partial operands are
 // resolved: scattering is not linear in what it overwrites.
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-
+#include "rules/indexing.h"
 #include "rules/spatial.h"
 
 namespace shardtensor {
@@ -60,11 +58,7 @@ RuleResult gather_backward_rule(const OpMeta& op) {
   RuleResult r;
   for (const TensorInput& in : op.inputs) r.input_targets.push_back(follow(in.spec, layout));
   r.outputs = {layout_of(layout)};
-  r.local_kernel = [dim](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor grad = args[0].toTensor(), self = args[1].toTensor(), index = args[3].toTensor();
-    stack->push_back(at::zeros(self.sizes(), grad.options()).scatter_add_(dim, index, grad));
-  };
+  r.kernel_plan = declare(GatherBackwardPlan(dim));
   return r;
 }
 
@@ -78,6 +72,21 @@ struct AdvancedIndex {
   std::vector<int64_t> result_shape;
 };
 
+// The broadcast of shapes `a` and `b` (at::infer_size's arithmetic, without pulling tensor ops
+// into a rule).
+std::vector<int64_t> broadcast_shape(const std::vector<int64_t>& a, c10::IntArrayRef b) {
+  const size_t n = std::max(a.size(), b.size());
+  std::vector<int64_t> out(n);
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t sa = k < n - a.size() ? 1 : a[k - (n - a.size())];
+    const int64_t sb = k < n - b.size() ? 1 : b[k - (n - b.size())];
+    TORCH_CHECK(sa == sb || sa == 1 || sb == 1, "The size of tensor a (", sa, ") must match the size of tensor b (", sb,
+                ") at non-singleton dimension ", k);
+    out[k] = sa == 1 ? sb : sa;
+  }
+  return out;
+}
+
 AdvancedIndex advanced_index(const OpMeta& op, const ShardTensorSpec& self) {
   AdvancedIndex a;
   const c10::List<c10::IValue> list = op.args[1].toList();
@@ -88,7 +97,7 @@ AdvancedIndex advanced_index(const OpMeta& op, const ShardTensorSpec& self) {
     const at::Tensor& index = e.toTensor();
     if (index.scalar_type() == at::kBool || index.scalar_type() == at::kByte) a.masks = true;
     a.indexed.push_back(static_cast<int64_t>(i));
-    broadcast = at::infer_size(broadcast, index.sizes());
+    broadcast = broadcast_shape(broadcast, index.sizes());
   }
   bool adjacent = true;
   for (size_t k = 1; k < a.indexed.size(); ++k) adjacent = adjacent && a.indexed[k] == a.indexed[k - 1] + 1;

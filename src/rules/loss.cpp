@@ -5,25 +5,13 @@
 // uneven shards an average of averages is wrong). nll_loss's count is data-dependent (ignored
 // targets, class weights), so its mean reduces the total weight across the sharded mesh dims
 // inside the kernel: one scalar all-reduce, the only communication a loss needs.
-#include <ATen/core/dispatch/Dispatcher.h>
-
-#include "comm/mesh_collectives.h"
 #include "rules/helpers.h"
+#include "rules/loss.h"
 
 namespace shardtensor {
 namespace {
 
 constexpr int64_t kReductionNone = 0, kReductionMean = 1;
-
-// Runs the op with reduction=sum (argument `reduction_arg`), then divides output 0 by `count`.
-LocalKernel sum_then_divide(size_t reduction_arg, int64_t count) {
-  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const size_t begin = stack->size() - op.schema().arguments().size();
-    (*stack)[begin + reduction_arg] = c10::IValue(int64_t{2});  // Reduction::Sum
-    op.callBoxed(stack);
-    stack->back().toTensor().div_(static_cast<double>(count));
-  };
-}
 
 int64_t numel_of(const ShardTensorSpec& spec) {
   int64_t n = 1;
@@ -42,7 +30,7 @@ RuleResult mse_loss_rule(const OpMeta& op) {
     return r;
   }
   r.outputs = {{summed_over_shards(self), {}}};
-  if (reduction == kReductionMean && !self.shardings().empty()) r.local_kernel = sum_then_divide(2, numel_of(self));
+  if (reduction == kReductionMean && !self.shardings().empty()) r.kernel_plan = declare(SumThenDividePlan(2, numel_of(self)));
   return r;
 }
 
@@ -54,7 +42,7 @@ RuleResult mse_loss_backward_rule(const OpMeta& op) {
   const ShardTensorSpec grad = reduction == kReductionNone ? align_to(op.inputs[0].spec, self) : replicated(op.inputs[0].spec);
   r.input_targets = {grad, self, align_to(op.inputs[2].spec, self)};
   r.outputs = {layout_of(self)};
-  if (reduction == kReductionMean && !self.shardings().empty()) r.local_kernel = sum_then_divide(3, numel_of(self));
+  if (reduction == kReductionMean && !self.shardings().empty()) r.kernel_plan = declare(SumThenDividePlan(3, numel_of(self)));
   return r;
 }
 
@@ -84,19 +72,6 @@ ShardTensorSpec target_like(const ShardTensorSpec& target, const ShardTensorSpec
 
 OutputLayout remove_class_dim(const ShardTensorSpec& self) { return remap_dims(self, without_class_dim(self.ndim())); }
 
-// mean over sharded rows: local sums, the total weight all-reduced, then divided by it.
-LocalKernel nll_global_mean(DeviceMesh mesh, std::vector<int64_t> mesh_dims) {
-  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const size_t begin = stack->size() - op.schema().arguments().size();
-    (*stack)[begin + 3] = c10::IValue(int64_t{2});  // Reduction::Sum
-    op.callBoxed(stack);
-    at::Tensor total_weight = (*stack)[stack->size() - 1].toTensor();
-    at::Tensor output = (*stack)[stack->size() - 2].toTensor();
-    all_reduce_over(mesh, mesh_dims, total_weight, ReduceOp::Sum);
-    output.div_(total_weight);
-  };
-}
-
 RuleResult nll_loss_rule(const OpMeta& op) {
   const ShardTensorSpec self = class_dim_whole(op.inputs[0].spec);
   const int64_t reduction = int_arg(op, 3);
@@ -114,7 +89,7 @@ RuleResult nll_loss_rule(const OpMeta& op) {
     return r;
   }
   r.outputs = {summed, whole};
-  r.local_kernel = nll_global_mean(self.mesh(), sharding_mesh_dims(self));
+  r.kernel_plan = declare(NllGlobalMeanPlan(self.mesh(), sharding_mesh_dims(self)));
   return r;
 }
 

@@ -9,12 +9,10 @@
 // (R -> S is a free local slice; S -> R an all-gather; S -> S' an all-to-all; P -> R an
 // all-reduce), preferring to keep the first operand's layout. Operands sharded on the same
 // label get the same shard sizes, so misaligned uneven boundaries are realigned first.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/zeros.h>
-
 #include <limits>
 
 #include "rules/helpers.h"
+#include "rules/matmul.h"
 
 namespace shardtensor {
 namespace {
@@ -139,18 +137,7 @@ RuleResult product_with_bias(const OpMeta& op, const Einsum& e) {
   RuleResult r;
   r.input_targets = {tbias, p.a, p.b};
   r.outputs = {p.out};
-  if (!p.partial_mesh_dims.empty()) {
-    const DeviceMesh mesh = bias.mesh();
-    r.local_kernel = [mesh, dims = p.partial_mesh_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-      bool adds_bias = true;
-      for (int64_t m : dims) adds_bias = adds_bias && mesh.coordinate()[m] == 0;
-      // Not beta = 0: libtorch 1.13's CPU baddbmm then skips copying self into its fresh result
-      // but still scales that uninitialised result by beta (NaN * 0 = NaN). A zero bias is safe.
-      c10::IValue& bias = (*stack)[stack->size() - 5];
-      if (!adds_bias) bias = at::zeros({}, bias.toTensor().options());
-      op.callBoxed(stack);
-    };
-  }
+  if (!p.partial_mesh_dims.empty()) r.kernel_plan = declare(BiasOncePlan(bias.mesh(), p.partial_mesh_dims));
   return r;
 }
 

@@ -9,10 +9,7 @@
 // split like the normalised dims (a local chunk of a replicated parameter, no collective).
 // The backward needs two more row sums, again one all-reduce. Weight and bias gradients are
 // sums over rows: Partial(sum) on every mesh dim that shards rows.
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-
-#include "comm/mesh_collectives.h"
+#include "rules/normalization.h"
 #include "rules/spatial.h"
 
 namespace shardtensor {
@@ -40,12 +37,6 @@ RuleResult softmax_backward_rule(const OpMeta& op) {
 }
 
 // ---- layer norm ----
-
-struct LayerNormGeometry {
-  int64_t axis = 0;                   // first normalised dim
-  std::vector<int64_t> row_mesh_dims;  // mesh dims splitting the normalised dims
-  int64_t count = 1;                  // elements per row, global
-};
 
 LayerNormGeometry layer_norm_geometry(const ShardTensorSpec& in, size_t normalised) {
   LayerNormGeometry g;
@@ -79,56 +70,6 @@ OutputLayout row_stats_layout(const ShardTensorSpec& in, int64_t axis) {
   return layout;
 }
 
-std::vector<int64_t> dims_from(int64_t first, int64_t ndim) {
-  std::vector<int64_t> dims;
-  for (int64_t d = first; d < ndim; ++d) dims.push_back(d);
-  return dims;
-}
-
-// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
-LocalKernel layer_norm_forward(DeviceMesh mesh, LayerNormGeometry g) {
-  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor x = args[0].toTensor();
-    const c10::optional<at::Tensor> weight = args[2].toOptional<at::Tensor>(), bias = args[3].toOptional<at::Tensor>();
-    const std::vector<int64_t> row = dims_from(g.axis, x.dim());
-    const at::Tensor xd = x.to(at::kDouble);
-    const at::Tensor sums = at::stack({xd.sum(row, true), xd.square().sum(row, true)}).contiguous();
-    all_reduce_over(mesh, g.row_mesh_dims, sums, ReduceOp::Sum);
-    const at::Tensor mean = sums[0] / g.count;
-    const at::Tensor rstd = ((sums[1] / g.count - mean.square()).clamp_min(0) + args[4].toDouble()).rsqrt();
-    at::Tensor out = ((xd - mean) * rstd).to(x.scalar_type());
-    if (weight && weight->defined()) out.mul_(*weight);
-    if (bias && bias->defined()) out.add_(*bias);
-    stack->push_back(out);
-    stack->push_back(mean.to(x.scalar_type()));
-    stack->push_back(rstd.to(x.scalar_type()));
-  };
-}
-
-// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask)
-LocalKernel layer_norm_backward(DeviceMesh mesh, LayerNormGeometry g) {
-  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor grad = args[0].toTensor(), x = args[1].toTensor();
-    const c10::optional<at::Tensor> weight = args[5].toOptional<at::Tensor>();
-    const c10::List<bool> mask = args[7].toBoolList();
-    const std::vector<int64_t> row = dims_from(g.axis, x.dim()), rows = dims_from(0, g.axis);
-    const at::Tensor gd = grad.to(at::kDouble);
-    const at::Tensor normalised = (x.to(at::kDouble) - args[3].toTensor().to(at::kDouble)) * args[4].toTensor().to(at::kDouble);
-    const at::Tensor gw = weight && weight->defined() ? gd * weight->to(at::kDouble) : gd;
-    const at::Tensor sums = at::stack({gw.sum(row, true), (gw * normalised).sum(row, true)}).contiguous();
-    all_reduce_over(mesh, g.row_mesh_dims, sums, ReduceOp::Sum);
-    at::Tensor grad_input;
-    if (mask.get(0))
-      grad_input = (args[4].toTensor().to(at::kDouble) * (gw - sums[0] / g.count - normalised * sums[1] / g.count)).to(x.scalar_type());
-    auto over_rows = [&](const at::Tensor& t) { return rows.empty() ? t : t.sum(rows); };
-    stack->push_back(grad_input);
-    stack->push_back(mask.get(1) ? over_rows(gd * normalised).to(x.scalar_type()) : at::Tensor());
-    stack->push_back(mask.get(2) ? over_rows(gd).to(x.scalar_type()) : at::Tensor());
-  };
-}
-
 RuleResult layer_norm_rule(const OpMeta& op) {
   const ShardTensorSpec in = without_partial(op.inputs[0].spec);
   const LayerNormGeometry g = layer_norm_geometry(in, int_list_arg(op, 1).size());
@@ -138,7 +79,7 @@ RuleResult layer_norm_rule(const OpMeta& op) {
   for (size_t k = 1; k < op.inputs.size(); ++k) r.input_targets.push_back(laid_out(op.inputs[k].spec, param));
   const OutputLayout stats = row_stats_layout(in, g.axis);
   r.outputs = {layout_of(in), stats, stats};
-  if (!g.row_mesh_dims.empty()) r.local_kernel = layer_norm_forward(in.mesh(), g);
+  if (!g.row_mesh_dims.empty()) r.kernel_plan = declare(LayerNormPlan(LayerNormPlan::Pass::Forward, in.mesh(), g));
   return r;
 }
 
@@ -158,7 +99,7 @@ RuleResult layer_norm_backward_rule(const OpMeta& op) {
   }
   const OutputLayout summed = parameter_layout(in, g.axis, Partial(ReduceOp::Sum));
   r.outputs = {layout_of(in), summed, summed};
-  if (!g.row_mesh_dims.empty()) r.local_kernel = layer_norm_backward(in.mesh(), g);
+  if (!g.row_mesh_dims.empty()) r.kernel_plan = declare(LayerNormPlan(LayerNormPlan::Pass::Backward, in.mesh(), g));
   return r;
 }
 

@@ -7,21 +7,11 @@
 // mesh, the placements or the shard sizes, and no rank communicates. Replicated copies draw
 // the same values, so they stay replicated. (The values differ from libtorch's own CPU
 // generator: the same seed does not reproduce a plain-tensor run.)
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-
-#include "rules/spatial.h"
-#include "util/counter_random.h"
+#include "rules/helpers.h"
+#include "rules/random.h"
 
 namespace shardtensor {
 namespace {
-
-enum class Draw { Uniform, Normal, Bernoulli };
-
-// This rank's piece of a fresh draw, in double: uniform in [0, 1), or standard normal.
-at::Tensor draw_piece(const ShardTensorSpec& spec, bool normal) {
-  return counter_draws(spec.local_offsets(), spec.local_shape(), spec.shape(), next_random_key(), normal);
-}
 
 void refuse_generator(const OpMeta& op, size_t index) {
   TORCH_CHECK(op.args[index].isNone(), op.name, ": a torch Generator cannot be used with ShardTensors; they draw from a ",
@@ -37,16 +27,7 @@ RuleResult fill_random_rule(const OpMeta& op) {
   RuleResult r;
   r.input_targets = {self};
   r.outputs = {layout_of(self)};
-  r.local_kernel = [self](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    at::Tensor target = args[0].toTensor();
-    at::Tensor values = draw_piece(self, Kind == Draw::Normal);
-    if (Kind == Draw::Uniform) values = values * (args[2].toDouble() - args[1].toDouble()) + args[1].toDouble();
-    if (Kind == Draw::Normal) values = values * args[2].toDouble() + args[1].toDouble();
-    if (Kind == Draw::Bernoulli) values = (values < args[1].toDouble()).to(at::kDouble);
-    target.copy_(values);
-    stack->push_back(target);
-  };
+  r.kernel_plan = declare(RandomFillPlan(Kind, self));
   return r;
 }
 
@@ -58,20 +39,7 @@ RuleResult native_dropout_rule(const OpMeta& op) {
   RuleResult r;
   r.input_targets = {in};
   r.outputs = {layout_of(in), layout_of(whole)};
-  r.local_kernel = [whole](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor input = args[0].toTensor();
-    const double p = args[1].toDouble();
-    const bool train = args[2].isNone() || args[2].toBool();
-    if (!train) {
-      stack->push_back(input.clone());
-      stack->push_back(at::ones_like(input, input.options().dtype(at::kBool)));
-      return;
-    }
-    const at::Tensor mask = draw_piece(whole, false) < (1 - p);
-    stack->push_back(p >= 1 ? at::zeros_like(input) : input * mask * (1 / (1 - p)));
-    stack->push_back(mask);
-  };
+  r.kernel_plan = declare(DropoutPlan(whole));
   return r;
 }
 
@@ -85,6 +53,15 @@ RuleResult native_dropout_backward_rule(const OpMeta& op) {
 }
 
 }  // namespace
+
+std::string RandomFillPlan::name() const {
+  switch (kind) {
+    case Draw::Uniform: return "counter-based uniform fill";
+    case Draw::Normal: return "counter-based normal fill";
+    case Draw::Bernoulli: return "counter-based bernoulli fill";
+  }
+  return "counter-based fill";
+}
 
 void register_random_rules(RuleRegistry& registry) {
   registry.add("aten::uniform_", fill_random_rule<Draw::Uniform>);

@@ -7,11 +7,12 @@
 // amax/amin -> P(max/min) unless some shard is empty (an empty max has no value). The others
 // (indices, variances, norms, logsumexp, boolean all/any) gather the reduced dims first.
 // A Partial(sum) input passes through sum and mean (they are linear); others resolve it.
-#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/function_schema.h>
 
 #include <algorithm>
 
 #include "rules/helpers.h"
+#include "rules/reduction.h"
 
 namespace shardtensor {
 namespace {
@@ -47,23 +48,6 @@ std::optional<Placement> partial_for(Combine combine, const ShardTensorSpec& spe
       return std::nullopt;
   }
   return std::nullopt;
-}
-
-// mean over a sharded dim: each rank's local mean, rescaled to (local sum) / (global count).
-LocalKernel global_mean(std::vector<int64_t> dims, int64_t global_count) {
-  return [dims = std::move(dims), global_count](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const size_t num_args = op.schema().arguments().size();
-    const at::Tensor self = (*stack)[stack->size() - num_args].toTensor();
-    int64_t local_count = 1;
-    for (int64_t d : dims) local_count *= self.size(d);
-    op.callBoxed(stack);
-    at::Tensor out = stack->back().toTensor();
-    if (local_count == 0) {
-      out.zero_();
-    } else {
-      out.mul_(static_cast<double>(local_count) / static_cast<double>(global_count));
-    }
-  };
 }
 
 RuleResult reduction(const OpMeta& op, const ReductionArgs& ra) {
@@ -108,7 +92,7 @@ RuleResult reduction(const OpMeta& op, const ReductionArgs& ra) {
   if (ra.combine == Combine::Mean && partial_over_sharded) {
     int64_t count = 1;
     for (int64_t d : dims) count *= in.shape()[d];
-    r.local_kernel = global_mean(dims, count);
+    r.kernel_plan = declare(GlobalMeanPlan(dims, count));
   }
   return r;
 }

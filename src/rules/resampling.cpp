@@ -9,31 +9,12 @@
 // opposite its rows (padding), gathers the window of sources they read, and applies the map
 // with index_select; the backward applies the transposed map with index_add and scatters the
 // window gradient back. Constant padding is a window gathered with the pad value as fill.
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-
 #include <cmath>
 
-#include "rules/spatial.h"
+#include "rules/resampling.h"
 
 namespace shardtensor {
 namespace {
-
-struct IndexMap {
-  std::vector<int64_t> i0, i1;
-  std::vector<double> weight1;  // empty: a plain gather of i0
-};
-
-// One dim's map with its halo axis and the output range of every rank.
-struct MapAxis {
-  HaloAxis halo;
-  IndexMap map;
-  std::vector<Range> outputs;
-  // This rank's slice of the map, relative to its window, built once with the plan: the
-  // sources of its outputs and the second source's weight (shaped to broadcast along the dim;
-  // undefined for one-source maps).
-  at::Tensor first, second, weight;
-};
 
 // ---- libtorch's index formulas (UpSample.h), in float where libtorch computes in float ----
 
@@ -109,7 +90,7 @@ std::vector<Range> outputs_by_source(const IndexMap& m, const std::vector<Range>
 
 MapAxis map_axis(int64_t tensor_dim, int64_t mesh_dim, int64_t length, std::vector<Range> owned, IndexMap map,
                  std::vector<Range> outputs) {
-  MapAxis a{{tensor_dim, mesh_dim, length, std::move(owned), {}}, std::move(map), std::move(outputs), {}, {}, {}};
+  MapAxis a{{tensor_dim, mesh_dim, length, std::move(owned), {}}, std::move(map), std::move(outputs)};
   for (const Range& out : a.outputs) {
     if (!out.size()) {
       a.halo.window.push_back({0, 0});
@@ -123,69 +104,6 @@ MapAxis map_axis(int64_t tensor_dim, int64_t mesh_dim, int64_t length, std::vect
     a.halo.window.push_back({lo, hi + 1});
   }
   return a;
-}
-
-// ---- applying maps ----
-
-struct MapPlan {
-  DeviceMesh mesh;
-  std::vector<MapAxis> axes;
-};
-
-// This rank's slice of a map's sources, relative to its window.
-// On the mesh's device, where the pieces they index live.
-at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t window_begin, c10::Device device) {
-  std::vector<int64_t> v(all.begin() + mine.begin, all.begin() + mine.end);
-  for (int64_t& i : v) i -= window_begin;
-  return at::tensor(v, at::TensorOptions().dtype(at::kLong).device(device));
-}
-
-// Fills in a's slices for this rank (`ndim`: the rank of the tensors it applies to).
-void slice_for_this_rank(MapAxis& a, const DeviceMesh& mesh, int64_t ndim) {
-  const int64_t me = a.halo.me(mesh);
-  const Range mine = a.outputs[me];
-  a.first = local_indices(a.map.i0, mine, a.halo.window[me].begin, mesh.device());
-  if (a.map.weight1.empty()) return;
-  a.second = local_indices(a.map.i1, mine, a.halo.window[me].begin, mesh.device());
-  std::vector<int64_t> shape(ndim, 1);
-  shape[a.halo.tensor_dim] = mine.size();
-  a.weight = at::tensor(std::vector<double>(a.map.weight1.begin() + mine.begin, a.map.weight1.begin() + mine.end),
-                        at::TensorOptions().dtype(at::kDouble).device(mesh.device()))
-                 .view(shape);
-}
-
-at::Tensor apply_forward(const MapPlan& plan, at::Tensor x) {
-  for (const MapAxis& a : plan.axes) {
-    const int64_t d = a.halo.tensor_dim;
-    x = gather_window(x, a.halo, plan.mesh, 0.0);
-    const at::Tensor first = x.index_select(d, a.first.to(x.device()));
-    if (!a.weight.defined()) {
-      x = first;
-    } else {
-      const at::Tensor w1 = a.weight.to(x.options());
-      x = first * (1 - w1) + x.index_select(d, a.second.to(x.device())) * w1;
-    }
-  }
-  return x;
-}
-
-at::Tensor apply_backward(const MapPlan& plan, at::Tensor grad) {
-  for (auto it = plan.axes.rbegin(); it != plan.axes.rend(); ++it) {
-    const MapAxis& a = *it;
-    const int64_t d = a.halo.tensor_dim;
-    std::vector<int64_t> shape = grad.sizes().vec();
-    shape[d] = a.halo.window[a.halo.me(plan.mesh)].size();
-    at::Tensor g = at::zeros(shape, grad.options());
-    if (!a.weight.defined()) {
-      g.index_add_(d, a.first.to(grad.device()), grad);
-    } else {
-      const at::Tensor w1 = a.weight.to(grad.options());
-      g.index_add_(d, a.first.to(grad.device()), grad * (1 - w1));
-      g.index_add_(d, a.second.to(grad.device()), grad * w1);
-    }
-    grad = scatter_add_window(g, a.halo, plan.mesh);
-  }
-  return grad;
 }
 
 // ---- the operators ----
@@ -228,15 +146,17 @@ IndexMap map_of(const Resample& r, int64_t i, bool as_float) {
 }
 
 // The map plan over every spatial dim, given the input rows each rank owns per dim.
-MapPlan map_plan(const Resample& r, const ShardTensorSpec& like, const std::vector<std::vector<Range>>& owned, bool as_float) {
-  MapPlan plan{like.mesh(), {}};
+IndexMapPlan map_plan(const Resample& r, const ShardTensorSpec& like, const std::vector<std::vector<Range>>& owned, bool as_float,
+                      bool backward) {
+  IndexMapPlan plan(like.mesh());
+  plan.ndim = like.ndim();
+  plan.backward = backward;
   const int64_t first = like.ndim() - r.spatial;
   for (int64_t i = 0; i < r.spatial; ++i) {
     IndexMap m = map_of(r, i, as_float);
     const bool is_pad = r.mode == Mode::Reflect || r.mode == Mode::Replicate;
     std::vector<Range> outputs = is_pad ? shifted_ranges(owned[i], r.pads[2 * i], r.out_sizes[i]) : outputs_by_source(m, owned[i]);
     plan.axes.push_back(map_axis(first + i, sharding_mesh_dim(like, first + i), r.in_sizes[i], owned[i], std::move(m), std::move(outputs)));
-    slice_for_this_rank(plan.axes.back(), plan.mesh, like.ndim());
   }
   return plan;
 }
@@ -282,25 +202,11 @@ std::vector<std::vector<Range>> owned_per_spatial_dim(const ShardTensorSpec& spe
   return owned;
 }
 
-OutputLayout output_layout(const ShardTensorSpec& in, const MapPlan& plan) {
+OutputLayout output_layout(const ShardTensorSpec& in, const IndexMapPlan& plan) {
   OutputLayout out = layout_of(in);
   for (const MapAxis& a : plan.axes)
     if (a.halo.mesh_dim >= 0) out = with_output_sizes(out, a.halo.tensor_dim, a.outputs);
   return out;
-}
-
-LocalKernel forward_kernel(MapPlan plan) {
-  return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    stack->push_back(apply_forward(plan, args[0].toTensor()));
-  };
-}
-
-LocalKernel backward_kernel(MapPlan plan) {
-  return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    stack->push_back(apply_backward(plan, args[0].toTensor()));
-  };
 }
 
 bool computes_in_float(const ShardTensorSpec& spec) { return spec.dtype() != at::kDouble; }
@@ -315,12 +221,12 @@ RuleResult map_forward_rule(const OpMeta& op) {
   r.input_targets = {in};
   if (sharded_spatial_dims(in, rs.spatial).empty()) {
     r.outputs = {layout_of(in)};
-    r.local_kernel = empty_safe();
+    r.kernel_plan = empty_safe();
     return r;
   }
-  const MapPlan plan = map_plan(rs, in, owned_per_spatial_dim(in, rs.spatial), computes_in_float(in));
+  IndexMapPlan plan = map_plan(rs, in, owned_per_spatial_dim(in, rs.spatial), computes_in_float(in), /*backward=*/false);
   r.outputs = {output_layout(in, plan)};
-  r.local_kernel = forward_kernel(plan);
+  r.kernel_plan = declare(std::move(plan));
   return r;
 }
 
@@ -333,13 +239,13 @@ RuleResult pad_backward_rule(const OpMeta& op) {
   if (sharded_spatial_dims(in, rs.spatial).empty()) {
     r.input_targets = {align_to(op.inputs[0].spec, in), in};
     r.outputs = {layout_of(in)};
-    r.local_kernel = empty_safe();
+    r.kernel_plan = empty_safe();
     return r;
   }
-  const MapPlan plan = map_plan(rs, in, owned_per_spatial_dim(in, rs.spatial), false);
+  IndexMapPlan plan = map_plan(rs, in, owned_per_spatial_dim(in, rs.spatial), false, /*backward=*/true);
   r.input_targets = {laid_out(op.inputs[0].spec, output_layout(in, plan)), in};
   r.outputs = {layout_of(in)};
-  r.local_kernel = backward_kernel(plan);
+  r.kernel_plan = declare(std::move(plan));
   return r;
 }
 
@@ -356,15 +262,7 @@ RuleResult upsample_backward_rule(const OpMeta& op) {
     r.input_targets = {grad};
     r.outputs = {in_layout};
     // input_size is global; its batch and channel entries must be this rank's.
-    r.local_kernel = empty_safe([](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-      std::vector<c10::IValue> args = pop_arguments(op, stack);
-      std::vector<int64_t> input_size = args[2].toIntVector();
-      const at::Tensor grad = args[0].toTensor();
-      for (int64_t d = 0; d < grad.dim() - static_cast<int64_t>(args[1].toIntVector().size()); ++d) input_size[d] = grad.size(d);
-      args[2] = input_size;
-      for (c10::IValue& a : args) stack->push_back(std::move(a));
-      op.callBoxed(stack);
-    });
+    r.kernel_plan = empty_safe(declare(LocalInputSizePlan{}));
     return r;
   }
   std::vector<std::vector<Range>> owned;
@@ -383,10 +281,10 @@ RuleResult upsample_backward_rule(const OpMeta& op) {
     owned.push_back(rows);
     if (sharding_mesh_dim(grad, first + i) >= 0) in_layout = with_output_sizes(in_layout, first + i, rows);
   }
-  const MapPlan plan = map_plan(rs, grad, owned, as_float);
+  IndexMapPlan plan = map_plan(rs, grad, owned, as_float, /*backward=*/true);
   r.input_targets = {laid_out(grad_spec, output_layout(grad, plan))};
   r.outputs = {in_layout};
-  r.local_kernel = backward_kernel(plan);
+  r.kernel_plan = declare(std::move(plan));
   return r;
 }
 
@@ -402,7 +300,7 @@ RuleResult constant_pad_rule(const OpMeta& op) {
   for (const DimSharding& s : self.shardings())
     if (s.tensor_dim >= self.ndim() - padded && s.mesh_dims.size() > 1) nested.push_back(s.tensor_dim);
   const ShardTensorSpec in = replicate_tensor_dims(without_partial(self), nested);
-  WindowedAxes axes{in.mesh(), {}};
+  ConstantPadPlan plan(in.mesh());
   OutputLayout out = layout_of(in);
   std::vector<int64_t> local_pad = pad;
   for (const DimSharding& s : in.shardings()) {
@@ -413,29 +311,28 @@ RuleResult constant_pad_rule(const OpMeta& op) {
     const std::vector<Range> outputs = shifted_ranges(axis.owned, before, length + before + after);
     for (const Range& o : outputs) axis.window.push_back({o.begin - before, o.end - before});
     out = with_output_sizes(out, s.tensor_dim, outputs);
-    axes.axes.push_back(std::move(axis));
+    plan.halo.axes.push_back(std::move(axis));
     local_pad[2 * from_last] = local_pad[2 * from_last + 1] = 0;
   }
   RuleResult r;
   r.input_targets = {in};
   r.outputs = {out};
-  const LocalKernel pad_locally = empty_safe();
-  if (axes.axes.empty()) {
-    r.local_kernel = pad_locally;
+  if (plan.halo.axes.empty()) {
+    r.kernel_plan = empty_safe();
     return r;
   }
-  r.local_kernel = [axes, local_pad, pad_locally](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Scalar value = args[2].toScalar();
-    args[0] = axes.gather(args[0].toTensor(), value.toDouble());
-    args[1] = local_pad;
-    for (c10::IValue& a : args) stack->push_back(std::move(a));
-    pad_locally(op, stack);
-  };
+  plan.local_pad = local_pad;
+  r.kernel_plan = declare(std::move(plan));
   return r;
 }
 
 }  // namespace
+
+std::vector<DeclaredMove> IndexMapPlan::moves() const {
+  HaloPlan halo{mesh, {}};
+  for (const MapAxis& a : axes) halo.axes.push_back(a.halo);
+  return backward ? halo_scatter_adds(halo) : halo_gathers(halo);
+}
 
 void register_resampling_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",

@@ -1,7 +1,6 @@
 #include "rules/spatial.h"
 
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
 
 namespace shardtensor {
 
@@ -72,58 +71,11 @@ ShardTensorSpec laid_out(const ShardTensorSpec& spec, const OutputLayout& layout
   return ShardTensorSpec(spec.mesh(), layout.placements, spec.shape(), spec.dtype(), layout.sizes);
 }
 
-at::Tensor WindowedAxes::gather(at::Tensor owned, double fill) const {
-  for (const HaloAxis& axis : axes) owned = gather_window(owned, axis, mesh, fill);
-  return owned;
-}
-
-at::Tensor WindowedAxes::scatter_add(at::Tensor window) const {
-  for (auto it = axes.rbegin(); it != axes.rend(); ++it) window = scatter_add_window(window, *it, mesh);
-  return window;
-}
-
-std::vector<int64_t> WindowedAxes::window_shape(std::vector<int64_t> shape) const {
-  for (const HaloAxis& axis : axes) shape[axis.tensor_dim] = axis.window[axis.me(mesh)].size();
-  return shape;
-}
-
-std::vector<c10::IValue> pop_arguments(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const size_t n = op.schema().arguments().size();
-  std::vector<c10::IValue> args(std::make_move_iterator(stack->end() - n), std::make_move_iterator(stack->end()));
-  stack->erase(stack->end() - n, stack->end());
-  return args;
-}
-
-LocalKernel empty_safe(LocalKernel inner, std::vector<Follows> follows) {
-  return [inner, follows](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const size_t n = op.schema().arguments().size(), begin = stack->size() - n;
-    const at::Tensor first = (*stack)[begin].toTensor();
-    std::vector<int64_t> empty_dims;
-    for (int64_t d = 0; d < first.dim(); ++d)
-      if (first.size(d) == 0) empty_dims.push_back(d);
-    if (!empty_dims.empty()) {
-      for (size_t i = begin; i < stack->size(); ++i) {
-        if (!(*stack)[i].isTensor() || !(*stack)[i].toTensor().defined()) continue;
-        const at::Tensor t = (*stack)[i].toTensor();
-        std::vector<int64_t> shape = t.sizes().vec();
-        for (int64_t d : empty_dims)
-          if (d < t.dim() && shape[d] == 0) shape[d] = 1;
-        (*stack)[i] = at::zeros(shape, t.options());
-      }
-    }
-    const size_t returns = op.schema().returns().size();
-    if (inner) inner(op, stack);
-    else op.callBoxed(stack);
-    const size_t first_return = stack->size() - returns;
-    for (size_t i = first_return; i < stack->size() && !empty_dims.empty(); ++i) {
-      if (!(*stack)[i].isTensor() || !(*stack)[i].toTensor().defined()) continue;
-      const Follows how = follows.empty() ? Follows::AllDims : follows.at(i - first_return);
-      at::Tensor t = (*stack)[i].toTensor();
-      for (int64_t d : empty_dims)
-        if (d < t.dim() && (how == Follows::AllDims || (how == Follows::BatchDim && d == 0))) t = t.narrow(d, 0, 0);
-      (*stack)[i] = t.contiguous();
-    }
-  };
+std::shared_ptr<const KernelPlan> empty_safe(std::shared_ptr<const KernelPlan> inner, std::vector<Follows> follows) {
+  EmptySafePlan plan;
+  plan.inner = std::move(inner);
+  plan.follows = std::move(follows);
+  return declare(std::move(plan));
 }
 
 std::vector<int64_t> expand_param(const OpMeta& op, size_t index, int64_t k, std::vector<int64_t> if_empty) {

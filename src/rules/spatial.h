@@ -12,8 +12,9 @@
 // from specs on every rank alike, so every rank plans the same exchanges.
 #pragma once
 
-#include "domain/halo.h"
 #include "rules/helpers.h"
+#include "rules/kernel_plan.h"
+#include "spec/halo_geometry.h"
 
 namespace shardtensor {
 
@@ -51,29 +52,26 @@ OutputLayout with_output_sizes(OutputLayout layout, int64_t tensor_dim, const st
 // `spec` (a gradient, or any operand shaped like an op's output) laid out as `layout`.
 ShardTensorSpec laid_out(const ShardTensorSpec& spec, const OutputLayout& layout);
 
-// The halo axes of one op, in exchange order, and the mesh they exchange on.
-struct WindowedAxes {
-  DeviceMesh mesh;
-  std::vector<HaloAxis> axes;
-
-  at::Tensor gather(at::Tensor owned, double fill) const;       // every axis in order
-  at::Tensor scatter_add(at::Tensor window) const;              // every axis, in reverse
-  std::vector<int64_t> window_shape(std::vector<int64_t> owned_shape) const;
-};
-
 // How an output's dims follow the first input's, for empty_safe: all of them ([N, C, *]
 // outputs), only the leading batch dim ([N, G] statistics), or none (per-channel sums).
 enum class Follows { AllDims, BatchDim, Nothing };
 
-// Runs `inner` (empty: the operator itself) on this rank's pieces; when the first tensor
-// argument is empty, on stand-ins whose empty dims have size 1, and the outputs are narrowed
-// back along the dims they share with it (`follows`, one entry per output; none given: every
-// output follows all dims). libtorch's spatial kernels refuse a zero channel count, and its
-// CPU batch norm divides by zero on an empty piece; uneven splits give ranks such pieces.
-LocalKernel empty_safe(LocalKernel inner = {}, std::vector<Follows> follows = {});
+// A kernel that runs `inner` (none: the operator itself) on this rank's pieces; when the
+// first tensor argument is empty, on stand-ins whose empty dims have size 1, and the outputs
+// are narrowed back along the dims they share with it (`follows`, one entry per output; none
+// given: every output follows all dims). libtorch's spatial kernels refuse a zero channel
+// count, and its CPU batch norm divides by zero on an empty piece; uneven splits give ranks
+// such pieces. Lowered in kernels/empty_safe.cpp.
+struct EmptySafePlan : KernelPlan {
+  std::shared_ptr<const KernelPlan> inner;
+  std::vector<Follows> follows;
 
-// A stack helper for local kernels: the operator's arguments, popped.
-std::vector<c10::IValue> pop_arguments(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+  LocalKernel lower() const override;
+  std::string name() const override { return inner ? inner->name() + ", safe on empty pieces" : "the operator, safe on empty pieces"; }
+  std::vector<DeclaredMove> moves() const override { return inner ? inner->moves() : std::vector<DeclaredMove>{}; }
+};
+
+std::shared_ptr<const KernelPlan> empty_safe(std::shared_ptr<const KernelPlan> inner = {}, std::vector<Follows> follows = {});
 
 // An int[k] argument broadcast to `k` values (pooling accepts one value for every dim).
 std::vector<int64_t> expand_param(const OpMeta& op, size_t index, int64_t k, std::vector<int64_t> if_empty);

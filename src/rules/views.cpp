@@ -6,31 +6,21 @@
 // pieces that each shard divides. Otherwise the dim is gathered first. Operators whose size
 // arguments are global (view, expand, select_backward...) run locally with those sizes
 // rewritten to the local piece's (see with_local_sizes).
-#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/function_schema.h>
 
 #include <numeric>
 
 #include "rules/helpers.h"
+#include "rules/views.h"
 #include "util/strings.h"
 
 namespace shardtensor {
 namespace {
 
-// out_local[out_dim] = in_local[in_dim] * num / den for the listed dims of an int[] argument;
-// other entries stay as given. `in_arg` names the tensor argument whose local shape is read.
-struct SizeFromInput {
-  int64_t out_dim, in_dim, num = 1, den = 1;
-};
-
-LocalKernel with_local_sizes(size_t size_arg, size_t in_arg, std::vector<SizeFromInput> rewrites) {
-  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const size_t begin = stack->size() - op.schema().arguments().size();
-    const at::Tensor in = (*stack)[begin + in_arg].toTensor();
-    std::vector<int64_t> sizes = (*stack)[begin + size_arg].toIntVector();
-    for (const SizeFromInput& r : rewrites) sizes[r.out_dim] = in.size(r.in_dim) * r.num / r.den;
-    (*stack)[begin + size_arg] = c10::IValue(sizes);
-    op.callBoxed(stack);
-  };
+// The operator with its int[] argument `size_arg` rewritten from the local shape of tensor
+// argument `in_arg` (views.h).
+std::shared_ptr<const KernelPlan> with_local_sizes(size_t size_arg, size_t in_arg, std::vector<SizeFromInput> rewrites) {
+  return declare(LocalSizesPlan(size_arg, in_arg, std::move(rewrites)));
 }
 
 RuleResult keep_layout(const ShardTensorSpec& in, OutputLayout out) {
@@ -124,17 +114,12 @@ RuleResult view_rule(const OpMeta& op) {
   out.placements = out_ps;
   // Partial placements stay: a view of a pending sum is a pending sum of views.
   RuleResult r = keep_layout(with_placements(in, ps), out);
-  // Locally a reshape, not a view: the wrapper reports contiguous strides on every rank (see
-  // ShardTensorImpl), so the local piece of a "contiguous" wrapper may be a transposed view.
-  // reshape keeps aliasing whenever the piece is viewable, and copies only when it is not.
-  const int64_t num_args = static_cast<int64_t>(op.schema->arguments().size());
-  r.local_kernel = [rewrites, oshape, num_args](const c10::OperatorHandle&, torch::jit::Stack* stack) {
-    at::Tensor self = (*stack)[stack->size() - num_args].toTensor();
-    std::vector<int64_t> sizes = oshape;
-    for (const SizeFromInput& w : rewrites) sizes[w.out_dim] = self.size(w.in_dim) * w.num / w.den;
-    torch::jit::drop(*stack, num_args);
-    stack->emplace_back(self.reshape(sizes));
-  };
+  // Locally a reshape, not a view (views.h says why).
+  LocalReshapePlan plan;
+  plan.shape = oshape;
+  plan.rewrites = std::move(rewrites);
+  plan.num_args = static_cast<int64_t>(op.schema->arguments().size());
+  r.kernel_plan = declare(std::move(plan));
   return r;
 }
 
@@ -187,16 +172,11 @@ RuleResult squeeze_rule(const OpMeta& op) {
   for (int64_t d = 0; d < in.ndim(); ++d)
     dim_map[d] = std::count(dropped.begin(), dropped.end(), d) ? -1 : next++;
   RuleResult r = keep_layout(target, remap_dims(target, dim_map));
-  // Locally, squeeze exactly the globally dropped dims: a sharded dim whose piece happens to
-  // have size 1 on this rank must stay.
-  const int64_t num_args = static_cast<int64_t>(op.schema->arguments().size());
-  r.local_kernel = [dropped, num_args](const c10::OperatorHandle&, torch::jit::Stack* stack) {
-    at::Tensor out = (*stack)[stack->size() - num_args].toTensor();
-    torch::jit::drop(*stack, num_args);
-    if (dropped.empty()) out = out.view(out.sizes());
-    for (auto it = dropped.rbegin(); it != dropped.rend(); ++it) out = out.squeeze(*it);
-    stack->emplace_back(out);
-  };
+  // Locally, squeeze exactly the globally dropped dims (views.h).
+  SqueezePlan plan;
+  plan.dropped = dropped;
+  plan.num_args = static_cast<int64_t>(op.schema->arguments().size());
+  r.kernel_plan = declare(std::move(plan));
   return r;
 }
 
@@ -239,7 +219,7 @@ RuleResult expand_rule(const OpMeta& op) {
     if (target.sharding_of(d)) rewrites.push_back({d + offset, d});
   }
   RuleResult r = keep_layout(target, remap_dims(target, dim_map));
-  if (!rewrites.empty()) r.local_kernel = with_local_sizes(1, 0, rewrites);
+  if (!rewrites.empty()) r.kernel_plan = with_local_sizes(1, 0, rewrites);
   return r;
 }
 
@@ -331,7 +311,7 @@ RuleResult scatter_back(const OpMeta& op, size_t sizes_arg, size_t dim_arg, bool
     r.input_targets.push_back(op.inputs[k].spec.ndim() == grad.ndim() && op.name != "aten::index_select_backward"
                                   ? align_to(op.inputs[k].spec, resolved)
                                   : replicated(op.inputs[k].spec));
-  if (!rewrites.empty()) r.local_kernel = with_local_sizes(sizes_arg, 0, rewrites);
+  if (!rewrites.empty()) r.kernel_plan = with_local_sizes(sizes_arg, 0, rewrites);
   return r;
 }
 

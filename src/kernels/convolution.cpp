@@ -1,0 +1,141 @@
+// Halo convolution: the kernels of ConvolutionPlan (rules/convolution.h; the rule file says
+// how each layout is handled).
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "domain/halo.h"
+#include "kernels/stack.h"
+#include "rules/convolution.h"
+
+namespace shardtensor {
+namespace {
+
+// Whether a sharded dim has no positions on this rank.
+bool empty_here(const ConvolutionPlan& plan, const at::Tensor& t) {
+  for (const HaloAxis& a : plan.halo.axes)
+    if (t.size(a.tensor_dim) == 0) return true;
+  return false;
+}
+
+// The shape of the local op's result on `input` (a window, or the local rows when
+// transposed), for when there is nothing to compute: zeros of this shape stand in.
+std::vector<int64_t> local_result_shape(const ConvolutionPlan& plan, const at::Tensor& input, int64_t channels) {
+  const ConvParams& params = plan.params;
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[1] = channels;
+  const int64_t first = input.dim() - params.spatial;
+  for (int64_t i = 0; i < params.spatial; ++i) {
+    const int64_t n = input.size(first + i), s = params.stride[i], e = params.extent(i);
+    shape[first + i] = params.transposed ? (n - 1) * s - 2 * plan.local_padding[i] + e + plan.local_output_padding[i]
+                                         : (n + 2 * plan.local_padding[i] - e) / s + 1;
+  }
+  for (size_t k = 0; k < plan.halo.axes.size(); ++k) {
+    const HaloAxis& a = plan.halo.axes[k];
+    const int64_t me = a.me(plan.halo.mesh);
+    shape[a.tensor_dim] = params.transposed ? a.window[me].size() : plan.outputs[k][me].size();
+  }
+  return shape;
+}
+
+// Regular convolution on this rank's window.
+LocalKernel regular_forward(const ConvolutionPlan& plan) {
+  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor window = gather_windows(plan.halo, args[0].toTensor(), 0.0);
+    const at::Tensor weight = args[1].toTensor();
+    if (empty_here(plan, window)) {  // no outputs on this rank
+      stack->push_back(at::zeros(local_result_shape(plan, window, weight.size(0)), window.options()));
+      return;
+    }
+    args[0] = window;
+    args[4] = plan.local_padding;
+    for (c10::IValue& a : args) stack->push_back(std::move(a));
+    op.callBoxed(stack);
+  };
+}
+
+// convolution_backward for a regular convolution: the input window again, then its gradient
+// scattered back to the owners.
+LocalKernel regular_backward(const ConvolutionPlan& plan) {
+  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor grad = args[0].toTensor(), weight = args[2].toTensor();
+    const at::Tensor window = gather_windows(plan.halo, args[1].toTensor(), 0.0);
+    const std::vector<bool> mask = {args[10].toBoolList().get(0), args[10].toBoolList().get(1), args[10].toBoolList().get(2)};
+    at::Tensor grad_window, grad_weight, grad_bias;
+    if (grad.numel() == 0 || window.numel() == 0) {
+      grad_window = at::zeros_like(window);
+      grad_weight = at::zeros_like(weight);
+      grad_bias = at::zeros({weight.size(0)}, weight.options());
+    } else {
+      args[1] = window;
+      args[5] = plan.local_padding;
+      for (c10::IValue& a : args) stack->push_back(std::move(a));
+      op.callBoxed(stack);
+      grad_bias = stack->back().toTensor();
+      stack->pop_back();
+      grad_weight = stack->back().toTensor();
+      stack->pop_back();
+      grad_window = stack->back().toTensor();
+      stack->pop_back();
+    }
+    stack->push_back(mask[0] ? scatter_add_windows(plan.halo, grad_window) : at::Tensor());
+    stack->push_back(mask[1] ? grad_weight : at::Tensor());
+    stack->push_back(mask[2] ? grad_bias : at::Tensor());
+  };
+}
+
+// Transposed convolution: this rank's rows' contributions, added where they land.
+LocalKernel transposed_forward(const ConvolutionPlan& plan) {
+  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor input = args[0].toTensor(), weight = args[1].toTensor();
+    const c10::optional<at::Tensor> bias = args[2].toOptional<at::Tensor>();
+    at::Tensor contributions;
+    if (empty_here(plan, input)) {  // no rows here, so no contributions
+      contributions = at::zeros(local_result_shape(plan, input, weight.size(1) * plan.params.groups), input.options());
+    } else {
+      contributions = at::convolution(input, weight, c10::nullopt, plan.params.stride, plan.local_padding, plan.params.dilation,
+                                      true, plan.local_output_padding, plan.params.groups);
+    }
+    at::Tensor output = scatter_add_windows(plan.halo, contributions);
+    if (bias && bias->defined()) {
+      std::vector<int64_t> shape(output.dim(), 1);
+      shape[1] = bias->numel();
+      output.add_(bias->view(shape));
+    }
+    stack->push_back(output);
+  };
+}
+
+LocalKernel transposed_backward(const ConvolutionPlan& plan) {
+  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor grad = args[0].toTensor(), input = args[1].toTensor(), weight = args[2].toTensor();
+    const std::vector<bool> mask = {args[10].toBoolList().get(0), args[10].toBoolList().get(1), args[10].toBoolList().get(2)};
+    const at::Tensor grad_window = gather_windows(plan.halo, grad, 0.0);
+    at::Tensor grad_input, grad_weight;
+    if (empty_here(plan, input) || grad_window.numel() == 0) {
+      grad_input = at::zeros_like(input);
+      grad_weight = at::zeros_like(weight);
+    } else {
+      std::tie(grad_input, grad_weight, std::ignore) = at::convolution_backward(
+          grad_window, input, weight, c10::nullopt, plan.params.stride, plan.local_padding, plan.params.dilation, true,
+          plan.local_output_padding, plan.params.groups, {mask[0], mask[1], false});
+    }
+    std::vector<int64_t> reduce_dims = {0};
+    for (int64_t d = 2; d < grad.dim(); ++d) reduce_dims.push_back(d);
+    stack->push_back(mask[0] ? grad_input : at::Tensor());
+    stack->push_back(mask[1] ? grad_weight : at::Tensor());
+    stack->push_back(mask[2] ? grad.sum(reduce_dims) : at::Tensor());
+  };
+}
+
+}  // namespace
+
+LocalKernel ConvolutionPlan::lower() const {
+  if (pass == Pass::Forward) return params.transposed ? transposed_forward(*this) : regular_forward(*this);
+  return params.transposed ? transposed_backward(*this) : regular_backward(*this);
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,201 @@
+// Pooling over sharded spatial dims: the kernels of PoolPlan (rules/pooling.h; the rule file
+// says how each layout is handled).
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <limits>
+
+#include "domain/halo.h"
+#include "kernels/stack.h"
+#include "rules/pooling.h"
+
+namespace shardtensor {
+namespace {
+
+// Average pooling's divisor at this rank's outputs (double, on the mesh's device), shaped to
+// broadcast over them.
+at::Tensor divisor_of(const PoolPlan& plan, int64_t ndim) {
+  at::Tensor divisor = at::ones({}, at::kDouble);
+  if (plan.divisor_override) return divisor.fill_(static_cast<double>(*plan.divisor_override));
+  for (int64_t i = 0; i < plan.spatial; ++i) {
+    std::vector<int64_t> shape(ndim, 1);
+    shape[ndim - plan.spatial + i] = static_cast<int64_t>(plan.divisor_factors[i].size());
+    divisor = divisor * at::tensor(plan.divisor_factors[i], at::TensorOptions().dtype(at::kDouble).device(plan.halo.mesh.device())).view(shape);
+  }
+  return divisor;
+}
+
+// `t` (shaped like this rank's outputs) divided by the divisor, in t's dtype and device.
+at::Tensor divided(const at::Tensor& divisor, const at::Tensor& t) { return (t / divisor.to(t.device())).to(t.scalar_type()); }
+
+std::vector<int64_t> zero_list(int64_t n) { return std::vector<int64_t>(n, 0); }
+
+// Shape of this rank's pooled output (for ranks with nothing to pool).
+std::vector<int64_t> my_output_shape(const PoolPlan& plan, std::vector<int64_t> shape) {
+  for (size_t k = 0; k < plan.halo.axes.size(); ++k) shape[plan.halo.axes[k].tensor_dim] = plan.my_outputs(k);
+  return shape;
+}
+
+// Flat index over the spatial dims: window-local <-> global.
+at::Tensor window_to_global(const PoolPlan& plan, at::Tensor idx, const at::Tensor& window) {
+  at::Tensor global = at::zeros_like(idx);
+  for (int64_t k = plan.spatial - 1, inner = 1; k >= 0; --k) {
+    const HaloAxis& a = plan.halo.axes[k];
+    const int64_t w = window.size(a.tensor_dim);
+    const at::Tensor coord = idx.remainder(w) + a.window[a.me(plan.halo.mesh)].begin;
+    idx = idx.div(w, "floor");
+    global.add_(coord * inner);
+    inner *= plan.global_lengths[k];
+  }
+  return global;
+}
+
+at::Tensor global_to_window(const PoolPlan& plan, at::Tensor idx, const std::vector<int64_t>& window_shape) {
+  at::Tensor local = at::zeros_like(idx);
+  for (int64_t k = plan.spatial - 1, inner = 1; k >= 0; --k) {
+    const HaloAxis& a = plan.halo.axes[k];
+    const at::Tensor coord = idx.remainder(plan.global_lengths[k]) - a.window[a.me(plan.halo.mesh)].begin;
+    idx = idx.div(plan.global_lengths[k], "floor");
+    local.add_(coord * inner);
+    inner *= window_shape[a.tensor_dim];
+  }
+  return local;
+}
+
+// Runs a pooling op on this rank's window: gathers it (filled with `fill` outside the field),
+// lets `adjust` rewrite the arguments for it, runs the op and `finish`es its outputs. A rank
+// with nothing to pool returns zeros of its (empty) output shape, indices as long.
+template <typename Adjust, typename Finish>
+void forward_on_window(const PoolPlan& plan, const c10::OperatorHandle& op, torch::jit::Stack* stack, double fill,
+                       Adjust adjust, Finish finish) {
+  std::vector<c10::IValue> args = pop_arguments(op, stack);
+  const at::Tensor window = gather_windows(plan.halo, args[0].toTensor(), fill);
+  if (window.numel() == 0) {
+    const std::vector<int64_t> shape = my_output_shape(plan, window.sizes().vec());
+    for (size_t k = 0; k < op.schema().returns().size(); ++k)
+      stack->push_back(at::zeros(shape, window.options().dtype(k == 0 ? window.scalar_type() : at::kLong)));
+    return;
+  }
+  args[0] = window;
+  adjust(args, window);
+  for (c10::IValue& a : args) stack->push_back(std::move(a));
+  op.callBoxed(stack);
+  finish(stack, window);
+}
+
+// Runs a pooling backward on this rank's window, then scatters the window gradient to the
+// ranks that own it. The op reads only self's shape, so an empty tensor of the window's shape
+// stands in for it (no input halo moves); `adjust` rewrites the other arguments.
+template <typename Adjust>
+void backward_on_window(const PoolPlan& plan, const c10::OperatorHandle& op, torch::jit::Stack* stack, Adjust adjust) {
+  std::vector<c10::IValue> args = pop_arguments(op, stack);
+  const at::Tensor self = args[1].toTensor();
+  const std::vector<int64_t> window_shape = plan.halo.window_shape(self.sizes().vec());
+  at::Tensor grad_window = at::zeros(window_shape, self.options());
+  if (args[0].toTensor().numel() > 0) {
+    args[1] = at::empty(window_shape, self.options());
+    adjust(args, window_shape);
+    for (c10::IValue& a : args) stack->push_back(std::move(a));
+    op.callBoxed(stack);
+    grad_window = stack->back().toTensor();
+    stack->pop_back();
+  }
+  stack->push_back(scatter_add_windows(plan.halo, grad_window));
+}
+
+using Args = std::vector<c10::IValue>;
+
+// max_poolNd_with_indices(self, kernel, stride, padding, dilation, ceil_mode) -> (out, indices)
+LocalKernel max_pool_forward(const PoolPlan& plan) {
+  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    forward_on_window(
+        plan, op, stack, -std::numeric_limits<double>::infinity(),
+        [&](Args& args, const at::Tensor&) {
+          args[3] = zero_list(plan.spatial);  // padding: in the window already
+          args[5] = false;                    // ceil_mode: likewise
+        },
+        [&](torch::jit::Stack* out, const at::Tensor& window) { out->back() = window_to_global(plan, out->back().toTensor(), window); });
+  };
+}
+
+// max_poolNd_with_indices_backward(grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices)
+LocalKernel max_pool_backward(const PoolPlan& plan) {
+  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    backward_on_window(plan, op, stack, [&](Args& args, const std::vector<int64_t>& window_shape) {
+      args[4] = zero_list(plan.spatial);
+      args[6] = false;
+      args[7] = global_to_window(plan, args[7].toTensor(), window_shape);
+    });
+  };
+}
+
+// avg_poolNd(self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
+// the window sum (divisor 1), divided by libtorch's divisor for each output.
+LocalKernel avg_pool_forward(const PoolPlan& plan, const at::Tensor& divisor) {
+  return [plan = plan, divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    forward_on_window(
+        plan, op, stack, 0.0,
+        [&](Args& args, const at::Tensor&) {
+          args[3] = zero_list(plan.spatial);
+          args[4] = false;
+          args[5] = true;
+          args[6] = int64_t{1};
+        },
+        [&](torch::jit::Stack* out, const at::Tensor&) { out->back() = divided(divisor, out->back().toTensor()); });
+  };
+}
+
+// avg_poolNd_backward(grad_output, self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+LocalKernel avg_pool_backward(const PoolPlan& plan, const at::Tensor& divisor) {
+  return [plan = plan, divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    backward_on_window(plan, op, stack, [&](Args& args, const std::vector<int64_t>&) {
+      args[0] = divided(divisor, args[0].toTensor());
+      args[4] = zero_list(plan.spatial);
+      args[5] = false;
+      args[6] = true;
+      args[7] = int64_t{1};
+    });
+  };
+}
+
+// _adaptive_avg_poolNd(self, output_size): the local op on the window, sharded dims' output
+// sizes made local.
+LocalKernel adaptive_forward(const PoolPlan& plan) {
+  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    forward_on_window(
+        plan, op, stack, 0.0,
+        [&](Args& args, const at::Tensor& window) {
+          std::vector<int64_t> out_size = args[1].toIntVector();
+          for (size_t k = 0; k < plan.halo.axes.size(); ++k)
+            out_size[plan.halo.axes[k].tensor_dim - (window.dim() - plan.spatial)] = plan.my_outputs(k);
+          args[1] = out_size;
+        },
+        [](torch::jit::Stack*, const at::Tensor&) {});
+  };
+}
+
+// _adaptive_avg_poolNd_backward(grad_output, self)
+LocalKernel adaptive_backward(const PoolPlan& plan) {
+  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    backward_on_window(plan, op, stack, [](Args&, const std::vector<int64_t>&) {});
+  };
+}
+
+}  // namespace
+
+LocalKernel PoolPlan::lower() const {
+  switch (kind) {
+    case PoolKind::Max:
+      return backward ? max_pool_backward(*this) : max_pool_forward(*this);
+    case PoolKind::Avg: {
+      const int64_t ndim = halo.axes.empty() ? 0 : static_cast<int64_t>(halo.axes.front().tensor_dim) + spatial;
+      const at::Tensor divisor = divisor_of(*this, ndim);
+      return backward ? avg_pool_backward(*this, divisor) : avg_pool_forward(*this, divisor);
+    }
+    case PoolKind::AdaptiveAvg:
+      return backward ? adaptive_backward(*this) : adaptive_forward(*this);
+  }
+  return {};
+}
+
+}  // namespace shardtensor

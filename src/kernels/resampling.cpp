@@ -1,0 +1,116 @@
+// Upsampling and padding along sharded spatial dims: the kernels of IndexMapPlan,
+// LocalInputSizePlan and ConstantPadPlan (rules/resampling.h; the rule file says how each
+// layout is handled).
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "domain/halo.h"
+#include "kernels/stack.h"
+#include "rules/resampling.h"
+
+namespace shardtensor {
+namespace {
+
+// One map axis as this rank applies it: its slice of the map, relative to its window, built
+// once when the plan is lowered: the sources of its outputs and the second source's weight
+// (shaped to broadcast along the dim; undefined for one-source maps). On the mesh's device,
+// where the pieces they index live.
+struct LocalMap {
+  const MapAxis* axis;
+  at::Tensor first, second, weight;
+};
+
+at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t window_begin, c10::Device device) {
+  std::vector<int64_t> v(all.begin() + mine.begin, all.begin() + mine.end);
+  for (int64_t& i : v) i -= window_begin;
+  return at::tensor(v, at::TensorOptions().dtype(at::kLong).device(device));
+}
+
+LocalMap slice_for_this_rank(const MapAxis& a, const DeviceMesh& mesh, int64_t ndim) {
+  LocalMap local{&a, {}, {}, {}};
+  const int64_t me = a.halo.me(mesh);
+  const Range mine = a.outputs[me];
+  local.first = local_indices(a.map.i0, mine, a.halo.window[me].begin, mesh.device());
+  if (a.map.weight1.empty()) return local;
+  local.second = local_indices(a.map.i1, mine, a.halo.window[me].begin, mesh.device());
+  std::vector<int64_t> shape(ndim, 1);
+  shape[a.halo.tensor_dim] = mine.size();
+  local.weight = at::tensor(std::vector<double>(a.map.weight1.begin() + mine.begin, a.map.weight1.begin() + mine.end),
+                            at::TensorOptions().dtype(at::kDouble).device(mesh.device()))
+                     .view(shape);
+  return local;
+}
+
+at::Tensor apply_forward(const DeviceMesh& mesh, const std::vector<LocalMap>& maps, at::Tensor x) {
+  for (const LocalMap& a : maps) {
+    const int64_t d = a.axis->halo.tensor_dim;
+    x = gather_window(x, a.axis->halo, mesh, 0.0);
+    const at::Tensor first = x.index_select(d, a.first.to(x.device()));
+    if (!a.weight.defined()) {
+      x = first;
+    } else {
+      const at::Tensor w1 = a.weight.to(x.options());
+      x = first * (1 - w1) + x.index_select(d, a.second.to(x.device())) * w1;
+    }
+  }
+  return x;
+}
+
+at::Tensor apply_backward(const DeviceMesh& mesh, const std::vector<LocalMap>& maps, at::Tensor grad) {
+  for (auto it = maps.rbegin(); it != maps.rend(); ++it) {
+    const LocalMap& a = *it;
+    const HaloAxis& halo = a.axis->halo;
+    const int64_t d = halo.tensor_dim;
+    std::vector<int64_t> shape = grad.sizes().vec();
+    shape[d] = halo.window[halo.me(mesh)].size();
+    at::Tensor g = at::zeros(shape, grad.options());
+    if (!a.weight.defined()) {
+      g.index_add_(d, a.first.to(grad.device()), grad);
+    } else {
+      const at::Tensor w1 = a.weight.to(grad.options());
+      g.index_add_(d, a.first.to(grad.device()), grad * (1 - w1));
+      g.index_add_(d, a.second.to(grad.device()), grad * w1);
+    }
+    grad = scatter_add_window(g, halo, mesh);
+  }
+  return grad;
+}
+
+}  // namespace
+
+LocalKernel IndexMapPlan::lower() const {
+  // The kernel keeps its own copy of the plan: the LocalMaps point into it.
+  auto plan = std::make_shared<const IndexMapPlan>(*this);
+  std::vector<LocalMap> maps;
+  for (const MapAxis& a : plan->axes) maps.push_back(slice_for_this_rank(a, plan->mesh, plan->ndim));
+  return [plan, maps](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    stack->push_back(plan->backward ? apply_backward(plan->mesh, maps, args[0].toTensor())
+                                    : apply_forward(plan->mesh, maps, args[0].toTensor()));
+  };
+}
+
+LocalKernel LocalInputSizePlan::lower() const {
+  return [](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    std::vector<c10::IValue> args = pop_arguments(op, stack);
+    std::vector<int64_t> input_size = args[2].toIntVector();
+    const at::Tensor grad = args[0].toTensor();
+    for (int64_t d = 0; d < grad.dim() - static_cast<int64_t>(args[1].toIntVector().size()); ++d) input_size[d] = grad.size(d);
+    args[2] = input_size;
+    call_with(op, stack, std::move(args));
+  };
+}
+
+LocalKernel ConstantPadPlan::lower() const {
+  const LocalKernel pad_locally = EmptySafePlan().lower();
+  return [halo = halo, local_pad = local_pad, pad_locally](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Scalar value = args[2].toScalar();
+    args[0] = gather_windows(halo, args[0].toTensor(), value.toDouble());
+    args[1] = local_pad;
+    for (c10::IValue& a : args) stack->push_back(std::move(a));
+    pad_locally(op, stack);
+  };
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,153 @@
+// Batch norm and group norm over sharded dims: the kernels of SpatialNormPlan
+// (rules/spatial_norm.h; the rule file says how each layout is handled).
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "comm/mesh_collectives.h"
+#include "kernels/stack.h"
+#include "rules/spatial_norm.h"
+
+namespace shardtensor {
+namespace {
+
+std::vector<int64_t> all_but_channel(int64_t ndim) {
+  std::vector<int64_t> dims = {0};
+  for (int64_t d = 2; d < ndim; ++d) dims.push_back(d);
+  return dims;
+}
+
+// Broadcasts a per-channel vector against [N, C, *].
+at::Tensor per_channel(const at::Tensor& v, int64_t ndim) {
+  std::vector<int64_t> shape(ndim, 1);
+  shape[1] = v.numel();
+  return v.view(shape);
+}
+
+// native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
+LocalKernel batch_norm_forward(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, int64_t count) {
+  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor x = args[0].toTensor();
+    const c10::optional<at::Tensor> weight = args[1].toOptional<at::Tensor>(), bias = args[2].toOptional<at::Tensor>();
+    const c10::optional<at::Tensor> running_mean = args[3].toOptional<at::Tensor>(), running_var = args[4].toOptional<at::Tensor>();
+    const double momentum = args[6].toDouble(), eps = args[7].toDouble();
+    const std::vector<int64_t> dims = all_but_channel(x.dim());
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor sums = at::stack({xd.sum(dims), xd.square().sum(dims)}).contiguous();
+    all_reduce_over(mesh, mesh_dims, sums, ReduceOp::Sum);
+    const at::Tensor mean = sums[0] / count;
+    const at::Tensor var = (sums[1] / count - mean.square()).clamp_min(0);
+    const at::Tensor invstd = (var + eps).rsqrt();
+    at::Tensor out = ((xd - per_channel(mean, x.dim())) * per_channel(invstd, x.dim())).to(x.scalar_type());
+    if (weight && weight->defined()) out.mul_(per_channel(*weight, x.dim()));
+    if (bias && bias->defined()) out.add_(per_channel(*bias, x.dim()));
+    at::NoGradGuard no_grad;
+    if (running_mean && running_mean->defined()) running_mean->mul_(1 - momentum).add_(mean.to(running_mean->scalar_type()), momentum);
+    if (running_var && running_var->defined())
+      running_var->mul_(1 - momentum).add_((var * (static_cast<double>(count) / std::max<int64_t>(count - 1, 1))).to(running_var->scalar_type()), momentum);
+    stack->push_back(out);
+    stack->push_back(mean.to(x.scalar_type()));
+    stack->push_back(invstd.to(x.scalar_type()));
+  };
+}
+
+// native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?, save_mean?,
+// save_invstd?, train, eps, output_mask)
+LocalKernel batch_norm_backward(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, int64_t count) {
+  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor grad = args[0].toTensor(), x = args[1].toTensor();
+    const c10::optional<at::Tensor> weight = args[2].toOptional<at::Tensor>();
+    const at::Tensor mean = args[5].toTensor().to(at::kDouble), invstd = args[6].toTensor().to(at::kDouble);
+    const c10::List<bool> mask = args[9].toBoolList();
+    const std::vector<int64_t> dims = all_but_channel(x.dim());
+    const at::Tensor gd = grad.to(at::kDouble), centred = x.to(at::kDouble) - per_channel(mean, x.dim());
+    const at::Tensor sums = at::stack({gd.sum(dims), (gd * centred).sum(dims)}).contiguous();
+    all_reduce_over(mesh, mesh_dims, sums, ReduceOp::Sum);
+    const at::Tensor sum_dy = sums[0], sum_dy_xmu = sums[1];
+    at::Tensor grad_input;
+    if (mask.get(0)) {
+      const at::Tensor k = per_channel(sum_dy_xmu * invstd.square() / count, x.dim());
+      at::Tensor scale = invstd;
+      if (weight && weight->defined()) scale = scale * weight->to(at::kDouble);
+      grad_input = ((gd - per_channel(sum_dy / count, x.dim()) - centred * k) * per_channel(scale, x.dim())).to(x.scalar_type());
+    }
+    stack->push_back(grad_input);
+    stack->push_back(mask.get(1) ? (sum_dy_xmu * invstd).to(x.scalar_type()) : at::Tensor());
+    stack->push_back(mask.get(2) ? sum_dy.to(x.scalar_type()) : at::Tensor());
+  };
+}
+
+// Group norm's N argument (its index in the schema) must be this rank's batch size.
+void set_local_batch(std::vector<c10::IValue>& args, size_t n_arg, const at::Tensor& x) { args[n_arg] = x.size(0); }
+
+// native_group_norm(input, weight?, bias?, N, C, HxW, group, eps)
+LocalKernel group_norm_forward(const DeviceMesh& mesh, const std::vector<int64_t>& spatial_mesh_dims, int64_t hxw) {
+  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor x = args[0].toTensor();
+    set_local_batch(args, 3, x);
+    if (spatial_mesh_dims.empty()) {
+      for (c10::IValue& a : args) stack->push_back(std::move(a));
+      op.callBoxed(stack);
+      return;
+    }
+    const c10::optional<at::Tensor> weight = args[1].toOptional<at::Tensor>(), bias = args[2].toOptional<at::Tensor>();
+    const int64_t n = x.size(0), groups = args[6].toInt();
+    const double eps = args[7].toDouble();
+    const int64_t count = x.size(1) / groups * hxw;
+    const at::Tensor xg = x.to(at::kDouble).reshape({n, groups, -1});
+    const at::Tensor sums = at::stack({xg.sum(-1), xg.square().sum(-1)}).contiguous();
+    all_reduce_over(mesh, spatial_mesh_dims, sums, ReduceOp::Sum);
+    const at::Tensor mean = sums[0] / count;
+    const at::Tensor rstd = ((sums[1] / count - mean.square()).clamp_min(0) + eps).rsqrt();
+    at::Tensor out = ((xg - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)).view(x.sizes()).to(x.scalar_type());
+    if (weight && weight->defined()) out.mul_(per_channel(*weight, x.dim()));
+    if (bias && bias->defined()) out.add_(per_channel(*bias, x.dim()));
+    stack->push_back(out);
+    stack->push_back(mean.to(x.scalar_type()));
+    stack->push_back(rstd.to(x.scalar_type()));
+  };
+}
+
+// native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C, HxW, group, output_mask)
+LocalKernel group_norm_backward(const DeviceMesh& mesh, const std::vector<int64_t>& spatial_mesh_dims, int64_t hxw) {
+  return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor grad = args[0].toTensor(), x = args[1].toTensor();
+    set_local_batch(args, 5, x);
+    if (spatial_mesh_dims.empty()) {
+      for (c10::IValue& a : args) stack->push_back(std::move(a));
+      op.callBoxed(stack);
+      return;
+    }
+    const c10::optional<at::Tensor> weight = args[4].toOptional<at::Tensor>();
+    const int64_t n = x.size(0), channels = x.size(1), groups = args[8].toInt();
+    const c10::List<bool> mask = args[9].toBoolList();
+    const int64_t count = channels / groups * hxw;
+    const at::Tensor mean = args[2].toTensor().to(at::kDouble).unsqueeze(-1), rstd = args[3].toTensor().to(at::kDouble).unsqueeze(-1);
+    const at::Tensor gd = grad.to(at::kDouble);
+    const at::Tensor dyw = (weight && weight->defined() ? gd * per_channel(weight->to(at::kDouble), x.dim()) : gd).reshape({n, groups, -1});
+    const at::Tensor centred = x.to(at::kDouble).reshape({n, groups, -1}) - mean;
+    const at::Tensor sums = at::stack({(dyw * centred).sum(-1), dyw.sum(-1)}).contiguous();
+    all_reduce_over(mesh, spatial_mesh_dims, sums, ReduceOp::Sum);
+    const at::Tensor sum_dyw_xmu = sums[0].unsqueeze(-1), sum_dyw = sums[1].unsqueeze(-1);
+    const at::Tensor normalised = (centred * rstd).view(x.sizes());
+    at::Tensor grad_input;
+    if (mask.get(0))
+      grad_input = (rstd * (dyw - sum_dyw / count - centred * rstd.square() * sum_dyw_xmu / count)).view(x.sizes()).to(x.scalar_type());
+    const std::vector<int64_t> dims = all_but_channel(x.dim());
+    stack->push_back(grad_input);
+    stack->push_back(mask.get(1) ? (gd * normalised).sum(dims).to(x.scalar_type()) : at::Tensor());
+    stack->push_back(mask.get(2) ? gd.sum(dims).to(x.scalar_type()) : at::Tensor());
+  };
+}
+
+}  // namespace
+
+LocalKernel SpatialNormPlan::lower() const {
+  if (norm == Norm::Batch) return backward ? batch_norm_backward(mesh, mesh_dims, count) : batch_norm_forward(mesh, mesh_dims, count);
+  return backward ? group_norm_backward(mesh, mesh_dims, count) : group_norm_forward(mesh, mesh_dims, count);
+}
+
+}  // namespace shardtensor

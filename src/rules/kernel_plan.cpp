@@ -1,0 +1,39 @@
+#include "rules/kernel_plan.h"
+
+namespace shardtensor {
+
+std::string DeclaredMove::to_string() const {
+  switch (kind) {
+    case Kind::HaloGather:
+      return "halo gather of dim " + std::to_string(tensor_dim) + " over mesh dim " + std::to_string(mesh_dim);
+    case Kind::HaloScatterAdd:
+      return "halo scatter-add of dim " + std::to_string(tensor_dim) + " over mesh dim " + std::to_string(mesh_dim);
+    case Kind::AllReduce:
+      return "all-reduce(sum) over mesh dim " + std::to_string(mesh_dim);
+  }
+  return "?";
+}
+
+namespace {
+std::vector<DeclaredMove> halo_moves(const HaloPlan& plan, DeclaredMove::Kind kind) {
+  std::vector<DeclaredMove> moves;
+  for (const HaloAxis& axis : plan.axes)
+    if (axis.mesh_dim >= 0 && axis.crosses_shards()) moves.push_back({kind, axis.mesh_dim, axis.tensor_dim});
+  return moves;
+}
+}  // namespace
+
+std::vector<DeclaredMove> halo_gathers(const HaloPlan& plan) { return halo_moves(plan, DeclaredMove::Kind::HaloGather); }
+
+std::vector<DeclaredMove> halo_scatter_adds(const HaloPlan& plan) {
+  std::vector<DeclaredMove> moves = halo_moves(plan, DeclaredMove::Kind::HaloScatterAdd);
+  return {moves.rbegin(), moves.rend()};
+}
+
+std::vector<DeclaredMove> sums_over(const std::vector<int64_t>& mesh_dims) {
+  std::vector<DeclaredMove> moves;
+  for (int64_t d : mesh_dims) moves.push_back({DeclaredMove::Kind::AllReduce, d, -1});
+  return moves;
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,56 @@
+// How a built-in rule asks for local compute beyond calling the operator on the local pieces.
+//
+// Rules stay pure: they see metadata and return layouts. When an op needs more than that (a
+// halo window gathered before the local convolution, a mean divided by the global count,
+// statistics summed over the shards of a norm), the rule returns a KernelPlan: a const
+// description of that computation and of every move it makes between ranks (moves()). The
+// code that runs a plan lives in src/kernels/, one file per family, which defines the plan's
+// lower(); dispatch lowers a plan once, when the propagation that made it is cached. So no
+// rule includes comm/, domain/ or kernels/, and every rule, moves included, can be checked in
+// one process (tests/unit/rules_test.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardtensor/sharding_rule.h"
+#include "spec/halo_geometry.h"
+
+namespace shardtensor {
+
+// One transfer between ranks that a kernel makes in the middle of its op.
+struct DeclaredMove {
+  enum class Kind { HaloGather, HaloScatterAdd, AllReduce };
+  Kind kind = Kind::AllReduce;
+  int64_t mesh_dim = -1;    // the group it runs on
+  int64_t tensor_dim = -1;  // halo moves: the tensor dim whose windows move
+
+  std::string to_string() const;  // "halo gather of dim 2 over mesh dim 0", "all-reduce(sum) over mesh dim 1"
+  bool operator==(const DeclaredMove& o) const { return kind == o.kind && mesh_dim == o.mesh_dim && tensor_dim == o.tensor_dim; }
+};
+
+// The halo gathers of `plan` that cross shards, in order, and their adjoint scatter-adds.
+std::vector<DeclaredMove> halo_gathers(const HaloPlan& plan);
+std::vector<DeclaredMove> halo_scatter_adds(const HaloPlan& plan);
+// A sum over the groups of `mesh_dims`, one all-reduce per mesh dim.
+std::vector<DeclaredMove> sums_over(const std::vector<int64_t>& mesh_dims);
+
+struct KernelPlan {
+  virtual ~KernelPlan() = default;
+  // The code that runs this plan on one rank: defined in src/kernels/.
+  virtual LocalKernel lower() const = 0;
+  // What the kernel computes, for explain and errors ("halo convolution (forward)").
+  virtual std::string name() const = 0;
+  // Every move between ranks the kernel makes, in order (none: a purely local kernel).
+  virtual std::vector<DeclaredMove> moves() const { return {}; }
+};
+
+// A plan as a rule result holds it (plans are immutable once declared).
+template <typename Plan>
+std::shared_ptr<const KernelPlan> declare(Plan plan) {
+  return std::make_shared<const Plan>(std::move(plan));
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,58 @@
+// The plans of upsampling and padding along sharded spatial dims (rules/resampling.cpp
+// declares them, kernels/resampling.cpp runs them).
+#pragma once
+
+#include "rules/spatial.h"
+
+namespace shardtensor {
+
+// Output o reads source positions i0[o] and i1[o] with weights (1 - w[o], w[o]).
+struct IndexMap {
+  std::vector<int64_t> i0, i1;
+  std::vector<double> weight1;  // empty: a plain gather of i0
+};
+
+// One dim's map with its halo axis and the output range of every rank.
+struct MapAxis {
+  HaloAxis halo;
+  IndexMap map;
+  std::vector<Range> outputs;
+};
+
+// Upsampling and reflection/replication padding (forward), and their backward: per spatial
+// dim, gather the window of sources and apply the map (backward: apply the transposed map and
+// scatter the window gradient back).
+struct IndexMapPlan : KernelPlan {
+  explicit IndexMapPlan(DeviceMesh m) : mesh(std::move(m)) {}
+
+  DeviceMesh mesh;
+  std::vector<MapAxis> axes;
+  int64_t ndim = 0;  // of the tensors the maps apply to
+  bool backward = false;
+
+  LocalKernel lower() const override;
+  std::string name() const override { return backward ? "halo index map (backward)" : "halo index map (forward)"; }
+  std::vector<DeclaredMove> moves() const override;
+};
+
+// An upsample backward on unsharded spatial dims: the operator on this rank's pieces, with the
+// batch and channel entries of input_size (global in the call) made this rank's.
+struct LocalInputSizePlan : KernelPlan {
+  LocalKernel lower() const override;
+  std::string name() const override { return "upsample backward with local input_size"; }
+};
+
+// constant_pad_nd along sharded dims: this rank's window gathered with the pad value as fill,
+// then padded locally by `local_pad` (zero on the sharded dims).
+struct ConstantPadPlan : KernelPlan {
+  explicit ConstantPadPlan(DeviceMesh mesh) : halo{std::move(mesh), {}} {}
+
+  HaloPlan halo;
+  std::vector<int64_t> local_pad;
+
+  LocalKernel lower() const override;
+  std::string name() const override { return "constant pad over a halo window"; }
+  std::vector<DeclaredMove> moves() const override { return halo_gathers(halo); }
+};
+
+}  // namespace shardtensor

@@ -1,0 +1,64 @@
+#include "spec/halo_geometry.h"
+
+#include <algorithm>
+
+namespace shardtensor {
+
+Range intersect(Range a, Range b) { return {std::max(a.begin, b.begin), std::max(std::max(a.begin, b.begin), std::min(a.end, b.end))}; }
+
+std::vector<Range> sizes_to_ranges(const std::vector<int64_t>& sizes) {
+  std::vector<Range> ranges;
+  int64_t offset = 0;
+  for (int64_t n : sizes) {
+    ranges.push_back({offset, offset + n});
+    offset += n;
+  }
+  return ranges;
+}
+
+std::vector<int64_t> range_sizes(const std::vector<Range>& ranges) {
+  std::vector<int64_t> sizes;
+  for (const Range& r : ranges) sizes.push_back(r.size());
+  return sizes;
+}
+
+std::vector<Range> shifted_ranges(const std::vector<Range>& owned, int64_t shift, int64_t out_length) {
+  std::vector<Range> ranges(owned.size());
+  for (size_t r = 0; r < owned.size(); ++r) {
+    ranges[r].begin = r == 0 ? 0 : std::min(std::max<int64_t>(owned[r].begin + shift, 0), out_length);
+    if (r > 0) ranges[r - 1].end = ranges[r].begin;
+  }
+  ranges.back().end = out_length;
+  return ranges;
+}
+
+std::vector<InField> in_field_runs(Range window, int64_t length, bool periodic) {
+  std::vector<InField> runs;
+  if (!periodic) {
+    const Range inside = intersect(window, {0, length});
+    if (inside.size()) runs.push_back({inside.begin - window.begin, inside});
+    return runs;
+  }
+  for (int64_t p = window.begin; p < window.end && length > 0;) {
+    const int64_t wrap = p >= 0 ? p / length : -((-p + length - 1) / length);
+    const int64_t end = std::min(window.end, (wrap + 1) * length);
+    runs.push_back({p - window.begin, {p - wrap * length, end - wrap * length}});
+    p = end;
+  }
+  return runs;
+}
+
+bool HaloAxis::crosses_shards() const {
+  for (size_t q = 0; q < window.size(); ++q)
+    for (const InField& run : in_field_runs(window[q], length, periodic))
+      for (size_t r = 0; r < owned.size(); ++r)
+        if (q != r && intersect(run.field, owned[r]).size()) return true;
+  return false;
+}
+
+std::vector<int64_t> HaloPlan::window_shape(std::vector<int64_t> shape) const {
+  for (const HaloAxis& axis : axes) shape[axis.tensor_dim] = axis.window[axis.me(mesh)].size();
+  return shape;
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,305 @@
+// Sharding rules, one process, no communication: every rule family is called on specs over a
+// mesh without communicators (DeviceMesh::without_comms), and its answer is checked as a table
+// row: (op, input specs, args) -> (input targets, output layouts, declared moves). A rule that
+// reached for a communicator, or ran its kernel, would raise here instead of planning.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <sstream>
+
+#include "rules/kernel_plan.h"
+#include "rules/registry.h"
+#include "util/strings.h"
+
+using namespace shardtensor;
+
+namespace {
+
+// One argument of the call: a tensor given by its spec, or any other value.
+struct Arg {
+  Arg(ShardTensorSpec s) : spec(std::move(s)) {}  // NOLINT: a table reads better without wrappers
+  Arg(c10::IValue v) : value(std::move(v)) {}     // NOLINT
+  Arg(int64_t v) : value(v) {}                    // NOLINT
+  Arg(double v) : value(v) {}                     // NOLINT
+  Arg(bool v) : value(v) {}                       // NOLINT
+  Arg(std::vector<int64_t> v) : value(std::move(v)) {}  // NOLINT
+  std::optional<ShardTensorSpec> spec;
+  c10::IValue value;
+};
+
+const c10::IValue kNone;
+
+// What a rule answered, as the strings a table compares.
+struct Answer {
+  std::string targets;  // input targets, "S(0) | R"
+  std::string outputs;  // output placements with their size tables, "S(2){2: 4,4,4,4} | R"
+  std::string moves;    // the kernel plan's declared moves, "none" without any
+  std::string kernel;   // the kernel plan's name, "" without one
+};
+
+std::string sizes_of(const ShardSizes& sizes) {
+  std::string out;
+  for (const DimShardSizes& entry : sizes) out += "{" + std::to_string(entry.tensor_dim) + ": " + join(entry.sizes, ",") + "}";
+  return out;
+}
+
+Answer call_rule(const std::string& op, const std::vector<Arg>& args) {
+  const size_t dot = op.find('.');
+  const std::string name = op.substr(0, dot), overload = dot == std::string::npos ? "" : op.substr(dot + 1);
+  const c10::OperatorHandle handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+  OpMeta meta;
+  meta.name = op;
+  meta.schema = &handle.schema();
+  std::vector<c10::IValue> values;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].spec) meta.inputs.push_back({*args[i].spec, i, false});
+    values.push_back(args[i].spec ? c10::IValue(at::Tensor()) : args[i].value);  // rules never read tensor data
+  }
+  meta.args = values;
+  const Rule* rule = rule_registry().find(op);
+  EXPECT_NE(rule, nullptr) << "no rule for " << op;
+  if (!rule) return {};
+  const RuleResult r = (*rule)(meta);
+  EXPECT_EQ(r.unsupported_reason, "") << op;
+  EXPECT_FALSE(r.local_kernel) << op << ": built-in rules declare kernel plans, not closures";
+  Answer a;
+  std::vector<std::string> parts;
+  for (const ShardTensorSpec& t : r.input_targets) parts.push_back(to_string(t.placements()) + sizes_of(t.shard_sizes()));
+  a.targets = join(parts, " | ");
+  parts.clear();
+  for (const OutputLayout& o : r.outputs) parts.push_back(to_string(o.placements) + sizes_of(o.sizes));
+  a.outputs = join(parts, " | ");
+  parts.clear();
+  if (r.kernel_plan)
+    for (const DeclaredMove& m : r.kernel_plan->moves()) parts.push_back(m.to_string());
+  a.moves = parts.empty() ? "none" : join(parts, "; ");
+  a.kernel = r.kernel_plan ? r.kernel_plan->name() : "";
+  return a;
+}
+
+// A spec on a mesh of `mesh_shape` seen from rank `rank` (no communicators).
+ShardTensorSpec spec(std::vector<int64_t> mesh_shape, Placements ps, std::vector<int64_t> shape, ShardSizes sizes = {},
+                     int64_t rank = 0) {
+  return ShardTensorSpec(DeviceMesh::without_comms(std::move(mesh_shape), rank), std::move(ps), std::move(shape), c10::kFloat,
+                         std::move(sizes));
+}
+
+}  // namespace
+
+// ---- pointwise ----
+
+TEST(PointwiseRules, ShardedOperandsMeetPieceByPieceWithoutMoves) {
+  const auto x = spec({4}, {Shard(0)}, {10, 3});
+  const Answer a = call_rule("aten::mul.Tensor", {x, x});
+  EXPECT_EQ(a.targets, "[S(0)]{0: 3,3,3,1} | [S(0)]{0: 3,3,3,1}");  // torch.chunk sizes
+  EXPECT_EQ(a.outputs, "[S(0)]{0: 3,3,3,1}");
+  EXPECT_EQ(a.moves, "none");
+}
+
+TEST(PointwiseRules, UnevenOperandIsAlignedToTheFirstOperandsSizes) {
+  const auto x = spec({4}, {Shard(0)}, {10}, {{0, {1, 4, 0, 5}}});
+  const auto y = spec({4}, {Shard(0)}, {10});
+  EXPECT_EQ(call_rule("aten::add.Tensor", {x, y, int64_t{1}}).targets, "[S(0)]{0: 1,4,0,5} | [S(0)]{0: 1,4,0,5}");
+}
+
+// ---- reductions ----
+
+TEST(ReductionRules, SumOverAShardedDimIsPartialAndMovesNothing) {
+  const auto x = spec({4}, {Shard(0)}, {8, 3});
+  const Answer a = call_rule("aten::sum.dim_IntList", {x, std::vector<int64_t>{0}, false, kNone});
+  EXPECT_EQ(a.outputs, "[P(sum)]");
+  EXPECT_EQ(a.moves, "none");
+}
+
+TEST(ReductionRules, MeanOverAShardedDimDividesByTheGlobalCountLocally) {
+  const auto x = spec({4}, {Shard(0)}, {8, 3});
+  const Answer a = call_rule("aten::mean.dim", {x, std::vector<int64_t>{0}, false, kNone});
+  EXPECT_EQ(a.outputs, "[P(sum)]");
+  EXPECT_NE(a.kernel, "");
+  EXPECT_EQ(a.moves, "none");
+}
+
+// ---- matmul ----
+
+TEST(MatmulRules, RowShardedTimesReplicatedStaysRowSharded) {
+  const Answer a = call_rule("aten::mm", {spec({4}, {Shard(0)}, {8, 6}), spec({4}, {Replicate()}, {6, 5})});
+  EXPECT_EQ(a.outputs, "[S(0)]{0: 2,2,2,2}");
+  EXPECT_EQ(a.moves, "none");
+}
+
+TEST(MatmulRules, ContractingShardedDimsGivesPartialSum) {
+  const Answer a = call_rule("aten::mm", {spec({4}, {Shard(1)}, {8, 6}), spec({4}, {Shard(0)}, {6, 5})});
+  EXPECT_EQ(a.targets, "[S(1)]{1: 2,2,2,0} | [S(0)]{0: 2,2,2,0}");
+  EXPECT_EQ(a.outputs, "[P(sum)]");
+}
+
+// ---- views ----
+
+TEST(ViewRules, SplittingAnUnshardedDimKeepsTheSharding) {
+  const Answer a = call_rule("aten::view", {spec({4}, {Shard(0)}, {8, 4}), std::vector<int64_t>{8, 2, 2}});
+  EXPECT_EQ(a.targets, "[S(0)]{0: 2,2,2,2}");
+  EXPECT_EQ(a.outputs, "[S(0)]{0: 2,2,2,2}");
+  EXPECT_EQ(a.moves, "none");
+}
+
+// ---- layer norm, losses, embedding ----
+
+TEST(NormalizationRules, LayerNormOverWholeRowsIsLocal) {
+  const auto x = spec({4}, {Shard(0)}, {8, 6});
+  const Answer a = call_rule("aten::native_layer_norm", {x, std::vector<int64_t>{6}, kNone, kNone, 1e-5});
+  EXPECT_EQ(a.targets, "[S(0)]{0: 2,2,2,2}");
+  EXPECT_EQ(a.moves, "none");
+}
+
+TEST(LossRules, MeanSquaredErrorOverShardsSumsThenDividesLocally) {
+  const auto x = spec({4}, {Shard(0)}, {8, 6});
+  const Answer a = call_rule("aten::mse_loss", {x, x, int64_t{1}});  // reduction: mean
+  EXPECT_EQ(a.outputs, "[P(sum)]");
+  EXPECT_EQ(a.moves, "none");
+}
+
+TEST(EmbeddingRules, ShardedIndicesGiveShardedRows) {
+  const Answer a = call_rule("aten::embedding", {spec({4}, {Replicate()}, {10, 3}), spec({4}, {Shard(0)}, {8}), int64_t{-1}, false, false});
+  EXPECT_EQ(a.outputs, "[S(0)]{0: 2,2,2,2}");
+  EXPECT_EQ(a.moves, "none");
+}
+
+// ---- convolution ----
+
+namespace {
+Answer conv2d(const ShardTensorSpec& in, int64_t kernel, int64_t padding, int64_t stride = 1) {
+  return call_rule("aten::convolution", {in, spec(in.mesh().shape(), Placements(in.mesh().ndim(), Replicate()), {5, 3, kernel, kernel}),
+                                         kNone, std::vector<int64_t>{stride}, std::vector<int64_t>{padding}, std::vector<int64_t>{1},
+                                         false, std::vector<int64_t>{0}, int64_t{1}});
+}
+}  // namespace
+
+TEST(ConvolutionRules, A3x3ConvolutionGathersTheHaloOfItsShardedDim) {
+  const Answer a = conv2d(spec({4}, {Shard(2)}, {2, 3, 16, 16}), 3, 1);
+  EXPECT_EQ(a.targets, "[S(2)]{2: 4,4,4,4} | [R]");
+  EXPECT_EQ(a.outputs, "[S(2)]{2: 4,4,4,4}");
+  EXPECT_EQ(a.moves, "halo gather of dim 2 over mesh dim 0");
+  EXPECT_EQ(a.kernel, "halo convolution (forward)");
+}
+
+TEST(ConvolutionRules, OutputShardsFollowUnevenInputShardsUnderAStride) {
+  const Answer a = conv2d(spec({4}, {Shard(3)}, {1, 3, 8, 16}, {{3, {6, 0, 7, 3}}}), 3, 1, 2);
+  EXPECT_EQ(a.outputs, "[S(3)]{3: 3,0,4,1}");  // rank r: outputs whose windows start in its rows
+  EXPECT_EQ(a.moves, "halo gather of dim 3 over mesh dim 0");
+}
+
+TEST(ConvolutionRules, APointwiseConvolutionMovesNothing) {
+  EXPECT_EQ(conv2d(spec({4}, {Shard(2)}, {2, 3, 16, 16}), 1, 0).moves, "none");
+}
+
+TEST(ConvolutionRules, ChannelShardingIsGatheredAndTwoSpatialDimsExchangeInOrder) {
+  const Answer a = conv2d(spec({2, 2}, {Shard(2), Shard(1)}, {1, 4, 8, 8}), 3, 1);
+  EXPECT_EQ(a.targets, "[S(2), R]{2: 4,4} | [R, R]");
+  EXPECT_EQ(conv2d(spec({2, 2}, {Shard(2), Shard(3)}, {1, 3, 8, 8}), 3, 1).moves,
+            "halo gather of dim 2 over mesh dim 0; halo gather of dim 3 over mesh dim 1");
+}
+
+TEST(ConvolutionRules, BackwardGathersTheWindowAndScattersItsGradientBack) {
+  const auto in = spec({4}, {Shard(2)}, {2, 3, 16, 16});
+  const auto grad = spec({4}, {Shard(2)}, {2, 5, 16, 16});
+  const auto weight = spec({4}, {Replicate()}, {5, 3, 3, 3});
+  c10::List<bool> mask({true, true, true});
+  const Answer a = call_rule("aten::convolution_backward",
+                             {grad, in, weight, c10::IValue(std::vector<int64_t>{5}), std::vector<int64_t>{1},
+                              std::vector<int64_t>{1}, std::vector<int64_t>{1}, false, std::vector<int64_t>{0}, int64_t{1},
+                              c10::IValue(mask)});
+  EXPECT_EQ(a.outputs, "[S(2)]{2: 4,4,4,4} | [P(sum)] | [P(sum)]");
+  EXPECT_EQ(a.moves, "halo gather of dim 2 over mesh dim 0; halo scatter-add of dim 2 over mesh dim 0");
+}
+
+// ---- pooling ----
+
+TEST(PoolingRules, NonOverlappingWindowsInsideShardsMoveNothing) {
+  const Answer a = call_rule("aten::max_pool2d_with_indices",
+                             {spec({4}, {Shard(2)}, {1, 2, 16, 8}), std::vector<int64_t>{2, 2}, std::vector<int64_t>{2, 2},
+                              std::vector<int64_t>{0, 0}, std::vector<int64_t>{1, 1}, false});
+  EXPECT_EQ(a.outputs, "[S(2)]{2: 2,2,2,2} | [S(2)]{2: 2,2,2,2}");
+  EXPECT_EQ(a.moves, "none");
+}
+
+TEST(PoolingRules, OverlappingWindowsGatherAHalo) {
+  const Answer a = call_rule("aten::avg_pool2d", {spec({4}, {Shard(2)}, {1, 2, 16, 8}), std::vector<int64_t>{3, 3},
+                                                  std::vector<int64_t>{1, 1}, std::vector<int64_t>{1, 1}, false, true, kNone});
+  EXPECT_EQ(a.outputs, "[S(2)]{2: 4,4,4,4}");
+  EXPECT_EQ(a.moves, "halo gather of dim 2 over mesh dim 0");
+}
+
+// ---- resampling ----
+
+TEST(ResamplingRules, NearestUpsamplingByTwoStaysInsideShards) {
+  const Answer a = call_rule("aten::upsample_nearest2d",
+                             {spec({4}, {Shard(2)}, {1, 1, 8, 8}), std::vector<int64_t>{16, 16}, kNone, kNone});
+  EXPECT_EQ(a.outputs, "[S(2)]{2: 4,4,4,4}");
+  EXPECT_EQ(a.moves, "none");
+}
+
+TEST(ResamplingRules, BilinearUpsamplingReadsTheNextShardsFirstRow) {
+  const Answer a = call_rule("aten::upsample_bilinear2d",
+                             {spec({4}, {Shard(2)}, {1, 1, 8, 8}), std::vector<int64_t>{16, 16}, false, kNone, kNone});
+  EXPECT_EQ(a.moves, "halo gather of dim 2 over mesh dim 0");
+}
+
+TEST(ResamplingRules, ConstantPaddingOfAShardedDimShiftsOwnershipAndMovesNothing) {
+  // Every rank owns the outputs opposite its rows, so its window is its own rows plus fill.
+  Answer a = call_rule("aten::constant_pad_nd", {spec({4}, {Shard(1)}, {2, 8}), std::vector<int64_t>{1, 2}, 0.0});
+  EXPECT_EQ(a.outputs, "[S(1)]{1: 3,2,2,4}");  // the first rank takes the front pad, the last the back
+  EXPECT_EQ(a.moves, "none");
+  a = call_rule("aten::constant_pad_nd", {spec({4}, {Shard(1)}, {2, 8}), std::vector<int64_t>{-1, -2}, 0.0});
+  EXPECT_EQ(a.outputs, "[S(1)]{1: 1,2,2,0}");  // a crop takes the first row from rank 0, the last two from rank 3
+  EXPECT_EQ(a.moves, "none");
+}
+
+// ---- batch and group norm ----
+
+TEST(SpatialNormRules, TrainingBatchNormSumsStatisticsOverEveryShardingMeshDim) {
+  const auto x = spec({2, 2}, {Shard(0), Shard(2)}, {4, 3, 8, 8});
+  const auto c = spec({2, 2}, {Replicate(), Replicate()}, {3});
+  const Answer a = call_rule("aten::native_batch_norm", {x, c, c, c, c, true, 0.1, 1e-5});
+  EXPECT_EQ(a.outputs, "[S(0), S(2)]{0: 2,2}{2: 4,4} | [R, R] | [R, R]");
+  EXPECT_EQ(a.moves, "all-reduce(sum) over mesh dim 0; all-reduce(sum) over mesh dim 1");
+}
+
+TEST(SpatialNormRules, GroupNormSplitOnlyOnTheBatchIsLocal) {
+  const auto x = spec({4}, {Shard(0)}, {8, 4, 6, 6});
+  const auto c = spec({4}, {Replicate()}, {4});
+  const Answer a = call_rule("aten::native_group_norm", {x, c, c, int64_t{8}, int64_t{4}, int64_t{36}, int64_t{2}, 1e-5});
+  EXPECT_EQ(a.outputs, "[S(0)]{0: 2,2,2,2} | [S(0)]{0: 2,2,2,2} | [S(0)]{0: 2,2,2,2}");
+  EXPECT_EQ(a.moves, "none");
+}
+
+// ---- random, indexing ----
+
+TEST(RandomRules, UniformDrawsInPlaceOnAnyLayoutWithoutMoves) {
+  const Answer a = call_rule("aten::uniform_", {spec({4}, {Shard(1)}, {3, 10}), 0.0, 1.0, kNone});
+  EXPECT_EQ(a.targets, "[S(1)]{1: 3,3,3,1}");
+  EXPECT_EQ(a.moves, "none");
+}
+
+TEST(IndexingRules, GatherAlongAnUnshardedDimKeepsTheIndexLayout) {
+  const auto self = spec({4}, {Shard(0)}, {8, 5});
+  const auto index = spec({4}, {Shard(0)}, {8, 2});
+  const Answer a = call_rule("aten::gather", {self, int64_t{1}, index, false});
+  EXPECT_EQ(a.outputs, "[S(0)]{0: 2,2,2,2}");
+  EXPECT_EQ(a.moves, "none");
+}
+
+// ---- every rule family is in this file ----
+
+TEST(RuleFamilies, EveryFamilyHasATestHere) {
+  // One registration function per family in rules/registry.h; keep this list in step with it.
+  const std::vector<std::string> families = {"Pointwise", "Reduction", "Matmul", "View", "Normalization", "Loss", "Embedding",
+                                             "Convolution", "Pooling", "Resampling", "SpatialNorm", "Random", "Indexing"};
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  for (const std::string& family : families) {
+    bool found = false;
+    for (int i = 0; i < unit.total_test_suite_count(); ++i)
+      found = found || std::string(unit.GetTestSuite(i)->name()) == family + "Rules";
+    EXPECT_TRUE(found) << "no " << family << "Rules test suite";
+  }
+}
