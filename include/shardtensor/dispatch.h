@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include <functional>
 #include <map>
@@ -64,6 +65,13 @@ std::vector<at::Tensor> local_map(const LocalFunction& fn, const std::vector<at:
                                   const std::vector<Placements>& out_placements);
 
 // ---- Debug tools ---------------------------------------------------------------------------
+// What a call of `op_name` ("aten::convolution", "aten::add.Tensor") on `args` would do,
+// without running it: each input's redistribution (or none), the local kernel with every move
+// it makes in the middle of the op (halo gathers and scatter-adds, reductions), and the output
+// layouts. Tensor arguments are ShardTensors; missing trailing arguments take the schema's
+// defaults. Nothing is communicated, and the propagation is cached for the real call.
+std::string explain_operator(const std::string& op_name, std::vector<c10::IValue> args);
+
 // Counts the collectives shardtensor issues on this thread while alive, by kind
 // ("all_reduce", "all_to_all", ...) and by the operator that caused them ("aten::mm", or
 // "redistribute" for explicit calls).

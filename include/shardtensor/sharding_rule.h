@@ -53,6 +53,22 @@ struct OpMeta {
   std::vector<TensorInput> inputs;           // tensor arguments in order (lists flattened)
   c10::ArrayRef<c10::IValue> args;           // all arguments; tensors already unwrapped
 
+  // Arguments by their schema names ("dim", "keepdim", "weight"): a rule that serves several
+  // overloads reads the same name wherever each one puts it, and a rule can't read the wrong
+  // argument silently. Names are the same on every libtorch line we build against.
+  //
+  // The position of argument `name` in the schema; raises, naming the operator and listing its
+  // arguments, when the schema has no argument of that name.
+  size_t arg_index(const std::string& name) const;
+  // Argument `name` (tensors already unwrapped); raises like arg_index.
+  const c10::IValue& arg(const std::string& name) const;
+  // The input that came from argument `name` (nullptr: None or not a tensor; the first
+  // tensor of a list argument); raises like arg_index.
+  const TensorInput* input_named(const std::string& name) const;
+  // A position is no name: arg(0) would otherwise compile, as a null std::string.
+  const c10::IValue& arg(size_t) const = delete;
+  const TensorInput* input_named(size_t) const = delete;
+
   // The input that came from argument `arg_index` (nullptr: None or not a tensor).
   const TensorInput* input_at(size_t arg_index) const;
   int64_t input_position(size_t arg_index) const;  // its index in `inputs`, or -1

@@ -1,6 +1,7 @@
 // Everything a user of shardtensor includes.
 #pragma once
 
+#include "shardtensor/checkpoint.h"
 #include "shardtensor/device_mesh.h"
 #include "shardtensor/dispatch.h"
 #include "shardtensor/factories.h"

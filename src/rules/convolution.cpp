@@ -22,17 +22,18 @@
 namespace shardtensor {
 namespace {
 
-// `first` is the index of the stride argument (3 for convolution, 4 for its backward).
-ConvParams conv_params(const OpMeta& op, size_t first, const ShardTensorSpec& weight) {
+// convolution and convolution_backward name their geometry arguments alike (the backward has
+// grad_output first and bias_sizes for bias, so the positions differ by one).
+ConvParams conv_params(const OpMeta& op, const ShardTensorSpec& weight) {
   ConvParams p;
   p.spatial = weight.ndim() - 2;
   for (int64_t i = 0; i < p.spatial; ++i) p.kernel.push_back(weight.shape()[2 + i]);
-  p.stride = expand_param(op, first, p.spatial, {1});
-  p.padding = expand_param(op, first + 1, p.spatial, {0});
-  p.dilation = expand_param(op, first + 2, p.spatial, {1});
-  p.transposed = bool_arg(op, first + 3);
-  p.output_padding = expand_param(op, first + 4, p.spatial, {0});
-  p.groups = int_arg(op, first + 5);
+  p.stride = expand_param(op, "stride", p.spatial, {1});
+  p.padding = expand_param(op, "padding", p.spatial, {0});
+  p.dilation = expand_param(op, "dilation", p.spatial, {1});
+  p.transposed = bool_arg(op, "transposed");
+  p.output_padding = expand_param(op, "output_padding", p.spatial, {0});
+  p.groups = int_arg(op, "groups");
   return p;
 }
 
@@ -89,7 +90,7 @@ ConvolutionPlan conv_plan(const ShardTensorSpec& in, const ConvParams& p, Convol
 // convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
 RuleResult convolution_rule(const OpMeta& op) {
   const ShardTensorSpec& weight = op.inputs[1].spec;
-  const ConvParams p = conv_params(op, 3, weight);
+  const ConvParams p = conv_params(op, weight);
   const ShardTensorSpec in = spatial_layout(op.inputs[0].spec, p.spatial, /*channel_whole=*/true);
   RuleResult r;
   r.input_targets = {in};
@@ -104,9 +105,9 @@ RuleResult convolution_rule(const OpMeta& op) {
 // convolution_backward(grad_output, input, weight, bias_sizes?, stride, padding, dilation,
 // transposed, output_padding, groups, output_mask) -> (grad_input, grad_weight, grad_bias)
 RuleResult convolution_backward_rule(const OpMeta& op) {
-  const ShardTensorSpec& weight = op.input_at(2)->spec;
-  const ConvParams p = conv_params(op, 4, weight);
-  const ShardTensorSpec in = spatial_layout(op.input_at(1)->spec, p.spatial, /*channel_whole=*/true);
+  const ShardTensorSpec& weight = op.input_named("weight")->spec;
+  const ConvParams p = conv_params(op, weight);
+  const ShardTensorSpec in = spatial_layout(op.input_named("input")->spec, p.spatial, /*channel_whole=*/true);
   OutputLayout out = layout_of(in);
   ConvolutionPlan plan = conv_plan(in, p, ConvolutionPlan::Pass::Backward, &out);
   RuleResult r;

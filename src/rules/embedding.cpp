@@ -18,7 +18,7 @@ RuleResult embedding_rule(const OpMeta& op) {
 
 // embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
 RuleResult embedding_backward_rule(const OpMeta& op) {
-  const bool by_frequency = bool_arg(op, 4);
+  const bool by_frequency = bool_arg(op, "scale_grad_by_freq");
   const ShardTensorSpec& grad = op.inputs[0].spec;
   ShardTensorSpec indices = without_partial(op.inputs[1].spec);
   if (by_frequency) indices = replicated(indices);

@@ -1,6 +1,7 @@
 // See helpers.h.
 #include "rules/helpers.h"
 
+#include <ATen/core/function_schema.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -82,13 +83,30 @@ std::vector<int64_t> reduction_dims(const c10::IValue& arg, int64_t ndim, const 
   return dims;
 }
 
-int64_t int_arg(const OpMeta& op, size_t index) { return op.args[index].toInt(); }
+int64_t int_arg(const OpMeta& op, const std::string& name) { return op.arg(name).toInt(); }
 
-bool bool_arg(const OpMeta& op, size_t index, bool if_none) {
-  return op.args[index].isNone() ? if_none : op.args[index].toBool();
+bool bool_arg(const OpMeta& op, const std::string& name, bool if_none) {
+  const c10::IValue& v = op.arg(name);
+  return v.isNone() ? if_none : v.toBool();
 }
 
-std::vector<int64_t> int_list_arg(const OpMeta& op, size_t index) { return op.args[index].toIntVector(); }
+std::vector<int64_t> int_list_arg(const OpMeta& op, const std::string& name) { return op.arg(name).toIntVector(); }
+
+std::optional<int64_t> optional_int_arg(const OpMeta& op, const std::string& name) {
+  const c10::IValue& v = op.arg(name);
+  return v.isNone() ? std::nullopt : std::optional<int64_t>(v.toInt());
+}
+
+std::optional<double> optional_double_arg(const OpMeta& op, const std::string& name) {
+  const c10::IValue& v = op.arg(name);
+  return v.isNone() ? std::nullopt : std::optional<double>(v.toDouble());
+}
+
+const std::string& arg_name(const OpMeta& op, const TensorInput& in) {
+  TORCH_CHECK(op.schema && in.arg_index < op.schema->arguments().size(), op.name, ": input from argument ", in.arg_index,
+              " is not in the schema");
+  return op.schema->arguments()[in.arg_index].name();
+}
 
 std::vector<int64_t> sharding_mesh_dims(const ShardTensorSpec& spec, const std::function<bool(int64_t)>& pred) {
   std::vector<int64_t> dims;

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "rules/registry.h"
@@ -41,10 +42,25 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const OpMeta& op);
 // Reads the reduction dims of an int[]/int?/int[1]? argument: empty or None means all dims.
 std::vector<int64_t> reduction_dims(const c10::IValue& arg, int64_t ndim, const OpMeta& op);
 
-// Argument readers with defaults for None.
-int64_t int_arg(const OpMeta& op, size_t index);
-bool bool_arg(const OpMeta& op, size_t index, bool if_none = false);
-std::vector<int64_t> int_list_arg(const OpMeta& op, size_t index);
+// Argument readers by schema name (OpMeta::arg), with defaults for None. Each raises, naming
+// the operator and its arguments, when the schema has no such name.
+int64_t int_arg(const OpMeta& op, const std::string& name);
+bool bool_arg(const OpMeta& op, const std::string& name, bool if_none = false);
+std::vector<int64_t> int_list_arg(const OpMeta& op, const std::string& name);
+std::optional<int64_t> optional_int_arg(const OpMeta& op, const std::string& name);    // int?
+std::optional<double> optional_double_arg(const OpMeta& op, const std::string& name);  // float?
+// Rules read arguments by name only: a position would silently read another argument of an
+// overload that orders them differently. Deleted so that int_arg(op, 3) does not compile
+// (and int_arg(op, 0) does not become a null std::string).
+int64_t int_arg(const OpMeta&, size_t) = delete;
+bool bool_arg(const OpMeta&, size_t, bool = false) = delete;
+std::vector<int64_t> int_list_arg(const OpMeta&, size_t) = delete;
+std::optional<int64_t> optional_int_arg(const OpMeta&, size_t) = delete;
+std::optional<double> optional_double_arg(const OpMeta&, size_t) = delete;
+
+// The schema name of the argument tensor input `in` came from ("grad_output", "self"): how a
+// rule that treats its inputs differently tells them apart.
+const std::string& arg_name(const OpMeta& op, const TensorInput& in);
 
 // Mesh dims that shard a tensor dim d of `spec` with pred(d) (pred omitted: any dim).
 std::vector<int64_t> sharding_mesh_dims(const ShardTensorSpec& spec, const std::function<bool(int64_t)>& pred = {});

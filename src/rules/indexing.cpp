@@ -28,10 +28,10 @@ ShardTensorSpec follow(const ShardTensorSpec& spec, const ShardTensorSpec& layou
   return ShardTensorSpec(spec.mesh(), layout.placements(), spec.shape(), spec.dtype(), layout.shard_sizes());
 }
 
-// Rules for ops whose lead is argument `lead_arg` and whose dim is argument `dim_arg`.
-RuleResult indexing_rule(const OpMeta& op, size_t lead_arg, size_t dim_arg) {
-  const ShardTensorSpec& lead = op.input_at(lead_arg)->spec;
-  const ShardTensorSpec layout = indexing_layout(lead, wrap_dim(int_arg(op, dim_arg), lead.ndim(), op), op);
+// scatter*(self, dim, index, src or value[, reduce]): self leads, every operand follows it.
+RuleResult scatter_rule(const OpMeta& op) {
+  const ShardTensorSpec& lead = op.input_named("self")->spec;
+  const ShardTensorSpec layout = indexing_layout(lead, wrap_dim(int_arg(op, "dim"), lead.ndim(), op), op);
   RuleResult r;
   for (const TensorInput& in : op.inputs) r.input_targets.push_back(follow(in.spec, layout));
   r.outputs = {layout_of(layout)};
@@ -42,7 +42,7 @@ RuleResult indexing_rule(const OpMeta& op, size_t lead_arg, size_t dim_arg) {
 // which follows self's.
 RuleResult gather_rule(const OpMeta& op) {
   const ShardTensorSpec& self = op.inputs[0].spec;
-  const ShardTensorSpec layout = indexing_layout(self, wrap_dim(int_arg(op, 1), self.ndim(), op), op);
+  const ShardTensorSpec layout = indexing_layout(self, wrap_dim(int_arg(op, "dim"), self.ndim(), op), op);
   RuleResult r;
   r.input_targets = {layout, follow(op.inputs[1].spec, layout)};
   r.outputs = {layout_of(r.input_targets[1])};
@@ -52,8 +52,8 @@ RuleResult gather_rule(const OpMeta& op) {
 // gather_backward(grad, self, dim, index, sparse_grad): libtorch builds plain zeros of self's
 // size; here each rank scatters its gradient rows into zeros of its own piece.
 RuleResult gather_backward_rule(const OpMeta& op) {
-  const ShardTensorSpec& self = op.input_at(1)->spec;
-  const int64_t dim = wrap_dim(int_arg(op, 2), self.ndim(), op);
+  const ShardTensorSpec& self = op.input_named("self")->spec;
+  const int64_t dim = wrap_dim(int_arg(op, "dim"), self.ndim(), op);
   const ShardTensorSpec layout = indexing_layout(self, dim, op);
   RuleResult r;
   for (const TensorInput& in : op.inputs) r.input_targets.push_back(follow(in.spec, layout));
@@ -89,7 +89,7 @@ std::vector<int64_t> broadcast_shape(const std::vector<int64_t>& a, c10::IntArra
 
 AdvancedIndex advanced_index(const OpMeta& op, const ShardTensorSpec& self) {
   AdvancedIndex a;
-  const c10::List<c10::IValue> list = op.args[1].toList();
+  const c10::List<c10::IValue> list = op.arg("indices").toList();
   std::vector<int64_t> broadcast;
   for (size_t i = 0; i < list.size(); ++i) {
     const c10::IValue e = list.get(i);
@@ -144,7 +144,7 @@ RuleResult index_put_rule(const OpMeta& op) {
   r.input_targets.push_back(self);
   for (size_t k = 1; k < op.inputs.size(); ++k) {
     const ShardTensorSpec& in = op.inputs[k].spec;
-    const bool values = op.inputs[k].arg_index == 2;
+    const bool values = arg_name(op, op.inputs[k]) == "values";
     r.input_targets.push_back(values && in.shape() == a.result_shape ? laid_out(without_partial(in), result) : replicated(in));
   }
   r.outputs = {layout_of(self)};
@@ -163,7 +163,7 @@ void register_indexing_rules(RuleRegistry& registry) {
                            "aten::scatter.reduce", "aten::scatter_.reduce", "aten::scatter.value_reduce",
                            "aten::scatter_.value_reduce", "aten::scatter_add", "aten::scatter_add_", "aten::scatter_reduce.two",
                            "aten::scatter_reduce_.two"})
-    registry.add(name, [](const OpMeta& op) { return indexing_rule(op, 0, 1); });
+    registry.add(name, scatter_rule);
 }
 
 }  // namespace shardtensor

@@ -22,7 +22,7 @@ int64_t numel_of(const ShardTensorSpec& spec) {
 // mse_loss(self, target, reduction)
 RuleResult mse_loss_rule(const OpMeta& op) {
   const ShardTensorSpec self = without_partial(op.inputs[0].spec);
-  const int64_t reduction = int_arg(op, 2);
+  const int64_t reduction = int_arg(op, "reduction");
   RuleResult r;
   r.input_targets = {self, align_to(op.inputs[1].spec, self)};
   if (reduction == kReductionNone) {
@@ -30,19 +30,21 @@ RuleResult mse_loss_rule(const OpMeta& op) {
     return r;
   }
   r.outputs = {{summed_over_shards(self), {}}};
-  if (reduction == kReductionMean && !self.shardings().empty()) r.kernel_plan = declare(SumThenDividePlan(2, numel_of(self)));
+  if (reduction == kReductionMean && !self.shardings().empty())
+    r.kernel_plan = declare(SumThenDividePlan(op.arg_index("reduction"), numel_of(self)));
   return r;
 }
 
 // mse_loss_backward(grad_output, self, target, reduction)
 RuleResult mse_loss_backward_rule(const OpMeta& op) {
   const ShardTensorSpec self = without_partial(op.inputs[1].spec);
-  const int64_t reduction = int_arg(op, 3);
+  const int64_t reduction = int_arg(op, "reduction");
   RuleResult r;
   const ShardTensorSpec grad = reduction == kReductionNone ? align_to(op.inputs[0].spec, self) : replicated(op.inputs[0].spec);
   r.input_targets = {grad, self, align_to(op.inputs[2].spec, self)};
   r.outputs = {layout_of(self)};
-  if (reduction == kReductionMean && !self.shardings().empty()) r.kernel_plan = declare(SumThenDividePlan(3, numel_of(self)));
+  if (reduction == kReductionMean && !self.shardings().empty())
+    r.kernel_plan = declare(SumThenDividePlan(op.arg_index("reduction"), numel_of(self)));
   return r;
 }
 
@@ -74,7 +76,7 @@ OutputLayout remove_class_dim(const ShardTensorSpec& self) { return remap_dims(s
 
 RuleResult nll_loss_rule(const OpMeta& op) {
   const ShardTensorSpec self = class_dim_whole(op.inputs[0].spec);
-  const int64_t reduction = int_arg(op, 3);
+  const int64_t reduction = int_arg(op, "reduction");
   RuleResult r;
   r.input_targets = {self, target_like(op.inputs[1].spec, self)};
   for (size_t k = 2; k < op.inputs.size(); ++k) r.input_targets.push_back(replicated(op.inputs[k].spec));  // weight
@@ -96,23 +98,19 @@ RuleResult nll_loss_rule(const OpMeta& op) {
 // nll_loss_backward / nll_loss2d_backward(grad_output, self, target, weight?, reduction,
 // ignore_index, total_weight): local once total_weight is the global one.
 RuleResult nll_loss_backward_rule(const OpMeta& op) {
-  const ShardTensorSpec self = class_dim_whole(op.input_at(1)->spec);
-  const int64_t reduction = int_arg(op, 4);
+  const ShardTensorSpec self = class_dim_whole(op.input_named("self")->spec);
+  const int64_t reduction = int_arg(op, "reduction");
   RuleResult r;
   for (const TensorInput& in : op.inputs) {
-    switch (in.arg_index) {
-      case 0:
-        r.input_targets.push_back(reduction == kReductionNone ? target_like(in.spec, self) : replicated(in.spec));
-        break;
-      case 1:
-        r.input_targets.push_back(self);
-        break;
-      case 2:
-        r.input_targets.push_back(target_like(in.spec, self));
-        break;
-      default:  // weight, total_weight
-        r.input_targets.push_back(replicated(in.spec));
-    }
+    const std::string& arg = arg_name(op, in);
+    if (arg == "grad_output")
+      r.input_targets.push_back(reduction == kReductionNone ? target_like(in.spec, self) : replicated(in.spec));
+    else if (arg == "self")
+      r.input_targets.push_back(self);
+    else if (arg == "target")
+      r.input_targets.push_back(target_like(in.spec, self));
+    else  // weight, total_weight
+      r.input_targets.push_back(replicated(in.spec));
   }
   r.outputs = {layout_of(self)};
   return r;

@@ -17,7 +17,7 @@ namespace {
 
 RuleResult softmax_rule(const OpMeta& op) {
   const ShardTensorSpec& in = op.inputs[0].spec;
-  const int64_t dim = wrap_dim(int_arg(op, 1), in.ndim(), op);
+  const int64_t dim = wrap_dim(int_arg(op, "dim"), in.ndim(), op);
   const ShardTensorSpec target = replicate_tensor_dims(in, {dim});
   RuleResult r;
   r.input_targets = {target};
@@ -28,7 +28,7 @@ RuleResult softmax_rule(const OpMeta& op) {
 // _softmax_backward_data(grad_output, output, dim, input_dtype)
 RuleResult softmax_backward_rule(const OpMeta& op) {
   const ShardTensorSpec& grad = op.inputs[0].spec;
-  const int64_t dim = wrap_dim(int_arg(op, 2), grad.ndim(), op);
+  const int64_t dim = wrap_dim(int_arg(op, "dim"), grad.ndim(), op);
   const ShardTensorSpec target = replicate_tensor_dims(grad, {dim});
   RuleResult r;
   r.input_targets = {target, align_to(op.inputs[1].spec, target)};
@@ -72,7 +72,7 @@ OutputLayout row_stats_layout(const ShardTensorSpec& in, int64_t axis) {
 
 RuleResult layer_norm_rule(const OpMeta& op) {
   const ShardTensorSpec in = without_partial(op.inputs[0].spec);
-  const LayerNormGeometry g = layer_norm_geometry(in, int_list_arg(op, 1).size());
+  const LayerNormGeometry g = layer_norm_geometry(in, int_list_arg(op, "normalized_shape").size());
   RuleResult r;
   r.input_targets.push_back(in);
   const OutputLayout param = parameter_layout(in, g.axis, Replicate());
@@ -84,18 +84,16 @@ RuleResult layer_norm_rule(const OpMeta& op) {
 }
 
 RuleResult layer_norm_backward_rule(const OpMeta& op) {
-  const ShardTensorSpec in = without_partial(op.input_at(1)->spec);
-  const LayerNormGeometry g = layer_norm_geometry(in, int_list_arg(op, 2).size());
+  const ShardTensorSpec in = without_partial(op.input_named("input")->spec);
+  const LayerNormGeometry g = layer_norm_geometry(in, int_list_arg(op, "normalized_shape").size());
   const OutputLayout param = parameter_layout(in, g.axis, Replicate()), stats = row_stats_layout(in, g.axis);
   RuleResult r;
   for (const TensorInput& input : op.inputs) {
-    switch (input.arg_index) {
-      case 0: r.input_targets.push_back(align_to(input.spec, in)); break;
-      case 1: r.input_targets.push_back(in); break;
-      case 3:
-      case 4: r.input_targets.push_back(laid_out(input.spec, stats)); break;
-      default: r.input_targets.push_back(laid_out(input.spec, param));  // weight, bias
-    }
+    const std::string& arg = arg_name(op, input);
+    if (arg == "grad_out") r.input_targets.push_back(align_to(input.spec, in));
+    else if (arg == "input") r.input_targets.push_back(in);
+    else if (arg == "mean" || arg == "rstd") r.input_targets.push_back(laid_out(input.spec, stats));
+    else r.input_targets.push_back(laid_out(input.spec, param));  // weight, bias
   }
   const OutputLayout summed = parameter_layout(in, g.axis, Partial(ReduceOp::Sum));
   r.outputs = {layout_of(in), summed, summed};

@@ -37,17 +37,19 @@ std::vector<double> avg_divisors(int64_t length, int64_t kernel, int64_t pad, in
 }
 
 // Max/Avg: every spatial dim becomes an axis (unsharded ones pad locally, no collective).
-PoolPlan sliding_pool_plan(const OpMeta& op, PoolKind kind, bool backward, const ShardTensorSpec& in, size_t kernel_arg, OutputLayout* out) {
+// Forward and backward name their arguments alike; only max pooling has a dilation, only
+// average pooling count_include_pad and divisor_override.
+PoolPlan sliding_pool_plan(const OpMeta& op, PoolKind kind, bool backward, const ShardTensorSpec& in, OutputLayout* out) {
   PoolPlan plan(kind, backward, in.mesh());
-  plan.spatial = static_cast<int64_t>(int_list_arg(op, kernel_arg).size());
-  plan.kernel = expand_param(op, kernel_arg, plan.spatial, {});
-  plan.stride = expand_param(op, kernel_arg + 1, plan.spatial, plan.kernel);
-  const std::vector<int64_t> padding = expand_param(op, kernel_arg + 2, plan.spatial, {0});
+  plan.spatial = static_cast<int64_t>(int_list_arg(op, "kernel_size").size());
+  plan.kernel = expand_param(op, "kernel_size", plan.spatial, {});
+  plan.stride = expand_param(op, "stride", plan.spatial, plan.kernel);
+  const std::vector<int64_t> padding = expand_param(op, "padding", plan.spatial, {0});
   const bool is_max = kind == PoolKind::Max;
-  plan.dilation = is_max ? expand_param(op, kernel_arg + 3, plan.spatial, {1}) : std::vector<int64_t>(plan.spatial, 1);
-  const bool ceil_mode = bool_arg(op, kernel_arg + (is_max ? 4 : 3));
-  const bool count_include_pad = !is_max && bool_arg(op, kernel_arg + 4, true);
-  if (!is_max && !op.args[kernel_arg + 5].isNone()) plan.divisor_override = op.args[kernel_arg + 5].toInt();
+  plan.dilation = is_max ? expand_param(op, "dilation", plan.spatial, {1}) : std::vector<int64_t>(plan.spatial, 1);
+  const bool ceil_mode = bool_arg(op, "ceil_mode");
+  const bool count_include_pad = !is_max && bool_arg(op, "count_include_pad", true);
+  if (!is_max) plan.divisor_override = optional_int_arg(op, "divisor_override");
   const int64_t first = in.ndim() - plan.spatial;
   for (int64_t i = 0; i < plan.spatial; ++i) {
     const int64_t d = first + i, length = in.shape()[d];
@@ -90,11 +92,10 @@ PoolPlan adaptive_plan(const ShardTensorSpec& in, const std::vector<int64_t>& ou
 // The pooling ops' own dimensionality (the 1-D forms decompose into the 2-D ones).
 int64_t spatial_count(const OpMeta& op) { return op.name.find("3d") != std::string::npos ? 3 : 2; }
 
-// Forward and backward rules of a sliding pool; `self_arg` is where the pooled input sits,
-// `kernel_arg` its kernel_size argument.
+// Forward and backward rules of a sliding pool; the pooled input is `self` in both.
 template <PoolKind Kind>
-RuleResult sliding_pool_rule(const OpMeta& op, size_t self_arg, size_t kernel_arg, bool backward) {
-  const ShardTensorSpec in = spatial_layout(op.input_at(self_arg)->spec, spatial_count(op), /*channel_whole=*/false);
+RuleResult sliding_pool_rule(const OpMeta& op, bool backward) {
+  const ShardTensorSpec in = spatial_layout(op.input_named("self")->spec, spatial_count(op), /*channel_whole=*/false);
   OutputLayout out = layout_of(in);
   const bool sharded = !sharded_spatial_dims(in, spatial_count(op)).empty();
   RuleResult r;
@@ -105,9 +106,9 @@ RuleResult sliding_pool_rule(const OpMeta& op, size_t self_arg, size_t kernel_ar
     r.kernel_plan = empty_safe();
     return r;
   }
-  PoolPlan plan = sliding_pool_plan(op, Kind, backward, in, kernel_arg, &out);
+  PoolPlan plan = sliding_pool_plan(op, Kind, backward, in, &out);
   for (const TensorInput& input : op.inputs)
-    r.input_targets.push_back(input.arg_index == self_arg ? in : laid_out(input.spec, out));  // grad, indices
+    r.input_targets.push_back(arg_name(op, input) == "self" ? in : laid_out(input.spec, out));  // grad_output, indices
   if (!backward) {
     r.outputs = {out};
     if (Kind == PoolKind::Max) r.outputs.push_back(out);
@@ -131,7 +132,7 @@ ShardTensorSpec adaptive_layout(const ShardTensorSpec& spec, const std::vector<i
 }
 
 RuleResult adaptive_rule(const OpMeta& op) {
-  const std::vector<int64_t> out_sizes = int_list_arg(op, 1);
+  const std::vector<int64_t> out_sizes = int_list_arg(op, "output_size");
   const ShardTensorSpec in = adaptive_layout(op.inputs[0].spec, out_sizes);
   OutputLayout out = layout_of(in);
   PoolPlan plan = adaptive_plan(in, out_sizes, /*backward=*/false, &out);
@@ -167,13 +168,13 @@ std::vector<DeclaredMove> PoolPlan::moves() const { return backward ? halo_scatt
 
 void register_pooling_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"})
-    registry.add(name, [](const OpMeta& op) { return sliding_pool_rule<PoolKind::Max>(op, 0, 1, false); });
+    registry.add(name, [](const OpMeta& op) { return sliding_pool_rule<PoolKind::Max>(op, /*backward=*/false); });
   for (const char* name : {"aten::max_pool2d_with_indices_backward", "aten::max_pool3d_with_indices_backward"})
-    registry.add(name, [](const OpMeta& op) { return sliding_pool_rule<PoolKind::Max>(op, 1, 2, true); });
+    registry.add(name, [](const OpMeta& op) { return sliding_pool_rule<PoolKind::Max>(op, /*backward=*/true); });
   for (const char* name : {"aten::avg_pool2d", "aten::avg_pool3d"})
-    registry.add(name, [](const OpMeta& op) { return sliding_pool_rule<PoolKind::Avg>(op, 0, 1, false); });
+    registry.add(name, [](const OpMeta& op) { return sliding_pool_rule<PoolKind::Avg>(op, /*backward=*/false); });
   for (const char* name : {"aten::avg_pool2d_backward", "aten::avg_pool3d_backward"})
-    registry.add(name, [](const OpMeta& op) { return sliding_pool_rule<PoolKind::Avg>(op, 1, 2, true); });
+    registry.add(name, [](const OpMeta& op) { return sliding_pool_rule<PoolKind::Avg>(op, /*backward=*/true); });
   for (const char* name : {"aten::_adaptive_avg_pool2d", "aten::_adaptive_avg_pool3d"}) registry.add(name, adaptive_rule);
   for (const char* name : {"aten::_adaptive_avg_pool2d_backward", "aten::_adaptive_avg_pool3d_backward"})
     registry.add(name, adaptive_backward_rule);

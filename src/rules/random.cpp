@@ -13,8 +13,8 @@
 namespace shardtensor {
 namespace {
 
-void refuse_generator(const OpMeta& op, size_t index) {
-  TORCH_CHECK(op.args[index].isNone(), op.name, ": a torch Generator cannot be used with ShardTensors; they draw from a ",
+void refuse_generator(const OpMeta& op) {
+  TORCH_CHECK(op.arg("generator").isNone(), op.name, ": a torch Generator cannot be used with ShardTensors; they draw from a ",
               "counter-based stream indexed by global position, seeded with shardtensor::manual_seed().");
 }
 
@@ -22,7 +22,7 @@ void refuse_generator(const OpMeta& op, size_t index) {
 // bernoulli_.float(self, p, generator?): self's piece filled in place.
 template <Draw Kind>
 RuleResult fill_random_rule(const OpMeta& op) {
-  refuse_generator(op, Kind == Draw::Bernoulli ? 2 : 3);
+  refuse_generator(op);
   const ShardTensorSpec self = without_partial(op.inputs[0].spec);  // a fresh value is not a pending sum
   RuleResult r;
   r.input_targets = {self};

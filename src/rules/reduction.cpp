@@ -19,9 +19,14 @@ namespace {
 
 enum class Combine { Sum, Mean, Product, Max, Min, Gather };
 
+// Which dims an overload reduces: every dim (sum, max, all...: no dim argument, never keeps
+// dims), or those of its `dim` argument (int, int[1] or int?; empty or None: every dim), kept
+// when its `keepdim` is set. Every overload with a `dim` has a `keepdim`, wherever it puts
+// them (var.correction and the norms have other arguments in between).
+enum class Over { AllDims, DimArg };
+
 struct ReductionArgs {
-  int dims_arg;     // -1: reduces every dim
-  int keepdim_arg;  // -1: never keeps dims
+  Over over;
   Combine combine;
 };
 
@@ -53,9 +58,9 @@ std::optional<Placement> partial_for(Combine combine, const ShardTensorSpec& spe
 RuleResult reduction(const OpMeta& op, const ReductionArgs& ra) {
   const ShardTensorSpec& in = op.inputs.front().spec;
   const int64_t ndim = in.ndim();
-  const std::vector<int64_t> dims =
-      ra.dims_arg < 0 ? reduction_dims(c10::IValue(), ndim, op) : reduction_dims(op.args[ra.dims_arg], ndim, op);
-  const bool keepdim = ra.keepdim_arg >= 0 && bool_arg(op, ra.keepdim_arg);
+  const bool by_dim = ra.over == Over::DimArg;
+  const std::vector<int64_t> dims = reduction_dims(by_dim ? op.arg("dim") : c10::IValue(), ndim, op);
+  const bool keepdim = by_dim && bool_arg(op, "keepdim");
   auto reduced = [&](int64_t d) { return std::find(dims.begin(), dims.end(), d) != dims.end(); };
   const bool linear = ra.combine == Combine::Sum || ra.combine == Combine::Mean;
 
@@ -104,29 +109,29 @@ Rule reduce(ReductionArgs ra) {
 }  // namespace
 
 void register_reduction_rules(RuleRegistry& registry) {
-  registry.add("aten::sum", reduce({-1, -1, Combine::Sum}));
-  registry.add("aten::sum.dim_IntList", reduce({1, 2, Combine::Sum}));
-  registry.add("aten::mean", reduce({-1, -1, Combine::Mean}));
-  registry.add("aten::mean.dim", reduce({1, 2, Combine::Mean}));
-  registry.add("aten::prod", reduce({-1, -1, Combine::Product}));
-  registry.add("aten::prod.dim_int", reduce({1, 2, Combine::Product}));
-  registry.add("aten::amax", reduce({1, 2, Combine::Max}));
-  registry.add("aten::amin", reduce({1, 2, Combine::Min}));
-  registry.add("aten::max", reduce({-1, -1, Combine::Max}));
-  registry.add("aten::min", reduce({-1, -1, Combine::Min}));
-  registry.add("aten::max.dim", reduce({1, 2, Combine::Gather}));
-  registry.add("aten::min.dim", reduce({1, 2, Combine::Gather}));
-  registry.add("aten::argmax", reduce({1, 2, Combine::Gather}));
-  registry.add("aten::argmin", reduce({1, 2, Combine::Gather}));
-  registry.add("aten::var.correction", reduce({1, 3, Combine::Gather}));
-  registry.add("aten::std.correction", reduce({1, 3, Combine::Gather}));
-  registry.add("aten::all", reduce({-1, -1, Combine::Gather}));
-  registry.add("aten::any", reduce({-1, -1, Combine::Gather}));
-  registry.add("aten::all.dim", reduce({1, 2, Combine::Gather}));
-  registry.add("aten::any.dim", reduce({1, 2, Combine::Gather}));
-  registry.add("aten::logsumexp", reduce({1, 2, Combine::Gather}));
-  registry.add("aten::norm.ScalarOpt_dim", reduce({2, 3, Combine::Gather}));
-  registry.add("aten::linalg_vector_norm", reduce({2, 3, Combine::Gather}));
+  registry.add("aten::sum", reduce({Over::AllDims, Combine::Sum}));
+  registry.add("aten::sum.dim_IntList", reduce({Over::DimArg, Combine::Sum}));
+  registry.add("aten::mean", reduce({Over::AllDims, Combine::Mean}));
+  registry.add("aten::mean.dim", reduce({Over::DimArg, Combine::Mean}));
+  registry.add("aten::prod", reduce({Over::AllDims, Combine::Product}));
+  registry.add("aten::prod.dim_int", reduce({Over::DimArg, Combine::Product}));
+  registry.add("aten::amax", reduce({Over::DimArg, Combine::Max}));
+  registry.add("aten::amin", reduce({Over::DimArg, Combine::Min}));
+  registry.add("aten::max", reduce({Over::AllDims, Combine::Max}));
+  registry.add("aten::min", reduce({Over::AllDims, Combine::Min}));
+  registry.add("aten::max.dim", reduce({Over::DimArg, Combine::Gather}));
+  registry.add("aten::min.dim", reduce({Over::DimArg, Combine::Gather}));
+  registry.add("aten::argmax", reduce({Over::DimArg, Combine::Gather}));
+  registry.add("aten::argmin", reduce({Over::DimArg, Combine::Gather}));
+  registry.add("aten::var.correction", reduce({Over::DimArg, Combine::Gather}));
+  registry.add("aten::std.correction", reduce({Over::DimArg, Combine::Gather}));
+  registry.add("aten::all", reduce({Over::AllDims, Combine::Gather}));
+  registry.add("aten::any", reduce({Over::AllDims, Combine::Gather}));
+  registry.add("aten::all.dim", reduce({Over::DimArg, Combine::Gather}));
+  registry.add("aten::any.dim", reduce({Over::DimArg, Combine::Gather}));
+  registry.add("aten::logsumexp", reduce({Over::DimArg, Combine::Gather}));
+  registry.add("aten::norm.ScalarOpt_dim", reduce({Over::DimArg, Combine::Gather}));
+  registry.add("aten::linalg_vector_norm", reduce({Over::DimArg, Combine::Gather}));
 }
 
 }  // namespace shardtensor

@@ -21,6 +21,26 @@ const TensorInput* OpMeta::input_at(size_t arg_index) const {
   return nullptr;
 }
 
+size_t OpMeta::arg_index(const std::string& arg_name) const {
+  TORCH_CHECK(schema, name, ": no schema to look argument '", arg_name, "' up in");
+  const c10::optional<int> index = schema->argumentIndexWithName(arg_name);
+  if (!index) {
+    std::string names;
+    for (const c10::Argument& a : schema->arguments()) names += (names.empty() ? "" : ", ") + a.name();
+    TORCH_CHECK(false, name, " has no argument named '", arg_name, "'; its arguments are (", names, ")");
+  }
+  return static_cast<size_t>(*index);
+}
+
+const c10::IValue& OpMeta::arg(const std::string& arg_name) const {
+  const size_t index = arg_index(arg_name);
+  TORCH_CHECK(index < args.size(), name, ": argument '", arg_name, "' is number ", index, " in the schema, but the call has ",
+              args.size(), " arguments");
+  return args[index];
+}
+
+const TensorInput* OpMeta::input_named(const std::string& arg_name) const { return input_at(arg_index(arg_name)); }
+
 int64_t OpMeta::input_position(size_t arg_index) const {
   for (size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].arg_index == arg_index) return static_cast<int64_t>(i);

@@ -161,31 +161,39 @@ IndexMapPlan map_plan(const Resample& r, const ShardTensorSpec& like, const std:
   return plan;
 }
 
-std::vector<c10::optional<double>> optional_doubles(const OpMeta& op, size_t from, int64_t count) {
+// The scale factor arguments of an upsample over `spatial` (1 to 3, dims_in_name) dims, one
+// per dim in order.
+std::vector<c10::optional<double>> read_scales(const OpMeta& op, int64_t spatial) {
+  static const std::vector<std::vector<std::string>> names = {
+      {"scales"}, {"scales_h", "scales_w"}, {"scales_d", "scales_h", "scales_w"}};
   std::vector<c10::optional<double>> v;
-  for (int64_t i = 0; i < count; ++i) v.push_back(op.args[from + i].toOptional<double>());
+  for (const std::string& name : names[spatial - 1]) {
+    const std::optional<double> scale = optional_double_arg(op, name);
+    v.push_back(scale ? c10::optional<double>(*scale) : c10::nullopt);  // c10::optional is its own type on libtorch 1.13
+  }
   return v;
 }
 
-// Reads an upsample forward (backward: with grad_output first and input_size after output_size).
-Resample read_upsample(const OpMeta& op, bool backward, const std::vector<int64_t>& in_shape) {
+// Reads an upsample forward or backward (the backward has grad_output for self, and
+// input_size after output_size); align_corners only in linear modes.
+Resample read_upsample(const OpMeta& op, const std::vector<int64_t>& in_shape) {
   Resample r;
   r.mode = mode_of(op.name);
   r.spatial = dims_in_name(op.name);
-  const size_t out_arg = 1, next = backward ? 3 : 2;
-  r.out_sizes = int_list_arg(op, out_arg);
+  r.out_sizes = int_list_arg(op, "output_size");
   r.in_sizes.assign(in_shape.end() - r.spatial, in_shape.end());
-  r.align_corners = r.mode == Mode::Linear && bool_arg(op, next);
-  r.scales = optional_doubles(op, next + (r.mode == Mode::Linear ? 1 : 0), r.spatial);
+  r.align_corners = r.mode == Mode::Linear && bool_arg(op, "align_corners");
+  r.scales = read_scales(op, r.spatial);
   return r;
 }
 
-// Reads a reflection/replication pad: padding lists (before, after) from the last dim back.
-Resample read_pad(const OpMeta& op, size_t pad_arg, const std::vector<int64_t>& in_shape) {
+// Reads a reflection/replication pad, forward or backward: padding lists (before, after) from
+// the last dim back.
+Resample read_pad(const OpMeta& op, const std::vector<int64_t>& in_shape) {
   Resample r;
   r.mode = mode_of(op.name);
   r.spatial = dims_in_name(op.name);
-  const std::vector<int64_t> pad = int_list_arg(op, pad_arg);
+  const std::vector<int64_t> pad = int_list_arg(op, "padding");
   r.in_sizes.assign(in_shape.end() - r.spatial, in_shape.end());
   for (int64_t i = 0; i < r.spatial; ++i) {
     const int64_t from_last = r.spatial - 1 - i;
@@ -215,7 +223,7 @@ bool computes_in_float(const ShardTensorSpec& spec) { return spec.dtype() != at:
 RuleResult map_forward_rule(const OpMeta& op) {
   const bool is_pad = op.name.find("_pad") != std::string::npos;
   const ShardTensorSpec& self = op.inputs[0].spec;
-  const Resample rs = is_pad ? read_pad(op, 1, self.shape()) : read_upsample(op, false, self.shape());
+  const Resample rs = is_pad ? read_pad(op, self.shape()) : read_upsample(op, self.shape());
   const ShardTensorSpec in = spatial_layout(self, rs.spatial, /*channel_whole=*/false);
   RuleResult r;
   r.input_targets = {in};
@@ -233,7 +241,7 @@ RuleResult map_forward_rule(const OpMeta& op) {
 // Pad backward (grad_output, self, padding): self's layout is the gradient's.
 RuleResult pad_backward_rule(const OpMeta& op) {
   const ShardTensorSpec& self = op.inputs[1].spec;
-  const Resample rs = read_pad(op, 2, self.shape());
+  const Resample rs = read_pad(op, self.shape());
   const ShardTensorSpec in = spatial_layout(self, rs.spatial, false);
   RuleResult r;
   if (sharded_spatial_dims(in, rs.spatial).empty()) {
@@ -253,8 +261,8 @@ RuleResult pad_backward_rule(const OpMeta& op) {
 // tensor, so the input rows each rank gets back are those where its outputs' sources start.
 RuleResult upsample_backward_rule(const OpMeta& op) {
   const ShardTensorSpec& grad_spec = op.inputs[0].spec;
-  const std::vector<int64_t> input_size = int_list_arg(op, 2);
-  const Resample rs = read_upsample(op, true, input_size);
+  const std::vector<int64_t> input_size = int_list_arg(op, "input_size");
+  const Resample rs = read_upsample(op, input_size);
   const ShardTensorSpec grad = spatial_layout(grad_spec, rs.spatial, false);
   RuleResult r;
   OutputLayout in_layout = layout_of(grad);
@@ -294,7 +302,7 @@ RuleResult upsample_backward_rule(const OpMeta& op) {
 // negative entries crop (the backward is constant_pad_nd with the pads negated).
 RuleResult constant_pad_rule(const OpMeta& op) {
   const ShardTensorSpec& self = op.inputs[0].spec;
-  const std::vector<int64_t> pad = int_list_arg(op, 1);
+  const std::vector<int64_t> pad = int_list_arg(op, "pad");
   const int64_t padded = static_cast<int64_t>(pad.size()) / 2;
   std::vector<int64_t> nested;
   for (const DimSharding& s : self.shardings())

@@ -78,11 +78,11 @@ std::shared_ptr<const KernelPlan> empty_safe(std::shared_ptr<const KernelPlan> i
   return declare(std::move(plan));
 }
 
-std::vector<int64_t> expand_param(const OpMeta& op, size_t index, int64_t k, std::vector<int64_t> if_empty) {
-  std::vector<int64_t> v = int_list_arg(op, index);
+std::vector<int64_t> expand_param(const OpMeta& op, const std::string& name, int64_t k, std::vector<int64_t> if_empty) {
+  std::vector<int64_t> v = int_list_arg(op, name);
   if (v.empty()) v = std::move(if_empty);
   if (v.size() == 1) v.assign(k, v[0]);
-  TORCH_CHECK(static_cast<int64_t>(v.size()) == k, op.name, ": argument ", index, " must have 1 or ", k, " values, got ",
+  TORCH_CHECK(static_cast<int64_t>(v.size()) == k, op.name, ": argument '", name, "' must have 1 or ", k, " values, got ",
               v.size());
   return v;
 }

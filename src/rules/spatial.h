@@ -73,7 +73,9 @@ struct EmptySafePlan : KernelPlan {
 
 std::shared_ptr<const KernelPlan> empty_safe(std::shared_ptr<const KernelPlan> inner = {}, std::vector<Follows> follows = {});
 
-// An int[k] argument broadcast to `k` values (pooling accepts one value for every dim).
-std::vector<int64_t> expand_param(const OpMeta& op, size_t index, int64_t k, std::vector<int64_t> if_empty);
+// The int[k] argument `name` broadcast to `k` values (pooling accepts one value for every
+// dim); `if_empty` stands for an empty list. By name only, like the readers in helpers.h.
+std::vector<int64_t> expand_param(const OpMeta& op, const std::string& name, int64_t k, std::vector<int64_t> if_empty);
+std::vector<int64_t> expand_param(const OpMeta&, size_t, int64_t, std::vector<int64_t>) = delete;
 
 }  // namespace shardtensor

@@ -30,10 +30,12 @@ ShardTensorSpec channels_whole(const ShardTensorSpec& spec) { return spatial_lay
 
 RuleResult batch_norm_rule(const OpMeta& op) {
   const ShardTensorSpec in = channels_whole(op.inputs[0].spec);
-  if (bool_arg(op, 5))
-    for (size_t arg : {3, 4})
-      if (const TensorInput* stat = op.input_at(arg))
-        TORCH_CHECK(stat->spec.is_replicated(), op.name, ": the running ", arg == 3 ? "mean" : "variance",
+  const bool training = bool_arg(op, "training");
+  if (training)
+    for (const char* stat_name : {"running_mean", "running_var"})
+      if (const TensorInput* stat = op.input_named(stat_name))
+        TORCH_CHECK(stat->spec.is_replicated(), op.name, ": the running ",
+                    stat_name == std::string("running_mean") ? "mean" : "variance",
                     " is updated in place, so it must be replicated (a Replicate ShardTensor, or a plain tensor inside an "
                     "ImplicitReplication scope); got ", stat->spec);
   RuleResult r;
@@ -42,7 +44,7 @@ RuleResult batch_norm_rule(const OpMeta& op) {
   const OutputLayout whole = replicated_layout(in.mesh());
   r.outputs = {layout_of(in), whole, whole};
   const std::vector<int64_t> mesh_dims = sharding_mesh_dims(in);
-  if (bool_arg(op, 5) && !mesh_dims.empty())
+  if (training && !mesh_dims.empty())
     r.kernel_plan = declare(SpatialNormPlan(SpatialNormPlan::Norm::Batch, false, in.mesh(), mesh_dims,
                                             global_count(in, all_but_channel(in.ndim()))));
   else
@@ -51,12 +53,14 @@ RuleResult batch_norm_rule(const OpMeta& op) {
 }
 
 RuleResult batch_norm_backward_rule(const OpMeta& op) {
-  const ShardTensorSpec in = channels_whole(op.input_at(1)->spec);
+  const ShardTensorSpec in = channels_whole(op.input_named("input")->spec);
   RuleResult r;
-  for (const TensorInput& input : op.inputs)
-    r.input_targets.push_back(input.arg_index == 1 ? in : input.arg_index == 0 ? align_to(input.spec, in) : replicated(input.spec));
+  for (const TensorInput& input : op.inputs) {
+    const std::string& arg = arg_name(op, input);
+    r.input_targets.push_back(arg == "input" ? in : arg == "grad_out" ? align_to(input.spec, in) : replicated(input.spec));
+  }
   const std::vector<int64_t> mesh_dims = sharding_mesh_dims(in);
-  if (bool_arg(op, 7) && !mesh_dims.empty()) {
+  if (bool_arg(op, "train") && !mesh_dims.empty()) {
     const OutputLayout whole = replicated_layout(in.mesh());
     r.outputs = {layout_of(in), whole, whole};
     r.kernel_plan = declare(SpatialNormPlan(SpatialNormPlan::Norm::Batch, true, in.mesh(), mesh_dims,
@@ -104,17 +108,15 @@ RuleResult group_norm_rule(const OpMeta& op) {
 }
 
 RuleResult group_norm_backward_rule(const OpMeta& op) {
-  const ShardTensorSpec in = channels_whole(op.input_at(1)->spec);
+  const ShardTensorSpec in = channels_whole(op.input_named("input")->spec);
   const OutputLayout stats = stats_layout(in);
   RuleResult r;
   for (const TensorInput& input : op.inputs) {
-    switch (input.arg_index) {
-      case 0: r.input_targets.push_back(align_to(input.spec, in)); break;
-      case 1: r.input_targets.push_back(in); break;
-      case 2:
-      case 3: r.input_targets.push_back(laid_out(input.spec, stats)); break;
-      default: r.input_targets.push_back(replicated(input.spec));
-    }
+    const std::string& arg = arg_name(op, input);
+    if (arg == "grad_out") r.input_targets.push_back(align_to(input.spec, in));
+    else if (arg == "input") r.input_targets.push_back(in);
+    else if (arg == "mean" || arg == "rstd") r.input_targets.push_back(laid_out(input.spec, stats));
+    else r.input_targets.push_back(replicated(input.spec));  // weight
   }
   const OutputLayout summed{summed_over_shards(in), {}};
   r.outputs = {layout_of(in), summed, summed};

@@ -56,7 +56,7 @@ std::vector<int64_t> infer_view_shape(std::vector<int64_t> size, const std::vect
 RuleResult view_rule(const OpMeta& op) {
   const ShardTensorSpec& in = op.inputs[0].spec;
   const std::vector<int64_t>& ishape = in.shape();
-  const std::vector<int64_t> oshape = infer_view_shape(int_list_arg(op, 1), ishape, op);
+  const std::vector<int64_t> oshape = infer_view_shape(int_list_arg(op, "size"), ishape, op);
   const int64_t ind = in.ndim(), ond = static_cast<int64_t>(oshape.size());
 
   struct Group {
@@ -132,7 +132,7 @@ RuleResult permute_with(const OpMeta& op, const std::vector<int64_t>& perm) {
 }
 
 RuleResult permute_rule(const OpMeta& op) {
-  std::vector<int64_t> perm = int_list_arg(op, 1);
+  std::vector<int64_t> perm = int_list_arg(op, "dims");
   for (int64_t& d : perm) d = wrap_dim(d, op.inputs[0].spec.ndim(), op);
   return permute_with(op, perm);
 }
@@ -141,15 +141,15 @@ RuleResult transpose_rule(const OpMeta& op) {
   const int64_t ndim = op.inputs[0].spec.ndim();
   std::vector<int64_t> perm(ndim);
   std::iota(perm.begin(), perm.end(), 0);
-  const int64_t a = op.name == "aten::t" ? 0 : wrap_dim(int_arg(op, 1), ndim, op);
-  const int64_t b = op.name == "aten::t" ? std::min<int64_t>(1, ndim - 1) : wrap_dim(int_arg(op, 2), ndim, op);
+  const int64_t a = op.name == "aten::t" ? 0 : wrap_dim(int_arg(op, "dim0"), ndim, op);
+  const int64_t b = op.name == "aten::t" ? std::min<int64_t>(1, ndim - 1) : wrap_dim(int_arg(op, "dim1"), ndim, op);
   if (ndim > 0) std::swap(perm[a], perm[b]);
   return permute_with(op, perm);
 }
 
 RuleResult unsqueeze_rule(const OpMeta& op) {
   const ShardTensorSpec& in = op.inputs[0].spec;
-  const int64_t at = wrap_dim(int_arg(op, 1), in.ndim() + 1, op);
+  const int64_t at = wrap_dim(int_arg(op, "dim"), in.ndim() + 1, op);
   std::vector<int64_t> dim_map(in.ndim());
   for (int64_t d = 0; d < in.ndim(); ++d) dim_map[d] = d < at ? d : d + 1;
   return keep_layout(in, remap_dims(in, dim_map));
@@ -159,7 +159,7 @@ RuleResult squeeze_rule(const OpMeta& op) {
   const ShardTensorSpec& in = op.inputs[0].spec;
   std::vector<int64_t> dropped;
   if (op.name == "aten::squeeze.dim") {
-    const int64_t d = wrap_dim(int_arg(op, 1), in.ndim(), op);
+    const int64_t d = wrap_dim(int_arg(op, "dim"), in.ndim(), op);
     if (in.ndim() > 0 && in.shape()[d] == 1) dropped.push_back(d);
   } else {
     for (int64_t d = 0; d < in.ndim(); ++d)
@@ -193,7 +193,7 @@ ShardTensorSpec gather_dims_keep_partial(const ShardTensorSpec& in, const std::v
 // keep their pieces (repeats of 1 leave a local piece as it is).
 RuleResult repeat_rule(const OpMeta& op) {
   const ShardTensorSpec& in = op.inputs[0].spec;
-  const std::vector<int64_t> repeats = int_list_arg(op, 1);
+  const std::vector<int64_t> repeats = int_list_arg(op, "repeats");
   const int64_t offset = static_cast<int64_t>(repeats.size()) - in.ndim();
   std::vector<int64_t> repeated, dim_map(in.ndim());
   for (int64_t d = 0; d < in.ndim(); ++d) {
@@ -206,7 +206,7 @@ RuleResult repeat_rule(const OpMeta& op) {
 
 RuleResult expand_rule(const OpMeta& op) {
   const ShardTensorSpec& in = op.inputs[0].spec;
-  const std::vector<int64_t> size = int_list_arg(op, 1);
+  const std::vector<int64_t> size = int_list_arg(op, "size");
   const int64_t offset = static_cast<int64_t>(size.size()) - in.ndim();
   std::vector<int64_t> expanded;
   for (int64_t d = 0; d < in.ndim(); ++d)
@@ -219,14 +219,14 @@ RuleResult expand_rule(const OpMeta& op) {
     if (target.sharding_of(d)) rewrites.push_back({d + offset, d});
   }
   RuleResult r = keep_layout(target, remap_dims(target, dim_map));
-  if (!rewrites.empty()) r.kernel_plan = with_local_sizes(1, 0, rewrites);
+  if (!rewrites.empty()) r.kernel_plan = with_local_sizes(op.arg_index("size"), op.arg_index("self"), rewrites);
   return r;
 }
 
-// An op that reads one dim (argument `dim_arg`) whole: gather it, keep the rest.
-RuleResult along_whole_dim(const OpMeta& op, size_t dim_arg, bool removes_dim) {
+// An op that reads its `dim` whole: gather it, keep the rest.
+RuleResult along_whole_dim(const OpMeta& op, bool removes_dim) {
   const ShardTensorSpec& in = op.inputs[0].spec;
-  const int64_t dim = wrap_dim(int_arg(op, dim_arg), in.ndim(), op);
+  const int64_t dim = wrap_dim(int_arg(op, "dim"), in.ndim(), op);
   const ShardTensorSpec target = replicate_tensor_dims(in, {dim});
   std::vector<int64_t> dim_map(in.ndim());
   for (int64_t d = 0; d < in.ndim(); ++d) dim_map[d] = !removes_dim ? d : d < dim ? d : d == dim ? -1 : d - 1;
@@ -235,22 +235,22 @@ RuleResult along_whole_dim(const OpMeta& op, size_t dim_arg, bool removes_dim) {
   return r;
 }
 
-Rule whole_dim(size_t dim_arg, bool removes_dim) {
-  return [=](const OpMeta& op) { return along_whole_dim(op, dim_arg, removes_dim); };
+Rule whole_dim(bool removes_dim) {
+  return [=](const OpMeta& op) { return along_whole_dim(op, removes_dim); };
 }
 
 // split / split_with_sizes / unbind: every piece keeps the layout of the other dims.
 RuleResult split_rule(const OpMeta& op) {
   const ShardTensorSpec& in = op.inputs[0].spec;
   const bool unbind = op.name == "aten::unbind.int";
-  const int64_t dim = wrap_dim(int_arg(op, unbind ? 1 : 2), in.ndim(), op);
-  RuleResult r = along_whole_dim(op, unbind ? 1 : 2, unbind);
+  const int64_t dim = wrap_dim(int_arg(op, "dim"), in.ndim(), op);
+  RuleResult r = along_whole_dim(op, unbind);
   int64_t pieces = in.shape()[dim];
   if (op.name == "aten::split.Tensor") {
-    const int64_t split = int_arg(op, 1);
+    const int64_t split = int_arg(op, "split_size");
     pieces = split == 0 ? 1 : std::max<int64_t>(1, (in.shape()[dim] + split - 1) / split);
   } else if (op.name == "aten::split_with_sizes") {
-    pieces = static_cast<int64_t>(int_list_arg(op, 1).size());
+    pieces = static_cast<int64_t>(int_list_arg(op, "split_sizes").size());
   }
   r.outputs.resize(std::max<int64_t>(pieces, 1), r.outputs[0]);
   return r;
@@ -259,7 +259,7 @@ RuleResult split_rule(const OpMeta& op) {
 // cat along a dim: inputs share the first input's layout elsewhere; the dim itself is gathered.
 RuleResult cat_rule(const OpMeta& op) {
   const ShardTensorSpec& first = op.inputs[0].spec;
-  int64_t dim = int_arg(op, 1);
+  int64_t dim = int_arg(op, "dim");
   const int64_t ndim = first.ndim();
   dim = wrap_dim(dim, ndim, op);
   RuleResult r;
@@ -278,7 +278,7 @@ RuleResult cat_rule(const OpMeta& op) {
 // stack along a new dim: every input follows the first one's layout, dims from `dim` on shift.
 RuleResult stack_rule(const OpMeta& op) {
   const ShardTensorSpec lead = without_partial(op.inputs[0].spec);
-  const int64_t dim = wrap_dim(int_arg(op, 1), lead.ndim() + 1, op);
+  const int64_t dim = wrap_dim(int_arg(op, "dim"), lead.ndim() + 1, op);
   RuleResult r;
   for (const TensorInput& in : op.inputs) r.input_targets.push_back(align_to(in.spec, lead));
   std::vector<int64_t> dim_map(lead.ndim());
@@ -290,12 +290,13 @@ RuleResult stack_rule(const OpMeta& op) {
 // Backward kernels that build a zero tensor of the input's (global) size and place the
 // gradient in it: select_backward, slice_backward, index_select_backward and
 // value_selecting_reduction_backward (max.dim/min.dim). The gradient keeps its layout except
-// along `dim`, which is gathered where the op indexes it; the size argument is rewritten to
-// this rank's piece. `inserts_dim`: the gradient lacks `dim` (select, reductions without keepdim).
-RuleResult scatter_back(const OpMeta& op, size_t sizes_arg, size_t dim_arg, bool inserts_dim, bool gather_dim) {
+// along `dim`, which is gathered where the op indexes it; the size argument (`sizes_name`: the
+// four ops name it differently) is rewritten to this rank's piece. `inserts_dim`: the gradient
+// lacks `dim` (select, reductions without keepdim).
+RuleResult scatter_back(const OpMeta& op, const char* sizes_name, bool inserts_dim, bool gather_dim) {
   const ShardTensorSpec& grad = op.inputs[0].spec;
-  const std::vector<int64_t> sizes = int_list_arg(op, sizes_arg);
-  const int64_t dim = wrap_dim(int_arg(op, dim_arg), static_cast<int64_t>(sizes.size()), op);
+  const std::vector<int64_t> sizes = int_list_arg(op, sizes_name);
+  const int64_t dim = wrap_dim(int_arg(op, "dim"), static_cast<int64_t>(sizes.size()), op);
   std::vector<int64_t> whole;
   if (gather_dim) whole.push_back(dim);
   const ShardTensorSpec target = replicate_tensor_dims(grad, whole);
@@ -311,7 +312,8 @@ RuleResult scatter_back(const OpMeta& op, size_t sizes_arg, size_t dim_arg, bool
     r.input_targets.push_back(op.inputs[k].spec.ndim() == grad.ndim() && op.name != "aten::index_select_backward"
                                   ? align_to(op.inputs[k].spec, resolved)
                                   : replicated(op.inputs[k].spec));
-  if (!rewrites.empty()) r.kernel_plan = with_local_sizes(sizes_arg, 0, rewrites);
+  // The gradient is the first argument, named grad_output or grad.
+  if (!rewrites.empty()) r.kernel_plan = with_local_sizes(op.arg_index(sizes_name), op.inputs[0].arg_index, rewrites);
   return r;
 }
 
@@ -326,17 +328,20 @@ void register_view_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::squeeze", "aten::squeeze.dim"}) registry.add(name, squeeze_rule);
   registry.add("aten::expand", expand_rule);
   registry.add("aten::repeat", repeat_rule);
-  registry.add("aten::select.int", whole_dim(1, /*removes_dim=*/true));
-  registry.add("aten::slice.Tensor", whole_dim(1, /*removes_dim=*/false));
-  registry.add("aten::index_select", whole_dim(1, /*removes_dim=*/false));
+  registry.add("aten::select.int", whole_dim(/*removes_dim=*/true));
+  registry.add("aten::slice.Tensor", whole_dim(/*removes_dim=*/false));
+  registry.add("aten::index_select", whole_dim(/*removes_dim=*/false));
   for (const char* name : {"aten::split.Tensor", "aten::split_with_sizes", "aten::unbind.int"}) registry.add(name, split_rule);
   registry.add("aten::cat", cat_rule);
   registry.add("aten::stack", stack_rule);
-  registry.add("aten::select_backward", [](const OpMeta& op) { return scatter_back(op, 1, 2, /*inserts_dim=*/true, false); });
-  registry.add("aten::slice_backward", [](const OpMeta& op) { return scatter_back(op, 1, 2, false, /*gather_dim=*/true); });
-  registry.add("aten::index_select_backward", [](const OpMeta& op) { return scatter_back(op, 1, 2, false, /*gather_dim=*/true); });
+  registry.add("aten::select_backward",
+               [](const OpMeta& op) { return scatter_back(op, "input_sizes", /*inserts_dim=*/true, false); });
+  registry.add("aten::slice_backward",
+               [](const OpMeta& op) { return scatter_back(op, "input_sizes", false, /*gather_dim=*/true); });
+  registry.add("aten::index_select_backward",
+               [](const OpMeta& op) { return scatter_back(op, "self_sizes", false, /*gather_dim=*/true); });
   registry.add("aten::value_selecting_reduction_backward", [](const OpMeta& op) {
-    return scatter_back(op, 3, 1, /*inserts_dim=*/!bool_arg(op, 4), /*gather_dim=*/true);
+    return scatter_back(op, "sizes", /*inserts_dim=*/!bool_arg(op, "keepdim"), /*gather_dim=*/true);
   });
 }
 

@@ -73,6 +73,29 @@ TEST(Halo, ShardedConvolutionMovesOnlyHaloRows) {
   expect_matches(sw.grad(), ref_w.grad(), "weight gradient");
 }
 
+// The declared moves that explain_operator prints are the ones the kernel makes: a halo
+// gather when a window crosses a shard boundary, nothing otherwise, and no collective to find out.
+TEST(Halo, ExplainShowsTheKernelsHaloMovesWithoutCommunicating) {
+  const int64_t ranks = mesh_1d().size(0);
+  const at::Tensor sx = distribute_tensor(draw({1, 2, 4 * ranks, 5}, 9), mesh_1d(), {Shard(2)});
+  const at::Tensor sw = distribute_tensor(draw({3, 2, 3, 3}, 10), mesh_1d(), {Replicate()});
+  auto conv_args = [&](const at::Tensor& weight, int64_t padding) {
+    return std::vector<c10::IValue>{sx, weight, c10::IValue(), std::vector<int64_t>{1, 1}, std::vector<int64_t>{padding, padding},
+                                    std::vector<int64_t>{1, 1}, false, std::vector<int64_t>{0, 0}, int64_t{1}};
+  };
+  CommDebugMode comms;
+  const std::string text = explain_operator("aten::convolution", conv_args(sw, 1));
+  EXPECT_EQ(comms.total(), 0) << comms.table();
+  EXPECT_NE(text.find("kernel: halo convolution (forward)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("halo gather of dim 2 over mesh dim 0") != std::string::npos, ranks > 1) << text;
+  EXPECT_NE(text.find("input 'weight' [R]: used as it is"), std::string::npos) << text;
+  EXPECT_NE(text.find("output 0: [S(2)] dim 2 sizes"), std::string::npos) << text;
+  const std::string one_by_one = explain_operator("aten::convolution",
+                                                   conv_args(distribute_tensor(draw({3, 2, 1, 1}, 11), mesh_1d(), {Replicate()}), 0));
+  EXPECT_NE(one_by_one.find("moves nothing between ranks"), std::string::npos) << one_by_one;
+  EXPECT_THROW(explain_operator("aten::no_such_op", {}), c10::Error);
+}
+
 TEST(Halo, ShardsThinnerThanTheHaloReachPastTheirNeighbours) {
   const int64_t ranks = mesh_1d().size(0);
   std::vector<int64_t> sizes(ranks, 1);  // kernel 7: a halo of 3 rows, shards of 1 row

@@ -5,9 +5,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <optional>
 #include <sstream>
 
+#include "rules/helpers.h"
 #include "rules/kernel_plan.h"
 #include "rules/registry.h"
 #include "util/strings.h"
@@ -287,6 +289,50 @@ TEST(IndexingRules, GatherAlongAnUnshardedDimKeepsTheIndexLayout) {
   const Answer a = call_rule("aten::gather", {self, int64_t{1}, index, false});
   EXPECT_EQ(a.outputs, "[S(0)]{0: 2,2,2,2}");
   EXPECT_EQ(a.moves, "none");
+}
+
+// ---- arguments by name ----
+
+// OpMeta over aten::gather(self, dim, index, *, sparse_grad) with a sharded self and index.
+struct GatherCall {
+  c10::OperatorHandle handle = c10::Dispatcher::singleton().findSchemaOrThrow("aten::gather", "");
+  std::vector<c10::IValue> values = {at::Tensor(), int64_t{1}, at::Tensor(), false};
+  OpMeta meta;
+  GatherCall() {
+    meta.name = "aten::gather";
+    meta.schema = &handle.schema();
+    meta.inputs = {{spec({4}, {Shard(0)}, {8, 5}), 0, false}, {spec({4}, {Shard(0)}, {8, 2}), 2, false}};
+    meta.args = values;
+  }
+};
+
+TEST(OpMetaArgs, ArgumentsAreReadByTheirSchemaNames) {
+  const GatherCall call;
+  EXPECT_EQ(call.meta.arg_index("index"), 2u);
+  EXPECT_EQ(call.meta.arg("dim").toInt(), 1);
+  EXPECT_EQ(int_arg(call.meta, "dim"), 1);
+  EXPECT_FALSE(bool_arg(call.meta, "sparse_grad"));
+  ASSERT_NE(call.meta.input_named("index"), nullptr);
+  EXPECT_EQ(call.meta.input_named("index")->spec.shape(), std::vector<int64_t>({8, 2}));
+  EXPECT_EQ(call.meta.input_named("dim"), nullptr);  // not a tensor
+  EXPECT_EQ(arg_name(call.meta, call.meta.inputs[1]), "index");
+}
+
+TEST(OpMetaArgs, AMissingNameNamesTheOperatorTheNameAndTheSchemasArguments) {
+  const GatherCall call;
+  for (const auto& read : std::vector<std::function<void()>>{[&] { call.meta.arg_index("axis"); },
+                                                               [&] { call.meta.arg("axis"); },
+                                                               [&] { call.meta.input_named("axis"); },
+                                                               [&] { int_arg(call.meta, "axis"); }}) {
+    try {
+      read();
+      ADD_FAILURE() << "reading a missing argument did not raise";
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      EXPECT_NE(what.find("aten::gather has no argument named 'axis'"), std::string::npos) << what;
+      EXPECT_NE(what.find("(self, dim, index, sparse_grad)"), std::string::npos) << what;
+    }
+  }
 }
 
 // ---- every rule family is in this file ----

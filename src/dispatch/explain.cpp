@@ -1,0 +1,61 @@
+// explain_operator (shardtensor/dispatch.h): a propagation printed, without running the op.
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <sstream>
+
+#include "dispatch/propagation.h"
+#include "rules/kernel_plan.h"
+#include "shardtensor/dispatch.h"
+#include "util/strings.h"
+
+namespace shardtensor {
+namespace {
+
+std::string sizes_of(const ShardSizes& sizes) {
+  std::string out;
+  for (const DimShardSizes& entry : sizes) out += " dim " + std::to_string(entry.tensor_dim) + " sizes [" + join(entry.sizes, ", ") + "]";
+  return out;
+}
+
+}  // namespace
+
+std::string explain_operator(const std::string& op_name, std::vector<c10::IValue> args) {
+  const size_t dot = op_name.find('.');
+  const std::string name = op_name.substr(0, dot), overload = dot == std::string::npos ? "" : op_name.substr(dot + 1);
+  const auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+  TORCH_CHECK(handle.has_value(), "explain_operator: no operator '", op_name, "' (write it as \"aten::convolution\" or ",
+              "\"aten::add.Tensor\": namespace, name and overload)");
+  const c10::FunctionSchema& schema = handle->schema();
+  TORCH_CHECK(args.size() <= schema.arguments().size(), "explain_operator: ", op_name, " takes ", schema.arguments().size(),
+              " arguments, got ", args.size());
+  for (size_t i = args.size(); i < schema.arguments().size(); ++i) {
+    const auto& fallback = schema.arguments()[i].default_value();
+    TORCH_CHECK(fallback.has_value(), "explain_operator: ", op_name, ": argument '", schema.arguments()[i].name(),
+                "' has no default; pass it");
+    args.push_back(*fallback);
+  }
+  const Propagation& p = propagate(*handle, args);
+
+  std::ostringstream os;
+  os << op_name << (p.fallback ? " (no sharding rule: falls back to gathering)" : "") << "\n";
+  for (size_t k = 0; k < p.meta.inputs.size(); ++k) {
+    const TensorInput& in = p.meta.inputs[k];
+    os << "  input '" << schema.arguments()[in.arg_index].name() << "' " << to_string(in.spec.placements()) << ": "
+       << (p.plans[k] ? "redistributed " + p.plans[k]->to_string() + " to " + to_string(p.result.input_targets[k].placements())
+                      : std::string("used as it is"))
+       << "\n";
+  }
+  if (p.result.kernel_plan) {
+    os << "  kernel: " << p.result.kernel_plan->name() << "\n";
+    const std::vector<DeclaredMove> moves = p.result.kernel_plan->moves();
+    if (moves.empty()) os << "    moves nothing between ranks\n";
+    for (const DeclaredMove& m : moves) os << "    " << m.to_string() << "\n";
+  } else {
+    os << "  kernel: the operator on the local pieces\n";
+  }
+  for (size_t j = 0; j < p.result.outputs.size(); ++j)
+    os << "  output " << j << ": " << to_string(p.result.outputs[j].placements) << sizes_of(p.result.outputs[j].sizes) << "\n";
+  return os.str();
+}
+
+}  // namespace shardtensor
