@@ -5,6 +5,8 @@
 //   shardrun -n 4 ./examples/heat_unet_demo                 H split over 4 ranks, unevenly
 //   shardrun -n 4 ./examples/heat_unet_demo --mesh 2x2      H and W split over a 2 x 2 mesh
 //   options: --steps N (50)  --out DIR (demo_output)  --mesh N | AxB
+//            --checkpoint DIR --save-after K   save the training state after K steps
+//            --resume DIR                      continue from a saved state, on any mesh
 //
 // Every layer is ordinary libtorch (at::conv2d, group_norm, batch_norm, max_pool2d, nearest
 // upsampling, cat for the skip connection, mse_loss, torch::optim::Adam); the sharded run
@@ -12,9 +14,15 @@
 // Rank 0 trains the single-process copy beside it and prints, per step, both losses, their
 // relative difference, the sharded step's time and its collectives (CommDebugMode). At the
 // end it writes the predicted field with the shard boundaries drawn, and the loss curves.
+//
+// A checkpoint (shardtensor::checkpoint) holds the model's parameters and buffers, Adam's
+// moments and step counts, and the step reached. A run resumed from it on another mesh or
+// world size prints the same losses, step for step, as the run that saved it would have.
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
+
+#include <type_traits>
 
 #include <chrono>
 #include <cmath>
@@ -25,6 +33,7 @@
 #include <sstream>
 
 #include "png_writer.h"
+#include "shardtensor/checkpoint.h"
 #include "shardtensor/shardtensor.h"
 
 using namespace shardtensor;
@@ -42,6 +51,9 @@ struct Options {
   std::vector<int64_t> mesh_shape;
   int steps = 50;
   std::string out_dir = "demo_output";
+  std::string checkpoint_dir;  // with save_after: where to save
+  int save_after = -1;
+  std::string resume_dir;
 };
 
 Options parse(int argc, char** argv) {
@@ -56,13 +68,22 @@ Options parse(int argc, char** argv) {
       o.steps = std::stoi(value());
     } else if (a == "--out") {
       o.out_dir = value();
+    } else if (a == "--checkpoint") {
+      o.checkpoint_dir = value();
+    } else if (a == "--save-after") {
+      o.save_after = std::stoi(value());
+    } else if (a == "--resume") {
+      o.resume_dir = value();
     } else if (a == "--mesh") {
       std::stringstream ss(value());
       for (std::string part; std::getline(ss, part, 'x');) o.mesh_shape.push_back(std::stoll(part));
     } else {
-      throw std::invalid_argument("unknown option " + a + " (use --steps N, --out DIR, --mesh N or AxB)");
+      throw std::invalid_argument("unknown option " + a +
+                                  " (use --steps N, --out DIR, --mesh N or AxB, --checkpoint DIR --save-after K, --resume DIR)");
     }
   }
+  if (o.checkpoint_dir.empty() != (o.save_after < 0))
+    throw std::invalid_argument("--checkpoint DIR and --save-after K go together (got only one of them)");
   if (o.mesh_shape.empty()) o.mesh_shape = {world_size()};
   return o;
 }
@@ -198,6 +219,70 @@ demo::Image loss_plot(const std::vector<double>& sharded, const std::vector<doub
   return img;
 }
 
+// libtorch keys an optimizer's state by the parameter's TensorImpl: as a string on 1.13, as a
+// pointer on 2.x.
+template <class Key>
+Key optimizer_state_key(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;  // what libtorch 1.13's c10::guts::to_string writes
+    key << p.unsafeGetTensorImpl();
+    return key.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
+
+// Adam's state for parameter `p`, created as Adam's first step would create it.
+torch::optim::AdamParamState& adam_state(torch::optim::Adam& optimizer, const at::Tensor& p) {
+  auto& states = optimizer.state();
+  auto& slot = states[optimizer_state_key<typename std::decay_t<decltype(states)>::key_type>(p)];
+  if (!slot) {
+    auto fresh = std::make_unique<torch::optim::AdamParamState>();
+    fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+    fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+    slot = std::move(fresh);
+  }
+  return static_cast<torch::optim::AdamParamState&>(*slot);
+}
+
+// What a resumed run needs: parameters and buffers, Adam's moments and per-parameter step
+// counts, and the training step. The tensors are the live ones (load fills them in place);
+// the step counts are 0-d copies, read back by apply_step_counts.
+checkpoint::StateDict training_state(UNet& model, torch::optim::Adam& optimizer, const at::Tensor& step) {
+  checkpoint::StateDict state = {{"train.step", step}};
+  for (const auto& item : model.named_parameters()) {
+    torch::optim::AdamParamState& s = adam_state(optimizer, item.value());
+    state["model." + item.key()] = item.value();
+    state["adam." + item.key() + ".exp_avg"] = s.exp_avg();
+    state["adam." + item.key() + ".exp_avg_sq"] = s.exp_avg_sq();
+    state["adam." + item.key() + ".step"] = at::scalar_tensor(s.step(), at::kLong);
+  }
+  for (const auto& item : model.named_buffers()) state["model." + item.key()] = item.value();
+  return state;
+}
+
+void apply_step_counts(UNet& model, torch::optim::Adam& optimizer, const checkpoint::StateDict& state) {
+  for (const auto& item : model.named_parameters())
+    adam_state(optimizer, item.value()).step(state.at("adam." + item.key() + ".step").item<int64_t>());
+}
+
+// The single-process copy takes the sharded model's resumed state (their values agree to
+// ~1e-12 at any step, so this is the state the uninterrupted single-process run had).
+void copy_state(UNet& from, torch::optim::Adam& from_opt, UNet& to, torch::optim::Adam& to_opt) {
+  at::NoGradGuard no_grad;
+  auto to_params = to.named_parameters();
+  for (const auto& item : from.named_parameters()) {
+    const at::Tensor& dst = to_params[item.key()];
+    dst.copy_(full_tensor(item.value()));
+    torch::optim::AdamParamState &s = adam_state(from_opt, item.value()), &d = adam_state(to_opt, dst);
+    d.exp_avg().copy_(full_tensor(s.exp_avg()));
+    d.exp_avg_sq().copy_(full_tensor(s.exp_avg_sq()));
+    d.step(s.step());
+  }
+  auto to_buffers = to.named_buffers();
+  for (const auto& item : from.named_buffers()) to_buffers[item.key()].copy_(full_tensor(item.value()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -231,7 +316,21 @@ int main(int argc, char** argv) {
   std::vector<double> sharded_losses, single_losses;
   double worst = 0;
   at::Tensor last_prediction;
-  for (int step = 0; step < opt.steps; ++step) {
+  int first_step = 0;
+  if (!opt.resume_dir.empty()) {
+    const at::Tensor saved_step = at::zeros({}, at::kLong);
+    checkpoint::StateDict state = training_state(sharded_model, sharded_opt, saved_step);
+    checkpoint::load(state, opt.resume_dir, {/*strict=*/true, mesh});
+    apply_step_counts(sharded_model, sharded_opt, state);
+    copy_state(sharded_model, sharded_opt, single_model, single_opt);
+    first_step = static_cast<int>(saved_step.item<int64_t>());
+    if (first_step >= opt.steps)
+      throw std::invalid_argument("--resume " + opt.resume_dir + " continues after step " + std::to_string(first_step - 1) +
+                                  ", so --steps must be more than " + std::to_string(first_step) + " (got " +
+                                  std::to_string(opt.steps) + ")");
+    if (root) std::cout << "resumed from " << opt.resume_dir << " after step " << first_step - 1 << "\n";
+  }
+  for (int step = first_step; step < opt.steps; ++step) {
     const int64_t first = (step * kBatch) % kFields;
     const at::Tensor u = fields.narrow(0, first, kBatch), target = targets.narrow(0, first, kBatch);
     double single_loss = 0;
@@ -262,6 +361,11 @@ int main(int argc, char** argv) {
       std::printf("%5d  %13.6e  %13.6e  %10.2e  %8.1f  %11lld\n", step, sharded_loss, single_loss, rel, ms,
                   static_cast<long long>(comms.total()));
       if (step == 0) std::cout << comms.table();
+    }
+    if (step + 1 == opt.save_after) {
+      const at::Tensor steps_done = at::scalar_tensor(int64_t{step + 1}, at::kLong);
+      checkpoint::save(training_state(sharded_model, sharded_opt, steps_done), opt.checkpoint_dir, {mesh});
+      if (root) std::cout << "saved the training state after step " << step << " to " << opt.checkpoint_dir << "\n";
     }
   }
 

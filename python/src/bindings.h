@@ -28,5 +28,6 @@ EncodedSizes encode_sizes(const ShardSizes& sizes);
 void bind_mesh(py::module_& m);
 void bind_tensor(py::module_& m);
 void bind_dispatch(py::module_& m);
+void bind_checkpoint(py::module_& m);
 
 }  // namespace shardtensor::python

@@ -53,4 +53,5 @@ PYBIND11_MODULE(_C, m) {
   shardtensor::python::bind_mesh(m);
   shardtensor::python::bind_tensor(m);
   shardtensor::python::bind_dispatch(m);
+  shardtensor::python::bind_checkpoint(m);
 }

@@ -10,6 +10,11 @@ std::string DeclaredMove::to_string() const {
       return "halo scatter-add of dim " + std::to_string(tensor_dim) + " over mesh dim " + std::to_string(mesh_dim);
     case Kind::AllReduce:
       return "all-reduce(sum) over mesh dim " + std::to_string(mesh_dim);
+    case Kind::RingPass:
+      return "ring pass of dim " + std::to_string(tensor_dim) + " blocks over mesh dim " + std::to_string(mesh_dim);
+    case Kind::RingReturn:
+      return "gradients of dim " + std::to_string(tensor_dim) + " blocks returned to their owners over mesh dim " +
+             std::to_string(mesh_dim);
   }
   return "?";
 }

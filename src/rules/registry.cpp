@@ -85,6 +85,8 @@ void register_all_rules(RuleRegistry& registry) {
   register_spatial_norm_rules(registry);
   register_random_rules(registry);
   register_indexing_rules(registry);
+  register_attention_rules(registry);
+  register_scan_rules(registry);
 }
 }  // namespace
 

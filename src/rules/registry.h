@@ -39,5 +39,7 @@ void register_resampling_rules(RuleRegistry& registry);
 void register_spatial_norm_rules(RuleRegistry& registry);
 void register_random_rules(RuleRegistry& registry);
 void register_indexing_rules(RuleRegistry& registry);
+void register_attention_rules(RuleRegistry& registry);
+void register_scan_rules(RuleRegistry& registry);
 
 }  // namespace shardtensor

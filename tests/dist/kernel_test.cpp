@@ -45,22 +45,23 @@ std::vector<int64_t> uneven(int64_t n, bool other) {
 }  // namespace
 
 TEST(Kernel, OperatorsWithoutARuleFallBackCorrectlyOrRaiseInStrictMode) {
+  // tril has no rule: on row shards it would cut each rank's rows at the wrong diagonal.
   const at::Tensor global = same_randn({10, 4});
   const at::Tensor t = rows(global, uneven(10, false));
   {
     StrictScope strict(true);
-    EXPECT_ERROR_CONTAINS(at::cumsum(t, 0), "aten::cumsum", "strict mode", "register_sharding_rule");
+    EXPECT_ERROR_CONTAINS(at::tril(t), "aten::tril", "strict mode", "register_sharding_rule");
   }
   StrictScope lenient(false);
-  const at::Tensor out = at::cumsum(t, 0);
-  EXPECT_TRUE(at::allclose(full_tensor(out), at::cumsum(global, 0)));
+  const at::Tensor out = at::tril(t);
+  EXPECT_TRUE(at::allclose(full_tensor(out), at::tril(global)));
   const std::vector<std::string> fell = fallback_operators();
-  EXPECT_NE(std::find(fell.begin(), fell.end(), "aten::cumsum"), fell.end());
+  EXPECT_NE(std::find(fell.begin(), fell.end(), "aten::tril"), fell.end());
   // In place through the fallback: the result lands in self's own layout.
   at::Tensor s = rows(global, uneven(10, false));
-  s.cumsum_(0);
+  s.tril_(-1);
   EXPECT_EQ(spec(s).placements(), Placements{Shard(0)});
-  EXPECT_TRUE(at::allclose(full_tensor(s), at::cumsum(global, 0)));
+  EXPECT_TRUE(at::allclose(full_tensor(s), at::tril(global, -1)));
 }
 
 TEST(Kernel, ViewOperatorsWithoutARuleNeverFallBack) {
@@ -210,23 +211,26 @@ TEST(Kernel, InPlaceOpsUpdateTheCallersTensorAndItsViews) {
 }
 
 TEST(Kernel, CustomRulesAndLocalMap) {
-  // A rule for an operator that has none: cumsum along dim 1 is local when dim 1 is whole.
-  register_sharding_rule("aten::cumsum", [](const OpMeta& op) {
+  // A rule for an operator that has none: roll along dim 1 is local when dim 1 is whole.
+  register_sharding_rule("aten::roll", [](const OpMeta& op) {
     RuleResult r;
     r.input_targets = {op.inputs[0].spec};
     r.outputs = {layout_of(op.inputs[0].spec)};
-    if (op.args[1].toInt() != 1) return RuleResult::unsupported("only dim 1 is supported by this test rule");
+    if (op.arg("dims").toIntVector() != std::vector<int64_t>{1}) return RuleResult::unsupported("only dims [1] is supported by this test rule");
     return r;
   });
   const at::Tensor global = same_randn({10, 4});
   const at::Tensor t = rows(global, uneven(10, false));
   {
     StrictScope strict(true);
-    CommDebugMode comms;
-    EXPECT_TRUE(at::allclose(full_tensor(at::cumsum(t, 1)), at::cumsum(global, 1)));
-    EXPECT_ERROR_CONTAINS(at::cumsum(t, 0), "aten::cumsum", "only dim 1 is supported");
+    std::optional<CommDebugMode> comms(std::in_place);
+    const at::Tensor rolled = at::roll(t, {1}, {1});
+    EXPECT_EQ(comms->total(), 0) << comms->table();
+    comms.reset();
+    EXPECT_TRUE(at::allclose(full_tensor(rolled), at::roll(global, {1}, {1})));
+    EXPECT_ERROR_CONTAINS(at::roll(t, {1}, {0}), "aten::roll", "only dims [1] is supported");
   }
-  EXPECT_ERROR_CONTAINS(register_sharding_rule("cumsum", nullptr), "not a qualified operator name");
+  EXPECT_ERROR_CONTAINS(register_sharding_rule("roll", nullptr), "not a qualified operator name");
 
   const std::vector<at::Tensor> out = local_map(
       [](const std::vector<at::Tensor>& locals) { return std::vector<at::Tensor>{locals[0].cumsum(0)}; }, {t},

@@ -31,5 +31,7 @@ Case on(const std::string& label, std::function<Tensors()> make, std::function<a
 
 // Domain-parallel cases: convolution, pooling, resampling, padding, spatial normalisation.
 std::vector<Case> spatial_cases();
+// Scaled dot-product attention (attention_test.cpp); none where libtorch has no SDPA (1.13).
+std::vector<Case> attention_cases();
 
 }  // namespace shardtensor::testing

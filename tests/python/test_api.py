@@ -232,12 +232,12 @@ def ops_body(rank, world_size):
     assert_close(doubled.full_tensor(), a * 2, "local_map")
     # Strict mode names the operator without a rule; the fallback gives the right answer.
     with st.strict(True):
-        with pytest.raises(RuntimeError, match="cumsum"):
-            torch.cumsum(x, 0)
+        with pytest.raises(RuntimeError, match="tril"):
+            torch.tril(x)
     with st.strict(False):
-        c = torch.cumsum(x, 0)
-    assert "aten::cumsum" in st.fallback_operators()
-    assert_close(c.full_tensor(), torch.cumsum(a, 0), "fallback cumsum")
+        c = torch.tril(x)
+    assert "aten::tril" in st.fallback_operators()
+    assert_close(c.full_tensor(), torch.tril(a), "fallback tril")
     # Plain tensors next to ShardTensors: an error, or Replicate inside implicit_replication.
     with pytest.raises(RuntimeError, match="plain"):
         x + torch.ones(6)

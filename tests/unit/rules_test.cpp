@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 
+#include "rules/attention.h"
 #include "rules/helpers.h"
 #include "rules/kernel_plan.h"
 #include "rules/registry.h"
@@ -335,12 +336,109 @@ TEST(OpMetaArgs, AMissingNameNamesTheOperatorTheNameAndTheSchemasArguments) {
   }
 }
 
+// ---- attention ----
+
+namespace {
+// The CPU flash attention operator exists from torch 2.0; on 1.13 these tests skip.
+bool have_flash_attention() {
+  return c10::Dispatcher::singleton().findSchema({"aten::_scaled_dot_product_flash_attention_for_cpu", ""}).has_value();
+}
+#define SKIP_WITHOUT_FLASH_ATTENTION() \
+  if (!have_flash_attention()) GTEST_SKIP() << "aten::_scaled_dot_product_flash_attention_for_cpu does not exist in this libtorch"
+
+Answer attention(const ShardTensorSpec& q, const ShardTensorSpec& k, bool is_causal = false) {
+  return call_rule("aten::_scaled_dot_product_flash_attention_for_cpu", {q, k, k, 0.0, is_causal, kNone, kNone});
+}
+}  // namespace
+
+TEST(AttentionRules, SequenceShardsOfQueryKeysAndValuesMakeARing) {
+  SKIP_WITHOUT_FLASH_ATTENTION();
+  const auto q = spec({4}, {Shard(2)}, {2, 4, 12, 8}, {{2, {5, 0, 4, 3}}});
+  const auto k = spec({4}, {Shard(2)}, {2, 2, 10, 8}, {{2, {1, 2, 3, 4}}});
+  const Answer a = attention(q, k, /*is_causal=*/true);
+  EXPECT_EQ(a.targets, "[S(2)]{2: 5,0,4,3} | [S(2)]{2: 1,2,3,4} | [S(2)]{2: 1,2,3,4}");  // each keeps its own split
+  EXPECT_EQ(a.outputs, "[S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3}");
+  EXPECT_EQ(a.moves, "ring pass of dim 2 blocks over mesh dim 0");
+  EXPECT_EQ(a.kernel, "ring attention over mesh dim 0, causal (forward)");
+}
+
+TEST(AttentionRules, BatchShardedQueryTakesTheKeysBatchShardsLocally) {
+  SKIP_WITHOUT_FLASH_ATTENTION();
+  const Answer a = attention(spec({4}, {Shard(0)}, {5, 4, 6, 8}), spec({4}, {Replicate()}, {5, 4, 6, 8}));
+  EXPECT_EQ(a.targets, "[S(0)]{0: 2,2,1,0} | [S(0)]{0: 2,2,1,0} | [S(0)]{0: 2,2,1,0}");
+  EXPECT_EQ(a.moves, "none");
+  EXPECT_EQ(a.kernel, "local attention (forward)");
+}
+
+TEST(AttentionRules, AHeadSplitThatCutsAKeyGroupGathersTheHeads) {
+  SKIP_WITHOUT_FLASH_ATTENTION();
+  // 4 query heads over 2 key heads: groups of 2; shards of 1 head would split a group.
+  const Answer cut = attention(spec({4}, {Shard(1)}, {1, 4, 6, 8}), spec({4}, {Shard(1)}, {1, 2, 6, 8}));
+  EXPECT_EQ(cut.targets, "[R] | [R] | [R]");
+  const Answer whole = attention(spec({2}, {Shard(1)}, {1, 4, 6, 8}), spec({2}, {Replicate()}, {1, 2, 6, 8}));
+  EXPECT_EQ(whole.targets, "[S(1)]{1: 2,2} | [S(1)]{1: 1,1} | [S(1)]{1: 1,1}");
+}
+
+TEST(AttentionRules, RowsAgainstWholeKeysGiveSummedKeyGradients) {
+  SKIP_WITHOUT_FLASH_ATTENTION();
+  const auto rows = spec({2}, {Shard(2)}, {1, 2, 6, 4}, {{2, {4, 2}}});
+  const auto keys = spec({2}, {Replicate()}, {1, 2, 9, 4});
+  const auto lse = spec({2}, {Shard(2)}, {1, 2, 6}, {{2, {4, 2}}});
+  const Answer a = call_rule("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                             {rows, rows, keys, keys, rows, lse, 0.0, true, kNone, kNone});
+  EXPECT_EQ(a.outputs, "[S(2)]{2: 4,2} | [P(sum)] | [P(sum)]");
+  EXPECT_EQ(a.moves, "none");
+  EXPECT_EQ(a.kernel, "local attention, causal (backward)");
+}
+
+TEST(AttentionRules, CausalRingScheduleMovesNoBlockAboveTheDiagonal) {
+  AttentionPlan plan(DeviceMesh::without_comms({4}, 0));
+  plan.ring = plan.is_causal = true;
+  plan.seq_mesh_dim = 0;
+  plan.query_rows = plan.key_rows = {{0, 3}, {3, 6}, {6, 9}, {9, 12}};
+  // Block b is needed by ranks b..3: it moves after steps 0..2-b and stops on rank 3.
+  for (int64_t b = 0; b < 4; ++b)
+    for (int64_t step = 0; step < 4; ++step) {
+      EXPECT_EQ(plan.computes(b, step), b + step <= 3) << "block " << b << " step " << step;
+      EXPECT_EQ(plan.sends(b, step), b + step < 3) << "block " << b << " step " << step;
+    }
+  EXPECT_EQ(plan.last_step(0), 3);
+  EXPECT_EQ(plan.last_step(3), 0);
+  // An offset diagonal: rows 4..7 against keys 2..9 see keys 2..6, through an explicit mask.
+  const VisibleBlock v = visible_block({4, 8}, {2, 10}, /*is_causal=*/true);
+  EXPECT_TRUE(v.any && v.offset_mask);
+  EXPECT_EQ(v.rows, (Range{4, 8}));
+  EXPECT_EQ(v.keys, (Range{2, 8}));
+  EXPECT_FALSE(visible_block({0, 3}, {3, 6}, true).any);
+  EXPECT_TRUE(visible_block({3, 6}, {3, 6}, true).top_left);
+}
+
 // ---- every rule family is in this file ----
+
+TEST(ScanRules, ScanAlongAnUnshardedDimMovesNothing) {
+  const auto x = spec({4}, {Shard(0)}, {8, 6});
+  const Answer a = call_rule("aten::cumsum", {x, int64_t{1}, kNone});
+  EXPECT_EQ(a.targets, "[S(0)]{0: 2,2,2,2}");
+  EXPECT_EQ(a.outputs, "[S(0)]{0: 2,2,2,2}");
+  EXPECT_EQ(a.moves, "none");
+}
+
+TEST(ScanRules, SortAlongTheShardedDimGathersItFirst) {
+  const Answer a = call_rule("aten::sort", {spec({4}, {Shard(1)}, {3, 6}), int64_t{-1}, false});
+  EXPECT_EQ(a.targets, "[R]");
+  EXPECT_EQ(a.outputs, "[R] | [R]");  // values and indices
+}
+
+TEST(ScanRules, HistogramWithARangeIsAPartialSumOfLocalCounts) {
+  const Answer a = call_rule("aten::histc", {spec({4}, {Shard(0)}, {8, 6}), int64_t{5}, 0.0, 1.0});
+  EXPECT_EQ(a.outputs, "[P(sum)]");
+  EXPECT_EQ(a.moves, "none");
+}
 
 TEST(RuleFamilies, EveryFamilyHasATestHere) {
   // One registration function per family in rules/registry.h; keep this list in step with it.
   const std::vector<std::string> families = {"Pointwise", "Reduction", "Matmul", "View", "Normalization", "Loss", "Embedding",
-                                             "Convolution", "Pooling", "Resampling", "SpatialNorm", "Random", "Indexing"};
+                                             "Convolution", "Pooling", "Resampling", "SpatialNorm", "Random", "Indexing", "Attention", "Scan"};
   const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
   for (const std::string& family : families) {
     bool found = false;

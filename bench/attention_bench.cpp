@@ -1,0 +1,118 @@
+// Scaled dot-product attention, forward + backward, with Q, K and V split over the sequence:
+// ring attention (K/V blocks passed around the ranks) against gather-then-attend (K and V
+// redistributed to Replicate, then local attention of this rank's rows), and against one
+// process. Also the peak memory each rank adds during a step (VmHWM after resetting it through
+// /proc/self/clear_refs), next to the gathered K/V it would hold otherwise.
+// Run: shardrun -n 4 build-torch2/bench/attention_bench (and -n 2); results in bench/RESULTS.md.
+// On libtorch 1.13, which has no SDPA, it prints why it skips and exits 0.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "shardtensor/shardtensor.h"
+
+using namespace shardtensor;
+
+namespace {
+
+auto sdpa_op() {  // c10::optional on libtorch 1.13, std::optional on 2.x
+  return c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""});
+}
+
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  torch::jit::Stack stack{q, k, v, c10::IValue(), 0.0, false, c10::IValue(), false};
+  sdpa_op()->callBoxed(&stack);
+  return stack.back().toTensor();
+}
+
+// kB from /proc/self/status ("VmHWM", "VmRSS").
+int64_t status_kb(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1));
+  return -1;
+}
+
+// Starts a peak-memory window: the kernel's high-water mark is reset to the current RSS. Blocks
+// of 64 KiB and more are mapped and unmapped one by one (main() fixes glibc's threshold), so the
+// resident size follows the live tensors instead of what glibc kept from earlier steps.
+int64_t reset_peak() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+  return status_kb("VmRSS");
+}
+
+struct Timing {
+  double ms = 0;
+  double peak_mib = 0;  // above the RSS at the start of the window
+};
+
+Timing measure(const std::function<void()>& step, const std::function<void()>& sync, int timed) {
+  step();  // warm-up
+  std::vector<double> ms;
+  const int64_t base = reset_peak();
+  for (int i = 0; i < timed; ++i) {
+    sync();
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    sync();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], (status_kb("VmHWM") - base) / 1024.0};
+}
+
+}  // namespace
+
+int main() {
+  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+  if (!sdpa_op()) {
+    std::printf("attention_bench: skipped: aten::scaled_dot_product_attention does not exist in this libtorch (torch 2.0+)\n");
+    return 0;
+  }
+  const DeviceMesh mesh = DeviceMesh::create({world_size()});
+  const int64_t ranks = mesh.size(0), rank = mesh.coordinate()[0];
+  const int64_t b = 1, h = 2, d = 32;
+  const auto barrier = [&] { mesh.comm(0).barrier(); };
+  if (rank == 0)
+    std::printf("SDPA fwd+bwd, [B, H, S, D] = [%lld, %lld, S, %lld] float32, Q/K/V split over S on %lld ranks\n",
+                static_cast<long long>(b), static_cast<long long>(h), static_cast<long long>(d), static_cast<long long>(ranks));
+  for (int64_t s : {4096, 16384}) {
+    const int timed = s > 8192 ? 2 : 3;
+    at::manual_seed(0);
+    const at::Tensor q = at::randn({b, h, s, d}), k = at::randn({b, h, s, d}), v = at::randn({b, h, s, d}),
+                     g = at::randn({b, h, s, d});
+    Timing single;
+    if (rank == 0) {  // the other ranks wait in the barrier below
+      const at::Tensor pq = q.clone().requires_grad_(), pk = k.clone().requires_grad_(), pv = v.clone().requires_grad_();
+      single = measure([&] { sdpa(pq, pk, pv).backward(g); }, [] {}, timed);
+    }
+    barrier();
+    const at::Tensor sq = distribute_tensor(q, mesh, {Shard(2)}).requires_grad_();
+    const at::Tensor sk = distribute_tensor(k, mesh, {Shard(2)}).requires_grad_();
+    const at::Tensor sv = distribute_tensor(v, mesh, {Shard(2)}).requires_grad_();
+    const at::Tensor sg = distribute_tensor(g, mesh, {Shard(2)});
+    const Timing ring = measure([&] { sdpa(sq, sk, sv).backward(sg); }, barrier, timed);
+    const Timing gather = measure(
+        [&] { sdpa(sq, redistribute(sk, mesh, {Replicate()}), redistribute(sv, mesh, {Replicate()})).backward(sg); }, barrier,
+        timed);
+    const double kv_mib = 2.0 * b * h * s * d * 4 / (1 << 20);
+    if (rank == 0)
+      std::printf("  S=%lld: one process %.0f ms | ring %.0f ms (%.2fx one process) | gather-then-attend %.0f ms | ring/gather %.2f\n"
+                  "         peak extra MiB on rank 0: ring %.1f, gather %.1f, one process %.1f; gathered K/V %.1f MiB, "
+                  "ring bound 1/N + two blocks = %.1f MiB\n",
+                  static_cast<long long>(s), single.ms, ring.ms, single.ms / ring.ms, gather.ms, ring.ms / gather.ms,
+                  ring.peak_mib, gather.peak_mib, single.peak_mib, kv_mib, 3 * kv_mib / ranks);
+  }
+  return 0;
+}

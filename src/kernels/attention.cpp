@@ -1,0 +1,80 @@
+// Attention on ShardTensors: the kernels of AttentionPlan (rules/attention.h; the rule file
+// says how each layout is handled).
+//
+// One engine serves every layout: this rank's query rows attend to a sequence of key blocks,
+// each placed by its global positions. Local attention is one block (the local keys); the
+// ring is n blocks, each rank's keys and values passed to the next rank along the mesh dim
+// (Note [Ring schedule] in rules/attention.cpp), the next block's messages in flight while the
+// current one is computed. Blocks merge by log-sum-exp in float32 (float64 for double inputs).
+//
+// The backward calls the operator's own backward once per block with the final output and
+// log-sum-exp, which gives each block's exact share of the gradients (the softmax weights of a
+// block are exp(scores - lse), lse being the global one). Key and value gradients travel with
+// their blocks and are returned to the blocks' owners at the end, in one batch.
+//
+// The operator itself divides by zero on empty sequences (torch 2.15 raises SIGFPE), so it is
+// never called on an empty block: empty shards compute nothing and return zeros.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <limits>
+
+#include "kernels/attention_blocks.h"
+#include "kernels/stack.h"
+
+namespace shardtensor {
+namespace {
+
+// _scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, *, attn_mask, scale)
+LocalKernel attention_forward(const AttentionPlan& plan) {
+  return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor query = args[0].toTensor();
+    const c10::optional<at::Tensor> user_mask = args[5].toOptional<at::Tensor>();
+    const int64_t n = plan.ring_size(), me = plan.ring ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
+    const Range rows = plan.query_rows_at(plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0);
+    std::vector<int64_t> out_shape = query.sizes().vec(), lse_shape(out_shape.begin(), out_shape.end() - 1);
+    out_shape[3] = args[2].toTensor().size(3);
+
+    const at::ScalarType acc = accumulation_type(query.scalar_type());
+    at::Tensor out, lse;  // merged so far: nothing yet
+    KeyBlock held{me, {args[1].toTensor().contiguous(), args[2].toTensor().contiguous()}}, next;
+    for (int64_t step = 0; step < n; ++step) {
+      const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next);
+      const Range keys = plan.ring ? plan.key_rows[held.index] : plan.key_rows[0];
+      const bool here = plan.ring ? plan.reaches(held.index, step) : true;
+      const BlockCall c = here ? block_call(rows, keys, plan.is_causal, user_mask, query) : BlockCall{};
+      if (c.visible.any && !empty(query) && !empty(held.parts[0])) {
+        const std::vector<at::Tensor> r = call(op, {rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), args[3],
+                                                    c.is_causal, optional_tensor(c.mask), args[6]});
+        const bool whole = c.visible.rows == rows;
+        if (!out.defined() && whole && n == 1) {  // one block over every row: the operator's own result
+          out = r[0];
+          lse = r[1];
+        } else {
+          if (!out.defined()) {
+            out = at::zeros(out_shape, query.options().dtype(acc));
+            lse = at::full(lse_shape, -std::numeric_limits<double>::infinity(), query.options().dtype(acc));
+          }
+          at::Tensor o = rows_of(out, c), l = lse.narrow(2, c.row_offset, c.visible.rows.size());
+          const at::Tensor block_lse = r[1].to(acc), merged = at::logaddexp(l, block_lse);
+          o.mul_((l - merged).exp().unsqueeze(-1)).add_(r[0].to(acc) * (block_lse - merged).exp().unsqueeze(-1));
+          l.copy_(merged);
+        }
+      }
+      if (messages) finish_pass(messages.get(), &held, &next);
+    }
+    if (!out.defined()) {  // no rows here, or none of them saw a key
+      out = at::zeros(out_shape, query.options());
+      lse = at::full(lse_shape, -std::numeric_limits<double>::infinity(), query.options().dtype(lse_type(query.scalar_type())));
+    }
+    stack->push_back(out.to(query.scalar_type()));
+    stack->push_back(lse.to(lse_type(query.scalar_type())));
+  };
+}
+
+}  // namespace
+
+LocalKernel AttentionPlan::lower() const { return pass == Pass::Forward ? attention_forward(*this) : attention_backward(*this); }
+
+}  // namespace shardtensor

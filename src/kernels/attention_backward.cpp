@@ -1,0 +1,111 @@
+// The backward of AttentionPlan (rules/attention.h); kernels/attention.cpp has the forward and
+// the block helpers both use.
+//
+// Each ring step passes a block's keys and values on before the block is computed (so the
+// transfer overlaps the compute), then its key and value gradient accumulators after (they
+// need this rank's share first), in the same message batch. A block stops on the last rank
+// that needs it (Note [Ring schedule]); its accumulators wait there and go home to its owner in
+// one batch at the end.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <map>
+#include <memory>
+
+#include "comm/comm.h"
+#include "kernels/attention_blocks.h"
+#include "kernels/stack.h"
+
+namespace shardtensor {
+namespace {
+
+// Sends the gradient accumulators that stopped on this rank to their owners, and receives this
+// rank's own. `parked` maps a block to its (key, value) gradients.
+std::vector<at::Tensor> return_gradients(const AttentionPlan& plan, int64_t me,
+                                         const std::map<int64_t, std::vector<at::Tensor>>& parked, const std::vector<at::Tensor>& like) {
+  const int64_t n = plan.ring_size();
+  auto holder = [&](int64_t block) { return (block + plan.last_step(block)) % n; };
+  bool any = false;
+  for (int64_t b = 0; b < n; ++b) any = any || holder(b) != b;
+  if (!any) return parked.at(me);
+  Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
+  auto messages = comm.start_messages("ring_return");
+  for (const auto& [block, grads] : parked)
+    if (block != me)
+      for (const at::Tensor& g : grads) messages->send(block, g);
+  std::vector<at::Tensor> mine;
+  if (holder(me) == me) {
+    mine = parked.at(me);
+  } else {
+    for (const at::Tensor& l : like) {  // this rank's own key and value gradients' shapes
+      mine.push_back(at::empty(l.sizes(), l.options()));
+      messages->receive(holder(me), mine.back());
+    }
+  }
+  messages->wait();
+  return mine;
+}
+
+}  // namespace
+
+// _scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value, out,
+// logsumexp, dropout_p, is_causal, *, attn_mask, scale) -> (grad_query, grad_key, grad_value)
+LocalKernel attention_backward(const AttentionPlan& plan) {
+  return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor grad_out = args[0].toTensor(), query = args[1].toTensor(), key = args[2].toTensor(),
+                     value = args[3].toTensor(), out = args[4].toTensor(), lse = args[5].toTensor();
+    const c10::optional<at::Tensor> user_mask = args[8].toOptional<at::Tensor>();
+    const int64_t n = plan.ring_size(), me = plan.ring ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
+    const Range rows = plan.query_rows_at(plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0);
+
+    if (!plan.ring && !empty(query) && !empty(key)) {
+      const BlockCall c = block_call(rows, plan.key_rows[0], plan.is_causal, user_mask, query);
+      // The whole local block, placed where the operator's own call places it (a causal diagonal
+      // from the first row and key): the operator itself, on its own arguments.
+      const bool same_mask = !plan.is_causal || (c.is_causal && rows.begin == 0);
+      if (same_mask && c.visible.rows == rows && c.visible.keys == plan.key_rows[0]) {
+        for (const c10::IValue& a : args) stack->push_back(a);
+        op.callBoxed(stack);
+        return;
+      }
+    }
+
+    const at::ScalarType acc = accumulation_type(query.scalar_type());
+    at::Tensor grad_query = at::zeros(query.sizes(), query.options().dtype(acc));
+    KeyBlock held{me, {key.contiguous(), value.contiguous(), at::zeros(key.sizes(), key.options().dtype(acc)),
+                       at::zeros(value.sizes(), value.options().dtype(acc))}};
+    KeyBlock next;
+    std::map<int64_t, std::vector<at::Tensor>> parked;
+    for (int64_t step = 0; step < n; ++step) {
+      const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next);
+      const Range keys = plan.ring ? plan.key_rows[held.index] : plan.key_rows[0];
+      const bool here = plan.ring ? plan.reaches(held.index, step) : true;
+      const BlockCall c = here ? block_call(rows, keys, plan.is_causal, user_mask, query) : BlockCall{};
+      if (c.visible.any && !empty(query) && !empty(held.parts[0])) {
+        const std::vector<at::Tensor> r =
+            call(op, {rows_of(grad_out, c), rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), rows_of(out, c),
+                      lse.narrow(2, c.row_offset, c.visible.rows.size()), args[6], c.is_causal, optional_tensor(c.mask), args[9]});
+        rows_of(grad_query, c).add_(r[0]);
+        keys_of(held.parts[2], c).add_(r[1]);
+        keys_of(held.parts[3], c).add_(r[2]);
+      }
+      const bool moves_on = messages && plan.sends(held.index, step);
+      if (moves_on) {  // the gradients follow their keys, in the same batch
+        messages->send((me + 1) % n, held.parts[2]);
+        messages->send((me + 1) % n, held.parts[3]);
+      } else if (here) {
+        parked[held.index] = {held.parts[2], held.parts[3]};
+      }
+      if (messages) finish_pass(messages.get(), &held, &next);
+    }
+    const std::vector<at::Tensor> grads =
+        plan.ring ? return_gradients(plan, me, parked, {at::empty(key.sizes(), key.options().dtype(acc)), at::empty(value.sizes(), value.options().dtype(acc))})
+                  : parked.at(me);
+    stack->push_back(grad_query.to(query.scalar_type()));
+    stack->push_back(grads[0].to(key.scalar_type()));
+    stack->push_back(grads[1].to(value.scalar_type()));
+  };
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,89 @@
+// See attention_blocks.h.
+#include "kernels/attention_blocks.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <limits>
+
+namespace shardtensor {
+namespace {
+
+at::Tensor minus_infinity_where_not(const at::Tensor& visible, const at::Tensor& query) {
+  return at::where(visible, at::zeros({}, query.options()), at::full({}, -std::numeric_limits<double>::infinity(), query.options()));
+}
+
+at::Tensor block_mask(const VisibleBlock& v, int64_t row_offset, int64_t key_offset, const c10::optional<at::Tensor>& user,
+                      const at::Tensor& query) {
+  at::Tensor mask;
+  if (user && user->defined()) {
+    mask = *user;
+    if (mask.dim() >= 2 && mask.size(-2) != 1) mask = mask.narrow(-2, row_offset, v.rows.size());
+    if (mask.dim() >= 1 && mask.size(-1) != 1) mask = mask.narrow(-1, key_offset, v.keys.size());
+    if (mask.scalar_type() == at::kBool) mask = minus_infinity_where_not(mask, query);
+  }
+  if (v.offset_mask || (v.top_left && mask.defined())) {
+    const at::TensorOptions positions = query.options().dtype(at::kLong);
+    const at::Tensor rows = at::arange(v.rows.begin, v.rows.end, positions).unsqueeze(1);
+    const at::Tensor keys = at::arange(v.keys.begin, v.keys.end, positions).unsqueeze(0);
+    const at::Tensor causal = minus_infinity_where_not(keys <= rows, query);
+    mask = mask.defined() ? mask + causal : causal;
+  }
+  return mask;
+}
+
+}  // namespace
+
+at::ScalarType accumulation_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+at::ScalarType lse_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+BlockCall block_call(Range rows, Range keys, bool is_causal, const c10::optional<at::Tensor>& user, const at::Tensor& query) {
+  BlockCall c;
+  c.visible = visible_block(rows, keys, is_causal);
+  if (!c.visible.any) return c;
+  c.row_offset = c.visible.rows.begin - rows.begin;
+  c.key_offset = c.visible.keys.begin - keys.begin;
+  c.mask = block_mask(c.visible, c.row_offset, c.key_offset, user, query);
+  c.is_causal = c.visible.top_left && !c.mask.defined();
+  return c;
+}
+
+std::vector<at::Tensor> call(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
+  torch::jit::Stack stack(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
+  op.callBoxed(&stack);
+  std::vector<at::Tensor> out;
+  for (const c10::IValue& v : stack) out.push_back(v.toTensor());
+  return out;
+}
+
+std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, size_t parts_now, KeyBlock* next) {
+  const int64_t n = plan.ring_size();
+  if (step + 1 >= n || !plan.any_send(step)) return nullptr;
+  Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
+  const int64_t me = comm.rank();
+  auto messages = comm.start_messages("ring_send_recv");
+  if (plan.sends(held.index, step))
+    for (size_t i = 0; i < parts_now; ++i) messages->send((me + 1) % n, held.parts[i]);
+  next->index = ((me - step - 1) % n + n) % n;
+  next->parts.clear();
+  if (plan.sends(next->index, step)) {
+    for (const at::Tensor& like : held.parts) {
+      std::vector<int64_t> shape = like.sizes().vec();
+      shape[2] = plan.key_rows[next->index].size();
+      next->parts.push_back(at::empty(shape, like.options()));
+      messages->receive((me - 1 + n) % n, next->parts.back());
+    }
+  }
+  return messages;
+}
+
+void finish_pass(Messages* messages, KeyBlock* held, KeyBlock* next) {
+  messages->wait();
+  if (next->parts.empty()) {
+    held->index = next->index;
+  } else {
+    std::swap(*held, *next);
+  }
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,70 @@
+// What the attention kernels share (kernels/attention.cpp: forward, attention_backward.cpp):
+// one block call of the operator, placed by global positions, and one step of the ring's
+// message passing. Defined in kernels/attention_blocks.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
+
+#include <memory>
+#include <vector>
+
+#include "comm/comm.h"
+#include "rules/attention.h"
+
+namespace c10 {
+class OperatorHandle;
+}
+
+namespace shardtensor {
+
+// Merges and gradient sums run in this precision: float32, float64 for double inputs.
+at::ScalarType accumulation_type(at::ScalarType t);
+// The operator's log-sum-exp dtype (float32 below float64).
+at::ScalarType lse_type(at::ScalarType t);
+
+inline bool empty(const at::Tensor& t) { return t.numel() == 0; }
+
+// One call of the operator on a block: where its visible rows and keys sit inside the local
+// query rows and the key block, and the mask to pass (undefined: none).
+struct BlockCall {
+  VisibleBlock visible;
+  int64_t row_offset = 0, key_offset = 0;
+  at::Tensor mask;
+  bool is_causal = false;  // the operator's own causal mask fits (first row meets first key, no user mask)
+};
+
+// Local rows `rows` against keys `keys` (global positions). `user` is the caller's mask over the
+// local rows and keys (only local attention passes one); under an offset diagonal, or with a
+// user mask, the causal part is added to the mask as -inf.
+BlockCall block_call(Range rows, Range keys, bool is_causal, const c10::optional<at::Tensor>& user, const at::Tensor& query);
+
+inline at::Tensor rows_of(const at::Tensor& t, const BlockCall& c) { return t.narrow(2, c.row_offset, c.visible.rows.size()); }
+inline at::Tensor keys_of(const at::Tensor& t, const BlockCall& c) { return t.narrow(2, c.key_offset, c.visible.keys.size()); }
+inline c10::IValue optional_tensor(const at::Tensor& t) { return t.defined() ? c10::IValue(t) : c10::IValue(); }
+
+// Runs `op` on `args` (local tensors) and returns its outputs.
+std::vector<at::Tensor> call(const c10::OperatorHandle& op, std::vector<c10::IValue> args);
+
+// A block of keys as it travels: its owner's coordinate and its tensors (key, value; backward:
+// and their gradient accumulators).
+struct KeyBlock {
+  int64_t index = 0;
+  std::vector<at::Tensor> parts;
+};
+
+// Starts the message batch of ring step `step`: the first `parts_now` parts of the block held
+// here go to the next rank where the block moves on; the previous rank's block arrives in
+// `next` (fresh buffers shaped like `held.parts` with that block's length) where it comes.
+// Null after the last step, or where no block moves after this step on any rank (every rank
+// decides alike, from the plan).
+std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, size_t parts_now, KeyBlock* next);
+
+// After a step's batch landed: the block that arrived, or (none arrived) only its index, since
+// no rank needs it here or further on.
+void finish_pass(Messages* messages, KeyBlock* held, KeyBlock* next);
+
+// The backward pass's kernel (kernels/attention_backward.cpp).
+LocalKernel attention_backward(const AttentionPlan& plan);
+
+}  // namespace shardtensor

@@ -1,0 +1,291 @@
+// Scaled dot-product attention: aten::_scaled_dot_product_flash_attention_for_cpu and its
+// backward, the operators that F.scaled_dot_product_attention reaches on CPU in torch 2.x
+// (query [B, H, Sq, D], key/value [B, Hk, Sk, D], Hk dividing H for grouped-query attention,
+// an optional additive mask broadcastable to [B, H, Sq, Sk]). Inputs that take the math path
+// instead (dropout, for one) decompose into matmul, softmax and pointwise ops, which have
+// rules of their own. On libtorch 1.13 these operators do not exist and the rules are never
+// reached.
+//
+// The query leads; each mesh dim is handled by what it shards of the query:
+//   - batch (dim 0) or heads (dim 1): local attention, no communication. Keys, values and the
+//     mask follow the query's shard sizes (heads divided by the group size H / Hk; a head split
+//     that cuts a group gathers the heads instead);
+//   - sequence (dim 2), keys and values split on the sequence by the same mesh dim, no mask:
+//     ring attention (kernels/attention.cpp). Keys and values keep their own shard sizes,
+//     which may differ from the query's; gradients of K and V come back sharded like them;
+//   - sequence, otherwise: local attention on this rank's rows against the whole keys and
+//     values (gathered), whose gradients are then Partial(sum). The mask is split by rows;
+//   - anything else (replicated, Partial, the head dim D split, a second mesh dim splitting
+//     the sequence): the inputs are gathered on that mesh dim.
+// Under is_causal the kernel places every block by the global offsets of its shards (uneven
+// sizes and empty shards included); see VisibleBlock in attention.h.
+#include "rules/attention.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "rules/helpers.h"
+#include "rules/registry.h"
+
+namespace shardtensor {
+namespace {
+
+constexpr int64_t kBatchDim = 0, kHeadDim = 1, kSeqDim = 2;
+
+enum class Mode { Gather, Batch, Heads, SeqLocal, Ring };
+
+// The layout every input runs in, decided from the query, key, value and mask specs alone, so
+// that the forward rule and the backward rule (which sees the same saved inputs) agree.
+struct Decision {
+  std::vector<Mode> modes;  // per mesh dim
+  ShardTensorSpec query, key, value;
+  std::optional<ShardTensorSpec> mask;
+  int64_t seq_mesh_dim = -1;
+};
+
+// The mask's tensor dim for logical dim `logical` of [B, H, Sq, Sk], or -1 where it is
+// broadcast (missing or of size 1).
+int64_t mask_dim(const ShardTensorSpec& mask, int64_t logical) {
+  const int64_t d = logical - (4 - mask.ndim());
+  return d >= 0 && mask.shape()[d] != 1 ? d : -1;
+}
+
+std::vector<int64_t> divided(std::vector<int64_t> sizes, int64_t by) {
+  for (int64_t& s : sizes) s /= by;
+  return sizes;
+}
+
+std::vector<Mode> choose_modes(const ShardTensorSpec& q, const ShardTensorSpec& k, const ShardTensorSpec& v, bool has_mask,
+                               bool heads_allowed) {
+  std::vector<Mode> modes;
+  bool seq_taken = false;
+  for (int64_t m = 0; m < q.mesh().ndim(); ++m) {
+    const Placement& p = q.placements()[m];
+    Mode mode = Mode::Gather;
+    if (p.is_shard(kBatchDim)) {
+      mode = Mode::Batch;
+    } else if (p.is_shard(kHeadDim) && heads_allowed) {
+      mode = Mode::Heads;
+    } else if (p.is_shard(kSeqDim) && !seq_taken) {
+      seq_taken = true;
+      const bool kv_split = k.placements()[m].is_shard(kSeqDim) || v.placements()[m].is_shard(kSeqDim);
+      // A mask would have to travel with its key blocks: gather K and V instead (TODO(#17)).
+      mode = kv_split && !has_mask ? Mode::Ring : Mode::SeqLocal;
+    }
+    modes.push_back(mode);
+  }
+  return modes;
+}
+
+Placements placements_for(const std::vector<Mode>& modes, bool keys) {
+  Placements ps;
+  for (Mode mode : modes) {
+    switch (mode) {
+      case Mode::Batch: ps.push_back(Shard(kBatchDim)); break;
+      case Mode::Heads: ps.push_back(Shard(kHeadDim)); break;
+      case Mode::Ring: ps.push_back(Shard(kSeqDim)); break;
+      case Mode::SeqLocal: ps.push_back(keys ? Replicate() : Shard(kSeqDim)); break;
+      case Mode::Gather: ps.push_back(Replicate()); break;
+    }
+  }
+  return ps;
+}
+
+// Keys (or values) laid out for `modes`: batch and heads cut where the query's are, the
+// sequence of a ring cut where `seq_sizes` says.
+ShardTensorSpec key_layout(const ShardTensorSpec& kv, const Decision& d, int64_t group, const std::vector<int64_t>& seq_sizes) {
+  ShardTensorSpec t = with_placements(kv, placements_for(d.modes, /*keys=*/true));
+  if (t.sharding_of(kBatchDim)) t = with_dim_sizes(t, kBatchDim, d.query.sharding_of(kBatchDim)->sizes);
+  if (t.sharding_of(kHeadDim)) t = with_dim_sizes(t, kHeadDim, divided(d.query.sharding_of(kHeadDim)->sizes, group));
+  if (t.sharding_of(kSeqDim)) t = with_dim_sizes(t, kSeqDim, seq_sizes);
+  return t;
+}
+
+ShardTensorSpec mask_layout(const ShardTensorSpec& mask, const Decision& d) {
+  Placements ps;
+  for (Mode mode : d.modes) {
+    const int64_t logical = mode == Mode::Batch ? kBatchDim : mode == Mode::Heads ? kHeadDim
+                            : mode == Mode::SeqLocal ? kSeqDim : -1;
+    const int64_t dim = logical >= 0 ? mask_dim(mask, logical) : -1;
+    ps.push_back(dim >= 0 ? Shard(dim) : Replicate());
+  }
+  ShardTensorSpec t = with_placements(mask, ps);
+  for (int64_t logical : {kBatchDim, kHeadDim, kSeqDim}) {
+    const int64_t dim = mask_dim(mask, logical);
+    if (dim >= 0 && t.sharding_of(dim)) t = with_dim_sizes(t, dim, d.query.sharding_of(logical)->sizes);
+  }
+  return t;
+}
+
+bool whole_groups(const std::vector<int64_t>& head_sizes, int64_t group) {
+  return std::all_of(head_sizes.begin(), head_sizes.end(), [&](int64_t s) { return s % group == 0; });
+}
+
+Decision decide(const OpMeta& op) {
+  const ShardTensorSpec& q = op.input_named("query")->spec;
+  const ShardTensorSpec& k = op.input_named("key")->spec;
+  const ShardTensorSpec& v = op.input_named("value")->spec;
+  const TensorInput* mask = op.input_named("attn_mask");
+  TORCH_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, op.name, ": query, key and value must be 4-d [B, H, S, D]; got ",
+              q.ndim(), "-d, ", k.ndim(), "-d and ", v.ndim(), "-d.");
+  const int64_t heads = q.shape()[kHeadDim], kv_heads = k.shape()[kHeadDim];
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, op.name, ": the query's ", heads,
+              " heads are not a multiple of the key's ", kv_heads, " heads (grouped-query attention needs Hk to divide H).");
+  const int64_t group = heads / kv_heads;
+
+  Decision d{choose_modes(q, k, v, mask != nullptr, /*heads_allowed=*/true), q, k, v, std::nullopt, -1};
+  d.query = with_placements(q, placements_for(d.modes, /*keys=*/false));
+  if (d.query.sharding_of(kHeadDim) && !whole_groups(d.query.sharding_of(kHeadDim)->sizes, group)) {
+    // A shard would hold part of a group whose keys another holds: gather the heads.
+    d.modes = choose_modes(q, k, v, mask != nullptr, /*heads_allowed=*/false);
+    d.query = with_placements(q, placements_for(d.modes, /*keys=*/false));
+  }
+  for (size_t m = 0; m < d.modes.size(); ++m)
+    if (d.modes[m] == Mode::SeqLocal || d.modes[m] == Mode::Ring) d.seq_mesh_dim = static_cast<int64_t>(m);
+  std::vector<int64_t> seq_sizes;
+  if (d.seq_mesh_dim >= 0 && d.modes[d.seq_mesh_dim] == Mode::Ring) {
+    // The ring keeps the keys' own split (the values'; or torch.chunk) along its mesh dim.
+    const ShardTensorSpec& lead = k.placements()[d.seq_mesh_dim].is_shard(kSeqDim) ? k : v;
+    seq_sizes = with_placements(lead, placements_for(d.modes, /*keys=*/true)).sharding_of(kSeqDim)->sizes;
+  }
+  d.key = key_layout(k, d, group, seq_sizes);
+  d.value = key_layout(v, d, group, seq_sizes);
+  if (mask) d.mask = mask_layout(mask->spec, d);
+  return d;
+}
+
+bool any_split(const Decision& d) {
+  return std::any_of(d.modes.begin(), d.modes.end(), [](Mode m) { return m != Mode::Gather; });
+}
+
+AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionPlan::Pass pass) {
+  AttentionPlan plan(op.mesh());
+  plan.pass = pass;
+  plan.is_causal = bool_arg(op, "is_causal");
+  plan.seq_mesh_dim = d.seq_mesh_dim;
+  plan.ring = d.seq_mesh_dim >= 0 && d.modes[d.seq_mesh_dim] == Mode::Ring;
+  const int64_t sq = d.query.shape()[kSeqDim], sk = d.key.shape()[kSeqDim];
+  plan.query_rows = d.seq_mesh_dim >= 0 ? sizes_to_ranges(d.query.sharding_of(kSeqDim)->sizes) : std::vector<Range>{{0, sq}};
+  plan.key_rows = plan.ring ? sizes_to_ranges(d.key.sharding_of(kSeqDim)->sizes) : std::vector<Range>{{0, sk}};
+  return plan;
+}
+
+std::optional<RuleResult> refuse_dropout(const OpMeta& op) {
+  const double p = op.arg("dropout_p").toDouble();
+  if (p == 0.0) return std::nullopt;
+  return RuleResult::unsupported("dropout_p=" + std::to_string(p) +
+                                 " is not supported on sharded inputs (each rank would draw its own mask); "
+                                 "F.scaled_dot_product_attention takes the math path for dropout, which is supported");
+}
+
+// _scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, *,
+// attn_mask, scale) -> (output, logsumexp)
+RuleResult attention_rule(const OpMeta& op) {
+  if (auto refused = refuse_dropout(op)) return *refused;
+  const Decision d = decide(op);
+  RuleResult r;
+  for (const TensorInput& in : op.inputs) {
+    const std::string& name = arg_name(op, in);
+    r.input_targets.push_back(name == "query" ? d.query : name == "key" ? d.key : name == "value" ? d.value : *d.mask);
+  }
+  r.outputs = {layout_of(d.query), layout_of(d.query)};  // output [B, H, Sq, Dv] and logsumexp [B, H, Sq]
+  if (any_split(d)) r.kernel_plan = declare(plan_of(op, d, AttentionPlan::Pass::Forward));
+  return r;
+}
+
+// _scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value, out,
+// logsumexp, dropout_p, is_causal, *, attn_mask, scale) -> (grad_query, grad_key, grad_value)
+RuleResult attention_backward_rule(const OpMeta& op) {
+  if (auto refused = refuse_dropout(op)) return *refused;
+  const Decision d = decide(op);
+  RuleResult r;
+  for (const TensorInput& in : op.inputs) {
+    const std::string& name = arg_name(op, in);
+    if (name == "query" || name == "key" || name == "value")
+      r.input_targets.push_back(name == "query" ? d.query : name == "key" ? d.key : d.value);
+    else if (name == "attn_mask")
+      r.input_targets.push_back(*d.mask);
+    else  // grad_out, out and logsumexp: laid out like the output
+      r.input_targets.push_back(align_to(in.spec, d.query));
+  }
+  // Keys a rank saw whole got contributions from its own rows only: summed over the rows' shards.
+  auto gradient_of = [&](const ShardTensorSpec& kv) {
+    OutputLayout out = layout_of(kv);
+    for (size_t m = 0; m < d.modes.size(); ++m)
+      if (d.modes[m] == Mode::SeqLocal) out.placements[m] = Partial(ReduceOp::Sum);
+    return out;
+  };
+  r.outputs = {layout_of(d.query), gradient_of(d.key), gradient_of(d.value)};
+  if (any_split(d)) r.kernel_plan = declare(plan_of(op, d, AttentionPlan::Pass::Backward));
+  return r;
+}
+
+}  // namespace
+
+// Note [Ring schedule]
+// n ranks along the mesh dim; block b (rank b's keys and values) sits on rank (b + t) mod n at
+// step t. A rank attends to a block when its rows see some of its keys (computes); the block
+// moves on after step t only while a rank further along its path still needs it (sends), so
+// under is_causal blocks above the diagonal never move: with even splits block b travels
+// b -> n-1 and stops. Each step with any move is one message batch on every rank (a rank may
+// move nothing in it), so every rank runs the same batches.
+VisibleBlock visible_block(Range rows, Range keys, bool is_causal) {
+  VisibleBlock v;
+  if (rows.size() == 0 || keys.size() == 0) return v;
+  v.any = true;
+  v.rows = rows;
+  v.keys = keys;
+  if (!is_causal) return v;
+  if (keys.begin > rows.end - 1) return {};  // every key comes after every row
+  v.rows = {std::max(rows.begin, keys.begin), rows.end};  // rows before the first key see none of them
+  v.keys = {keys.begin, std::min(keys.end, rows.end)};    // keys after the last row are seen by none
+  if (v.keys.end - 1 <= v.rows.begin) return v;            // every row sees every key: no mask
+  v.top_left = v.rows.begin == v.keys.begin;
+  v.offset_mask = !v.top_left;
+  return v;
+}
+
+bool AttentionPlan::computes(int64_t block, int64_t step) const {
+  const int64_t n = ring_size();
+  const Range keys = ring ? key_rows[block] : key_rows[0];
+  return visible_block(query_rows_at((block + step) % n), keys, is_causal).any;
+}
+
+bool AttentionPlan::sends(int64_t block, int64_t step) const {
+  for (int64_t later = step + 1; later < ring_size(); ++later)
+    if (computes(block, later)) return true;
+  return false;
+}
+
+bool AttentionPlan::reaches(int64_t block, int64_t step) const { return step == 0 || sends(block, step - 1); }
+
+int64_t AttentionPlan::last_step(int64_t block) const {
+  int64_t last = 0;
+  while (last + 1 < ring_size() && sends(block, last)) ++last;
+  return last;
+}
+
+bool AttentionPlan::any_send(int64_t step) const {
+  for (int64_t b = 0; b < ring_size(); ++b)
+    if (sends(b, step)) return true;
+  return false;
+}
+
+std::string AttentionPlan::name() const {
+  const std::string what = ring ? "ring attention over mesh dim " + std::to_string(seq_mesh_dim) : "local attention";
+  return what + (is_causal ? ", causal" : "") + (pass == Pass::Forward ? " (forward)" : " (backward)");
+}
+
+std::vector<DeclaredMove> AttentionPlan::moves() const {
+  if (!ring || ring_size() == 1) return {};
+  std::vector<DeclaredMove> moves = {{DeclaredMove::Kind::RingPass, seq_mesh_dim, kSeqDim}};
+  if (pass == Pass::Backward) moves.push_back({DeclaredMove::Kind::RingReturn, seq_mesh_dim, kSeqDim});
+  return moves;
+}
+
+void register_attention_rules(RuleRegistry& registry) {
+  registry.add("aten::_scaled_dot_product_flash_attention_for_cpu", attention_rule);
+  registry.add("aten::_scaled_dot_product_flash_attention_for_cpu_backward", attention_backward_rule);
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,53 @@
+// The plan of scaled dot-product attention on ShardTensors (rules/attention.cpp declares it,
+// kernels/attention.cpp runs it), and the pure geometry both share: which part of a block of
+// keys a block of query rows sees under the causal mask, and which blocks of a ring each rank
+// computes and passes on.
+//
+// Positions are global sequence indices: query row i sees key j iff j <= i under is_causal
+// (torch's top-left alignment, also when Sq != Sk).
+#pragma once
+
+#include "rules/kernel_plan.h"
+
+namespace shardtensor {
+
+// The part of a (query rows x keys) block that takes part in the attention: rows that see
+// at least one key, keys that at least one row sees, and how the mask inside looks.
+struct VisibleBlock {
+  bool any = false;        // false: every pair is masked (or a side is empty): skip the block
+  Range rows, keys;        // global positions, restricted
+  bool top_left = false;   // the causal mask inside is the operator's own (first row meets first key)
+  bool offset_mask = false;  // the causal diagonal is offset: the kernel builds an additive mask
+};
+VisibleBlock visible_block(Range rows, Range keys, bool is_causal);
+
+struct AttentionPlan : KernelPlan {
+  enum class Pass { Forward, Backward };
+  explicit AttentionPlan(DeviceMesh m) : mesh(std::move(m)) {}
+
+  Pass pass = Pass::Forward;
+  DeviceMesh mesh;
+  int64_t seq_mesh_dim = -1;      // the mesh dim splitting the query rows (dim 2); -1: rows whole
+  bool ring = false;              // keys and values are split on seq_mesh_dim too: they travel the ring
+  std::vector<Range> query_rows;  // per coordinate along seq_mesh_dim (one entry when rows are whole)
+  std::vector<Range> key_rows;    // ring: per coordinate along seq_mesh_dim; else one entry, [0, Sk)
+  bool is_causal = false;
+
+  // The ring's schedule (Note [Ring schedule] in attention.cpp). Step t of block b: the block is
+  // on the rank b + t (mod n).
+  int64_t ring_size() const { return ring ? static_cast<int64_t>(key_rows.size()) : 1; }
+  Range query_rows_at(int64_t coordinate) const { return query_rows.size() == 1 ? query_rows[0] : query_rows[coordinate]; }
+  bool computes(int64_t block, int64_t step) const;  // the rank holding it at `step` attends to it
+  bool sends(int64_t block, int64_t step) const;     // after `step`, it moves on to the next rank
+  bool reaches(int64_t block, int64_t step) const;   // it is on its rank at `step` (step 0: its owner)
+  int64_t last_step(int64_t block) const;            // the last step it reaches: where its gradients end
+  bool any_send(int64_t step) const;                 // some block moves after `step`: one message batch
+
+  LocalKernel lower() const override;
+  std::string name() const override;
+  // Ring: K/V blocks passed along the mesh dim (backward: with their gradients, then the
+  // gradients returned to their owners). Local attention moves nothing.
+  std::vector<DeclaredMove> moves() const override;
+};
+
+}  // namespace shardtensor

@@ -1,0 +1,267 @@
+// Scaled dot-product attention on ShardTensors, against one process: ring attention on
+// sequence shards (uneven, an empty shard, Q and K split differently, causal or not, grouped
+// query heads), the local layouts (batch, heads, rows against whole keys) and the layouts that
+// gather, values and the three input gradients, with the messages each one makes.
+//
+// SDPA exists from torch 2.0; on libtorch 1.13 every test here skips, saying so. The operator is
+// reached through the dispatcher by name so that this file compiles on both lines.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/version.h>
+
+#include <numeric>
+#include <optional>
+
+#include "dist/dist_fixture.h"
+#include "dist/sweep_case.h"
+
+using namespace shardtensor;
+using namespace shardtensor::testing;
+
+namespace {
+
+const DeviceMesh& mesh_1d() { return test_meshes().front(); }
+
+auto sdpa_op() {  // c10::optional on libtorch 1.13, std::optional on 2.x
+  return c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""});
+}
+
+#define SKIP_WITHOUT_SDPA()                                                                                        \
+  if (!sdpa_op())                                                                                                  \
+  GTEST_SKIP() << "aten::scaled_dot_product_attention does not exist in libtorch " << TORCH_VERSION_MAJOR << "." \
+               << TORCH_VERSION_MINOR << " (it comes with torch 2.0)"
+
+// F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=, enable_gqa=), through the dispatcher.
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
+                const at::Tensor& mask = at::Tensor()) {
+  torch::jit::Stack stack{q, k, v, mask.defined() ? c10::IValue(mask) : c10::IValue(), 0.0, is_causal, c10::IValue(),
+                          /*enable_gqa=*/k.size(1) != q.size(1)};
+  sdpa_op()->callBoxed(&stack);
+  return stack.back().toTensor();
+}
+
+int64_t total(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+// Uneven sequence sizes with one empty shard where there are two ranks or more.
+std::vector<int64_t> with_an_empty_shard(int64_t n) {
+  if (n == 1) return {9};
+  std::vector<int64_t> sizes;
+  for (int64_t r = 0; r < n; ++r) sizes.push_back(r == n / 2 ? 0 : 5 + 3 * r);
+  return sizes;
+}
+
+at::Tensor draw(std::vector<int64_t> shape, uint64_t seed) {
+  at::manual_seed(seed);
+  return at::randn(shape, at::kFloat);
+}
+
+void expect_close(const at::Tensor& sharded, const at::Tensor& expected, const std::string& what) {
+  const at::Tensor got = full_tensor(sharded);
+  ASSERT_EQ(got.sizes(), expected.sizes()) << what;
+  EXPECT_TRUE(at::allclose(got, expected, /*rtol=*/1e-5, /*atol=*/1e-5))
+      << what << ": max difference " << (got - expected).abs().max().item<double>();
+}
+
+struct AttentionCase {
+  int64_t batch = 2, heads = 4, kv_heads = 4, dim = 8;
+  std::vector<int64_t> q_sizes, kv_sizes;  // sequence splits (global lengths may differ)
+  Placements q_placements = {Shard(2)}, kv_placements = {Shard(2)};
+  bool is_causal = false;
+  bool with_mask = false;
+};
+
+struct Result {
+  at::Tensor out, q, k, v;  // the output and the sharded leaves, gradients filled
+};
+
+// Runs `c` sharded and on one process; checks values and the three gradients.
+Result run_and_compare(const AttentionCase& c, uint64_t seed) {
+  const int64_t sq = total(c.q_sizes), sk = total(c.kv_sizes);
+  const at::Tensor q = draw({c.batch, c.heads, sq, c.dim}, seed), k = draw({c.batch, c.kv_heads, sk, c.dim}, seed + 1),
+                   v = draw({c.batch, c.kv_heads, sk, c.dim}, seed + 2), grad = draw({c.batch, c.heads, sq, c.dim}, seed + 3);
+  const at::Tensor mask = c.with_mask ? draw({sq, sk}, seed + 4) : at::Tensor();
+  const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(), rv = v.clone().requires_grad_();
+  const at::Tensor expected = sdpa(rq, rk, rv, c.is_causal, mask);
+  (expected * grad).sum().backward();
+
+  auto shard = [&](const at::Tensor& t, const Placements& ps, const std::vector<int64_t>& sizes) {
+    const bool seq = !ps.empty() && ps[0].is_shard(2);
+    return seq ? distribute_tensor(t, mesh_1d(), ps, ShardSizes{{2, sizes}}) : distribute_tensor(t, mesh_1d(), ps);
+  };
+  Result r;
+  r.q = shard(q, c.q_placements, c.q_sizes).requires_grad_();
+  r.k = shard(k, c.kv_placements, c.kv_sizes).requires_grad_();
+  r.v = shard(v, c.kv_placements, c.kv_sizes).requires_grad_();
+  const at::Tensor smask = c.with_mask ? distribute_tensor(mask, mesh_1d(), {Replicate()}) : at::Tensor();
+  r.out = sdpa(r.q, r.k, r.v, c.is_causal, smask);
+  expect_close(r.out, expected.detach(), "output");
+  (r.out * distribute_tensor(grad, mesh_1d(), {Replicate()})).sum().backward();
+  expect_close(r.q.grad(), rq.grad(), "query gradient");
+  expect_close(r.k.grad(), rk.grad(), "key gradient");
+  expect_close(r.v.grad(), rv.grad(), "value gradient");
+  return r;
+}
+
+class AttentionRing : public ::testing::TestWithParam<std::tuple<bool, int64_t>> {};
+
+}  // namespace
+
+// Q, K and V split on the sequence, each shard of its own size, one empty; K and V split
+// unlike Q (and, in the second case, longer): the ring matches one process, and the
+// gradients come back split like their inputs.
+TEST_P(AttentionRing, UnevenSequenceShardsMatchOneProcess) {
+  SKIP_WITHOUT_SDPA();
+  const auto [is_causal, kv_heads] = GetParam();
+  const int64_t n = mesh_1d().size(0);
+  AttentionCase c;
+  c.is_causal = is_causal;
+  c.kv_heads = kv_heads;
+  c.q_sizes = with_an_empty_shard(n);
+  c.kv_sizes = std::vector<int64_t>(c.q_sizes.rbegin(), c.q_sizes.rend());
+  Result r = run_and_compare(c, 10);
+  EXPECT_EQ(spec(r.out).placements(), (Placements{Shard(2)}));
+  EXPECT_EQ(spec(r.out).sharding_of(2)->sizes, c.q_sizes);
+  EXPECT_EQ(spec(r.k.grad()).placements(), (Placements{Shard(2)}));
+  EXPECT_EQ(spec(r.k.grad()).sharding_of(2)->sizes, c.kv_sizes);
+
+  c.kv_sizes.back() += 3;  // Sq != Sk: the causal diagonal starts at the top left
+  run_and_compare(c, 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(Attention, AttentionRing,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values<int64_t>(4, 2)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "Causal" : "Full") +
+                                  (std::get<1>(info.param) == 4 ? "MultiHead" : "GroupedQuery");
+                         });
+
+// Forward: one message batch per step, n - 1 of them, in which each rank sends its current K
+// and V block to the next; no all-gather. Backward: the same n - 1 steps (K, V and their
+// gradients), then one batch returning the gradients to their owners.
+TEST(Attention, RingPassesEachBlockAroundOnceWithoutGathering) {
+  SKIP_WITHOUT_SDPA();
+  const int64_t n = mesh_1d().size(0), b = 1, h = 2, d = 4;
+  std::vector<int64_t> sizes;
+  for (int64_t r = 0; r < n; ++r) sizes.push_back(2 + r);  // uneven, none empty: every block goes all the way round
+  const int64_t s = total(sizes), me = mesh_1d().coordinate()[0];
+  auto seq = [&](uint64_t seed) {
+    return distribute_tensor(draw({b, h, s, d}, seed), mesh_1d(), {Shard(2)}, ShardSizes{{2, sizes}}).requires_grad_();
+  };
+  const at::Tensor q = seq(1), k = seq(2), v = seq(3);
+  at::Tensor out;
+  {
+    CommDebugMode comms;
+    out = sdpa(q, k, v, /*is_causal=*/false);
+    EXPECT_EQ(comms.count("ring_send_recv"), n - 1) << comms.table();
+    EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
+    EXPECT_EQ(comms.total(), n - 1) << comms.table();
+    // Rank r sends the blocks it holds at steps 0..n-2: every block but that of rank r + 1.
+    const int64_t sent_rows = n > 1 ? s - sizes[(me + 1) % n] : 0;
+    EXPECT_EQ(comms.bytes(), 2 * b * h * sent_rows * d * 4) << comms.table();
+  }
+  {
+    CommDebugMode comms;
+    out.sum().backward();
+    EXPECT_EQ(comms.count("ring_send_recv"), n - 1) << comms.table();
+    EXPECT_EQ(comms.count("ring_return"), n > 1 ? 1 : 0) << comms.table();
+    EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
+  }
+}
+
+// Even splits under is_causal: block b is needed by ranks b..n-1 only, so rank r < n-1 passes
+// on the blocks 0..r and the last rank sends nothing.
+TEST(Attention, CausalRingMovesNoBlockAboveTheDiagonal) {
+  SKIP_WITHOUT_SDPA();
+  const int64_t n = mesh_1d().size(0), b = 1, h = 2, rows = 3, d = 4;
+  auto seq = [&](uint64_t seed) { return distribute_tensor(draw({b, h, n * rows, d}, seed), mesh_1d(), {Shard(2)}); };
+  const int64_t me = mesh_1d().coordinate()[0];
+  const at::Tensor q = seq(1), k = seq(2), v = seq(3);
+  CommDebugMode comms;
+  sdpa(q, k, v, /*is_causal=*/true);
+  EXPECT_EQ(comms.count("ring_send_recv"), n - 1) << comms.table();
+  const int64_t blocks_sent = me < n - 1 ? me + 1 : 0;
+  EXPECT_EQ(comms.bytes(), blocks_sent * 2 * b * h * rows * d * 4) << comms.table();
+}
+
+// Batch or heads split: local attention, nothing moves, forward or backward.
+TEST(Attention, BatchOrHeadShardsAttendLocally) {
+  SKIP_WITHOUT_SDPA();
+  const int64_t n = mesh_1d().size(0);
+  for (int64_t dim : {0, 1}) {
+    for (bool is_causal : {false, true}) {
+      AttentionCase c;
+      c.batch = dim == 0 ? n + 1 : 2;  // uneven, empty shards at 4 ranks
+      c.heads = dim == 1 ? 2 * n : 4;
+      c.kv_heads = dim == 1 ? n : 2;   // grouped: each shard holds whole groups
+      c.q_sizes = c.kv_sizes = {7};
+      c.q_placements = c.kv_placements = {Shard(dim)};
+      c.is_causal = is_causal;
+      CommDebugMode comms;
+      const Result r = run_and_compare(c, 30 + dim);
+      EXPECT_EQ(comms.counts_by_operator().count("aten::_scaled_dot_product_flash_attention_for_cpu"), 0u) << comms.table();
+      EXPECT_EQ(comms.counts_by_operator().count("aten::_scaled_dot_product_flash_attention_for_cpu_backward"), 0u)
+          << comms.table();
+      EXPECT_EQ(spec(r.out).placements(), (Placements{Shard(dim)}));
+      EXPECT_EQ(spec(r.k.grad()).placements(), (Placements{Shard(dim)}));
+    }
+  }
+}
+
+// Rows split, keys and values whole: local attention at the rows' global offsets (causal
+// included); the key and value gradients are each rank's share, Partial(sum).
+TEST(Attention, RowShardsAgainstWholeKeysGiveSummedKeyGradients) {
+  SKIP_WITHOUT_SDPA();
+  const int64_t n = mesh_1d().size(0);
+  for (bool is_causal : {false, true}) {
+    AttentionCase c;
+    c.q_sizes = with_an_empty_shard(n);
+    c.kv_sizes = {total(c.q_sizes) + 2};
+    c.kv_placements = {Replicate()};
+    c.is_causal = is_causal;
+    at::Tensor out;
+    at::Tensor q = distribute_tensor(draw({2, 4, total(c.q_sizes), 8}, 1), mesh_1d(), {Shard(2)}, ShardSizes{{2, c.q_sizes}});
+    const at::Tensor k = distribute_tensor(draw({2, 4, c.kv_sizes[0], 8}, 2), mesh_1d(), {Replicate()}).requires_grad_();
+    {
+      CommDebugMode comms;
+      out = sdpa(q, k, k, is_causal);
+      EXPECT_EQ(comms.total(), 0) << comms.table();
+    }
+    out.sum().backward();
+    EXPECT_EQ(spec(k.grad()).placements(), (Placements{Partial(ReduceOp::Sum)}));
+    run_and_compare(c, 40);
+  }
+}
+
+// Layouts the rule does not split on: the head dim D, and a mask next to sequence-split keys
+// (the keys are gathered, the mask split by rows). Still one process's values.
+TEST(Attention, GatheredLayoutsStayCorrect) {
+  SKIP_WITHOUT_SDPA();
+  const int64_t n = mesh_1d().size(0);
+  AttentionCase by_dim;
+  by_dim.q_sizes = by_dim.kv_sizes = {6};
+  by_dim.q_placements = by_dim.kv_placements = {Shard(3)};
+  run_and_compare(by_dim, 50);
+
+  AttentionCase masked;
+  masked.q_sizes = with_an_empty_shard(n);
+  masked.kv_sizes = masked.q_sizes;
+  masked.with_mask = true;
+  masked.is_causal = false;
+  run_and_compare(masked, 60);
+}
+
+// The operator sweep's attention cases (op_sweep_test.cpp lays every input out at random:
+// sequence, batch, heads, the head dim, replicated, Partial, on 1-D and 2-D meshes).
+std::vector<Case> shardtensor::testing::attention_cases() {
+  if (!sdpa_op()) return {};
+  std::vector<Case> cases;
+  for (bool is_causal : {false, true})
+    for (int64_t kv_heads : {4, 2})
+      cases.push_back(on(std::string("scaled_dot_product_attention") + (is_causal ? " causal" : "") + (kv_heads == 2 ? " gqa" : ""),
+                         [kv_heads] { return Tensors{normal({2, 4, 6, 4}), normal({2, kv_heads, 5, 4}), normal({2, kv_heads, 5, 4})}; },
+                         [is_causal](const Tensors& x) { return sdpa(x[0], x[1], x[2], is_causal); }));
+  cases.push_back(on("scaled_dot_product_attention with a mask",
+                     [] { return Tensors{normal({2, 4, 6, 4}), normal({2, 4, 5, 4}), normal({2, 4, 5, 4}), normal({6, 5})}; },
+                     [](const Tensors& x) { return sdpa(x[0], x[1], x[2], false, x[3]); }, /*constants=*/{3}));
+  return cases;
+}
