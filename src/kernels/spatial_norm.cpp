@@ -10,12 +10,6 @@
 namespace shardtensor {
 namespace {
 
-std::vector<int64_t> all_but_channel(int64_t ndim) {
-  std::vector<int64_t> dims = {0};
-  for (int64_t d = 2; d < ndim; ++d) dims.push_back(d);
-  return dims;
-}
-
 // Broadcasts a per-channel vector against [N, C, *].
 at::Tensor per_channel(const at::Tensor& v, int64_t ndim) {
   std::vector<int64_t> shape(ndim, 1);

@@ -10,13 +10,14 @@
 #include "rules/spatial_norm.h"
 
 namespace shardtensor {
-namespace {
 
 std::vector<int64_t> all_but_channel(int64_t ndim) {
   std::vector<int64_t> dims = {0};
   for (int64_t d = 2; d < ndim; ++d) dims.push_back(d);
   return dims;
 }
+
+namespace {
 
 int64_t global_count(const ShardTensorSpec& spec, const std::vector<int64_t>& dims) {
   int64_t n = 1;

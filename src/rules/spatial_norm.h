@@ -25,4 +25,8 @@ struct SpatialNormPlan : KernelPlan {
   std::vector<DeclaredMove> moves() const override { return sums_over(mesh_dims); }
 };
 
+// The dims a norm over [N, C, *] reduces per channel: 0, 2, 3, ... (the rule counts them, the
+// kernel sums over them).
+std::vector<int64_t> all_but_channel(int64_t ndim);
+
 }  // namespace shardtensor

@@ -11,24 +11,17 @@
 #include <filesystem>
 #include <string>
 
+#include "../support/run_command.h"
+
 namespace {
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
+using shardtensor::testing::RunResult;
 
 RunResult shardrun(int ranks, const std::string& args, const std::string& env = "") {
-  const std::string command = "env SHARDTENSOR_TIMEOUT_S=60 " + env + " " + SHARDRUN_PATH + " -n " + std::to_string(ranks) +
-                              " --timeout 120 " + CHECKPOINT_TOOL_PATH + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  RunResult r;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) r.output.append(buffer, n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return shardtensor::testing::run_command("env SHARDTENSOR_TIMEOUT_S=60 " + env + " " + SHARDRUN_PATH + " -n " +
+                                           std::to_string(ranks) + " --timeout 120 " + CHECKPOINT_TOOL_PATH + " " + args +
+                                           " 2>&1");
 }
 
 std::string fresh_dir(const std::string& name) {

@@ -21,28 +21,17 @@
 #include <thread>
 #include <vector>
 
+#include "../support/run_command.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-  double seconds = 0;
-};
+using shardtensor::testing::RunResult;
 
 // `env` is a list of NAME=VALUE words put before the command.
 RunResult run(const std::string& args, const std::string& env = "") {
-  const std::string command = (env.empty() ? "" : "env " + env + " ") + SHARDRUN_PATH + " " + args + " 2>&1";
-  const auto start = std::chrono::steady_clock::now();
-  FILE* pipe = popen(command.c_str(), "r");
-  RunResult r;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) r.output.append(buffer, n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
+  return shardtensor::testing::run_command((env.empty() ? "" : "env " + env + " ") + SHARDRUN_PATH + " " + args + " 2>&1");
 }
 
 std::string fresh_dir(const std::string& name) {
