@@ -38,7 +38,9 @@ at::Tensor to_local(const at::Tensor& t, const std::optional<Placements>& grad_p
 at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, const Placements& placements,
                              const std::optional<ShardSizes>& sizes = std::nullopt);
 
-// The plan a redistribution would run, without running it: "[S(0), S(0)] -[Exchange(...)]-> [R, S(0)]".
+// The plan a redistribution would run, without running it, with the transport of each step:
+// "[S(0)] -[AllGather(mesh_dim=0, tensor_dim=0) by all_gather (c10d collective)]-> [R] (...)".
+// Needs no communication.
 std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target);
 
 }  // namespace shardtensor

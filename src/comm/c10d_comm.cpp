@@ -65,7 +65,25 @@ class C10dComm final : public Comm {
     std::vector<at::Tensor> inputs{movable(input.contiguous())};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(movable(output).select(0, i));
-    run("all_gather", input.nbytes(), [&] { return group()->allgather(outputs, inputs); }, [&] { return "all_gather of " + sized(input); });
+    // NCCL gathers straight into the stack; its list form would gather into a buffer of its own
+    // and copy out. Gloo 1.13 has only the list form (its views of `output` cost no copy).
+    at::Tensor stacked = movable(output);
+    run("all_gather", input.nbytes(),
+        [&] { return gloo_ ? group()->allgather(outputs, inputs) : group()->_allgather_base(stacked, inputs[0]); },
+        [&] { return "all_gather of " + sized(input); });
+  }
+
+  void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
+    if (gloo_ && !SHARDTENSOR_GLOO_HAS_REDUCE_SCATTER) return Comm::reduce_scatter(output, input, op);
+    TORCH_INTERNAL_ASSERT(input.is_contiguous() && output.is_contiguous() && input.numel() == size() * output.numel());
+    // Flat: Gloo checks that the input's first dim is size() times the output's.
+    at::Tensor in = for_backend(input.view({-1})), out = for_backend(output.view({-1}));
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(op);
+    run("reduce_scatter", (size() - 1) * static_cast<int64_t>(output.nbytes()),
+        [&] { return group()->_reduce_scatter_base(out, in, opts); },
+        [&] { return std::string("reduce_scatter(") + to_string(op) + ") of " + sized(output); });
+    if (op == ReduceOp::Avg) output.div_(size());
   }
 
   void all_reduce(const at::Tensor& tensor, ReduceOp op) override {

@@ -60,11 +60,19 @@ class Comm {
   // elements from rank i, in rank order. Splits may be zero (no message) and differ per rank.
   virtual void all_to_all(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
                           const std::vector<int64_t>& input_splits) = 0;
+  // `input` (contiguous, size() * output.numel() elements) holds one block per group rank, in
+  // rank order; `output` (contiguous) gets this rank's block reduced over the group. Backends
+  // without a native reduce-scatter (Gloo on libtorch 1.x) run it as an all_to_all of the
+  // blocks and a local reduction. Counted as one reduce_scatter.
+  virtual void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op);
   // An all-to-all as a batch of point-to-point messages, posted as they become ready, so that
   // packing and local copies overlap the transfers. Counted as one all_to_all.
   // CommDebugMode counts the batch as one `counted_as`; with `counts` false it only adds its
   // bytes (the second phase of one collective).
   virtual std::unique_ptr<Messages> start_messages(const char* counted_as = "all_to_all", bool counts = true);
+  // The same batch carried by one all_to_all with split sizes at wait(): the native collective
+  // where a step's transport is Collective (redistribute/transport.h).
+  std::unique_ptr<Messages> start_all_to_all(const char* counted_as = "all_to_all", bool counts = true);
 
   // Copies straight between the members' memory (peer_memory.h), or null where they are
   // unavailable or switched off. The first call with them switched on probes collectively, so

@@ -19,7 +19,9 @@
 #include "comm/comm.h"
 #include "comm/fingerprint.h"
 #include "redistribute/boxes.h"
+#include "redistribute/collective_steps.h"
 #include "redistribute/peer_copies.h"
+#include "redistribute/transport.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -65,6 +67,22 @@ void send_from(Messages& messages, int64_t peer, const at::Tensor& source) {
   for (const at::Tensor& piece : message_pieces(source)) messages.send(peer, piece.contiguous());  // no copy for row blocks
 }
 
+// The messages of a step not copied through memory: Gloo's posted point-to-point batch, or
+// one all_to_all with split sizes where the step's transport is a collective.
+std::unique_ptr<Messages> start_step_messages(Comm& comm, const StepTransport& how, const char* counted_as, bool counts = true) {
+  return how.transport == Transport::Collective ? comm.start_all_to_all(counted_as, counts) : comm.start_messages(counted_as, counts);
+}
+
+// The group's peer memory where the step's transport is peer memory. The first use probes (every
+// member together); where the members turn out not to share memory, or a copy failed earlier,
+// the step goes as messages instead, on every member alike.
+PeerMemory* memory_for(Comm& comm, StepTransport& how) {
+  if (how.transport != Transport::PeerMemory) return nullptr;
+  PeerMemory* memory = comm.peer_memory();
+  if (!memory) how.transport = Transport::Messages;
+  return memory;
+}
+
 // The other members of a group of n, starting after `self`: every rank sends in this order, so
 // that they do not all send to the same peer first.
 template <class Visit>
@@ -102,18 +120,19 @@ Box with_leading(const Box& box, int64_t offset, int64_t extent) {
   return out;
 }
 
-// The reduce-scatter Gloo lacks, with the bytes a ring moves. `local` holds `held` (the same
-// box on every member: the data is Partial along this group); member p ends with the reduction
-// of `targets[p]` over the group. Each member gets the other members' copies of its target
-// (through memory, or as messages) into a stack of n-1 slots and reduces them with its own,
+// The reduce-scatter of uneven pieces (and Gloo's, which lacks one), with the bytes a ring
+// moves. `local` holds `held` (the same box on every member: the data is Partial along this
+// group); member p ends with the reduction of `targets[p]` over the group. Each member gets the
+// other members' copies of its target (through `memory` where the step's transport is peer
+// memory, else as `how`'s messages) into a stack of n-1 slots and reduces them with its own,
 // read in place, into `out`.
 void reduce_scatter_boxes(Comm& comm, int64_t self, const at::Tensor& local, const Box& held, const std::vector<Box>& targets,
-                          const at::Tensor& out, ReduceOp op, const char* counted_as) {
+                          const at::Tensor& out, ReduceOp op, const char* counted_as, PeerMemory* memory, const StepTransport& how) {
   const int64_t n = static_cast<int64_t>(targets.size());
   std::vector<int64_t> incoming_shape = out.sizes().vec();
   incoming_shape.insert(incoming_shape.begin(), n - 1);
   at::Tensor incoming = at::empty(incoming_shape, out.options());
-  if (PeerMemory* memory = peer_memory_for(comm, local, held.numel() * static_cast<int64_t>(local.element_size()))) {
+  if (memory) {
     const at::Tensor source = local.contiguous();
     // Holder h's copy lands in receiver r's slot h (h < r) or h - 1: a leading slot dim makes
     // that a box like any other.
@@ -133,7 +152,7 @@ void reduce_scatter_boxes(Comm& comm, int64_t self, const at::Tensor& local, con
     }
   }
   std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: the slots are contiguous
-  auto messages = comm.start_messages(counted_as);
+  auto messages = start_step_messages(comm, how, counted_as);
   for (int64_t p = 0, slot = 0; p < n; ++p)
     if (p != self) receive_into(*messages, p, incoming[slot++], to_unpack);
   for_each_peer_after(self, n, [&](int64_t p) { send_from(*messages, p, view_of(local, held, targets[p])); });
@@ -141,20 +160,20 @@ void reduce_scatter_boxes(Comm& comm, int64_t self, const at::Tensor& local, con
   reduce_pieces_into(out, view_of(local, held, targets[self]), incoming, op, n);
 }
 
-constexpr int64_t kMessagesAllReduceBytes = 2 << 20;
-
-// Large tensors go out of place, as a reduce-scatter of flat chunks followed by an all-gather
-// of the reduced chunks, both copied through the peers' memory or sent as messages: the bytes of a
-// ring all-reduce, with no copy of the input first. Small tensors go to c10d's in-place
-// all-reduce: as messages (under 2 MiB) two rounds cost more latency than the copy it needs.
-at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const AllReduceStep& step) {
+// A reduction over a group: c10d's all_reduce where the step's transport is a collective;
+// otherwise out of place, as a reduce-scatter of flat chunks followed by an all-gather of the
+// reduced chunks, both copied through the peers' memory or sent as messages: the bytes of a
+// ring all-reduce, with no copy of the input first.
+at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const AllReduceStep& step, StepTransport how) {
+  if (how.transport == Transport::None) return fresh_copy(local);
   Comm& comm = mesh.comm(step.mesh_dim);
   const int64_t n = comm.size(), me = comm.rank();
-  // Every member of the group holds the same (Partial) box, so they all take the same path.
-  if (n == 1 || local.numel() == 0) return fresh_copy(local);
-  const int64_t bytes = static_cast<int64_t>(local.nbytes());
-  PeerMemory* memory = peer_memory_for(comm, local, bytes);
-  if (bytes < kMessagesAllReduceBytes && !memory) {
+  PeerMemory* memory = memory_for(comm, how);
+  // Peer memory turned out unavailable: small reductions go to c10d, as transport_for sends them
+  // when peer memory is off.
+  if (how.transport == Transport::Messages && static_cast<int64_t>(local.nbytes()) < kMessagesAllReduceBytes)
+    how.transport = Transport::Collective;
+  if (how.transport == Transport::Collective) {
     at::Tensor out = fresh_copy(local);
     comm.all_reduce(out, step.op);
     return out;
@@ -167,7 +186,7 @@ at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const All
   for (int64_t size : chunk_sizes(flat.numel(), n))
     chunks.push_back(Box{{chunks.empty() ? 0 : chunks.back().offsets[0] + chunks.back().shape[0]}, {size}});
   auto chunk = [&](const at::Tensor& t, int64_t p) { return view_of(t, whole, chunks[p]); };
-  reduce_scatter_boxes(comm, me, flat, whole, chunks, chunk(out_flat, me), step.op, "all_reduce");
+  reduce_scatter_boxes(comm, me, flat, whole, chunks, chunk(out_flat, me), step.op, "all_reduce", memory, how);
 
   if (memory) memory = comm.peer_memory();  // null now if the reduce-scatter's copies failed
   if (memory) {
@@ -180,7 +199,7 @@ at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const All
     if (copy_through_memory(comm, *memory, out_flat, out_flat, parts, "all_reduce", /*counts=*/false)) return out;
   }
   std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: 1-D pieces are contiguous
-  auto gather = comm.start_messages("all_reduce", /*counts=*/false);
+  auto gather = start_step_messages(comm, how, "all_reduce", /*counts=*/false);
   for (int64_t p = 0; p < n; ++p)
     if (p != me) receive_into(*gather, p, chunk(out_flat, p), to_unpack);
   for_each_peer_after(me, n, [&](int64_t p) { send_from(*gather, p, chunk(out_flat, me)); });
@@ -215,16 +234,19 @@ Group whole_mesh(const DeviceMesh& mesh) {
 }
 
 at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next,
-                          const ReduceScatterStep& step) {
+                          const ReduceScatterStep& step, StepTransport how) {
   const DeviceMesh& mesh = current.mesh();
   const Box held = box_of(current, mesh.coordinate());
   const Box mine = box_of(next, mesh.coordinate());
   if (held.empty()) return at::empty(mine.shape, local.options());
   const Group group = group_along(mesh, step.mesh_dim);
+  if (how.transport == Transport::Collective && how.collective == std::string("reduce_scatter"))
+    return reduce_scatter_equal_pieces(group.comm, local, step.tensor_dim, step.op);
   std::vector<Box> targets;
   for (const std::vector<int64_t>& member : group.members) targets.push_back(box_of(next, member));
   at::Tensor out = at::empty(mine.shape, local.options());
-  reduce_scatter_boxes(group.comm, group.position_of(mesh.coordinate()), local, held, targets, out, step.op, "all_to_all");
+  PeerMemory* memory = memory_for(group.comm, how);
+  reduce_scatter_boxes(group.comm, group.position_of(mesh.coordinate()), local, held, targets, out, step.op, "all_to_all", memory, how);
   return out;
 }
 
@@ -275,20 +297,21 @@ bool exchange_through_memory(PeerMemory& memory, const at::Tensor& local, const 
 // (contiguous views) are sent straight from the local tensor and received straight into the
 // result, other parts go through a staging copy. This rank's own part is copied locally and
 // never travels.
-at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next, const Group& group) {
+at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next, const Group& group,
+                    StepTransport how) {
   const std::vector<int64_t>& me = current.mesh().coordinate();
   const Box held = box_of(current, me);
   const Box wanted = box_of(next, me);
   at::Tensor out = at::empty(wanted.shape, local.options());
 
-  if (PeerMemory* memory = peer_memory_for(group.comm, local, bytes_per_rank(current)))
+  if (PeerMemory* memory = memory_for(group.comm, how))
     if (exchange_through_memory(*memory, local, out, current, next, group)) return out;
 
   // Sends first, then receives; this rank's own part is copied while the messages travel.
   // The order matters with Gloo: a send posted after the peer's receive is written out by the
   // posting thread, which holds up the own-part copy; posted before it, Gloo's own I/O thread
   // writes it when the receive is announced (measured 10-15% faster for S(0)->S(1)).
-  auto messages = group.comm.start_messages();
+  auto messages = start_step_messages(group.comm, how, "all_to_all");
   for_each_peer_after(group.position_of(me), static_cast<int64_t>(group.members.size()), [&](int64_t p) {
     const Box outgoing = part_for(current, next, me, group.members[p]);
     if (!outgoing.empty()) send_from(*messages, p, view_of(local, held, outgoing));
@@ -377,18 +400,22 @@ at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& 
     // different redistributes get an error that names both.
     const Step named{*current, planned.after};
     const TransferScope transfer(describe_step, &named);
+    const StepTransport how = transport_for(step, *current, planned.after);
     if (auto* s = std::get_if<AllReduceStep>(&step)) {
-      current_local = all_reduce(current_local, source.mesh(), *s);
+      current_local = all_reduce(current_local, source.mesh(), *s, how);
     } else if (auto* s = std::get_if<ReduceScatterStep>(&step)) {
-      current_local = reduce_scatter(current_local, *current, planned.after, *s);
+      current_local = reduce_scatter(current_local, *current, planned.after, *s, how);
     } else if (auto* s = std::get_if<AllGatherStep>(&step)) {
-      current_local = exchange(current_local, *current, planned.after, group_along(source.mesh(), s->mesh_dim));
+      const Group group = group_along(source.mesh(), s->mesh_dim);
+      current_local = how.transport == Transport::Collective && how.collective == std::string("all_gather")
+                          ? gather_equal_pieces(group.comm, current_local, s->tensor_dim)
+                          : exchange(current_local, *current, planned.after, group, how);
     } else if (auto* s = std::get_if<AllToAllStep>(&step)) {
-      current_local = exchange(current_local, *current, planned.after, group_along(source.mesh(), s->mesh_dim));
+      current_local = exchange(current_local, *current, planned.after, group_along(source.mesh(), s->mesh_dim), how);
     } else if (std::holds_alternative<LocalChunkStep>(step)) {
       current_local = local_slice(current_local, *current, planned.after);
     } else {
-      current_local = exchange(current_local, *current, planned.after, whole_mesh(source.mesh()));
+      current_local = exchange(current_local, *current, planned.after, whole_mesh(source.mesh()), how);
     }
     current = &planned.after;
   }

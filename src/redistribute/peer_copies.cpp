@@ -189,6 +189,8 @@ void set_peer_copy_bytes(int64_t bytes) {
   copy_bytes_per_rank = bytes;
 }
 
+int64_t peer_copy_bytes() { return copy_bytes_per_rank.load(std::memory_order_relaxed); }
+
 void fail_next_peer_copies(int count) { copies_to_fail = count; }
 
 bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, const at::Tensor& destination,

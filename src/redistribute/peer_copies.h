@@ -32,6 +32,7 @@ PeerMemory* peer_memory_for(Comm& comm, const at::Tensor& local, int64_t bytes_p
 // rank must hold the same value.
 constexpr int64_t kDefaultPeerCopyBytes = 256 << 10;
 void set_peer_copy_bytes(int64_t bytes);
+int64_t peer_copy_bytes();
 // Test hook: this rank's next `count` part copies fail, as a denied or faulting copy would, so
 // that the fallback to messages can be tested.
 void fail_next_peer_copies(int count);

@@ -86,8 +86,9 @@ const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const S
 RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target,
                                             Planner planner = Planner::GraphSearch);
 
-// The chain of layouts a plan walks through:
-// "[S(0), S(0)] -[AllGather(mesh_dim=1, tensor_dim=0)]-> [S(0), R] -> ... (cost 1.2e+06)".
+// The chain of layouts a plan walks through, with the transport of each step on this rank
+// (transport.h): "[S(0), S(0)] -[AllGather(mesh_dim=1, tensor_dim=0) by peer memory]-> [S(0), R]
+// -> ... (graph search, modelled cost 1.2 MB)".
 // (The public two-argument form in shardtensor/redistribute.h uses the default planner.)
 std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner);
 

@@ -12,6 +12,7 @@
 #include "redistribute/boxes.h"
 #include "redistribute/moves.h"
 #include "redistribute/plan.h"
+#include "redistribute/transport.h"
 #include "shardtensor/redistribute.h"
 #include "spec/placement_checks.h"
 #include "util/hash.h"
@@ -208,7 +209,11 @@ RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const
 std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
   const RedistributePlan& plan = plan_redistribute(source, target, planner);
   std::string out = to_string(source.placements());
-  for (const PlannedStep& s : plan.steps) out += " -[" + to_string(s.step) + "]-> " + to_string(s.after.placements());
+  const ShardTensorSpec* before = &source;
+  for (const PlannedStep& s : plan.steps) {
+    out += " -[" + to_string(s.step) + " by " + to_string(transport_for(s.step, *before, s.after)) + "]-> " + to_string(s.after.placements());
+    before = &s.after;
+  }
   if (plan.empty()) return out + " (no work)";
   std::ostringstream cost;
   cost << " (" << to_string(planner) << ", modelled cost " << plan.cost() / 1e6 << " MB)";

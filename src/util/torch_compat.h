@@ -33,6 +33,14 @@ using C10dBackend = c10d::ProcessGroup;
 }
 #endif
 
+// Gloo's native reduce-scatter (_reduce_scatter_base) came with 2.x (checked on 2.15); 1.13's
+// raises, so there Comm runs it as an all_to_all and a local reduction.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+#define SHARDTENSOR_GLOO_HAS_REDUCE_SCATTER 1
+#else
+#define SHARDTENSOR_GLOO_HAS_REDUCE_SCATTER 0
+#endif
+
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 

@@ -10,6 +10,7 @@
 #include "comm/comm.h"
 #include "comm/peer_memory.h"
 #include "redistribute/peer_copies.h"
+#include "redistribute/transport.h"
 #include "shardtensor/shardtensor.h"
 #include "support/reference.h"
 
@@ -40,23 +41,27 @@ inline bool kernel_forbids_peer_memory(Comm& comm) {
 }
 
 // The executor's transport while it lives: copies through the peers' memory for every size
-// (where the group is on one host, as here), or messages only. Every rank must make the same.
-class Transport {
+// (where the group is on one host, as here), messages only, or native c10d collectives (what
+// NCCL gets). Every rank must make the same.
+class UseTransport {
  public:
-  enum Kind { kMemory, kMessages };
-  explicit Transport(Kind kind) : was_enabled_(peer_memory_enabled()) {
+  enum Kind { kMemory, kMessages, kCollectives };
+  explicit UseTransport(Kind kind) : was_enabled_(peer_memory_enabled()), was_preferred_(transport_preference()) {
     set_peer_memory_enabled(kind == kMemory && was_enabled_);
     set_peer_copy_bytes(kind == kMemory ? 0 : kDefaultPeerCopyBytes);
+    set_transport_preference(kind == kCollectives ? TransportPreference::Collectives : TransportPreference::Auto);
   }
-  ~Transport() {
+  ~UseTransport() {
     set_peer_memory_enabled(was_enabled_);
     set_peer_copy_bytes(kDefaultPeerCopyBytes);
+    set_transport_preference(was_preferred_);
   }
-  Transport(const Transport&) = delete;
-  Transport& operator=(const Transport&) = delete;
+  UseTransport(const UseTransport&) = delete;
+  UseTransport& operator=(const UseTransport&) = delete;
 
  private:
   bool was_enabled_;
+  TransportPreference was_preferred_;
 };
 
 }  // namespace shardtensor::testing

@@ -79,8 +79,8 @@ TEST(Factories, ScatterTensorSendsEachRankItsPieceFromTheSource) {
   for (const DeviceMesh& mesh : test_meshes()) {
     const int64_t src = world_size() - 1;
     for (const Placements& ps : layouts_for(mesh)) {
-      for (Transport::Kind kind : {Transport::kMemory, Transport::kMessages}) {
-        Transport transport(kind);
+      for (UseTransport::Kind kind : {UseTransport::kMemory, UseTransport::kMessages}) {
+        UseTransport transport(kind);
         at::Tensor on_src = world_rank() == src ? iota({5, 3}, c10::kDouble) : at::Tensor();
         at::Tensor t = scatter_tensor(on_src, src, mesh, ps, /*requires_grad=*/true);
         EXPECT_EQ(t.sizes().vec(), (std::vector<int64_t>{5, 3}));

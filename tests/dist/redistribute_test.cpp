@@ -8,6 +8,7 @@
 #include "dist/dist_fixture.h"
 #include "redistribute/executor.h"
 #include "redistribute/plan.h"
+#include "redistribute/transport.h"
 
 using namespace shardtensor;
 using namespace shardtensor::testing;
@@ -95,17 +96,16 @@ TEST(Redistribute, RandomLayoutPairsGiveTheReferenceValuesAndGradients) {
   for (const DeviceMesh& mesh : test_meshes()) {
     for (int i = 0; i < 160; ++i, ++cases) {
       // Both planners' plans run, alternately (the planner tests check every pair's plan), over
-      // both transports.
+      // the three transports.
       const Planner planner = i % 2 ? Planner::Greedy : Planner::GraphSearch;
       set_default_planner(planner);
-      const bool memory = (i / 2) % 2 == 0;
-      Transport transport(memory ? Transport::kMemory : Transport::kMessages);
+      const auto kind = static_cast<UseTransport::Kind>((i / 2) % 3);
+      UseTransport transport(kind);
       const LayoutPair pair = random_pair(rng, mesh);
       const ShardTensorSpec src(mesh, pair.source.placements, pair.source.shape, c10::kDouble, pair.source.sizes);
       const ShardTensorSpec dst(mesh, pair.target.placements, pair.target.shape, c10::kDouble, pair.target.sizes);
       const std::string trace = "seed " + std::to_string(seed) + " case " + std::to_string(cases) + " on " + mesh.to_string() +
-                                ": " + src.to_string() + " -> " + dst.to_string() + " " + to_string(planner) + " plan " + plan_redistribute(src, dst).to_string() +
-                                (memory ? " through peer memory" : " by messages");
+                                ": " + src.to_string() + " -> " + dst.to_string() + ": " + explain_redistribute(src, dst) + " (transport kind " + std::to_string(kind) + ")";
       SCOPED_TRACE(trace);
       if (std::getenv("SHARDTENSOR_TEST_VERBOSE")) std::cout << trace << std::endl;
       const at::Tensor value = global_values(src.shape(), cases);
@@ -200,9 +200,9 @@ TEST(Redistribute, LargePartialsReduceInTwoPhasesForEveryOp) {
   const at::Tensor value = (iota({601, 1031}, c10::kDouble).remainder(97) - 48) / 8;
   for (const DeviceMesh& mesh : test_meshes()) {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product}) {
-      for (Transport::Kind kind : {Transport::kMemory, Transport::kMessages}) {
-        Transport transport(kind);
-        SCOPED_TRACE(mesh.to_string() + " " + to_string(op) + (kind == Transport::kMemory ? " memory" : " messages"));
+      for (UseTransport::Kind kind : {UseTransport::kMemory, UseTransport::kMessages, UseTransport::kCollectives}) {
+        UseTransport transport(kind);
+        SCOPED_TRACE(mesh.to_string() + " " + to_string(op) + " transport kind " + std::to_string(kind));
         const int64_t m = mesh.ndim() - 1;
         Placements partial(mesh.ndim(), Replicate()), replicated = partial, sharded = partial;
         partial[m] = Partial(op);
@@ -216,9 +216,45 @@ TEST(Redistribute, LargePartialsReduceInTwoPhasesForEveryOp) {
   }
 }
 
+TEST(Redistribute, CollectivesTransportRunsEachStepAsOneNativeCollective) {
+  // What NCCL gets, run here on Gloo: equal pieces are one all_gather or reduce_scatter (into the
+  // result where the dim is the outermost, through a stack otherwise), reductions one all_reduce,
+  // uneven pieces one all_to_all with split sizes (no padding).
+  UseTransport transport(UseTransport::kCollectives);
+  const int64_t n = world_size();
+  if (n == 1) GTEST_SKIP() << "one rank runs no collective";
+  const DeviceMesh& mesh = *mesh_of_shape({n});
+  const std::vector<int64_t> even = {4 * n, 2 * n}, uneven = {4 * n + 1, 2 * n};
+  struct Case {
+    std::vector<int64_t> shape;
+    Placements from, to;
+    const char* collective;
+  };
+  const std::vector<Case> cases = {
+      {even, {Shard(0)}, {Replicate()}, "all_gather"},        {even, {Shard(1)}, {Replicate()}, "all_gather"},
+      {uneven, {Shard(0)}, {Replicate()}, "all_to_all"},      {even, {Shard(0)}, {Shard(1)}, "all_to_all"},
+      {even, {Partial()}, {Replicate()}, "all_reduce"},       {even, {Partial()}, {Shard(0)}, "reduce_scatter"},
+      {even, {Partial(ReduceOp::Max)}, {Shard(1)}, "reduce_scatter"}, {uneven, {Partial(ReduceOp::Avg)}, {Shard(0)}, "all_to_all"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(to_string(c.from) + " -> " + to_string(c.to) + " of [" + std::to_string(c.shape[0]) + ", " + std::to_string(c.shape[1]) + "]");
+    const at::Tensor value = iota(c.shape, c10::kDouble);
+    at::Tensor x = from_local(partial_term(reference_piece(value, mesh.shape(), c.from, {}, mesh.coordinate()), mesh, c.from), mesh,
+                              c.from, ShardSizing::chunk(c.shape));
+    const ShardTensorSpec target = relayout(spec(x), c.to, {});
+    EXPECT_NE(explain_redistribute(spec(x), target).find(std::string("by ") + c.collective + " (c10d collective)"), std::string::npos)
+        << explain_redistribute(spec(x), target);
+    CommDebugMode comms;
+    at::Tensor y = redistribute(x, c.to);
+    EXPECT_TRUE(at::allclose(to_local(y), reference_piece(value, mesh.shape(), c.to, {}, mesh.coordinate())));
+    EXPECT_EQ(comms.count(c.collective), 1) << comms.table();
+    EXPECT_EQ(comms.counts().size(), 1u) << comms.table();
+  }
+}
+
 TEST(Redistribute, PartsCutIntoManyMessagesArriveWhole) {
   // 4 KiB messages: every part of these layouts travels as several, packed ones included.
-  Transport transport(Transport::kMessages);
+  UseTransport transport(UseTransport::kMessages);
   set_message_bytes(4096);
   struct Restore {
     ~Restore() { set_message_bytes(4 << 20); }
@@ -247,7 +283,7 @@ TEST(Redistribute, SameHostGroupsCopyThroughPeerMemory) {
   // here is a bug, or a machine that forbids process_vm_readv (run with SHARDTENSOR_PEER_MEMORY=0
   // there, which this test reports as a skip).
   if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
-  Transport transport(Transport::kMemory);
+  UseTransport transport(UseTransport::kMemory);
   Comm& world = test_meshes().front().mesh_comm();
   if (kernel_forbids_peer_memory(world)) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory: " << world.why_no_peer_memory();
   for (const DeviceMesh& mesh : test_meshes()) {
@@ -284,7 +320,7 @@ TEST(Redistribute, AFailedPeerCopyFallsBackToMessagesOnEveryRank) {
   if (world_size() == 1) GTEST_SKIP() << "one rank copies from no peer";
   if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
   const DeviceMesh mesh = DeviceMesh::create({world_size()});  // its own groups: they stop copying through memory for good
-  Transport transport(Transport::kMemory);
+  UseTransport transport(UseTransport::kMemory);
   if (kernel_forbids_peer_memory(mesh.comm(0))) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory";
   const std::vector<int64_t> shape = {67, 45};
   at::Tensor x = distributed(mesh, shape, {Shard(0)});
@@ -343,7 +379,7 @@ TEST(Redistribute, ReplicateToShardNeedsNoCommunicationAndSameSpecNoWork) {
   EXPECT_TRUE(plan_redistribute(spec(y), spec(y)).empty());
   at::Tensor same = redistribute(y, {Shard(1)});
   EXPECT_FALSE(to_local(same).is_same(to_local(y)));  // always a fresh tensor
-  EXPECT_EQ(explain_redistribute(spec(x), spec(y)).rfind("[R] -[LocalChunk(mesh_dim=0, tensor_dim=1)]-> [S(1)] (graph search", 0), 0u);
+  EXPECT_EQ(explain_redistribute(spec(x), spec(y)).rfind("[R] -[LocalChunk(mesh_dim=0, tensor_dim=1) by local]-> [S(1)] (graph search", 0), 0u);
 }
 
 TEST(Redistribute, FullTensorGathersAndIsDifferentiable) {
@@ -363,8 +399,8 @@ TEST(Redistribute, FullTensorGathersAndIsDifferentiable) {
 
 TEST(Redistribute, DistributeTensorTakesCoordinateZerosValues) {
   for (const DeviceMesh& mesh : test_meshes()) {
-    for (Transport::Kind kind : {Transport::kMemory, Transport::kMessages}) {
-      Transport transport(kind);
+    for (UseTransport::Kind kind : {UseTransport::kMemory, UseTransport::kMessages}) {
+      UseTransport transport(kind);
       at::Tensor mine = iota({4, 3}) + (world_rank() == 0 ? 0 : 100);  // only rank 0's values count
       Placements ps(mesh.ndim(), Replicate());
       ps.front() = Shard(1);

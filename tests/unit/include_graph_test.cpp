@@ -39,9 +39,12 @@ const std::map<std::string, std::set<std::string>>& allowed() {
   return table;
 }
 
-// Files of redistribute/ that run plans (and so talk to comm/); the rest is the pure planner.
+// Files of redistribute/ that run plans (and so talk to comm/), or choose their transport from
+// the process's communication options; the rest is the pure planner.
 bool is_executor(const std::string& file) {
-  return file.rfind("redistribute/executor", 0) == 0 || file.rfind("redistribute/peer_copies", 0) == 0;
+  for (const char* runs : {"redistribute/executor", "redistribute/peer_copies", "redistribute/collective_steps", "redistribute/transport"})
+    if (file.rfind(runs, 0) == 0) return true;
+  return false;
 }
 
 // Includes that break a rule today and are scheduled to go.

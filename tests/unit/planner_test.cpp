@@ -74,9 +74,9 @@ TEST(RedistributePlanner, UnevenTargetSizesAreReachedWithoutAnExtraStepWhenTheyN
 
 TEST(RedistributePlanner, ExplainShowsTheChainOfLayouts) {
   EXPECT_EQ(explain_redistribute(make({2, 2}, {Shard(0), Shard(0)}, {10, 6}), make({2, 2}, {Replicate(), Shard(0)}, {10, 6})),
-            "[S(0), S(0)] -[Exchange()]-> [R, S(0)] (graph search, modelled cost 0.262264 MB)");
+            "[S(0), S(0)] -[Exchange() by messages]-> [R, S(0)] (graph search, modelled cost 0.262264 MB)");
   EXPECT_EQ(explain_redistribute(make({2, 2}, {Shard(0), Shard(1)}, {10, 6}), make({2, 2}, {Replicate(), Shard(1)}, {10, 6}), Planner::Greedy),
-            "[S(0), S(1)] -[AllGather(mesh_dim=0, tensor_dim=0)]-> [R, S(1)] (greedy, modelled cost 0.262204 MB)");
+            "[S(0), S(1)] -[AllGather(mesh_dim=0, tensor_dim=0) by messages]-> [R, S(1)] (greedy, modelled cost 0.262204 MB)");
 }
 
 TEST(RedistributePlanner, PlansAreCachedBySpecPair) {

@@ -1,0 +1,137 @@
+// transport_for: the transport of each plan step, from metadata only (see transport.h).
+#include "redistribute/transport.h"
+
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+
+#include "comm/peer_memory.h"
+#include "redistribute/boxes.h"
+#include "redistribute/peer_copies.h"
+
+namespace shardtensor {
+namespace {
+
+TransportPreference preference_from_environment() {
+  const char* v = std::getenv("SHARDTENSOR_TRANSPORT");
+  const std::string name = v ? v : "";
+  if (name.empty() || name == "auto") return TransportPreference::Auto;
+  if (name == "collectives") return TransportPreference::Collectives;
+  TORCH_CHECK(name == "messages", "SHARDTENSOR_TRANSPORT is '", name,
+              "'; use 'auto' (the default), 'collectives' (native c10d collectives) or 'messages' (point-to-point, no peer memory).");
+  return TransportPreference::Messages;
+}
+
+std::atomic<TransportPreference>& chosen_preference() {
+  static std::atomic<TransportPreference> preference{preference_from_environment()};
+  return preference;
+}
+
+// The coordinates of the members of `mesh_dim`'s group that this rank belongs to, in the
+// communicator's rank order.
+std::vector<std::vector<int64_t>> members_along(const DeviceMesh& mesh, int64_t mesh_dim) {
+  std::vector<std::vector<int64_t>> members;
+  std::vector<int64_t> member = mesh.coordinate();
+  for (int64_t i = 0; i < mesh.size(mesh_dim); ++i) {
+    member[mesh_dim] = i;
+    members.push_back(member);
+  }
+  return members;
+}
+
+int64_t element_size(const ShardTensorSpec& spec) { return static_cast<int64_t>(c10::elementSize(spec.dtype())); }
+
+// The bytes each member moves, as the executor measures them to decide on peer memory: the
+// held box for reductions (the same box on every member), the tensor over the mesh otherwise.
+int64_t bytes_moved(const RedistributeStep& step, const ShardTensorSpec& from) {
+  if (std::holds_alternative<AllReduceStep>(step) || std::holds_alternative<ReduceScatterStep>(step))
+    return box_of(from, from.mesh().coordinate()).numel() * element_size(from);
+  const int64_t numel = std::accumulate(from.shape().begin(), from.shape().end(), int64_t{1}, std::multiplies<>());
+  return numel * element_size(from) / from.mesh().size();
+}
+
+// The native collective for a step that is not copied.
+const char* native_collective(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to) {
+  if (std::holds_alternative<AllReduceStep>(step)) return "all_reduce";
+  const bool equal = pieces_are_equal(step, from, to);
+  if (std::holds_alternative<AllGatherStep>(step) && equal) return "all_gather";
+  if (std::holds_alternative<ReduceScatterStep>(step) && equal) return "reduce_scatter";
+  return "all_to_all";
+}
+
+// The collective a step stands in for when it is not run as one (how CommDebugMode counts it).
+const char* counted_as(const RedistributeStep& step) {
+  return std::holds_alternative<AllReduceStep>(step) ? "all_reduce" : "all_to_all";
+}
+
+int64_t group_size(const RedistributeStep& step, const DeviceMesh& mesh) {
+  if (auto* s = std::get_if<AllReduceStep>(&step)) return mesh.size(s->mesh_dim);
+  if (auto* s = std::get_if<ReduceScatterStep>(&step)) return mesh.size(s->mesh_dim);
+  if (auto* s = std::get_if<AllGatherStep>(&step)) return mesh.size(s->mesh_dim);
+  if (auto* s = std::get_if<AllToAllStep>(&step)) return mesh.size(s->mesh_dim);
+  if (std::holds_alternative<LocalChunkStep>(step)) return 1;
+  return mesh.size();
+}
+
+}  // namespace
+
+TransportPreference transport_preference() { return chosen_preference().load(std::memory_order_relaxed); }
+void set_transport_preference(TransportPreference preference) { chosen_preference().store(preference); }
+
+std::string to_string(TransportPreference preference) {
+  switch (preference) {
+    case TransportPreference::Auto: return "auto";
+    case TransportPreference::Collectives: return "collectives";
+    case TransportPreference::Messages: return "messages";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown TransportPreference");
+}
+
+bool pieces_are_equal(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to) {
+  const DeviceMesh& mesh = from.mesh();
+  if (auto* s = std::get_if<AllGatherStep>(&step)) {
+    const auto members = members_along(mesh, s->mesh_dim);
+    const Box first = box_of(from, members.front());
+    for (const auto& member : members)
+      if (box_of(from, member).shape != first.shape) return false;
+    return true;
+  }
+  if (auto* s = std::get_if<ReduceScatterStep>(&step)) {
+    const auto members = members_along(mesh, s->mesh_dim);
+    const Box held = box_of(from, mesh.coordinate());
+    const Box first = box_of(to, members.front());
+    for (const auto& member : members)
+      if (box_of(to, member).shape != first.shape) return false;
+    return first.shape[s->tensor_dim] * static_cast<int64_t>(members.size()) == held.shape[s->tensor_dim];
+  }
+  return false;
+}
+
+StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to) {
+  const DeviceMesh& mesh = from.mesh();
+  if (group_size(step, mesh) == 1) return {Transport::None, ""};
+  if (std::holds_alternative<AllReduceStep>(step) && box_of(from, mesh.coordinate()).empty()) return {Transport::None, ""};
+  const TransportPreference preference = transport_preference();
+  if (mesh.device_type() != "cpu" || preference == TransportPreference::Collectives)
+    return {Transport::Collective, native_collective(step, from, to)};
+  const int64_t bytes = bytes_moved(step, from);
+  if (preference == TransportPreference::Auto && peer_memory_enabled() && bytes >= peer_copy_bytes())
+    return {Transport::PeerMemory, counted_as(step)};
+  if (std::holds_alternative<AllReduceStep>(step) && bytes < kMessagesAllReduceBytes) return {Transport::Collective, "all_reduce"};
+  return {Transport::Messages, counted_as(step)};
+}
+
+std::string to_string(const StepTransport& transport) {
+  switch (transport.transport) {
+    case Transport::None: return "local";
+    case Transport::Collective: return std::string(transport.collective) + " (c10d collective)";
+    case Transport::PeerMemory: return "peer memory";
+    case Transport::Messages: return "messages";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown Transport");
+}
+
+}  // namespace shardtensor
