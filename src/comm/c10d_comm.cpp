@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include "comm/c10d_comm.h"
 #include "comm/comm_debug.h"
@@ -162,12 +163,37 @@ class C10dComm final : public Comm {
         : comm_(comm), counted_as_(counted_as), counts_(counts), checked_(comm.checks_fingerprints()),
           bytes_to_(comm.size(), 0), bytes_from_(comm.size(), 0) {}
     // Unwaited messages (an error unwound past wait()) must not outlive their tensors.
-    ~PostedMessages() override { abort_all(works_); }
+    ~PostedMessages() override {
+      abort_all(works_);
+      std::vector<c10::intrusive_ptr<WorkType>> unread;
+      for (size_t p = 0; p < record_works_.size(); ++p)
+        if (record_works_[p] && !confirmed_[p]) unread.push_back(record_works_[p]);
+      abort_all(unread);
+    }
+
+    void announce(const std::vector<int64_t>& bytes_to, const std::vector<int64_t>& bytes_from) override {
+      TORCH_INTERNAL_ASSERT(works_.empty() && receives_.empty(), "announce() comes before any message");
+      if (!checked_) return;
+      announced_ = {bytes_to, bytes_from};
+      mine_ = fingerprint_of(std::string(counted_as_) + " (messages)");
+      sequence_ = ++comm_.fingerprints_;
+      theirs_ = at::empty({comm_.size(), kRecordWords}, at::kLong);
+      confirmed_.assign(comm_.size(), false);
+      record_works_.assign(comm_.size(), {});
+      for (int64_t p = 0; p < comm_.size(); ++p) {
+        if (p == comm_.rank()) continue;
+        records_.push_back(record_of(mine_, sequence_, bytes_to[p]));
+        std::vector<at::Tensor> in{theirs_[p]}, out{records_.back()};
+        post_record(p, [&] { return comm_.group()->recv(in, static_cast<int>(p), kRecordTag); }, &record_works_[p]);
+        post_record(p, [&] { return comm_.group()->send(out, static_cast<int>(p), kRecordTag); }, nullptr);
+      }
+    }
 
     void receive(int64_t peer, const at::Tensor& into) override {
       if (into.numel() == 0) return;
       bytes_from_[peer] += static_cast<int64_t>(into.nbytes());
-      if (checked_)
+      if (announced_) confirm(peer);
+      if (checked_ && !announced_)
         receives_.push_back({peer, into});
       else
         post(into, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, peer, kMessageTag); });
@@ -182,7 +208,13 @@ class C10dComm final : public Comm {
       int64_t bytes_sent = 0;
       for (int64_t b : bytes_to_) bytes_sent += b;
       record_collective(counted_as_, bytes_sent, counts_);
-      if (checked_) {
+      if (announced_) {
+        TORCH_INTERNAL_ASSERT(announced_->first == bytes_to_ && announced_->second == bytes_from_,
+                              "a message batch moved other bytes than it announced");
+        for (int64_t p = 0; p < comm_.size(); ++p)
+          if (p != comm_.rank()) confirm(p);
+        fault_point("messages:checked");
+      } else if (checked_) {
         comm_.agree(std::string(counted_as_) + " (messages)", &bytes_to_, &bytes_from_);
         fault_point("messages:checked");
       }
@@ -204,6 +236,44 @@ class C10dComm final : public Comm {
       at::Tensor into;
     };
 
+    // Waits for `peer`'s record (posted by announce) and checks it against this batch, once.
+    // A mismatch leaves this rank's sends queued on the pairs: the group is unusable then.
+    void confirm(int64_t peer) {
+      if (peer == comm_.rank() || confirmed_[peer]) return;
+      try {
+        record_works_[peer]->wait(comm_.timeout_);
+      } catch (const std::exception& e) {
+        comm_.broken_ = e.what();
+        TORCH_CHECK(false, "shardtensor: \"", mine_.description, "\" on ", comm_.group_name(),
+                    " failed or timed out while the ranks checked that they all run it (timeout ", comm_.timeout_.count() / 1000.0,
+                    " s; another rank may have stopped before this collective): ", e.what());
+      }
+      try {
+        check_record(theirs_[peer], mine_, sequence_, announced_->second[peer], comm_.group_name(), comm_.rank(), peer);
+      } catch (const std::exception& e) {
+        comm_.broken_ = e.what();
+        throw;
+      }
+      confirmed_[peer] = true;
+    }
+
+    template <typename Launch>
+    void post_record(int64_t peer, Launch&& launch, c10::intrusive_ptr<WorkType>* keep) {
+      try {
+        auto work = launch();
+        // A receive is waited on once, by confirm(): Gloo's wait() on a finished receive would
+        // wait for another message.
+        if (keep)
+          *keep = std::move(work);
+        else
+          works_.push_back(std::move(work));
+      } catch (const std::exception& e) {
+        comm_.broken_ = e.what();
+        TORCH_CHECK(false, "shardtensor: \"", mine_.description, "\" on ", comm_.group_name(), " failed: the record for group rank ", peer,
+                    " could not be posted (another rank may have exited or given up): ", e.what());
+      }
+    }
+
     template <typename Launch>
     void post(const at::Tensor& t, Launch&& launch) {
       TORCH_INTERNAL_ASSERT(t.is_contiguous());
@@ -224,6 +294,15 @@ class C10dComm final : public Comm {
     std::vector<int64_t> bytes_to_, bytes_from_;  // by peer, this batch
     std::vector<Receive> receives_;              // posted once the members agree
     std::vector<c10::intrusive_ptr<WorkType>> works_;
+    // After announce(): the bytes announced (to, from), this batch's fingerprint and sequence,
+    // the records (ours, kept until sent; theirs, by group rank) and which have been checked.
+    std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> announced_;
+    Fingerprint mine_;
+    int64_t sequence_ = 0;
+    std::vector<at::Tensor> records_;
+    at::Tensor theirs_;
+    std::vector<c10::intrusive_ptr<WorkType>> record_works_;
+    std::vector<bool> confirmed_;
   };
 
   template <typename Launch>

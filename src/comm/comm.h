@@ -31,6 +31,12 @@ class Messages {
   virtual void receive(int64_t peer, const at::Tensor& into) = 0;
   virtual void send(int64_t peer, const at::Tensor& from) = 0;
   virtual void wait() = 0;  // raises on every waiting rank after the group's timeout
+  // Optional, before any receive or send: the bytes this batch sends each peer and receives from
+  // each (indexed by group rank). Where fingerprints are checked, the members then exchange them
+  // at once, and each receive is posted as soon as its sender's record has arrived and matched,
+  // instead of once every member has reached wait(): the transfers overlap the caller's packing
+  // and local copies again. Receives and sends must then add up to exactly these bytes.
+  virtual void announce(const std::vector<int64_t>& bytes_to, const std::vector<int64_t>& bytes_from) {}
 };
 
 class Comm {
