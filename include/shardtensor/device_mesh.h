@@ -68,9 +68,9 @@ class DeviceMesh {
                                         c10::intrusive_ptr<c10d::ProcessGroup> mesh_group = {});
 
   // A mesh that knows its layout but has no communicators: for planning, rule and spec tests.
-  // Any attempt to communicate on it raises.
+  // Any attempt to communicate on it raises. `device_type` ("cpu" or "cuda") is what plans see.
   static DeviceMesh without_comms(std::vector<int64_t> shape, int64_t my_rank,
-                                  std::vector<std::string> dim_names = {});
+                                  std::vector<std::string> dim_names = {}, const std::string& device_type = "cpu");
 
   int64_t ndim() const;
   const std::vector<int64_t>& shape() const;

@@ -48,6 +48,7 @@ class C10dComm final : public Comm {
            std::chrono::milliseconds timeout)
       : group_(std::move(group)),
         gloo_(group_->getBackendName() == "gloo"),
+        nccl_(group_->getBackendName() == "nccl"),
         ranks_(std::move(global_ranks)),
         rank_(my_group_rank),
         timeout_(timeout) {}
@@ -67,15 +68,17 @@ class C10dComm final : public Comm {
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(movable(output).select(0, i));
     // NCCL gathers straight into the stack; its list form would gather into a buffer of its own
-    // and copy out. Gloo 1.13 has only the list form (its views of `output` cost no copy).
+    // and copy out. Gloo 1.13 has only the list form (its views of `output` cost no copy), and
+    // other backends may lack the flat one.
     at::Tensor stacked = movable(output);
     run("all_gather", input.nbytes(),
-        [&] { return gloo_ ? group()->allgather(outputs, inputs) : group()->_allgather_base(stacked, inputs[0]); },
+        [&] { return nccl_ ? group()->_allgather_base(stacked, inputs[0]) : group()->allgather(outputs, inputs); },
         [&] { return "all_gather of " + sized(input); });
   }
 
   void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
-    if (gloo_ && !SHARDTENSOR_GLOO_HAS_REDUCE_SCATTER) return Comm::reduce_scatter(output, input, op);
+    // Other backends (a user's own ProcessGroup) may lack it: they get Comm's all_to_all form.
+    if (!nccl_ && !(gloo_ && SHARDTENSOR_GLOO_HAS_REDUCE_SCATTER)) return Comm::reduce_scatter(output, input, op);
     TORCH_INTERNAL_ASSERT(input.is_contiguous() && output.is_contiguous() && input.numel() == size() * output.numel());
     // Flat: Gloo checks that the input's first dim is size() times the output's.
     at::Tensor in = for_backend(input.view({-1})), out = for_backend(output.view({-1}));
@@ -378,6 +381,7 @@ class C10dComm final : public Comm {
 
   c10::intrusive_ptr<Group> group_;
   bool gloo_;                 // the backend is Gloo (fingerprints, posted messages)
+  bool nccl_;                 // the backend is NCCL (collectives into flat buffers)
   int64_t fingerprints_ = 0;  // collectives and message batches checked on this group
   std::string broken_;        // why this group is unusable (empty while it is not)
   std::vector<int64_t> ranks_;

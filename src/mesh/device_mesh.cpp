@@ -95,14 +95,20 @@ DeviceMesh::DeviceMesh(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)
   TORCH_INTERNAL_ASSERT(impl_);
 }
 
-DeviceMesh DeviceMesh::without_comms(std::vector<int64_t> shape, int64_t my_rank, std::vector<std::string> dim_names) {
+DeviceMesh DeviceMesh::without_comms(std::vector<int64_t> shape, int64_t my_rank, std::vector<std::string> dim_names,
+                                     const std::string& device_type) {
+  TORCH_CHECK(device_type == "cpu" || device_type == "cuda", "DeviceMesh::without_comms: device type '", device_type,
+              "' is not 'cpu' or 'cuda'.");
   int64_t total = 1;
   for (int64_t s : shape) total *= s;
   std::vector<int64_t> ranks(static_cast<size_t>(std::max<int64_t>(total, 0)));
   for (int64_t i = 0; i < total; ++i) ranks[i] = i;
   TORCH_CHECK(my_rank >= 0 && my_rank < std::max<int64_t>(total, 1), "DeviceMesh::without_comms: rank ", my_rank,
               " is not in a mesh of shape ", join(shape, "x"), ".");
-  return DeviceMesh(make_mesh_topology(std::move(shape), std::move(ranks), std::move(dim_names), my_rank, total));
+  auto impl = make_mesh_topology(std::move(shape), std::move(ranks), std::move(dim_names), my_rank, total);
+  impl->device_type = device_type;
+  impl->device = c10::Device(device_type == "cuda" ? c10::kCUDA : c10::kCPU);
+  return DeviceMesh(std::move(impl));
 }
 
 int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(impl_->shape.size()); }

@@ -4,7 +4,9 @@
 #include <functional>
 
 #include "redistribute/boxes.h"
+#include "comm/peer_memory.h"
 #include "redistribute/plan.h"
+#include "redistribute/transport.h"
 #include "util/strings.h"
 #include "support/reference.h"
 
@@ -209,4 +211,45 @@ TEST(RedistributePlanner, BothPlannersGiveValidPlansForEveryLayoutPairAndTheSear
     });
   }
   EXPECT_GT(pairs, 5000);
+}
+
+// Transports are chosen from metadata alone: the mesh's device, the step's pieces and the
+// process's options (redistribute/transport.h).
+namespace {
+ShardTensorSpec on(const std::string& device, const std::vector<int64_t>& mesh_shape, Placements ps, std::vector<int64_t> shape,
+                   ShardSizes sizes = {}) {
+  return ShardTensorSpec(DeviceMesh::without_comms(mesh_shape, 0, {}, device), std::move(ps), std::move(shape), c10::kFloat, sizes);
+}
+std::string explained(const ShardTensorSpec& a, const ShardTensorSpec& b) { return explain_redistribute(a, b, Planner::GraphSearch); }
+}  // namespace
+
+TEST(TransportChoice, CudaMeshesRunNativeCollectivesAndUnevenPiecesAnAllToAll) {
+  EXPECT_EQ(explained(on("cuda", {4}, {Shard(0)}, {8, 6}), on("cuda", {4}, {Replicate()}, {8, 6})).rfind(
+                "[S(0)] -[AllGather(mesh_dim=0, tensor_dim=0) by all_gather (c10d collective)]-> [R]", 0),
+            0u);
+  EXPECT_NE(explained(on("cuda", {4}, {Shard(0)}, {10, 6}), on("cuda", {4}, {Replicate()}, {10, 6})).find("by all_to_all (c10d collective)"),
+            std::string::npos);
+  EXPECT_NE(explained(on("cuda", {4}, {Partial()}, {8, 8}), on("cuda", {4}, {Shard(1)}, {8, 8})).find("by reduce_scatter (c10d collective)"),
+            std::string::npos);
+  EXPECT_NE(explained(on("cuda", {4}, {Partial()}, {8, 8}), on("cuda", {4}, {Replicate()}, {8, 8})).find("by all_reduce (c10d collective)"),
+            std::string::npos);
+  // Uneven target pieces of a reduce-scatter (10 rows over 4: 3, 3, 2, 2) travel as an all_to_all.
+  EXPECT_NE(explained(on("cuda", {4}, {Partial()}, {10, 8}), on("cuda", {4}, {Shard(0)}, {10, 8})).find("by all_to_all (c10d collective)"),
+            std::string::npos);
+}
+
+TEST(TransportChoice, CpuMeshesCopyLargeTransfersThroughPeerMemoryAndMessageSmallOnes) {
+  const bool peer_memory = peer_memory_enabled();
+  const std::string small = explained(on("cpu", {4}, {Shard(0)}, {8, 6}), on("cpu", {4}, {Replicate()}, {8, 6}));
+  EXPECT_NE(small.find("by messages"), std::string::npos) << small;
+  const std::string large = explained(on("cpu", {4}, {Shard(0)}, {1024, 1024}), on("cpu", {4}, {Replicate()}, {1024, 1024}));
+  EXPECT_NE(large.find(peer_memory ? "by peer memory" : "by messages"), std::string::npos) << large;
+  // Small reductions are c10d's all_reduce; a local chunk moves nothing.
+  EXPECT_NE(explained(on("cpu", {4}, {Partial()}, {8, 6}), on("cpu", {4}, {Replicate()}, {8, 6})).find("by all_reduce (c10d collective)"),
+            std::string::npos);
+  EXPECT_NE(explained(on("cpu", {4}, {Replicate()}, {8, 6}), on("cpu", {4}, {Shard(0)}, {8, 6})).find("by local"), std::string::npos);
+  set_transport_preference(TransportPreference::Collectives);
+  const std::string collective = explained(on("cpu", {4}, {Shard(0)}, {1024, 1024}), on("cpu", {4}, {Replicate()}, {1024, 1024}));
+  set_transport_preference(TransportPreference::Auto);
+  EXPECT_NE(collective.find("by all_gather (c10d collective)"), std::string::npos) << collective;
 }
