@@ -60,6 +60,8 @@ struct OpMeta {
   // The position of argument `name` in the schema; raises, naming the operator and listing its
   // arguments, when the schema has no argument of that name.
   size_t arg_index(const std::string& name) const;
+  // Whether the schema has an argument `name` (a rule serving overloads that differ in it).
+  bool has_arg(const std::string& name) const;
   // Argument `name` (tensors already unwrapped); raises like arg_index.
   const c10::IValue& arg(const std::string& name) const;
   // The input that came from argument `name` (nullptr: None or not a tensor; the first

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <cmath>
+
 #include "kernels/stack.h"
 #include "rules/random.h"
 #include "util/counter_random.h"
@@ -18,13 +20,22 @@ at::Tensor draw_piece(const ShardTensorSpec& spec, bool normal) {
 }  // namespace
 
 LocalKernel RandomFillPlan::lower() const {
-  return [kind = kind, self = self](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [kind = kind, self = self, low = low, high = high](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const std::vector<c10::IValue> args = pop_arguments(op, stack);
     at::Tensor target = args[0].toTensor();
-    at::Tensor values = draw_piece(self, kind == Draw::Normal);
-    if (kind == Draw::Uniform) values = values * (args[2].toDouble() - args[1].toDouble()) + args[1].toDouble();
-    if (kind == Draw::Normal) values = values * args[2].toDouble() + args[1].toDouble();
-    if (kind == Draw::Bernoulli) values = (values < args[1].toDouble()).to(at::kDouble);
+    at::Tensor values = draw_piece(self, kind == Draw::Normal || kind == Draw::LogNormal);
+    auto parameter = [&](size_t i) { return args[i].toDouble(); };
+    switch (kind) {
+      case Draw::Uniform: values = values * (parameter(2) - parameter(1)) + parameter(1); break;
+      case Draw::Normal: values = values * parameter(2) + parameter(1); break;
+      case Draw::Bernoulli: values = (values < parameter(1)).to(at::kDouble); break;
+      case Draw::Exponential: values = -at::log1p(-values) / parameter(1); break;
+      case Draw::LogNormal: values = at::exp(values * parameter(2) + parameter(1)); break;
+      case Draw::Cauchy: values = at::tan((values - 0.5) * M_PI) * parameter(2) + parameter(1); break;
+      // u = 0 and p = 1 both give 1: log(1) / log(1 - p) is 0 (or -0) and floor keeps it.
+      case Draw::Geometric: values = at::floor(at::log1p(-values) / std::log1p(-parameter(1))) + 1; break;
+      case Draw::Integers: values = at::clamp_max(at::floor(values * (high - low)) + low, high - 1); break;
+    }
     target.copy_(values);
     stack->push_back(target);
   };

@@ -20,14 +20,65 @@ void refuse_generator(const OpMeta& op) {
 
 // uniform_(self, from, to, generator?), normal_(self, mean, std, generator?),
 // bernoulli_.float(self, p, generator?): self's piece filled in place.
+// The parameter checks torch makes on one process, made here on every rank before any draw.
+void check_parameters(const OpMeta& op, Draw kind) {
+  auto value = [&](const char* name) { return op.arg(name).toDouble(); };
+  switch (kind) {
+    case Draw::Exponential:
+      TORCH_CHECK(value("lambd") > 0, op.name, " expects lambda > 0.0, but found lambda=", value("lambd"));
+      break;
+    case Draw::LogNormal: TORCH_CHECK(value("std") > 0, op.name, " expects std > 0.0, but found std=", value("std")); break;
+    case Draw::Geometric:
+      TORCH_CHECK(value("p") > 0 && value("p") < 1, op.name, " expects p to be in (0, 1), but got p=", value("p"));
+      break;
+    default: break;
+  }
+}
+
 template <Draw Kind>
 RuleResult fill_random_rule(const OpMeta& op) {
   refuse_generator(op);
+  check_parameters(op, Kind);
   const ShardTensorSpec self = without_partial(op.inputs[0].spec);  // a fresh value is not a pending sum
   RuleResult r;
   r.input_targets = {self};
   r.outputs = {layout_of(self)};
   r.kernel_plan = declare(RandomFillPlan(Kind, self));
+  return r;
+}
+
+// The largest value random_ draws for `dtype` when it is given no upper bound, plus one: every
+// integer a floating type holds exactly (2^digits, inclusive, as torch), the type's maximum
+// for integral types.
+double random_upper_bound(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kBool: return 2;
+    case c10::kByte: return 256;
+    case c10::kChar: return 128;
+    case c10::kShort: return 32768;
+    case c10::kInt: return 2147483648.0;
+    case c10::kLong: return 9223372036854775808.0;
+    case c10::kHalf: return 2049;
+    case c10::kBFloat16: return 257;
+    case c10::kFloat: return 16777217;
+    default: return 9007199254740993.0;  // double: 2^53 + 1
+  }
+}
+
+// random_(self, generator?), random_.to(self, to, generator?), random_.from(self, from, to?,
+// generator?): integers in [from, to), from 0 and up to the type's range where not given.
+RuleResult random_integers_rule(const OpMeta& op) {
+  refuse_generator(op);
+  const ShardTensorSpec self = without_partial(op.inputs[0].spec);
+  const bool has_from = op.has_arg("from"), has_to = op.has_arg("to");
+  const double low = has_from ? static_cast<double>(int_arg(op, "from")) : 0;
+  const std::optional<int64_t> to = has_to ? optional_int_arg(op, "to") : std::nullopt;
+  const double high = to ? static_cast<double>(*to) : random_upper_bound(self.dtype());
+  TORCH_CHECK(low < high, op.name, ": 'from' (", low, ") must be less than 'to' (", high, ").");
+  RuleResult r;
+  r.input_targets = {self};
+  r.outputs = {layout_of(self)};
+  r.kernel_plan = declare(RandomFillPlan(Draw::Integers, self, low, high));
   return r;
 }
 
@@ -59,6 +110,11 @@ std::string RandomFillPlan::name() const {
     case Draw::Uniform: return "counter-based uniform fill";
     case Draw::Normal: return "counter-based normal fill";
     case Draw::Bernoulli: return "counter-based bernoulli fill";
+    case Draw::Exponential: return "counter-based exponential fill";
+    case Draw::LogNormal: return "counter-based log-normal fill";
+    case Draw::Cauchy: return "counter-based Cauchy fill";
+    case Draw::Geometric: return "counter-based geometric fill";
+    case Draw::Integers: return "counter-based integer fill";
   }
   return "counter-based fill";
 }
@@ -67,6 +123,13 @@ void register_random_rules(RuleRegistry& registry) {
   registry.add("aten::uniform_", fill_random_rule<Draw::Uniform>);
   registry.add("aten::normal_", fill_random_rule<Draw::Normal>);
   registry.add("aten::bernoulli_.float", fill_random_rule<Draw::Bernoulli>);
+  registry.add("aten::exponential_", fill_random_rule<Draw::Exponential>);
+  registry.add("aten::log_normal_", fill_random_rule<Draw::LogNormal>);
+  registry.add("aten::cauchy_", fill_random_rule<Draw::Cauchy>);
+  registry.add("aten::geometric_", fill_random_rule<Draw::Geometric>);
+  registry.add("aten::random_", random_integers_rule);
+  registry.add("aten::random_.to", random_integers_rule);
+  registry.add("aten::random_.from", random_integers_rule);
   registry.add("aten::native_dropout", native_dropout_rule);
   registry.add("aten::native_dropout_backward", native_dropout_backward_rule);
 }

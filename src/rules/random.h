@@ -7,15 +7,22 @@
 
 namespace shardtensor {
 
-enum class Draw { Uniform, Normal, Bernoulli };
+// Every fill transforms one uniform (or standard normal) draw per element, so each stays
+// sharding-invariant: Exponential -log(1-u)/lambd, LogNormal exp(mean + std n), Cauchy
+// median + sigma tan(pi (u - 1/2)), Geometric floor(log(1-u) / log(1-p)) + 1, Integers
+// low + floor(u (high - low)).
+enum class Draw { Uniform, Normal, Bernoulli, Exponential, LogNormal, Cauchy, Geometric, Integers };
 
 // uniform_(self, from, to, generator?), normal_(self, mean, std, generator?),
-// bernoulli_.float(self, p, generator?): self's piece filled in place.
+// bernoulli_.float(self, p, generator?), exponential_(self, lambd, generator?),
+// log_normal_(self, mean, std, generator?), cauchy_(self, median, sigma, generator?),
+// geometric_(self, p, generator?), random_[.from|.to](...): self's piece filled in place.
 struct RandomFillPlan : KernelPlan {
   Draw kind;
   ShardTensorSpec self;  // the layout the filled tensor runs on
+  double low = 0, high = 0;  // Integers: the range [low, high) the rule read from random_'s overload
 
-  RandomFillPlan(Draw k, ShardTensorSpec s) : kind(k), self(std::move(s)) {}
+  RandomFillPlan(Draw k, ShardTensorSpec s, double lo = 0, double hi = 0) : kind(k), self(std::move(s)), low(lo), high(hi) {}
 
   LocalKernel lower() const override;
   std::string name() const override;

@@ -32,6 +32,8 @@ size_t OpMeta::arg_index(const std::string& arg_name) const {
   return static_cast<size_t>(*index);
 }
 
+bool OpMeta::has_arg(const std::string& arg_name) const { return schema && schema->argumentIndexWithName(arg_name).has_value(); }
+
 const c10::IValue& OpMeta::arg(const std::string& arg_name) const {
   const size_t index = arg_index(arg_name);
   TORCH_CHECK(index < args.size(), name, ": argument '", arg_name, "' is number ", index, " in the schema, but the call has ",

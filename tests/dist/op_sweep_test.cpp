@@ -315,6 +315,16 @@ std::vector<Case> all_cases() {
     return at::empty_like(v).uniform_(2.0, 2.0) * v + at::empty_like(v).normal_(3.0, 0.0) + at::empty_like(v).bernoulli_(1.0) * v +
            std::get<0>(at::native_dropout(v, 0.0, true)) * 2 + std::get<0>(at::native_dropout(v, 0.5, false));
   }));
+  cases.push_back(on("log_normal_/cauchy_/geometric_/exponential_/random_ (degenerate)", [] { return Tensors{normal({5, 7})}; },
+                     [](const Tensors& x) {
+    const at::Tensor& v = x[0];
+    // Parameters at the edge of what torch accepts (p < 1, std > 0): a value other than the
+    // limit has a chance of 1e-12 or less per element.
+    return at::empty_like(v).log_normal_(0.5, 1e-30) * v + at::empty_like(v).cauchy_(-1.0, 1e-30) +
+           at::empty_like(v).geometric_(1 - 1e-12) * v +
+           at::empty_like(v).exponential_(1e30) + at::empty_like(v).random_(3, 4) * v + at::empty_like(v).random_(1) +
+           at::empty_like(v).random_() * 0;
+  }));
   for (Case& c : spatial_cases()) cases.push_back(std::move(c));
   for (Case& c : attention_cases()) cases.push_back(std::move(c));
   return cases;

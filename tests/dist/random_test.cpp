@@ -2,6 +2,8 @@
 // are the same whatever the layout, and they behave like the distributions they claim.
 #include <ATen/ATen.h>
 
+#include <functional>
+
 #include "dist/dist_fixture.h"
 
 using namespace shardtensor;
@@ -63,6 +65,72 @@ TEST(Random, InPlaceFillsAreShardingInvariantAndInRange) {
     EXPECT_LT(u.max().item<double>(), 3.0);
     EXPECT_NEAR(n.mean().item<double>(), 1.0, 0.25);
     EXPECT_NEAR(n.std().item<double>(), 2.0, 0.25);
+  }
+}
+
+TEST(Random, EveryDistributionIsShardingInvariantAndBehavesLikeIt) {
+  // Each fill drawn on every layout must give the same global values; the summary statistics
+  // of 41 x 19 = 779 draws must match the distribution's (tolerances of about 4 standard errors).
+  struct Fill {
+    const char* name;
+    std::function<at::Tensor(const at::Tensor&)> draw;
+    std::function<void(const at::Tensor&)> check;
+  };
+  const std::vector<Fill> fills = {
+      {"exponential_(2)", [](const at::Tensor& t) { return t.exponential_(2.0); },
+       [](const at::Tensor& v) {
+         EXPECT_GE(v.min().item<double>(), 0.0);
+         EXPECT_NEAR(v.mean().item<double>(), 0.5, 0.08);
+       }},
+      {"log_normal_(0.5, 0.25)", [](const at::Tensor& t) { return t.log_normal_(0.5, 0.25); },
+       [](const at::Tensor& v) {
+         EXPECT_GT(v.min().item<double>(), 0.0);
+         EXPECT_NEAR(v.log().mean().item<double>(), 0.5, 0.04);
+         EXPECT_NEAR(v.log().std().item<double>(), 0.25, 0.04);
+       }},
+      {"cauchy_(1, 2)", [](const at::Tensor& t) { return t.cauchy_(1.0, 2.0); },
+       [](const at::Tensor& v) {
+         EXPECT_NEAR(v.median().item<double>(), 1.0, 0.4);
+         const double inside = ((v - 1).abs() < 2).to(at::kDouble).mean().item<double>();  // half within one scale
+         EXPECT_NEAR(inside, 0.5, 0.08);
+       }},
+      {"geometric_(0.25)", [](const at::Tensor& t) { return t.geometric_(0.25); },
+       [](const at::Tensor& v) {
+         EXPECT_GE(v.min().item<double>(), 1.0);
+         EXPECT_TRUE(at::equal(v, v.round()));
+         EXPECT_NEAR(v.mean().item<double>(), 4.0, 0.5);
+       }},
+      {"random_(-3, 5)", [](const at::Tensor& t) { return t.random_(-3, 5); },
+       [](const at::Tensor& v) {
+         EXPECT_EQ(v.min().item<double>(), -3.0);
+         EXPECT_EQ(v.max().item<double>(), 4.0);
+         EXPECT_TRUE(at::equal(v, v.round()));
+         EXPECT_NEAR(v.mean().item<double>(), 0.5, 0.35);
+       }},
+      {"random_(7)", [](const at::Tensor& t) { return t.random_(7); },
+       [](const at::Tensor& v) {
+         EXPECT_EQ(v.min().item<double>(), 0.0);
+         EXPECT_EQ(v.max().item<double>(), 6.0);
+       }},
+      {"random_()", [](const at::Tensor& t) { return t.random_(); },
+       [](const at::Tensor& v) {
+         EXPECT_GE(v.min().item<double>(), 0.0);
+         EXPECT_LE(v.max().item<double>(), 9007199254740992.0);  // double: up to 2^53
+         EXPECT_GT(v.max().item<double>(), 1e15);
+       }},
+  };
+  for (const Fill& fill : fills) {
+    SCOPED_TRACE(fill.name);
+    at::Tensor first;
+    for (const at::Tensor& t : layouts_of(at::zeros({41, 19}, at::kDouble))) {
+      shardtensor::manual_seed(7);
+      const at::Tensor v = full_tensor(fill.draw(at::empty_like(t)));
+      if (!first.defined()) {
+        first = v;
+        fill.check(v);
+      }
+      EXPECT_TRUE(at::equal(v, first)) << spec(t);
+    }
   }
 }
 

@@ -284,6 +284,19 @@ TEST(RandomRules, UniformDrawsInPlaceOnAnyLayoutWithoutMoves) {
   EXPECT_EQ(a.moves, "none");
 }
 
+TEST(RandomRules, RandomIntegersCheckTheirRangeOnEveryOverload) {
+  const auto self = spec({4}, {Shard(0)}, {8, 5});
+  EXPECT_EQ(call_rule("aten::random_.from", {self, int64_t{2}, int64_t{9}, kNone}).targets, "[S(0)]{0: 2,2,2,2}");
+  EXPECT_EQ(call_rule("aten::random_.to", {self, int64_t{9}, kNone}).moves, "none");
+  EXPECT_EQ(call_rule("aten::random_", {self, kNone}).moves, "none");
+  try {
+    call_rule("aten::random_.from", {self, int64_t{9}, int64_t{2}, kNone});
+    ADD_FAILURE() << "random_(from=9, to=2) was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("aten::random_.from: 'from' (9) must be less than 'to' (2)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(IndexingRules, GatherAlongAnUnshardedDimKeepsTheIndexLayout) {
   const auto self = spec({4}, {Shard(0)}, {8, 5});
   const auto index = spec({4}, {Shard(0)}, {8, 2});
