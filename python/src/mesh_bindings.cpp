@@ -58,7 +58,7 @@ void bind_mesh(py::module_& m) {
           py::arg("shape"), py::arg("ranks"), py::arg("groups"), py::arg("dim_names"), py::arg("device_type"),
           py::arg("timeout_s"), py::arg("mesh_group"))
       .def_static("without_comms", &DeviceMesh::without_comms, py::arg("shape"), py::arg("my_rank"),
-                  py::arg("dim_names") = std::vector<std::string>{})
+                  py::arg("dim_names") = std::vector<std::string>{}, py::arg("device_type") = std::string("cpu"))
       .def_property_readonly("ndim", &DeviceMesh::ndim)
       .def_property_readonly("shape", &DeviceMesh::shape)
       .def_property_readonly("dim_names", &DeviceMesh::dim_names)
