@@ -34,4 +34,14 @@ bool feeds(const ShardTensorSpec& source, const std::vector<int64_t>& sender, co
   return true;
 }
 
+std::vector<std::vector<int64_t>> members_along(const DeviceMesh& mesh, int64_t mesh_dim) {
+  std::vector<std::vector<int64_t>> members;
+  std::vector<int64_t> member = mesh.coordinate();
+  for (int64_t i = 0; i < mesh.size(mesh_dim); ++i) {
+    member[mesh_dim] = i;
+    members.push_back(member);
+  }
+  return members;
+}
+
 }  // namespace shardtensor

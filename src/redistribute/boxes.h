@@ -29,6 +29,10 @@ struct Box {
 Box box_of(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate);
 Box intersect(const Box& a, const Box& b);  // shape all-zero-extent when disjoint
 
+// The coordinates of the members of `mesh_dim`'s group that this rank belongs to, in the
+// communicator's rank order (group rank i is coordinate i along `mesh_dim`).
+std::vector<std::vector<int64_t>> members_along(const DeviceMesh& mesh, int64_t mesh_dim);
+
 // Whether `sender` feeds `receiver` under `source` (see the file comment).
 bool feeds(const ShardTensorSpec& source, const std::vector<int64_t>& sender, const std::vector<int64_t>& receiver);
 

@@ -30,18 +30,6 @@ std::atomic<TransportPreference>& chosen_preference() {
   return preference;
 }
 
-// The coordinates of the members of `mesh_dim`'s group that this rank belongs to, in the
-// communicator's rank order.
-std::vector<std::vector<int64_t>> members_along(const DeviceMesh& mesh, int64_t mesh_dim) {
-  std::vector<std::vector<int64_t>> members;
-  std::vector<int64_t> member = mesh.coordinate();
-  for (int64_t i = 0; i < mesh.size(mesh_dim); ++i) {
-    member[mesh_dim] = i;
-    members.push_back(member);
-  }
-  return members;
-}
-
 int64_t element_size(const ShardTensorSpec& spec) { return static_cast<int64_t>(c10::elementSize(spec.dtype())); }
 
 // The bytes each member moves, as the executor measures them to decide on peer memory: the
