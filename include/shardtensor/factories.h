@@ -33,7 +33,12 @@ at::Tensor full(const FactoryLayout& layout, double value);
 // counter started by manual_seed() (every rank makes the same calls, so they agree).
 at::Tensor rand(const FactoryLayout& layout, std::optional<uint64_t> seed = std::nullopt);
 at::Tensor randn(const FactoryLayout& layout, std::optional<uint64_t> seed = std::nullopt);
+// Restarts the counter. The first draw on each mesh after it checks, with one small
+// all-gather, that every rank of the mesh passed the same seed, and raises on every rank if
+// not (SHARDTENSOR_CHECK_AGREEMENT=0 skips the check). With a mesh, the check runs now, as
+// DTensor's manual_seed(seed, device_mesh) does.
 void manual_seed(uint64_t seed);
+void manual_seed(uint64_t seed, const DeviceMesh& mesh);
 
 // Shards a tensor that only `src_rank` has: the other ranks learn its shape and dtype from it
 // (pass an undefined tensor there) and each receives only its own piece. With requires_grad

@@ -43,7 +43,13 @@ def randn(*size, device_mesh=None, placements=None, dtype=None, requires_grad=Fa
 
 
 def manual_seed(seed: int, device_mesh=None) -> None:
-    """Seeds shardtensor's random factories and random ops (every rank must pass the same seed)."""
+    """Seeds shardtensor's random factories and random ops. Every rank must pass the same seed:
+    with `device_mesh` the ranks of that mesh check it now (one small all-gather), as DTensor's
+    manual_seed does; without it, the first random draw on each mesh checks it. Either way a
+    rank-dependent seed raises on every rank."""
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"manual_seed: seed must be a non-negative int, got {seed!r}")
-    _C.manual_seed(seed)
+    if device_mesh is None:
+        _C.manual_seed(seed)
+    else:
+        _C.manual_seed_over(seed, device_mesh._cpp)

@@ -143,7 +143,9 @@ void bind_tensor(py::module_& m) {
       },
       py::arg("kind"), py::arg("shape"), py::arg("mesh"), py::arg("placements"), py::arg("dtype"),
       py::arg("requires_grad"), py::arg("sizes"), py::arg("value"), py::arg("seed"));
-  m.def("manual_seed", &manual_seed, py::arg("seed"));
+  m.def("manual_seed", py::overload_cast<uint64_t>(&manual_seed), py::arg("seed"));
+  m.def("manual_seed_over", py::overload_cast<uint64_t, const DeviceMesh&>(&manual_seed), py::arg("seed"), py::arg("mesh"),
+        py::call_guard<py::gil_scoped_release>());
 
   // local_map: `fn` is a Python callable on local tensors, called once per call (not per op).
   m.def(

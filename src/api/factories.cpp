@@ -9,6 +9,7 @@
 #include <ATen/ops/tensor.h>
 
 
+#include "comm/agreement.h"
 #include "comm/comm.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "redistribute/boxes.h"
@@ -48,7 +49,7 @@ at::Tensor filled(const FactoryLayout& layout, std::optional<double> value) {
 at::Tensor random(const FactoryLayout& layout, std::optional<uint64_t> seed, bool normal) {
   ShardTensorSpec spec = spec_of(layout);
   const Box box = box_of(spec, layout.mesh.coordinate());
-  const at::Tensor values = counter_draws(box.offsets, box.shape, spec.shape(), seed ? *seed : next_random_key(), normal);
+  const at::Tensor values = counter_draws(box.offsets, box.shape, spec.shape(), seed ? *seed : next_random_key_on(layout.mesh), normal);
   return wrap(values.to(local_options(layout)), std::move(spec), layout.options.requires_grad());
 }
 
@@ -61,6 +62,7 @@ at::Tensor full(const FactoryLayout& layout, double value) { return filled(layou
 at::Tensor rand(const FactoryLayout& layout, std::optional<uint64_t> seed) { return random(layout, seed, /*normal=*/false); }
 at::Tensor randn(const FactoryLayout& layout, std::optional<uint64_t> seed) { return random(layout, seed, /*normal=*/true); }
 void manual_seed(uint64_t seed) { set_random_seed(seed); }
+void manual_seed(uint64_t seed, const DeviceMesh& mesh) { seed_checked_over(mesh, seed); }
 
 at::Tensor scatter_tensor(const at::Tensor& tensor_on_src, int64_t src_rank, const DeviceMesh& mesh,
                           const Placements& placements, bool requires_grad) {

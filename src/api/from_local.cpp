@@ -1,9 +1,11 @@
 // from_local: building a ShardTensor from each rank's piece, in the three sizing modes.
 //
-// Chunk and Given work out the layout from their arguments alone, so every rank reaches the
-// same spec without talking. Infer (and run_check) exchange local shapes with one all-gather
-// over the mesh; every rank then holds every shape and makes the same decision, so a bad shape
-// raises the same error everywhere instead of leaving some ranks waiting.
+// Chunk and Given work out the layout from each rank's arguments alone; a user's mistake can make
+// ranks work out different layouts (pieces that are not chunk-shaped, sizes that differ between
+// ranks). So every rank then gathers what the others read, one small all-gather over the mesh
+// (comm/agreement.h), and all raise the same error, or none does. Infer gathers the local
+// shapes too and builds the layout from them. SHARDTENSOR_CHECK_AGREEMENT=0 skips the gather
+// for Chunk and Given (without run_check): each rank then checks only its own piece.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -11,11 +13,15 @@
 
 #include "api/conversions.h"
 #include "autograd/grad_fn.h"
-#include "comm/mesh_collectives.h"
+#include "comm/agreement.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "shardtensor/shard_tensor.h"
 #include "spec/placement_checks.h"
+#include "util/hash.h"
 #include "util/strings.h"
+
+#include <algorithm>
+#include <optional>
 
 namespace shardtensor {
 
@@ -34,41 +40,88 @@ ShardSizing ShardSizing::given(ShardSizes sizes) {
 
 namespace {
 
+// What each rank read from its arguments, as one row of the agreement gather (comm/agreement.h).
+// Every rank reads alone, the rows are compared on every rank, and all raise together or none.
+enum Column : size_t { kFailed, kNdim, kDtype, kDeviceType, kLayout, kRequiresGrad, kStrideOrder, kColumns };
+
+// The order of the local tensor's dims in memory, for run_check; -1 where a rank's strides say
+// nothing about it (an empty piece, or a dim of size 1, whose stride is arbitrary).
+int64_t stride_order_code(const at::Tensor& local) {
+  if (local.numel() == 0) return -1;
+  for (int64_t d = 0; d < local.dim(); ++d)
+    if (local.size(d) == 1) return -1;
+  std::vector<int64_t> dims(local.dim());
+  for (int64_t d = 0; d < local.dim(); ++d) dims[d] = d;
+  std::stable_sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return local.stride(a) > local.stride(b); });
+  return static_cast<int64_t>(stable_hash(join(dims, ",")) >> 1);
+}
+
+std::vector<int64_t> row_of(const at::Tensor& local, const std::optional<ShardTensorSpec>& spec, const std::exception_ptr& failure) {
+  std::vector<int64_t> row(kColumns, 0);
+  row[kFailed] = failure_code(failure);
+  if (failure) return row;
+  row[kNdim] = local.dim();
+  row[kDtype] = static_cast<int64_t>(local.scalar_type());
+  row[kDeviceType] = static_cast<int64_t>(local.device().type());
+  row[kLayout] = spec ? static_cast<int64_t>(stable_hash(spec->to_string()) >> 1) : 0;
+  row[kRequiresGrad] = local.requires_grad();
+  row[kStrideOrder] = stride_order_code(local);
+  return row;
+}
+
+// ndim, dtype and device type must agree before shapes of one length can be exchanged.
+void check_same_kind_of_tensor(const DeviceMesh& mesh, const AgreementRows& rows) {
+  const auto& ranks = mesh.ranks();
+  if (const auto r = first_row_differing(rows, kNdim)) {
+    TORCH_CHECK(false, "from_local: local tensors have different numbers of dims: global rank ", ranks[0], " has ",
+                rows[0][kNdim], " and global rank ", ranks[*r], " has ", rows[*r][kNdim],
+                "; every rank must pass a piece of the same-rank tensor.");
+  }
+  if (const auto r = first_row_differing(rows, kDtype)) {
+    TORCH_CHECK(false, "from_local: local tensors have different dtypes: global rank ", ranks[0], " has ",
+                c10::toString(static_cast<c10::ScalarType>(rows[0][kDtype])), " and global rank ", ranks[*r], " has ",
+                c10::toString(static_cast<c10::ScalarType>(rows[*r][kDtype])), ".");
+  }
+  if (const auto r = first_row_differing(rows, kDeviceType)) {
+    TORCH_CHECK(false, "from_local: local tensors are on different device types: global rank ", ranks[0], " has ",
+                static_cast<c10::DeviceType>(rows[0][kDeviceType]), " and global rank ", ranks[*r], " has ",
+                static_cast<c10::DeviceType>(rows[*r][kDeviceType]), ".");
+  }
+}
+
+// run_check: besides the shapes, requires_grad and the order of the dims in memory.
+void check_same_tensor_properties(const DeviceMesh& mesh, const AgreementRows& rows) {
+  const auto& ranks = mesh.ranks();
+  if (const auto r = first_row_differing(rows, kRequiresGrad)) {
+    TORCH_CHECK(false, "from_local(run_check): local tensors differ in requires_grad: global rank ", ranks[0], " has ",
+                rows[0][kRequiresGrad] ? "True" : "False", " and global rank ", ranks[*r], " has ",
+                rows[*r][kRequiresGrad] ? "True" : "False", ".");
+  }
+  int64_t first = -1;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (rows[r][kStrideOrder] < 0) continue;  // no say
+    if (first < 0) {
+      first = static_cast<int64_t>(r);
+    } else {
+      TORCH_CHECK(rows[r][kStrideOrder] == rows[first][kStrideOrder], "from_local(run_check): local tensors lay their dims ",
+                  "out in different orders in memory (strides): global rank ", ranks[first], " and global rank ", ranks[r],
+                  " differ; call .contiguous() on every rank, or permute every piece alike.");
+    }
+  }
+}
+
 // Every rank's local shape, gathered over the mesh, in row-major mesh order.
 struct GatheredShapes {
   std::vector<std::vector<int64_t>> shapes;
 };
 
-// Two all-gathers: first (ndim, dtype, device type), which must agree before shapes of one
-// length can be exchanged, then the shapes themselves.
 GatheredShapes gather_local_shapes(const DeviceMesh& mesh, const at::Tensor& local) {
-  const auto meta_options = local.options().dtype(at::kLong);
-  at::Tensor header = at::tensor(std::vector<int64_t>{local.dim(), static_cast<int64_t>(local.scalar_type()),
-                                                      static_cast<int64_t>(local.device().type())},
-                                 at::kLong)
-                          .to(meta_options.device());
-  at::Tensor headers = all_gather_over_mesh(mesh, header).cpu();
-  for (int64_t r = 1; r < mesh.size(); ++r) {
-    auto field = [&](int64_t rank_index, int64_t i) { return headers[rank_index][i].item<int64_t>(); };
-    TORCH_CHECK(field(r, 0) == field(0, 0), "from_local: local tensors have different numbers of dims: global rank ",
-                mesh.ranks()[0], " has ", field(0, 0), " and global rank ", mesh.ranks()[r], " has ", field(r, 0),
-                "; every rank must pass a piece of the same-rank tensor.");
-    TORCH_CHECK(field(r, 1) == field(0, 1), "from_local: local tensors have different dtypes: global rank ",
-                mesh.ranks()[0], " has ", c10::toString(static_cast<c10::ScalarType>(field(0, 1))), " and global rank ",
-                mesh.ranks()[r], " has ", c10::toString(static_cast<c10::ScalarType>(field(r, 1))), ".");
-    TORCH_CHECK(field(r, 2) == field(0, 2), "from_local: local tensors are on different device types: global rank ",
-                mesh.ranks()[0], " has ", static_cast<c10::DeviceType>(field(0, 2)), " and global rank ",
-                mesh.ranks()[r], " has ", static_cast<c10::DeviceType>(field(r, 2)), ".");
-  }
   GatheredShapes out;
   if (local.dim() == 0) {
     out.shapes.assign(mesh.size(), {});
     return out;
   }
-  at::Tensor shape = at::tensor(local.sizes().vec(), at::kLong).to(meta_options.device());
-  at::Tensor shapes = all_gather_over_mesh(mesh, shape).cpu().contiguous();
-  const int64_t* p = shapes.data_ptr<int64_t>();
-  for (int64_t r = 0; r < mesh.size(); ++r) out.shapes.emplace_back(p + r * local.dim(), p + (r + 1) * local.dim());
+  out.shapes = gather_rows(mesh, local.sizes().vec());
   return out;
 }
 
@@ -177,32 +230,39 @@ void check_on_mesh_device(const char* api, const at::Tensor& t, const DeviceMesh
 
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                       const ShardSizing& sizing, bool run_check) {
-  TORCH_CHECK(local.defined(), "from_local: the local tensor is undefined.");
-  TORCH_CHECK(!is_shard_tensor(local), "from_local: expects this rank's plain local tensor, got a ShardTensor (",
-              spec(local), "); use redistribute to change its layout.");
-  check_on_mesh_device("from_local", local, mesh);
-  const Placements normalized = normalize_placements("from_local", mesh, placements, local.dim());
+  const bool infer = sizing.mode() == ShardSizing::Mode::Infer;
+  Placements normalized;
+  std::optional<ShardTensorSpec> spec;
+  const std::exception_ptr failure = failure_of([&] {
+    TORCH_CHECK(local.defined(), "from_local: the local tensor is undefined.");
+    TORCH_CHECK(!is_shard_tensor(local), "from_local: expects this rank's plain local tensor, got a ShardTensor (",
+                shardtensor::spec(local), "); use redistribute to change its layout.");
+    check_on_mesh_device("from_local", local, mesh);
+    normalized = normalize_placements("from_local", mesh, placements, local.dim());
+    if (!infer) {
+      spec = spec_from_arguments(local, mesh, normalized, sizing);
+      check_local_matches(*spec, local);
+    }
+  });
+  if (!infer && !run_check && !agreement_checks_enabled()) {  // the caller vouches that the ranks agree
+    if (failure) std::rethrow_exception(failure);
+    return wrap_differentiably(local, std::move(*spec));
+  }
 
-  if (sizing.mode() == ShardSizing::Mode::Infer) {
+  const AgreementRows rows = gather_rows(mesh, row_of(local, spec, failure));
+  raise_where_any_rank_failed(mesh, rows, kFailed, failure);
+  check_same_kind_of_tensor(mesh, rows);
+  if (run_check) check_same_tensor_properties(mesh, rows);
+  if (infer) {
     InferredLayout layout = infer_layout(mesh, normalized, gather_local_shapes(mesh, local));
     return wrap_differentiably(local, ShardTensorSpec(mesh, normalized, layout.global_shape, local.scalar_type(), layout.sizes));
   }
-
-  ShardTensorSpec spec = spec_from_arguments(local, mesh, normalized, sizing);
-  if (run_check) {
-    // Compare every rank's shape with the layout, on every rank, before anyone raises.
-    GatheredShapes gathered = gather_local_shapes(mesh, local);
-    for (int64_t r = 0; r < mesh.size(); ++r) {
-      const std::vector<int64_t> coord = mesh.coordinate_of(mesh.ranks()[r]);
-      TORCH_CHECK(gathered.shapes[r] == spec.local_shape(coord), "from_local(run_check): global rank ", mesh.ranks()[r],
-                  " at mesh coordinate (", join(coord, ", "), ") passed a local tensor of shape [",
-                  join(gathered.shapes[r], ", "), "] but ", spec, " gives it shape [", join(spec.local_shape(coord), ", "),
-                  "].");
-    }
-  } else {
-    check_local_matches(spec, local);
-  }
-  return wrap_differentiably(local, std::move(spec));
+  // Each rank checked its own piece against its layout; equal layouts make that a check of all.
+  check_rows_agree(mesh, rows, kLayout, "from_local: the ranks read their arguments as different layouts",
+                   [&] { return spec->to_string(); },
+                   "Every rank must describe the same global tensor: pass the same shard sizes or global shape on every "
+                   "rank, or use ShardSizing::infer() (\"infer\" in Python) to take the sizes from the local tensors.");
+  return wrap_differentiably(local, std::move(*spec));
 }
 
 }  // namespace shardtensor

@@ -9,6 +9,7 @@
 
 #include "api/conversions.h"
 #include "autograd/grad_fn.h"
+#include "comm/agreement.h"
 #include "comm/comm.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "redistribute/executor.h"
@@ -16,6 +17,7 @@
 #include "rules/helpers.h"
 #include "shardtensor/shard_tensor.h"
 #include "spec/placement_checks.h"
+#include "util/hash.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -84,23 +86,51 @@ at::Tensor full_tensor(const at::Tensor& t, const std::optional<Placements>& gra
 
 at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, const Placements& placements,
                              const std::optional<ShardSizes>& sizes) {
-  TORCH_CHECK(global.defined() && !is_shard_tensor(global), "distribute_tensor: expects a plain tensor that every rank holds, got ",
-              global.defined() ? "a ShardTensor; use redistribute" : "an undefined tensor", ".");
-  check_on_mesh_device("distribute_tensor", global, mesh);
-  const ShardTensorSpec target(mesh, normalize_placements("distribute_tensor", mesh, placements, global.dim()),
-                               global.sizes().vec(), global.scalar_type(), sizes ? *sizes : ShardSizes{});
+  // Every rank reads its own tensor and arguments; one small all-gather makes sure they agree
+  // (shape, dtype, placements, sizes, requires_grad) before the root's bytes are scattered
+  // into pieces each rank sized alone. A disagreement raises on every rank.
+  std::optional<ShardTensorSpec> target;
+  const std::exception_ptr failure = failure_of([&] {
+    TORCH_CHECK(global.defined() && !is_shard_tensor(global), "distribute_tensor: expects a plain tensor that every rank holds, got ",
+                global.defined() ? "a ShardTensor; use redistribute" : "an undefined tensor", ".");
+    TORCH_CHECK(global.is_leaf(), "distribute_tensor: expects a leaf tensor, as DTensor's does, got a non-leaf (one ",
+                "computed from a tensor that requires grad). Distribute the leaf it was computed from, or pass .detach() ",
+                "(the result is then a leaf of its own).");
+    check_on_mesh_device("distribute_tensor", global, mesh);
+    target.emplace(mesh, normalize_placements("distribute_tensor", mesh, placements, global.dim()), global.sizes().vec(),
+                   global.scalar_type(), sizes ? *sizes : ShardSizes{});
+  });
+  enum Column : size_t { kFailed, kLayout, kRequiresGrad, kColumns };
+  std::vector<int64_t> row(kColumns, 0);
+  row[kFailed] = failure_code(failure);
+  if (!failure) {
+    row[kLayout] = static_cast<int64_t>(stable_hash(target->to_string()) >> 1);
+    row[kRequiresGrad] = global.requires_grad();
+  }
+  if (agreement_checks_enabled()) {
+    const AgreementRows rows = gather_rows(mesh, row);
+    raise_where_any_rank_failed(mesh, rows, kFailed, failure);
+    check_rows_agree(mesh, rows, kLayout, "distribute_tensor: the ranks passed different tensors or layouts",
+                     [&] { return target->to_string(); },
+                     "Every rank must pass a tensor of the same shape and dtype, with the same placements and sizes.");
+    check_rows_agree(mesh, rows, kRequiresGrad, "distribute_tensor: the ranks passed tensors that differ in requires_grad",
+                     [&] { return std::string(global.requires_grad() ? "requires_grad=True" : "requires_grad=False"); },
+                     "Every rank must pass the same; the gradient is computed by all of them together.");
+  } else if (failure) {
+    std::rethrow_exception(failure);
+  }
   // The rank at coordinate 0 of each mesh dim is the source of truth: every rank gets its box
   // of the tensor the rank at (0, ..., 0) holds, and only its box.
-  at::Tensor local = scatter_boxes(global.detach(), std::vector<int64_t>(mesh.ndim(), 0), target);
+  at::Tensor local = scatter_boxes(global.detach(), std::vector<int64_t>(mesh.ndim(), 0), *target);
   // Partial: the value on coordinate 0, the reduction's identity on the others (avg, max and
   // min keep the value everywhere, which reduces to it too).
   for (int64_t m = 0; m < mesh.ndim(); ++m) {
-    const Placement& p = target.placements()[m];
+    const Placement& p = target->placements()[m];
     if (!p.is_partial() || mesh.coordinate()[m] == 0) continue;
     if (p.reduce_op == ReduceOp::Sum) local.zero_();
     if (p.reduce_op == ReduceOp::Product) local.fill_(1);
   }
-  at::Tensor out = make_shard_tensor(local, target);
+  at::Tensor out = make_shard_tensor(local, *target);
   if (global.requires_grad()) out.set_requires_grad(true);  // a leaf, as DTensor's distribute_tensor
   return out;
 }

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "comm/comm_debug.h"
+#include "util/hash.h"
 
 namespace shardtensor {
 namespace {
@@ -25,13 +26,6 @@ std::atomic<bool>& fingerprints_flag() {
     return !(v && std::string(v) == "0");
   }()};
   return flag;
-}
-
-// FNV-1a: stable across processes and builds (std::hash need not be).
-uint64_t stable_hash(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
 }
 
 std::shared_ptr<const FaultHook>& hook_slot() {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "comm/agreement.h"
 #include "kernels/stack.h"
 #include "rules/random.h"
 #include "util/counter_random.h"
@@ -14,7 +15,7 @@ namespace {
 
 // This rank's piece of a fresh draw, in double: uniform in [0, 1), or standard normal.
 at::Tensor draw_piece(const ShardTensorSpec& spec, bool normal) {
-  return counter_draws(spec.local_offsets(), spec.local_shape(), spec.shape(), next_random_key(), normal);
+  return counter_draws(spec.local_offsets(), spec.local_shape(), spec.shape(), next_random_key_on(spec.mesh()), normal);
 }
 
 }  // namespace

@@ -349,10 +349,17 @@ struct Step {
   const ShardTensorSpec& from;
   const ShardTensorSpec& to;
 };
+// The shard sizes go last: ranks that agree on placements but not on sizes (explicit sizes
+// that differ between ranks) must get different fingerprints too.
 std::string describe_step(const void* context) {
   const Step& s = *static_cast<const Step*>(context);
-  return to_string(s.from.placements()) + " -> " + to_string(s.to.placements()) + " of " + c10::toString(s.from.dtype()) + "[" +
-         join(s.from.shape(), ", ") + "] on " + s.from.mesh().to_string();
+  std::string out = to_string(s.from.placements()) + " -> " + to_string(s.to.placements()) + " of " + c10::toString(s.from.dtype()) +
+                    "[" + join(s.from.shape(), ", ") + "] on " + s.from.mesh().to_string();
+  for (const ShardTensorSpec* side : {&s.from, &s.to}) {
+    out += side == &s.from ? ", sizes" : " ->";
+    for (const DimShardSizes& d : side->shard_sizes()) out += " dim " + std::to_string(d.tensor_dim) + " [" + join(d.sizes, ", ") + "]";
+  }
+  return out;
 }
 
 struct Scatter {

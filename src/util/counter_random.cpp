@@ -10,6 +10,8 @@ namespace shardtensor {
 namespace {
 
 std::atomic<uint64_t> next_key{0};
+std::atomic<uint64_t> last_seed{0};
+std::atomic<uint64_t> seed_generation{0};
 
 std::array<uint32_t, 4> philox(uint64_t counter, uint64_t key) {
   uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
@@ -52,6 +54,12 @@ at::Tensor counter_draws(const std::vector<int64_t>& offsets, const std::vector<
 }
 
 uint64_t next_random_key() { return next_key++; }
-void set_random_seed(uint64_t seed) { next_key = seed; }
+void set_random_seed(uint64_t seed) {
+  next_key = seed;
+  last_seed = seed;
+  ++seed_generation;
+}
+
+SeedState random_seed_state() { return {last_seed.load(), seed_generation.load()}; }
 
 }  // namespace shardtensor

@@ -23,4 +23,13 @@ at::Tensor counter_draws(const std::vector<int64_t>& offsets, const std::vector<
 uint64_t next_random_key();
 void set_random_seed(uint64_t seed);
 
+// The seed manual_seed() last set, and how many times it has been called: 0 means never, and
+// then every rank starts from key 0 and agrees by construction. Ranks given different seeds
+// would draw different values for one Replicate tensor; comm/agreement.h checks this.
+struct SeedState {
+  uint64_t seed = 0;
+  uint64_t generation = 0;
+};
+SeedState random_seed_state();
+
 }  // namespace shardtensor

@@ -63,19 +63,16 @@ TEST(FromLocalBadInput, DifferentRanksOrDtypesRaiseOnEveryRank) {
   EXPECT_ERROR_CONTAINS(from_local(odd_dtype, mesh, {Shard(0)}, ShardSizing::infer()), "different dtypes", "Double");
 }
 
-TEST(FromLocalBadInput, RunCheckMakesEveryRankRaiseForOneWrongShape) {
+TEST(FromLocalBadInput, OneWrongShapeMakesEveryRankRaise) {
   DeviceMesh mesh = test_meshes().front();
   const int64_t last = world_size() - 1;
   // chunk({10}) gives the last rank chunk_sizes(10, n).back() rows; it passes one row more.
+  // With or without run_check, the ranks agree on the layout first (comm/agreement.h), so the
+  // rank that holds the wrong shape raises and every other rank with it.
   const int64_t rows = chunk_sizes(10, world_size())[world_rank()] + (world_rank() == last ? 1 : 0);
-  EXPECT_ERROR_CONTAINS(from_local(at::zeros({rows}), mesh, {Shard(0)}, ShardSizing::chunk({10}), /*run_check=*/true),
-                        "run_check", "global rank " + std::to_string(last), "passed a local tensor of shape");
-  // Without run_check only the rank holding the wrong shape can know, and it raises.
-  if (world_rank() == last) {
-    EXPECT_ERROR_CONTAINS(from_local(at::zeros({rows}), mesh, {Shard(0)}, ShardSizing::chunk({10})), "passed a local tensor of shape",
-                          "ShardSizing::infer()");
-  } else {
-    EXPECT_NO_THROW(from_local(at::zeros({rows}), mesh, {Shard(0)}, ShardSizing::chunk({10})));
+  for (bool run_check : {true, false}) {
+    EXPECT_ERROR_CONTAINS(from_local(at::zeros({rows}), mesh, {Shard(0)}, ShardSizing::chunk({10}), run_check),
+                          "global rank " + std::to_string(last), "passed a local tensor of shape", "ShardSizing::infer()");
   }
 }
 

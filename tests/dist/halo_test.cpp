@@ -119,8 +119,9 @@ TEST(Halo, TwoDimensionalSplitExchangesCorners) {
   const at::Tensor expected = at::conv2d(ref_x, weight, {}, 1, 1);
   expected.square().sum().backward();
   at::Tensor sx = distribute_tensor(x, mesh, {Shard(2), Shard(3)}, ShardSizes{{2, {3, 6}}, {3, {5, 3}}}).requires_grad_();
+  const at::Tensor sweight = distribute_tensor(weight, mesh, {Replicate(), Replicate()});
   CommDebugMode comms;
-  const at::Tensor out = at::conv2d(sx, distribute_tensor(weight, mesh, {Replicate(), Replicate()}), {}, 1, 1);
+  const at::Tensor out = at::conv2d(sx, sweight, {}, 1, 1);
   EXPECT_EQ(comms.count("all_gather"), 0);
   EXPECT_EQ(comms.count("all_to_all"), 2) << "one exchange per split dim; the second carries the corners";
   expect_matches(out, expected.detach(), "forward");

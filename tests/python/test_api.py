@@ -317,6 +317,37 @@ def test_bad_input_raises_on_every_rank(world_size):
     run_ranks(bad_input_body, world_size)
 
 
+def disagreement_body(rank, world_size):
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    last = rank == world_size - 1
+    # Arguments each rank reads alone differ on one rank: every rank raises, before any byte moves.
+    st.manual_seed(100 + rank)
+    with pytest.raises(RuntimeError, match="different seeds"):
+        st.rand(4, 3, device_mesh=mesh, placements=[st.Replicate()])
+    with pytest.raises(RuntimeError, match="different seeds"):
+        st.manual_seed(200 + rank, mesh)
+    with pytest.raises(RuntimeError, match="different tensors or layouts"):
+        st.distribute_tensor(torch.zeros(7 if last else 8, 3), mesh, [st.Shard(0)])
+    with pytest.raises(RuntimeError, match="different layouts"):
+        st.from_local(torch.zeros(2 if last else 3, 4), mesh, [st.Shard(0)])
+    leaf = torch.ones(4, 2, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf"):
+        st.distribute_tensor(leaf * 2 if last else leaf, mesh, [st.Shard(0)])
+    # The mesh still works: no rank was left inside a collective.
+    st.manual_seed(3, mesh)
+    a = st.rand(4, 3, device_mesh=mesh, placements=[st.Replicate()]).to_local()
+    everyone = st.from_local(a.unsqueeze(0), mesh, [st.Shard(0)]).full_tensor()
+    for r in range(world_size):
+        assert_close(everyone[r], a, f"rank {r}'s replica")
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ranks_that_disagree_raise_on_every_rank(world_size):
+    run_ranks(disagreement_body, world_size)
+
+
 def inplace_shape_body(rank, world_size):
     import shardtensor as st
 
