@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "comm/agreement.h"
+#include "comm/mesh_collectives.h"
 #include "kernels/stack.h"
 #include "rules/random.h"
 #include "util/counter_random.h"
@@ -39,6 +40,106 @@ LocalKernel RandomFillPlan::lower() const {
     }
     target.copy_(values);
     stack->push_back(target);
+  };
+}
+
+namespace {
+
+// Raises on every rank if any rank of the groups of `mesh_dims` found `bad` (one sum of flags):
+// the data being checked is sharded, so one rank alone may hold the bad value.
+void check_on_every_rank(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, bool bad, const std::string& message) {
+  at::Tensor flags = at::full({1}, bad ? 1.0 : 0.0, at::TensorOptions().dtype(at::kFloat).device(mesh.device()));
+  all_reduce_over(mesh, mesh_dims, flags, ReduceOp::Sum);
+  TORCH_CHECK(flags.item<float>() == 0, message, bad ? "" : " (on another rank)");
+}
+
+}  // namespace
+
+LocalKernel RandomLikePlan::lower() const {
+  return [kind = kind, layout = layout, low = low, high = high](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    // Not the local factory itself: it would draw from torch's generator, a different number of
+    // values on each rank, and leave the ranks' later torch.rand calls out of step.
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const c10::FunctionSchema& schema = op.schema();
+    auto given = [&](const char* name) -> const c10::IValue* {
+      const auto i = schema.argumentIndexWithName(name);
+      return i && !args[*i].isNone() ? &args[*i] : nullptr;
+    };
+    const at::Tensor self = args[0].toTensor();
+    c10::TensorOptions options = self.options();
+    if (const c10::IValue* dtype = given("dtype")) options = options.dtype(dtype->toScalarType());
+    const c10::IValue* format = given("memory_format");
+    at::Tensor out = at::empty_like(self, options, format ? format->toMemoryFormat() : c10::MemoryFormat::Preserve);
+    at::Tensor values = draw_piece(layout, kind == Draw::Normal);
+    if (kind == Draw::Integers) values = at::clamp_max(at::floor(values * (high - low)) + low, high - 1);
+    out.copy_(values);
+    stack->push_back(out);
+  };
+}
+
+LocalKernel BernoulliPlan::lower() const {
+  return [form = form, self = self, broadcasts = p_broadcasts, check = check_mesh_dims](const c10::OperatorHandle& op,
+                                                                                      torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor target = args[0].toTensor();
+    at::Tensor p;
+    if (form == BernoulliPlan::Form::ProbabilitiesInSelf) {
+      p = target;
+    } else if (form == BernoulliPlan::Form::InPlaceTensorP) {
+      p = args[1].toTensor();
+      if (broadcasts) {  // the whole p, expanded to the global shape, then this rank's box of it
+        p = p.expand(self.shape());
+        const std::vector<int64_t> offsets = self.local_offsets(), shape = self.local_shape();
+        for (int64_t d = 0; d < self.ndim(); ++d) p = p.narrow(d, offsets[d], shape[d]);
+      }
+    }
+    if (p.defined()) {
+      const bool bad = p.numel() > 0 && !((p >= 0) & (p <= 1)).all().item<bool>();
+      check_on_every_rank(self.mesh(), check, bad, op.schema().name() + ": expects all elements of p to be in [0, 1]");
+    }
+    const at::Tensor u = draw_piece(self, false);
+    const at::Tensor ones = p.defined() ? u < p.to(at::kDouble) : u < args[1].toDouble();
+    if (form == BernoulliPlan::Form::InPlaceTensorP) {
+      target.copy_(ones);
+      stack->push_back(target);
+    } else {
+      stack->push_back(ones.to(target.options()));
+    }
+  };
+}
+
+LocalKernel MultinomialPlan::lower() const {
+  return [in = probabilities, n = num_samples, replacement = replacement, check = check_mesh_dims](
+             const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    const std::vector<c10::IValue> args = pop_arguments(op, stack);
+    const at::Tensor local = args[0].toTensor();
+    const bool one_row = local.dim() == 1;
+    const at::Tensor rows = (one_row ? local.unsqueeze(0) : local).to(at::kDouble);
+    const int64_t first_row = one_row ? 0 : in.local_offsets()[0], total_rows = one_row ? 1 : in.shape()[0];
+    // torch's checks on the values, made for every row on every rank.
+    const at::Tensor nonzero = (rows > 0).sum(1);
+    const bool bad_values = rows.numel() > 0 && !(at::isfinite(rows).all().item<bool>() && (rows >= 0).all().item<bool>());
+    const bool bad_rows = rows.size(0) > 0 && (replacement ? (nonzero == 0) : (nonzero < n)).any().item<bool>();
+    check_on_every_rank(in.mesh(), check, bad_values || bad_rows,
+                        op.schema().name() + ": invalid multinomial distribution (negative, infinite or NaN probabilities, " +
+                            (replacement ? "or a row whose probabilities sum to 0)"
+                                         : "or a row with fewer non-zero categories than num_samples without replacement)"));
+    at::Tensor samples;
+    if (replacement) {
+      // The draw at global (row, sample) inverts the row's CDF; zero-probability categories
+      // have empty intervals and are never chosen.
+      const at::Tensor u = counter_draws({first_row, 0}, {rows.size(0), n}, {total_rows, n}, next_random_key_on(in.mesh()), false);
+      const at::Tensor cdf = rows.cumsum(1);
+      const at::Tensor scaled = u * cdf.narrow(1, cdf.size(1) - 1, 1);
+      samples = at::searchsorted(cdf, scaled, /*out_int32=*/false, /*right=*/true).clamp_max(rows.size(1) - 1);
+    } else {
+      // Efraimidis-Spirakis: the n largest keys log(u) / p, u at global (row, category).
+      const at::Tensor u = counter_draws({first_row, 0}, {rows.size(0), rows.size(1)}, {total_rows, rows.size(1)},
+                                         next_random_key_on(in.mesh()), false);
+      const at::Tensor keys = at::log(u) / rows;  // -inf where p = 0, never chosen (enough non-zero rows checked)
+      samples = std::get<1>(keys.topk(n, 1));
+    }
+    stack->push_back(one_row ? samples.squeeze(0) : samples);
   };
 }
 

@@ -1,5 +1,5 @@
-// Random operators, sharding-invariant: uniform_, normal_, bernoulli_ (what dropout
-// decomposes into on CPU-like devices) and native_dropout with its backward.
+// Random operators, sharding-invariant: the in-place fills (uniform_, normal_, bernoulli_,
+// exponential_, ...), bernoulli, multinomial, and native_dropout with its backward.
 //
 // Every element's random value comes from a counter-based generator (util/counter_random.h)
 // keyed by the element's GLOBAL position and a per-call key that every rank draws in the
@@ -9,12 +9,13 @@
 // generator: the same seed does not reproduce a plain-tensor run.)
 #include "rules/helpers.h"
 #include "rules/random.h"
+#include "util/strings.h"
 
 namespace shardtensor {
 namespace {
 
 void refuse_generator(const OpMeta& op) {
-  TORCH_CHECK(op.arg("generator").isNone(), op.name, ": a torch Generator cannot be used with ShardTensors; they draw from a ",
+  TORCH_CHECK(!op.has_arg("generator") || op.arg("generator").isNone(), op.name, ": a torch Generator cannot be used with ShardTensors; they draw from a ",
               "counter-based stream indexed by global position, seeded with shardtensor::manual_seed().");
 }
 
@@ -82,6 +83,77 @@ RuleResult random_integers_rule(const OpMeta& op) {
   return r;
 }
 
+// rand_like / randn_like / randint_like: see RandomLikePlan.
+template <Draw Kind>
+RuleResult random_like_rule(const OpMeta& op) {
+  refuse_generator(op);
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  const ShardTensorSpec layout = without_partial(in);  // fresh values are not a pending sum
+  double low = 0, high = 0;
+  if (Kind == Draw::Integers) {
+    low = op.has_arg("low") ? static_cast<double>(int_arg(op, "low")) : 0;
+    high = static_cast<double>(int_arg(op, "high"));
+    TORCH_CHECK(low < high, op.name, ": random_ expects 'from' to be less than 'to', but got from=", low, " >= to=", high);
+  }
+  RuleResult r;
+  r.input_targets = {in};
+  r.outputs = {layout_of(layout)};
+  r.kernel_plan = declare(RandomLikePlan(Kind, layout, low, high));
+  return r;
+}
+
+// bernoulli(self), bernoulli.p(self, p), bernoulli_.Tensor(self, p): see BernoulliPlan.
+template <BernoulliPlan::Form Form>
+RuleResult bernoulli_rule(const OpMeta& op) {
+  refuse_generator(op);
+  const ShardTensorSpec self = without_partial(op.inputs[0].spec);  // probabilities are not a pending sum
+  RuleResult r;
+  r.outputs = {layout_of(self)};
+  switch (Form) {
+    case BernoulliPlan::Form::ProbabilitiesInSelf:
+      r.input_targets = {self};
+      r.kernel_plan = declare(BernoulliPlan(Form, self, false, sharding_mesh_dims(self)));
+      break;
+    case BernoulliPlan::Form::ScalarP: {
+      const double p = op.arg("p").toDouble();
+      TORCH_CHECK(p >= 0 && p <= 1, op.name, " expects p to be in [0, 1], but got p=", p);
+      r.input_targets = {self};
+      r.kernel_plan = declare(BernoulliPlan(Form, self, false, {}));
+      break;
+    }
+    case BernoulliPlan::Form::InPlaceTensorP: {
+      const ShardTensorSpec& p = op.inputs[1].spec;
+      const bool broadcasts = p.shape() != self.shape();
+      const ShardTensorSpec p_target = broadcasts ? replicated(p) : align_to(without_partial(p), self);
+      r.input_targets = {self, p_target};
+      r.kernel_plan = declare(BernoulliPlan(Form, self, broadcasts, sharding_mesh_dims(p_target)));
+      break;
+    }
+  }
+  return r;
+}
+
+// multinomial(self, num_samples, replacement=False, generator?): see MultinomialPlan. torch's
+// argument checks first, on every rank.
+RuleResult multinomial_rule(const OpMeta& op) {
+  refuse_generator(op);
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  TORCH_CHECK(in.ndim() == 1 || in.ndim() == 2, op.name, ": prob_dist must be 1 or 2 dim, got ", in.ndim(), " dims (shape [",
+              join(in.shape(), ", "), "]).");
+  const int64_t n = int_arg(op, "num_samples");
+  const bool replacement = bool_arg(op, "replacement");
+  const int64_t categories = in.shape().back();
+  TORCH_CHECK(n > 0, op.name, ": cannot sample n_sample <= 0 samples (num_samples=", n, ").");
+  TORCH_CHECK(replacement || n <= categories, op.name, ": cannot sample n_sample > prob_dist.size(-1) samples without ",
+              "replacement (num_samples=", n, ", ", categories, " categories).");
+  const ShardTensorSpec probabilities = replicate_tensor_dims(without_partial(in), {in.ndim() - 1});
+  RuleResult r;
+  r.input_targets = {probabilities};
+  r.outputs = {layout_of(probabilities)};  // rows as the input's, the samples dim whole
+  r.kernel_plan = declare(MultinomialPlan(probabilities, n, replacement, sharding_mesh_dims(probabilities)));
+  return r;
+}
+
 // native_dropout(input, p, train?) -> (output, mask): output = input * mask / (1 - p), linear
 // in input, so a Partial input stays Partial; the mask is never Partial.
 RuleResult native_dropout_rule(const OpMeta& op) {
@@ -123,6 +195,14 @@ void register_random_rules(RuleRegistry& registry) {
   registry.add("aten::uniform_", fill_random_rule<Draw::Uniform>);
   registry.add("aten::normal_", fill_random_rule<Draw::Normal>);
   registry.add("aten::bernoulli_.float", fill_random_rule<Draw::Bernoulli>);
+  registry.add("aten::bernoulli", bernoulli_rule<BernoulliPlan::Form::ProbabilitiesInSelf>);
+  registry.add("aten::bernoulli.p", bernoulli_rule<BernoulliPlan::Form::ScalarP>);
+  registry.add("aten::bernoulli_.Tensor", bernoulli_rule<BernoulliPlan::Form::InPlaceTensorP>);
+  registry.add("aten::multinomial", multinomial_rule);
+  registry.add("aten::rand_like", random_like_rule<Draw::Uniform>);
+  registry.add("aten::randn_like", random_like_rule<Draw::Normal>);
+  registry.add("aten::randint_like", random_like_rule<Draw::Integers>);
+  registry.add("aten::randint_like.low_dtype", random_like_rule<Draw::Integers>);
   registry.add("aten::exponential_", fill_random_rule<Draw::Exponential>);
   registry.add("aten::log_normal_", fill_random_rule<Draw::LogNormal>);
   registry.add("aten::cauchy_", fill_random_rule<Draw::Cauchy>);

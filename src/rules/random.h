@@ -28,6 +28,59 @@ struct RandomFillPlan : KernelPlan {
   std::string name() const override;
 };
 
+// rand_like, randn_like, randint_like[.low_dtype](self, [low,] high): a fresh tensor laid out
+// like self (Partial made Replicate), drawn as the fills are. Uniform, Normal or Integers.
+struct RandomLikePlan : KernelPlan {
+  Draw kind;
+  ShardTensorSpec layout;
+  double low = 0, high = 0;  // Integers
+
+  RandomLikePlan(Draw k, ShardTensorSpec s, double lo = 0, double hi = 0) : kind(k), layout(std::move(s)), low(lo), high(hi) {}
+
+  LocalKernel lower() const override;
+  std::string name() const override { return "counter-based random factory"; }
+};
+
+// bernoulli(self) (self holds the probabilities), bernoulli.p(self, p) (a fresh tensor like
+// self) and bernoulli_.Tensor(self, p) (in place): 1 where the element's uniform draw is below
+// its probability. A tensor p that is not self's shape comes whole (`p_broadcasts`) and is
+// expanded to self's piece. Sharded probabilities are checked to be in [0, 1] with one sum of
+// flags over `check_mesh_dims`, so that every rank raises if any rank holds a bad one.
+struct BernoulliPlan : KernelPlan {
+  enum class Form { ProbabilitiesInSelf, ScalarP, InPlaceTensorP };
+  Form form;
+  ShardTensorSpec self;
+  bool p_broadcasts = false;
+  std::vector<int64_t> check_mesh_dims;
+
+  BernoulliPlan(Form f, ShardTensorSpec s, bool broadcasts, std::vector<int64_t> check)
+      : form(f), self(std::move(s)), p_broadcasts(broadcasts), check_mesh_dims(std::move(check)) {}
+
+  LocalKernel lower() const override;
+  std::string name() const override { return "counter-based bernoulli draw"; }
+  std::vector<DeclaredMove> moves() const override { return sums_over(check_mesh_dims); }
+};
+
+// multinomial(self, num_samples, replacement, generator?): rows (dim 0 of a 2-d self) may be
+// sharded, the categories are whole. With replacement each sample inverts the row's CDF at
+// the draw of its global (row, sample) position; without, the categories with the largest
+// u^(1/p) keys (Efraimidis-Spirakis), u drawn at the global (row, category) position. Either
+// way the samples do not depend on the layout. Rows are checked (non-negative, finite, enough
+// non-zero categories) with one sum of flags over `check_mesh_dims`.
+struct MultinomialPlan : KernelPlan {
+  ShardTensorSpec probabilities;  // categories whole, no Partial
+  int64_t num_samples;
+  bool replacement;
+  std::vector<int64_t> check_mesh_dims;
+
+  MultinomialPlan(ShardTensorSpec p, int64_t n, bool with_replacement, std::vector<int64_t> check)
+      : probabilities(std::move(p)), num_samples(n), replacement(with_replacement), check_mesh_dims(std::move(check)) {}
+
+  LocalKernel lower() const override;
+  std::string name() const override { return "counter-based multinomial draw"; }
+  std::vector<DeclaredMove> moves() const override { return sums_over(check_mesh_dims); }
+};
+
 // native_dropout(input, p, train?) -> (output, mask): the mask drawn for `whole`'s piece.
 struct DropoutPlan : KernelPlan {
   ShardTensorSpec whole;  // the input's layout without Partial

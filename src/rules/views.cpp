@@ -42,10 +42,14 @@ std::vector<int64_t> infer_view_shape(std::vector<int64_t> size, const std::vect
       TORCH_CHECK(infer < 0, op.name, ": only one dimension can be inferred in shape [", join(size, ", "), "]");
       infer = static_cast<int64_t>(d);
     } else {
+      TORCH_CHECK(size[d] >= 0, op.name, ": invalid shape dimension ", size[d], " in shape [", join(size, ", "), "]");
       known *= size[d];
     }
   }
-  if (infer >= 0) size[infer] = known == 0 ? 0 : numel / known;
+  // As torch's infer_size: with a 0 among the given sizes, -1 could be any size.
+  TORCH_CHECK(infer < 0 || known != 0, op.name, ": cannot reshape tensor of ", numel, " elements into shape [", join(size, ", "),
+              "] because the unspecified dimension size -1 can be any value and is ambiguous");
+  if (infer >= 0) size[infer] = numel / known;
   TORCH_CHECK(std::accumulate(size.begin(), size.end(), int64_t{1}, std::multiplies<int64_t>()) == numel, op.name,
               ": shape [", join(size, ", "), "] is invalid for a tensor of ", numel, " elements (global shape [",
               join(in_shape, ", "), "]).");

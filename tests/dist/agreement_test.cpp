@@ -221,3 +221,31 @@ TEST(ArgumentChecks, DistributeTensorKeepsRequiresGradOfALeafAndRefusesANonLeaf)
                           last_rank() ? "" : "raised on " + last_rank_name());
   }
 }
+
+TEST(ArgumentChecks, ViewOfAnEmptyTensorWithAnAmbiguousSizeRaisesAsOnOneProcess) {
+  const at::Tensor empty = distribute_tensor(at::zeros({0, 4}), line(), {Shard(1)});
+  EXPECT_THROW(at::zeros({0, 4}).view({0, -1}), c10::Error);  // the oracle raises too
+  EXPECT_ERROR_CONTAINS(empty.view({0, -1}), "can be any value and is ambiguous");
+  EXPECT_ERROR_CONTAINS(empty.view({-2, 4}), "invalid shape dimension -2");
+  EXPECT_EQ(empty.view({-1, 4}).sizes(), at::IntArrayRef({0, 4}));
+  EXPECT_EQ(empty.view({4, 0}).sizes(), at::IntArrayRef({4, 0}));
+}
+
+TEST(ArgumentChecks, ForeachOverTensorsOnDifferentMeshesGoesPairByPair) {
+  // Two meshes over the same ranks: the lists pair a tensor on one with a tensor on the other.
+  const DeviceMesh& first = test_meshes().front();
+  const DeviceMesh& second = test_meshes().back();
+  const at::Tensor a = at::arange(12, at::kFloat).view({4, 3}), b = at::arange(20, at::kFloat).view({5, 4});
+  Placements on_second(second.ndim(), Replicate());
+  on_second[0] = Shard(0);
+  std::vector<at::Tensor> xs{distribute_tensor(a, first, {Shard(0)}), distribute_tensor(b, second, on_second)};
+  std::vector<at::Tensor> ys{distribute_tensor(a, first, {Replicate()}), distribute_tensor(b, second, on_second)};
+  const std::vector<at::Tensor> sums = at::_foreach_add(xs, ys);
+  EXPECT_TRUE(at::equal(full_tensor(sums[0]), a * 2));
+  EXPECT_TRUE(at::equal(full_tensor(sums[1]), b * 2));
+  EXPECT_EQ(spec(sums[1]).mesh(), second);
+  if (first == second) return;
+  // A pair whose two tensors live on different meshes raises, naming both.
+  std::vector<at::Tensor> crossed{ys[0], distribute_tensor(b, first, {Shard(0)})};
+  EXPECT_ERROR_CONTAINS(at::_foreach_add(xs, crossed), "mesh");
+}

@@ -325,6 +325,19 @@ std::vector<Case> all_cases() {
            at::empty_like(v).exponential_(1e30) + at::empty_like(v).random_(3, 4) * v + at::empty_like(v).random_(1) +
            at::empty_like(v).random_() * 0;
   }));
+  cases.push_back(on("bernoulli/multinomial/*_like (degenerate)", [] {
+    // x[1]: all the weight on category 3 of every row, so that no draw can differ.
+    at::Tensor one_hot = at::zeros({5, 7}, at::kDouble);
+    one_hot.select(1, 3).fill_(1);
+    return Tensors{normal({5, 7}), one_hot};
+  }, [](const Tensors& x) {
+    const at::Tensor &v = x[0], &one_hot = x[1];
+    const at::Tensor certain = (v > 0).to(v.scalar_type());  // probabilities of 0 and 1 only
+    const at::Tensor rows = at::multinomial(one_hot, 4, true).to(v.scalar_type()) + at::multinomial(one_hot, 1).to(v.scalar_type());
+    return at::bernoulli(certain) * v + at::bernoulli(v.detach(), 1.0) + at::empty_like(v).bernoulli_(certain) +
+           at::rand_like(v) * 0 + at::randn_like(v) * 0 + at::randint_like(v.detach(), 2, 3) * v + at::randint_like(v.detach(), 1) +
+           rows.sum(1, /*keepdim=*/true);
+  }, /*constants=*/{1}));
   for (Case& c : spatial_cases()) cases.push_back(std::move(c));
   for (Case& c : attention_cases()) cases.push_back(std::move(c));
   return cases;
@@ -390,6 +403,7 @@ void run_case(const Case& c, const DeviceMesh& mesh, std::mt19937& rng, int tria
     expect_close(to_local(out), piece, "this rank's piece");
   }
   if (!expected.requires_grad()) return;
+  at::manual_seed(2000 + trial);  // the same cotangent on every rank, whatever the case drew before
   const at::Tensor w = at::randn(expected.sizes(), at::kDouble);
   (expected * w).sum().backward();
   (full_tensor(out) * w).sum().backward();

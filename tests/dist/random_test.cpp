@@ -112,6 +112,24 @@ TEST(Random, EveryDistributionIsShardingInvariantAndBehavesLikeIt) {
          EXPECT_EQ(v.min().item<double>(), 0.0);
          EXPECT_EQ(v.max().item<double>(), 6.0);
        }},
+      {"bernoulli(p = 0.3 everywhere)", [](const at::Tensor& t) { return at::bernoulli(at::full_like(t, 0.3)); },
+       [](const at::Tensor& v) {
+         EXPECT_TRUE(at::equal(v, v.round()));
+         EXPECT_NEAR(v.mean().item<double>(), 0.3, 0.07);
+       }},
+      {"bernoulli_(p = 0.7 everywhere)", [](const at::Tensor& t) { return t.bernoulli_(at::full_like(t, 0.7)); },
+       [](const at::Tensor& v) { EXPECT_NEAR(v.mean().item<double>(), 0.7, 0.07); }},
+      {"bernoulli(t, 0.2)", [](const at::Tensor& t) { return at::bernoulli(t, 0.2); },
+       [](const at::Tensor& v) { EXPECT_NEAR(v.mean().item<double>(), 0.2, 0.06); }},
+      {"rand_like", [](const at::Tensor& t) { return at::rand_like(t); },
+       [](const at::Tensor& v) { EXPECT_NEAR(v.mean().item<double>(), 0.5, 0.05); }},
+      {"randn_like", [](const at::Tensor& t) { return at::randn_like(t); },
+       [](const at::Tensor& v) { EXPECT_NEAR(v.std().item<double>(), 1.0, 0.1); }},
+      {"randint_like(t, 3, 9)", [](const at::Tensor& t) { return at::randint_like(t, 3, 9); },
+       [](const at::Tensor& v) {
+         EXPECT_EQ(v.min().item<double>(), 3.0);
+         EXPECT_EQ(v.max().item<double>(), 8.0);
+       }},
       {"random_()", [](const at::Tensor& t) { return t.random_(); },
        [](const at::Tensor& v) {
          EXPECT_GE(v.min().item<double>(), 0.0);
@@ -139,4 +157,45 @@ TEST(Random, GeneratorsAreRefusedWithAReason) {
   const at::Tensor t = distribute_tensor(at::zeros({4, 4}), mesh, Placements(mesh.ndim(), Shard(0)));
   at::Generator gen = at::detail::createCPUGenerator(5);
   EXPECT_ERROR_CONTAINS(at::empty_like(t).uniform_(0, 1, gen), "aten::uniform_", "Generator", "manual_seed");
+}
+
+TEST(Random, MultinomialIsShardingInvariantAndSamplesItsDistribution) {
+  // 40 rows over 5 categories with weights 0, 1, 2, 3, 4 (the first never drawn).
+  const at::Tensor weights = at::arange(5, at::kDouble).repeat({40, 1});
+  for (bool replacement : {true, false}) {
+    SCOPED_TRACE(replacement ? "with replacement" : "without replacement");
+    const int64_t n = replacement ? 50 : 4;
+    at::Tensor first;
+    for (const at::Tensor& t : layouts_of(weights)) {
+      shardtensor::manual_seed(11);
+      const at::Tensor samples = full_tensor(at::multinomial(t, n, replacement));
+      ASSERT_EQ(samples.sizes(), at::IntArrayRef({40, n}));
+      if (!first.defined()) {
+        first = samples;
+        EXPECT_EQ(samples.min().item<int64_t>(), 1) << "category 0 has no weight";
+        if (replacement) {  // category k has probability k / 10
+          for (int64_t k = 1; k < 5; ++k)
+            EXPECT_NEAR((samples == k).to(at::kDouble).mean().item<double>(), k / 10.0, 0.03) << "category " << k;
+        } else {  // four distinct categories out of the four with weight: each row is a permutation
+          EXPECT_TRUE(at::equal(std::get<0>(samples.sort(1)), at::arange(1, 5, at::kLong).repeat({40, 1})));
+          // The first pick is category k with probability k / 10.
+          EXPECT_NEAR((samples.select(1, 0) == 4).to(at::kDouble).mean().item<double>(), 0.4, 0.25);
+        }
+      } else {
+        EXPECT_TRUE(at::equal(samples, first)) << "the samples depend on the layout";
+      }
+    }
+  }
+}
+
+TEST(Random, BadProbabilitiesRaiseOnEveryRankWhereverTheyAre) {
+  const DeviceMesh& mesh = test_meshes().front();
+  // One negative probability, in the last row: only the rank holding it can see it.
+  at::Tensor p = at::full({2 * mesh.size(0), 3}, 0.5, at::kDouble);
+  p[p.size(0) - 1][2] = -0.5;
+  const at::Tensor sharded = distribute_tensor(p, mesh, {Shard(0)});
+  EXPECT_ERROR_CONTAINS(at::multinomial(sharded, 2, true), "invalid multinomial distribution");
+  EXPECT_ERROR_CONTAINS(at::bernoulli(sharded), "expects all elements of p to be in [0, 1]");
+  // The mesh is still in step: a good draw works afterwards.
+  EXPECT_EQ(full_tensor(at::bernoulli(distribute_tensor(p.clamp_min(0), mesh, {Shard(0)}))).size(0), p.size(0));
 }

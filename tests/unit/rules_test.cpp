@@ -297,6 +297,38 @@ TEST(RandomRules, RandomIntegersCheckTheirRangeOnEveryOverload) {
   }
 }
 
+TEST(RandomRules, BernoulliAndLikeFactoriesDrawOnTheirInputsLayoutWithoutMoves) {
+  const auto self = spec({4}, {Shard(1)}, {3, 10});
+  EXPECT_EQ(call_rule("aten::bernoulli", {self, kNone}).outputs, "[S(1)]{1: 3,3,3,1}");
+  EXPECT_EQ(call_rule("aten::bernoulli.p", {self, 0.5, kNone}).moves, "none");
+  EXPECT_EQ(call_rule("aten::rand_like", {self, kNone, kNone, kNone, kNone, kNone}).outputs, "[S(1)]{1: 3,3,3,1}");
+  // A p that broadcasts comes whole; sharded probabilities are checked with one sum of flags.
+  const Answer broadcast = call_rule("aten::bernoulli_.Tensor", {self, spec({4}, {Replicate()}, {10}), kNone});
+  EXPECT_EQ(broadcast.targets, "[S(1)]{1: 3,3,3,1} | [R]");
+  EXPECT_EQ(broadcast.moves, "none");
+  EXPECT_EQ(call_rule("aten::bernoulli", {self, kNone}).moves, "all-reduce(sum) over mesh dim 0");
+  try {
+    call_rule("aten::bernoulli.p", {self, 1.5, kNone});
+    ADD_FAILURE() << "bernoulli(p=1.5) was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expects p to be in [0, 1], but got p=1.5"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RandomRules, MultinomialKeepsRowsShardedAndGathersCategories) {
+  const Answer a = call_rule("aten::multinomial", {spec({2, 2}, {Shard(0), Shard(1)}, {6, 5}), int64_t{3}, false, kNone});
+  EXPECT_EQ(a.targets, "[S(0), R]{0: 3,3}");
+  EXPECT_EQ(a.outputs, "[S(0), R]{0: 3,3}");
+  try {
+    call_rule("aten::multinomial", {spec({4}, {Replicate()}, {6, 5}), int64_t{6}, false, kNone});
+    ADD_FAILURE() << "6 samples of 5 categories without replacement were accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot sample n_sample > prob_dist.size(-1) samples without replacement"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(IndexingRules, GatherAlongAnUnshardedDimKeepsTheIndexLayout) {
   const auto self = spec({4}, {Shard(0)}, {8, 5});
   const auto index = spec({4}, {Shard(0)}, {8, 2});
