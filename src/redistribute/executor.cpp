@@ -255,7 +255,7 @@ at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& curren
   for (const std::vector<int64_t>& member : group.members) targets.push_back(box_of(next, member));
   at::Tensor out = at::empty(mine.shape, local.options());
   PeerMemory* memory = memory_for(group.comm, how);
-  reduce_scatter_boxes(group.comm, group.position_of(mesh.coordinate()), local, held, targets, out, step.op, "all_to_all", memory, how);
+  reduce_scatter_boxes(group.comm, group.position_of(mesh.coordinate()), local, held, targets, out, step.op, how.counted_as, memory, how);
   return out;
 }
 
@@ -283,7 +283,7 @@ Box part_for(const ShardTensorSpec& current, const ShardTensorSpec& next, const 
 
 // The exchange on a same-host group: every part goes straight from holder to receiver.
 bool exchange_through_memory(PeerMemory& memory, const at::Tensor& local, const at::Tensor& out, const ShardTensorSpec& current,
-                             const ShardTensorSpec& next, const Group& group) {
+                             const ShardTensorSpec& next, const Group& group, const char* counted_as) {
   const std::vector<int64_t>& me = current.mesh().coordinate();
   const Box held = box_of(current, me), wanted = box_of(next, me);
   const at::Tensor source = local.contiguous();  // peers compute its layout from `held`
@@ -298,7 +298,7 @@ bool exchange_through_memory(PeerMemory& memory, const at::Tensor& local, const 
     parts.push_back({other, self, part_for(current, next, peer, me), box_of(current, peer), wanted});
     parts.push_back({self, other, part_for(current, next, me, peer), held, box_of(next, peer)});
   }
-  return copy_through_memory(group.comm, memory, source, out, parts, "all_to_all");
+  return copy_through_memory(group.comm, memory, source, out, parts, counted_as);
 }
 
 // One all-to-all over `group`; see boxes.h. On a same-host group the parts are copied straight
@@ -314,7 +314,7 @@ at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, con
   at::Tensor out = at::empty(wanted.shape, local.options());
 
   if (PeerMemory* memory = memory_for(group.comm, how))
-    if (exchange_through_memory(*memory, local, out, current, next, group)) return out;
+    if (exchange_through_memory(*memory, local, out, current, next, group, how.counted_as)) return out;
 
   // Sends first, then receives; this rank's own part is copied while the messages travel.
   // The order matters with Gloo: a send posted after the peer's receive is written out by the
@@ -328,7 +328,7 @@ at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, con
     outgoing[p] = part_for(current, next, me, group.members[p]);
     incoming[p] = part_for(current, next, group.members[p], me);
   }
-  auto messages = start_step_messages(group.comm, how, "all_to_all");
+  auto messages = start_step_messages(group.comm, how, how.counted_as);
   announce_parts(*messages, self, n, static_cast<int64_t>(local.element_size()), [&](int64_t p) { return outgoing[p].numel(); },
                  [&](int64_t p) { return incoming[p].numel(); });
   for_each_peer_after(self, n, [&](int64_t p) {

@@ -50,9 +50,14 @@ const char* native_collective(const RedistributeStep& step, const ShardTensorSpe
   return "all_to_all";
 }
 
-// The collective a step stands in for when it is not run as one (how CommDebugMode counts it).
+// The collective a step stands in for when it is not run as one: CommDebugMode counts a gather
+// as all_gather and a reduce-scatter as reduce_scatter, as DTensor's does, whichever transport
+// moves the bytes.
 const char* counted_as(const RedistributeStep& step) {
-  return std::holds_alternative<AllReduceStep>(step) ? "all_reduce" : "all_to_all";
+  if (std::holds_alternative<AllReduceStep>(step)) return "all_reduce";
+  if (std::holds_alternative<AllGatherStep>(step)) return "all_gather";
+  if (std::holds_alternative<ReduceScatterStep>(step)) return "reduce_scatter";
+  return "all_to_all";
 }
 
 int64_t group_size(const RedistributeStep& step, const DeviceMesh& mesh) {
@@ -100,16 +105,18 @@ bool pieces_are_equal(const RedistributeStep& step, const ShardTensorSpec& from,
 
 StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to) {
   const DeviceMesh& mesh = from.mesh();
-  if (group_size(step, mesh) == 1) return {Transport::None, ""};
-  if (std::holds_alternative<AllReduceStep>(step) && box_of(from, mesh.coordinate()).empty()) return {Transport::None, ""};
+  if (group_size(step, mesh) == 1) return {Transport::None, "", ""};
+  if (std::holds_alternative<AllReduceStep>(step) && box_of(from, mesh.coordinate()).empty()) return {Transport::None, "", ""};
+  const char* counted = counted_as(step);
   const TransportPreference preference = transport_preference();
   if (mesh.device_type() != "cpu" || preference == TransportPreference::Collectives)
-    return {Transport::Collective, native_collective(step, from, to)};
+    return {Transport::Collective, native_collective(step, from, to), counted};
   const int64_t bytes = bytes_moved(step, from);
   if (preference == TransportPreference::Auto && peer_memory_enabled() && bytes >= peer_copy_bytes())
-    return {Transport::PeerMemory, counted_as(step)};
-  if (std::holds_alternative<AllReduceStep>(step) && bytes < kMessagesAllReduceBytes) return {Transport::Collective, "all_reduce"};
-  return {Transport::Messages, counted_as(step)};
+    return {Transport::PeerMemory, counted, counted};
+  if (std::holds_alternative<AllReduceStep>(step) && bytes < kMessagesAllReduceBytes)
+    return {Transport::Collective, "all_reduce", counted};
+  return {Transport::Messages, counted, counted};
 }
 
 std::string to_string(const StepTransport& transport) {

@@ -28,6 +28,10 @@ struct StepTransport {
   // The c10d collective that carries a Collective step ("all_gather", "reduce_scatter",
   // "all_reduce", "all_to_all"); for the other transports, the collective it stands in for.
   const char* collective = "";
+  // What CommDebugMode calls the step, whichever transport runs it, as DTensor's does: a
+  // gather "all_gather", a reduce-scatter "reduce_scatter" (even an uneven one that runs as a
+  // c10d all_to_all).
+  const char* counted_as = "";
 };
 
 // Below this a CPU all-reduce that does not go through memory is c10d's own (one round);

@@ -187,7 +187,7 @@ TEST(Kernel, PinnedPlacementsAndTheirCommunication) {
     CommDebugMode comms;
     const at::Tensor out = at::softmax(a_rows, 0);  // over the sharded dim: gathered first
     EXPECT_EQ(spec(out).placements(), Placements{Replicate()});
-    EXPECT_EQ(comms.count("all_to_all"), n > 1 ? 1 : 0) << comms.table();
+    EXPECT_EQ(comms.count("all_gather"), n > 1 ? 1 : 0) << comms.table();
     EXPECT_TRUE(at::allclose(full_tensor(out), at::softmax(ga, 0)));
   }
   {

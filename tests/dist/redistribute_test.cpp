@@ -228,13 +228,18 @@ TEST(Redistribute, CollectivesTransportRunsEachStepAsOneNativeCollective) {
   struct Case {
     std::vector<int64_t> shape;
     Placements from, to;
-    const char* collective;
+    const char* collective;  // the c10d collective that runs
+    const char* counted;     // what CommDebugMode calls the step, as DTensor's does
   };
   const std::vector<Case> cases = {
-      {even, {Shard(0)}, {Replicate()}, "all_gather"},        {even, {Shard(1)}, {Replicate()}, "all_gather"},
-      {uneven, {Shard(0)}, {Replicate()}, "all_to_all"},      {even, {Shard(0)}, {Shard(1)}, "all_to_all"},
-      {even, {Partial()}, {Replicate()}, "all_reduce"},       {even, {Partial()}, {Shard(0)}, "reduce_scatter"},
-      {even, {Partial(ReduceOp::Max)}, {Shard(1)}, "reduce_scatter"}, {uneven, {Partial(ReduceOp::Avg)}, {Shard(0)}, "all_to_all"},
+      {even, {Shard(0)}, {Replicate()}, "all_gather", "all_gather"},
+      {even, {Shard(1)}, {Replicate()}, "all_gather", "all_gather"},
+      {uneven, {Shard(0)}, {Replicate()}, "all_to_all", "all_gather"},
+      {even, {Shard(0)}, {Shard(1)}, "all_to_all", "all_to_all"},
+      {even, {Partial()}, {Replicate()}, "all_reduce", "all_reduce"},
+      {even, {Partial()}, {Shard(0)}, "reduce_scatter", "reduce_scatter"},
+      {even, {Partial(ReduceOp::Max)}, {Shard(1)}, "reduce_scatter", "reduce_scatter"},
+      {uneven, {Partial(ReduceOp::Avg)}, {Shard(0)}, "all_to_all", "reduce_scatter"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(to_string(c.from) + " -> " + to_string(c.to) + " of [" + std::to_string(c.shape[0]) + ", " + std::to_string(c.shape[1]) + "]");
@@ -247,8 +252,30 @@ TEST(Redistribute, CollectivesTransportRunsEachStepAsOneNativeCollective) {
     CommDebugMode comms;
     at::Tensor y = redistribute(x, c.to);
     EXPECT_TRUE(at::allclose(to_local(y), reference_piece(value, mesh.shape(), c.to, {}, mesh.coordinate())));
-    EXPECT_EQ(comms.count(c.collective), 1) << comms.table();
+    EXPECT_EQ(comms.count(c.counted), 1) << comms.table();
     EXPECT_EQ(comms.counts().size(), 1u) << comms.table();
+  }
+}
+
+TEST(Redistribute, CommDebugModeNamesGathersAndReduceScattersOnEveryTransport) {
+  // DTensor's CommDebugMode calls a gather all_gather and a reduce-scatter reduce_scatter;
+  // ours does too, whether peer memory, messages or a native collective moves the bytes.
+  const int64_t n = world_size();
+  if (n == 1) GTEST_SKIP() << "one rank runs no collective";
+  const DeviceMesh& mesh = *mesh_of_shape({n});
+  for (UseTransport::Kind kind : {UseTransport::kMemory, UseTransport::kMessages, UseTransport::kCollectives}) {
+    SCOPED_TRACE("transport " + std::to_string(kind));
+    const UseTransport transport(kind);
+    const at::Tensor rows = distribute_tensor(iota({3 * n + 1, 4}, c10::kDouble), mesh, {Shard(0)});
+    const at::Tensor terms = from_local(at::ones({3 * n + 1, 4}, at::kDouble), mesh, {Partial()});
+    CommDebugMode comms;
+    redistribute(rows, {Replicate()});
+    redistribute(terms, {Shard(0)});
+    redistribute(rows, {Shard(1)});
+    EXPECT_EQ(comms.count("all_gather"), 1) << comms.table();
+    EXPECT_EQ(comms.count("reduce_scatter"), 1) << comms.table();
+    EXPECT_EQ(comms.count("all_to_all"), 1) << comms.table();
+    EXPECT_EQ(comms.total(), 3) << comms.table();
   }
 }
 
