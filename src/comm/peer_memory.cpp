@@ -225,6 +225,8 @@ PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation,
     if (header.operation != operation_.hash)
       memory.give_up(k_, different_operations(memory.comm_.group_name(), memory.comm_.rank(), operation_.description, k_, memory.name_of(p),
                                               std::string(header.description, strnlen(header.description, kDescriptionBytes)), header.posted));
+    // Posted, then gave up: its offers may be freed already, and must not be read.
+    if (header.closed == k_) memory.give_up(k_, memory.name_of(p) + " gave up this exchange (it timed out or raised an error)");
     offers_[p].resize(header.table_words);
     if (header.table_words > 0 && !memory.copy(p, {{header.table, offers_[p].data(), header.table_words * sizeof(uint64_t)}}, error))
       memory.give_up(k_, "cannot read the offers of " + memory.name_of(p) + " (" + error + ")");
@@ -246,7 +248,11 @@ bool PeerMemory::Exchange::finish(bool mine) {
   std::atomic_thread_fence(std::memory_order_release);  // this member's reads come before its "done"
   memory_.mailbox_->done.store(2 * k_ + (mine ? 0 : 1), std::memory_order_release);
   bool everyone = mine;
-  memory_.wait_for_everyone("every member to finish copying", k_, [&](int64_t, const Header& polled) {
+  memory_.wait_for_everyone("every member to finish copying", k_, [&](int64_t p, const Header& polled) {
+    // A peer that marked itself done and then gave up this exchange left it while this member
+    // may still have been reading its buffers: what was read cannot be trusted. Read after this
+    // member's reads, "not closed" means the peer was still waiting here, its buffers alive.
+    if (polled.closed == k_) memory_.give_up(k_, memory_.name_of(p) + " gave up this exchange while it was being read");
     if (polled.done / 2 < k_) return false;
     if (polled.done / 2 == k_ && polled.done % 2 == 1) everyone = false;
     return true;

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -60,14 +61,26 @@ void check(const at::Tensor& result, const at::Tensor& expected, const std::stri
   }
 }
 
-// The redistributes of a round, by name; "A" and "B" move the same bytes ([13, 10] and
-// [10, 13] from S(0) to S(1)), "C" more of them.
-void run_step(const DeviceMesh& mesh, char step, int64_t round) {
-  const int64_t rows = step == 'A' ? 13 : step == 'B' ? 10 : 29, cols = step == 'A' ? 10 : 13;
-  const at::Tensor global = global_tensor(rows, cols, round, step);
-  at::Tensor x = distribute_tensor(global, mesh, {Shard(0)});
-  check(redistribute(x, {Shard(1)}), global, std::string("round ") + std::to_string(round) + " step " + step + " S(0)->S(1)");
-  check(redistribute(x, {Replicate()}), global, std::string("round ") + std::to_string(round) + " step " + step + " S(0)->R");
+// The tensors of a round, by step name; "A" and "B" move the same bytes ([13, 10] and [10, 13]
+// from S(0) to S(1)), "C" more of them. Every rank distributes all three in the same order
+// (distribute_tensor compares what the ranks pass, and would catch a skip itself), so that a
+// skipped or reordered step is left to the transports to catch.
+struct Step {
+  at::Tensor global, sharded;
+};
+std::map<char, Step> distribute_round(const DeviceMesh& mesh, int64_t round) {
+  std::map<char, Step> steps;
+  for (char step : {'A', 'B', 'C'}) {
+    const int64_t rows = step == 'A' ? 13 : step == 'B' ? 10 : 29, cols = step == 'A' ? 10 : 13;
+    const at::Tensor global = global_tensor(rows, cols, round, step);
+    steps[step] = {global, distribute_tensor(global, mesh, {Shard(0)})};
+  }
+  return steps;
+}
+
+void run_step(const Step& s, char step, int64_t round) {
+  check(redistribute(s.sharded, {Shard(1)}), s.global, std::string("round ") + std::to_string(round) + " step " + step + " S(0)->S(1)");
+  check(redistribute(s.sharded, {Replicate()}), s.global, std::string("round ") + std::to_string(round) + " step " + step + " S(0)->R");
 }
 
 }  // namespace
@@ -110,7 +123,8 @@ int main(int argc, char** argv) {
         if (scenario == "reorder_same") steps = "BAC";
         if (scenario == "reorder_sizes") steps = "CAB";
       }
-      for (char step : steps) run_step(mesh, step, round);
+      const std::map<char, Step> tensors = distribute_round(mesh, round);
+      for (char step : steps) run_step(tensors.at(step), step, round);
       set_fault_hook(nullptr);
       last_success = Clock::now();
       if (scenario == "none" && round == 5) break;
