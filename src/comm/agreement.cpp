@@ -4,7 +4,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/tensor.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>

@@ -19,6 +19,11 @@ at::Tensor draw_piece(const ShardTensorSpec& spec, bool normal) {
   return counter_draws(spec.local_offsets(), spec.local_shape(), spec.shape(), next_random_key_on(spec.mesh()), normal);
 }
 
+// Uniform draws in [0, 1) as integers in [low, high), as random_ and randint_like draw them.
+at::Tensor integers_in(const at::Tensor& uniform, double low, double high) {
+  return at::clamp_max(at::floor(uniform * (high - low)) + low, high - 1);
+}
+
 }  // namespace
 
 LocalKernel RandomFillPlan::lower() const {
@@ -36,7 +41,7 @@ LocalKernel RandomFillPlan::lower() const {
       case Draw::Cauchy: values = at::tan((values - 0.5) * M_PI) * parameter(2) + parameter(1); break;
       // u = 0 and p = 1 both give 1: log(1) / log(1 - p) is 0 (or -0) and floor keeps it.
       case Draw::Geometric: values = at::floor(at::log1p(-values) / std::log1p(-parameter(1))) + 1; break;
-      case Draw::Integers: values = at::clamp_max(at::floor(values * (high - low)) + low, high - 1); break;
+      case Draw::Integers: values = integers_in(values, low, high); break;
     }
     target.copy_(values);
     stack->push_back(target);
@@ -71,7 +76,7 @@ LocalKernel RandomLikePlan::lower() const {
     const c10::IValue* format = given("memory_format");
     at::Tensor out = at::empty_like(self, options, format ? format->toMemoryFormat() : c10::MemoryFormat::Preserve);
     at::Tensor values = draw_piece(layout, kind == Draw::Normal);
-    if (kind == Draw::Integers) values = at::clamp_max(at::floor(values * (high - low)) + low, high - 1);
+    if (kind == Draw::Integers) values = integers_in(values, low, high);
     out.copy_(values);
     stack->push_back(out);
   };
