@@ -58,16 +58,27 @@ at::Tensor wrap_output(Propagation& p, size_t index, const at::Tensor& local) {
   return make_shard_tensor(local, cached->spec);
 }
 
-// Self of an in-place op ran as `target` (moved from its own layout): bring the result home.
-// A Partial self cannot be rebuilt without another reduction, so it keeps the new layout.
+// Self of an in-place op ran as `target` (moved from its own layout): bring the result home,
+// into self's own local piece, so that self keeps its placements and its views see the new
+// values. Where the op resolved a Partial of self, the result is Replicate there; it becomes
+// a pending reduction again without communication: every rank keeps the value for avg, max
+// and min, and only coordinate 0 does for sum (the others hold zero) and product (one).
 void write_back_self(const at::Tensor& self, const ShardTensorSpec& target, const at::Tensor& result) {
   ShardTensorImpl* impl = shard_tensor_impl(self);
-  if (impl->spec().has_partial()) {
-    impl->replace(result, target);
-    return;
+  const ShardTensorSpec& home = impl->spec();
+  Placements reachable = home.placements();  // home, with the Partials the op resolved Replicate
+  for (size_t m = 0; m < reachable.size(); ++m)
+    if (reachable[m].is_partial() && !target.placements()[m].is_partial()) reachable[m] = Replicate();
+  const ShardTensorSpec resolved_home = with_placements(home, reachable);
+  at::Tensor moved = execute_redistribute(result, target, plan_redistribute(target, resolved_home));
+  at::Tensor local = impl->local();
+  local.copy_(moved);
+  for (size_t m = 0; m < reachable.size(); ++m) {
+    const Placement& p = home.placements()[m];
+    if (!p.is_partial() || reachable[m].is_partial() || home.mesh().coordinate()[m] == 0) continue;
+    if (p.reduce_op == ReduceOp::Sum) local.zero_();
+    if (p.reduce_op == ReduceOp::Product) local.fill_(1);
   }
-  at::Tensor home = execute_redistribute(result, target, plan_redistribute(target, impl->spec()));
-  impl->local().copy_(home);  // in place: views of self's local see the new values
 }
 
 void log_call(const Propagation& p) {
@@ -132,19 +143,21 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   std::vector<std::pair<size_t, at::Tensor>> out_wrappers;
 
   size_t k = 0;
-  std::vector<std::tuple<ShardTensorImpl*, at::Tensor, const ShardTensorSpec*>> resolved;
   auto unwrap_input = [&](const at::Tensor& t) -> at::Tensor {
     const size_t input = k++;
     ShardTensorImpl* impl = shard_tensor_impl(t);
     const at::Tensor& local = impl ? impl->local() : t;
     if (!p.plans[input]) return local;
-    at::Tensor moved = execute_redistribute(local, p.meta.inputs[input].spec, *p.plans[input]);
-    // A Partial input resolved to Replicate keeps its resolved form: the value is the same,
-    // and the next use (an optimizer reads each gradient 2-3 times) needs no second
-    // all-reduce. Views are left alone, since their base would not see the change.
+    // A Partial input resolved to Replicate: its resolved form is reused while its local piece
+    // is unchanged (see ShardTensorImpl::cached_resolution); the input keeps its placements.
+    // Not where the op could write into the resolved form or return a view of it.
     const ShardTensorSpec& target = p.result.input_targets[input];
-    if (impl && !t.is_view() && impl->spec().has_partial() && target == without_partial(impl->spec()))
-      resolved.emplace_back(impl, moved, &target);  // after every input is unwrapped (x * x)
+    const bool resolves = impl && impl->spec().has_partial() && target == without_partial(impl->spec()) &&
+                          schema.arguments()[p.meta.inputs[input].arg_index].alias_info() == nullptr;
+    if (resolves)
+      if (const at::Tensor* cached = impl->cached_resolution(target)) return *cached;
+    at::Tensor moved = execute_redistribute(local, p.meta.inputs[input].spec, *p.plans[input]);
+    if (resolves) impl->cache_resolution(target, moved);
     return moved;
   };
   for (size_t i = 0; i < num_args; ++i) {
@@ -171,8 +184,6 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     }
   }
 
-  for (auto& [impl, local, target] : resolved)
-    if (impl->spec().has_partial()) impl->replace(local, *target);
   if (p.result.local_kernel) {
     p.result.local_kernel(op, stack);
   } else {

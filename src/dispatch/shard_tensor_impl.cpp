@@ -31,11 +31,35 @@ void ShardTensorImpl::set_global_strides(std::vector<int64_t> strides) {
   refresh_sizes_and_strides();
 }
 
+// The cached form is trusted only while nothing can have written the local piece: the wrapper's
+// version is unchanged (autograd bumps it on every in-place op through the wrapper, including
+// ours, which write the piece with the version bump of the local tensor turned off), and no
+// other tensor shares the piece's storage (a view or a to_local() result could write it
+// unseen). A gradient that an optimizer reads is that case; anything shared resolves afresh.
+bool ShardTensorImpl::resolution_may_be_cached() const {
+  return version_counter().enabled() && local_.has_storage() && local_.storage().use_count() == 1;
+}
+
+const at::Tensor* ShardTensorImpl::cached_resolution(const ShardTensorSpec& target) const {
+  if (!resolution_ || !resolution_may_be_cached()) return nullptr;
+  const Resolution& r = *resolution_;
+  const bool fresh = r.of_local == local_.unsafeGetTensorImpl() && r.version == version_counter().current_version() &&
+                     r.target == target;
+  return fresh ? &r.resolved : nullptr;
+}
+
+void ShardTensorImpl::cache_resolution(const ShardTensorSpec& target, at::Tensor resolved) {
+  resolution_.reset();
+  if (!resolution_may_be_cached() || resolved.is_alias_of(local_)) return;
+  resolution_ = Resolution{target, std::move(resolved), local_.unsafeGetTensorImpl(), version_counter().current_version()};
+}
+
 void ShardTensorImpl::replace(at::Tensor local, ShardTensorSpec spec) {
   TORCH_INTERNAL_ASSERT(!shard_tensor_impl(local), "a ShardTensor cannot hold another ShardTensor");
   if (spec.shape() != spec_.shape()) permuted_strides_.clear();
   local_ = std::move(local);
   spec_ = std::move(spec);
+  resolution_.reset();
   refresh_sizes_and_strides();
   refresh_numel();
 }

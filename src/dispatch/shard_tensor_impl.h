@@ -10,6 +10,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
 
+#include <optional>
+
 #include "shardtensor/spec.h"
 
 namespace shardtensor {
@@ -24,6 +26,13 @@ class ShardTensorImpl final : public c10::TensorImpl {
   // Gives the wrapper a new local piece and spec (an out= result, a Partial self resolved by an
   // in-place op). Other wrappers viewing the old local piece keep it.
   void replace(at::Tensor local, ShardTensorSpec spec);
+
+  // The Replicate form of this Partial wrapper that its last resolution computed, reused while
+  // the local piece is unchanged (same tensor, same version): an optimizer reads a Partial
+  // gradient 2-3 times, and each read would otherwise all-reduce again. The wrapper keeps its
+  // Partial placements either way: an op never changes its caller's inputs.
+  const at::Tensor* cached_resolution(const ShardTensorSpec& target) const;
+  void cache_resolution(const ShardTensorSpec& target, at::Tensor resolved);
 
   // Global strides other than the contiguous ones, for views that permute dims (see the kernel);
   // a permutation of the contiguous strides of the global shape. Kept while the shape is.
@@ -45,6 +54,14 @@ class ShardTensorImpl final : public c10::TensorImpl {
   at::Tensor local_;
   ShardTensorSpec spec_;
   std::vector<int64_t> permuted_strides_;  // empty: contiguous
+  struct Resolution {
+    ShardTensorSpec target;
+    at::Tensor resolved;
+    const c10::TensorImpl* of_local;  // the local piece, and the wrapper's version, when resolved
+    int64_t version;
+  };
+  std::optional<Resolution> resolution_;
+  bool resolution_may_be_cached() const;
 };
 
 // The wrapper's impl, or nullptr for any other tensor (including undefined ones).

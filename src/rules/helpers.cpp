@@ -128,6 +128,23 @@ ShardTensorSpec align_to(const ShardTensorSpec& spec, const ShardTensorSpec& lea
   return t;
 }
 
+ShardTensorSpec keep_shared_partials(const ShardTensorSpec& resolved, const std::vector<ShardTensorSpec>& operands) {
+  Placements ps = resolved.placements();
+  for (size_t m = 0; m < ps.size(); ++m) {
+    if (!ps[m].is_replicate()) continue;
+    std::optional<Placement> shared;
+    bool alike = true;
+    for (const ShardTensorSpec& o : operands) {
+      if (o.ndim() != resolved.ndim()) continue;
+      const Placement& p = o.placements()[m];
+      alike = alike && p.is_partial() && (!shared || *shared == p);
+      shared = p;
+    }
+    if (alike && shared) ps[m] = *shared;
+  }
+  return with_placements(resolved, ps);
+}
+
 Placements summed_over_shards(const ShardTensorSpec& spec) {
   Placements ps(spec.placements().size(), Replicate());
   for (size_t m = 0; m < ps.size(); ++m)

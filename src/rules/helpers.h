@@ -72,6 +72,12 @@ std::vector<int64_t> partial_mesh_dims(const ShardTensorSpec& spec);
 // same shard sizes, so that operands meet piece by piece.
 ShardTensorSpec align_to(const ShardTensorSpec& spec, const ShardTensorSpec& lead);
 
+// `resolved` with a Partial restored on every mesh dim where it is Replicate and every operand
+// of its rank holds one and the same Partial: ops that select or move values without combining
+// them (cat, stack, gather, indexing, padding with a neutral value) keep a pending reduction
+// pending. Operands of another rank are ignored (cat skips its legacy empty [0] inputs).
+ShardTensorSpec keep_shared_partials(const ShardTensorSpec& resolved, const std::vector<ShardTensorSpec>& operands);
+
 // Placements that turn every mesh dim on which `spec` is sharded into Partial(sum), the rest
 // Replicate: the layout of a parameter's gradient summed over sharded rows.
 Placements summed_over_shards(const ShardTensorSpec& spec);

@@ -5,8 +5,10 @@
 // tensor's sharding (self; for gather_backward, self too) when every operand has the same
 // size there, so that index, src and self meet piece by piece; a sharded dim where the
 // operands differ in size (gather allows a smaller index) is gathered as well. Indices are
-// global positions along the gathered dim, so they need no rewriting. Partial operands are
-// resolved: scattering is not linear in what it overwrites.
+// global positions along the gathered dim, so they need no rewriting. gather and indexing pick
+// values, so a Partial self stays Partial; index_put keeps one where writing distributes over
+// it (index_put_rule). scatter resolves Partial operands.
+#include "rules/contribution.h"
 #include "rules/indexing.h"
 #include "rules/spatial.h"
 
@@ -43,9 +45,10 @@ RuleResult scatter_rule(const OpMeta& op) {
 RuleResult gather_rule(const OpMeta& op) {
   const ShardTensorSpec& self = op.inputs[0].spec;
   const ShardTensorSpec layout = indexing_layout(self, wrap_dim(int_arg(op, "dim"), self.ndim(), op), op);
+  const ShardTensorSpec index = follow(op.inputs[1].spec, layout);
   RuleResult r;
-  r.input_targets = {layout, follow(op.inputs[1].spec, layout)};
-  r.outputs = {layout_of(r.input_targets[1])};
+  r.input_targets = {keep_shared_partials(layout, {self}), index};
+  r.outputs = {layout_of(keep_shared_partials(index, {self}))};  // picking values keeps them pending
   return r;
 }
 
@@ -126,28 +129,57 @@ ShardTensorSpec indexed_layout(const ShardTensorSpec& self, const AdvancedIndex&
 // index.Tensor(self, indices): the other dims keep self's sharding, moved to their result dims.
 RuleResult index_rule(const OpMeta& op) {
   const AdvancedIndex a = advanced_index(op, op.inputs[0].spec);
-  const ShardTensorSpec self = indexed_layout(op.inputs[0].spec, a);
+  const ShardTensorSpec self = keep_shared_partials(indexed_layout(op.inputs[0].spec, a), {op.inputs[0].spec});
   RuleResult r;
   r.input_targets.push_back(self);
   for (size_t k = 1; k < op.inputs.size(); ++k) r.input_targets.push_back(replicated(op.inputs[k].spec));
-  r.outputs = {a.masks ? replicated_layout(self.mesh()) : remap_dims(self, a.dim_map)};
+  r.outputs = {a.masks ? layout_of(keep_shared_partials(replicated(self), {self})) : remap_dims(self, a.dim_map)};
   return r;
 }
 
 // index_put(_)/_index_put_impl(_)(self, indices, values, accumulate[, unsafe]): values shaped
 // like the indexing result follow its layout; broadcast values are gathered.
+// A Partial self stays Partial where writing (or adding) values distributes over its
+// reduction: always for sum and avg, without accumulate for max and min. Values of the same
+// Partial stay so; replicated values join a P(sum) once (rules/contribution.h).
 RuleResult index_put_rule(const OpMeta& op) {
   const AdvancedIndex a = advanced_index(op, op.inputs[0].spec);
-  const ShardTensorSpec self = indexed_layout(op.inputs[0].spec, a);
-  const OutputLayout result = a.masks ? replicated_layout(self.mesh()) : remap_dims(self, a.dim_map);
+  const ShardTensorSpec& given = op.inputs[0].spec;
+  const bool accumulate = bool_arg(op, "accumulate");
+  Placements kept = given.placements();
+  for (Placement& p : kept) {
+    const bool sums = p.is_partial() && (p.reduce_op == ReduceOp::Sum || p.reduce_op == ReduceOp::Avg);
+    const bool orders = p.is_partial() && (p.reduce_op == ReduceOp::Max || p.reduce_op == ReduceOp::Min);
+    if (p.is_partial() && !sums && !(orders && !accumulate)) p = Replicate();
+  }
+  const ShardTensorSpec self = keep_shared_partials(indexed_layout(given, a), {with_placements(given, kept)});
+  const OutputLayout result = a.masks ? replicated_layout(self.mesh()) : remap_dims(without_partial(self), a.dim_map);
   RuleResult r;
   r.input_targets.push_back(self);
+  std::vector<ContributedValue> contributed;
   for (size_t k = 1; k < op.inputs.size(); ++k) {
-    const ShardTensorSpec& in = op.inputs[k].spec;
-    const bool values = arg_name(op, op.inputs[k]) == "values";
-    r.input_targets.push_back(values && in.shape() == a.result_shape ? laid_out(without_partial(in), result) : replicated(in));
+    const TensorInput& in = op.inputs[k];
+    const bool values = arg_name(op, in) == "values";
+    ShardTensorSpec target = values && in.spec.shape() == a.result_shape ? laid_out(without_partial(in.spec), result) : replicated(in.spec);
+    if (values) {  // values of self's Partial stay pending; replicated ones join a P(sum) once
+      Placements ps = target.placements();
+      std::vector<int64_t> once;
+      for (size_t m = 0; m < ps.size(); ++m) {
+        const Placement& p = self.placements()[m];
+        if (!p.is_partial()) continue;
+        if (in.spec.placements()[m] == p) {
+          ps[m] = p;
+        } else if (p.reduce_op == ReduceOp::Sum) {
+          once.push_back(static_cast<int64_t>(m));
+        }
+      }
+      target = with_placements(target, ps);
+      if (!once.empty()) contributed.push_back({in.arg_index, once});
+    }
+    r.input_targets.push_back(target);
   }
   r.outputs = {layout_of(self)};
+  if (!contributed.empty()) r.kernel_plan = declare(ContributedOncePlan(self.mesh(), std::move(contributed)));
   return r;
 }
 

@@ -12,7 +12,7 @@
 #include <limits>
 
 #include "rules/helpers.h"
-#include "rules/matmul.h"
+#include "rules/contribution.h"
 
 namespace shardtensor {
 namespace {
@@ -120,8 +120,8 @@ RuleResult product(const OpMeta& op, const Einsum& e) {
 }
 
 // The bias of addmm/baddbmm: laid out like the product where it has the dim, Replicate where
-// it broadcasts. Where the product is Partial(sum), only coordinate 0 adds the bias (the
-// others add a zero bias), or it would count once per term.
+// it broadcasts. Where the product is Partial(sum), the bias is contributed once (see
+// rules/contribution.h), or it would count once per term.
 RuleResult product_with_bias(const OpMeta& op, const Einsum& e) {
   const ShardTensorSpec& bias = op.inputs[0].spec;
   Product p = plan_product(e, op.inputs[1].spec, op.inputs[2].spec);
@@ -137,7 +137,7 @@ RuleResult product_with_bias(const OpMeta& op, const Einsum& e) {
   RuleResult r;
   r.input_targets = {tbias, p.a, p.b};
   r.outputs = {p.out};
-  if (!p.partial_mesh_dims.empty()) r.kernel_plan = declare(BiasOncePlan(bias.mesh(), p.partial_mesh_dims));
+  if (!p.partial_mesh_dims.empty()) r.kernel_plan = declare(ContributedOncePlan(bias.mesh(), {{op.arg_index("self"), p.partial_mesh_dims}}));
   return r;
 }
 

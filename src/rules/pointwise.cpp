@@ -7,19 +7,39 @@
 // including its shard sizes, so operands with misaligned uneven boundaries are never combined
 // piece by piece. Dims an operand broadcasts (missing, or size 1 against a larger size) are
 // Replicate in that operand. See Note [Partial through pointwise] for when Partial survives.
+#include "rules/contribution.h"
 #include "rules/helpers.h"
 
 #include <algorithm>
+#include <functional>
+#include <numeric>
 
 namespace shardtensor {
 namespace {
 
 // Note [Partial through pointwise]
-// A Partial(sum) operand is a pending sum of per-rank terms. An op keeps it pending only when
-// it distributes over that sum: linear unary ops (neg, mul or div by a number), add/sub when
-// every operand is Partial(sum) on that mesh dim, and mul/div when exactly the numerator side
-// is Partial(sum) and the rest is Replicate there. Anything else resolves the Partial first.
-enum class PartialPolicy { Resolve, LinearUnary, AddLike, MulLike, DivLike };
+// A Partial operand is a pending reduction of one term per rank. An op keeps it pending only
+// where the op distributes over that reduction, as DTensor's strategies do:
+//   - LinearUnary (neg, clone, scaling by a number): P(sum), P(avg);
+//   - NonDecreasing (relu, exp, clamp, floor...): f(max_i a_i) = max_i f(a_i): P(max), P(min);
+//   - Additive (add, sub; rsub negates self): operands that are all P(sum) or all P(avg) stay
+//     so; a Replicate operand joins P(avg) as is, and P(sum) once (rules/contribution.h); a
+//     P(max/min) self stays so when a Replicate value is added to it;
+//   - Product (mul): one P(sum/avg) operand times Replicate ones. Of two Partial operands only
+//     one is reduced, so a product of pending sums costs one reduction, not two;
+//   - Quotient (div): a P(sum/avg) numerator over Replicate denominators;
+//   - Lattice (maximum/minimum): max_i a_i vs b = max_i (a_i vs b), for any Partial(max/min) a
+//     and Replicate b, and for all-P(max) operands of maximum (all-P(min) of minimum);
+//   - Select (where, masked_fill) and Overwrite (copy_, fill_): each output element is one of
+//     the values, so every Partial kind survives; Replicate values (tensors and scalars) join
+//     P(sum) once, and selectors (condition, mask) are never Partial;
+//   - AnyPartial (zero_): terms that are all zero reduce to zero under every kind.
+// Anything else resolves the Partial first. An in-place op keeps self's placement: a Partial
+// self that the op cannot keep is resolved, computed on, and partitioned back (kernel.cpp).
+enum class PartialPolicy {
+  Resolve, AnyPartial, LinearUnary, NonDecreasing, Additive, NegatedSelf, Product, Quotient, LatticeMax,
+  LatticeMin, Select, Overwrite
+};
 
 std::vector<int64_t> broadcast_shape(const OpMeta& op) {
   std::vector<int64_t> out;
@@ -33,27 +53,116 @@ std::vector<int64_t> broadcast_shape(const OpMeta& op) {
   return out;
 }
 
-bool keeps_partial(const OpMeta& op, PartialPolicy policy, int64_t mesh_dim) {
-  auto is_sum_partial = [&](const TensorInput& in) {
-    const Placement& p = in.spec.placements()[mesh_dim];
-    return p.is_partial() && p.reduce_op == ReduceOp::Sum;
-  };
-  auto is_replicate = [&](const TensorInput& in) { return in.spec.placements()[mesh_dim].is_replicate(); };
+// What one mesh dim's Partial placements become.
+struct PartialOutcome {
+  std::optional<Placement> out;  // the Partial the output keeps (none: no Partial survives)
+  std::vector<bool> kept;        // per input: stays Partial (the others are resolved)
+  bool contribute_once = false;  // P(sum) output: replicated values are contributed once
+};
+
+// Selectors pick elements; they are not values that could be pending.
+bool is_selector(const OpMeta& op, const TensorInput& in) {
+  const std::string& name = arg_name(op, in);
+  return name == "condition" || name == "mask";
+}
+
+// The value operand written over by copy_ and fill_ is not read: self there is no value.
+bool is_value(const OpMeta& op, PartialPolicy policy, size_t i) {
+  if (is_selector(op, op.inputs[i])) return false;
+  return !(policy == PartialPolicy::Overwrite && i == 0);
+}
+
+int64_t numel(const ShardTensorSpec& spec) {
+  return std::accumulate(spec.shape().begin(), spec.shape().end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
+bool is_sum_or_avg(ReduceOp r) { return r == ReduceOp::Sum || r == ReduceOp::Avg; }
+bool is_max_or_min(ReduceOp r) { return r == ReduceOp::Max || r == ReduceOp::Min; }
+
+PartialOutcome partial_outcome(const OpMeta& op, PartialPolicy policy, int64_t m) {
   const auto& ins = op.inputs;
+  PartialOutcome o;
+  o.kept.assign(ins.size(), false);
+  auto placement = [&](size_t i) -> const Placement& { return ins[i].spec.placements()[m]; };
+
+  // The Partial the output would keep: self's for an in-place op (never another), else the
+  // first Partial value's.
+  std::optional<size_t> chosen;
+  if (op.is_inplace()) {
+    if (placement(0).is_partial()) chosen = 0;
+  } else {
+    for (size_t i = 0; i < ins.size() && !chosen; ++i)
+      if (is_value(op, policy, i) && placement(i).is_partial()) chosen = i;
+  }
+  if (!chosen || policy == PartialPolicy::Resolve) return o;
+  const Placement partial = placement(*chosen);
+  const ReduceOp r = partial.reduce_op;
+  auto keep_all_alike = [&] {
+    for (size_t i = 0; i < ins.size(); ++i) o.kept[i] = (is_value(op, policy, i) || i == *chosen) && placement(i) == partial;
+  };
   switch (policy) {
     case PartialPolicy::Resolve:
-      return false;
+      return o;
+    case PartialPolicy::AnyPartial:
+      o.kept[*chosen] = true;
+      break;
     case PartialPolicy::LinearUnary:
-      return ins.size() == 1 && is_sum_partial(ins[0]);
-    case PartialPolicy::AddLike:
-      return ins.size() >= 2 && std::all_of(ins.begin(), ins.end(), is_sum_partial);
-    case PartialPolicy::MulLike:
-      return std::count_if(ins.begin(), ins.end(), is_sum_partial) == 1 &&
-             std::count_if(ins.begin(), ins.end(), is_replicate) == static_cast<long>(ins.size()) - 1;
-    case PartialPolicy::DivLike:
-      return is_sum_partial(ins[0]) && std::all_of(ins.begin() + 1, ins.end(), is_replicate);
+    case PartialPolicy::NonDecreasing:
+      if (policy == PartialPolicy::LinearUnary ? !is_sum_or_avg(r) : !is_max_or_min(r)) return o;
+      o.kept[*chosen] = true;
+      break;
+    case PartialPolicy::Additive:
+    case PartialPolicy::NegatedSelf:
+      if (is_sum_or_avg(r)) {
+        keep_all_alike();
+      } else if (policy == PartialPolicy::Additive && is_max_or_min(r) && arg_name(op, ins[*chosen]) == "self") {
+        o.kept[*chosen] = true;  // a shift by a replicated value keeps the order
+      } else {
+        return o;
+      }
+      break;
+    case PartialPolicy::Product: {
+      if (!is_sum_or_avg(r)) return o;
+      size_t keep = *chosen;  // in place: self; else the largest alike operand (the cheapest to leave pending)
+      for (size_t i = 0; i < ins.size() && !op.is_inplace(); ++i)
+        if (placement(i) == partial && numel(ins[i].spec) > numel(ins[keep].spec)) keep = i;
+      o.kept[keep] = true;
+      break;
+    }
+    case PartialPolicy::Quotient:
+      if (!is_sum_or_avg(r) || arg_name(op, ins[*chosen]) != "self") return o;
+      o.kept[*chosen] = true;
+      break;
+    case PartialPolicy::LatticeMax:
+    case PartialPolicy::LatticeMin:
+      if (!is_max_or_min(r)) return o;
+      if (r == (policy == PartialPolicy::LatticeMax ? ReduceOp::Max : ReduceOp::Min)) {
+        keep_all_alike();
+      } else {
+        o.kept[*chosen] = true;
+      }
+      break;
+    case PartialPolicy::Select:
+    case PartialPolicy::Overwrite:
+      if (r == ReduceOp::Product) return o;  // a replicated value would count once per term
+      keep_all_alike();
+      break;
   }
-  return false;
+  o.out = partial;
+  o.contribute_once = r == ReduceOp::Sum && (policy == PartialPolicy::Additive || policy == PartialPolicy::NegatedSelf ||
+                                              policy == PartialPolicy::Select || policy == PartialPolicy::Overwrite);
+  return o;
+}
+
+// The schema positions of the replicated values a Partial(sum) output takes once: value
+// operands left Replicate, and the scalar `other` of add.Scalar or `value` of fill_.
+std::vector<size_t> replicated_values(const OpMeta& op, PartialPolicy policy, const std::vector<bool>& kept) {
+  std::vector<size_t> args;
+  for (size_t i = 0; i < op.inputs.size(); ++i)
+    if (is_value(op, policy, i) && !kept[i]) args.push_back(op.inputs[i].arg_index);
+  for (const char* name : {"other", "value"})
+    if (op.has_arg(name) && op.arg(name).isScalar()) args.push_back(op.arg_index(name));
+  return args;
 }
 
 int64_t count_shards(const ShardTensorSpec& spec) {
@@ -78,19 +187,42 @@ RuleResult pointwise(const OpMeta& op, PartialPolicy policy) {
   }
   const TensorInput& lead_in = op.inputs[lead];
 
-  // Output placements: the lead's, minus broadcast dims and unsupported Partials.
+  // Output placements: the lead's shards, minus broadcast dims; Partials where they survive.
   const int64_t mesh_ndim = op.mesh().ndim();
   Placements out_ps(mesh_ndim, Replicate());
+  std::vector<std::vector<bool>> kept(op.inputs.size(), std::vector<bool>(mesh_ndim, false));
+  std::vector<ContributedValue> contributed;  // per replicated value, the P(sum) mesh dims it joins
   for (int64_t m = 0; m < mesh_ndim; ++m) {
     const Placement& p = lead_in.spec.placements()[m];
-    if (p.is_shard() && is_full_dim(lead_in, p.tensor_dim)) out_ps[m] = Shard(p.tensor_dim + offset_of(lead_in));
-    if (p.is_partial() && keeps_partial(op, policy, m)) out_ps[m] = p;
+    if (p.is_shard()) {
+      if (is_full_dim(lead_in, p.tensor_dim)) out_ps[m] = Shard(p.tensor_dim + offset_of(lead_in));
+      continue;
+    }
+    const PartialOutcome o = partial_outcome(op, policy, m);
+    if (!o.out) continue;
+    out_ps[m] = *o.out;
+    for (size_t i = 0; i < op.inputs.size(); ++i) kept[i][m] = o.kept[i];
+    if (!o.contribute_once) continue;
+    for (size_t arg : replicated_values(op, policy, o.kept)) {
+      auto v = std::find_if(contributed.begin(), contributed.end(), [&](const ContributedValue& c) { return c.arg == arg; });
+      if (v == contributed.end()) v = contributed.insert(contributed.end(), ContributedValue{arg, {}});
+      v->mesh_dims.push_back(m);
+    }
   }
-  // The lead's target fixes the size tables every operand follows.
-  Placements lead_ps(mesh_ndim);
-  for (int64_t m = 0; m < mesh_ndim; ++m)
-    lead_ps[m] = out_ps[m].is_shard() ? Shard(out_ps[m].tensor_dim - offset_of(lead_in)) : out_ps[m];
-  const ShardTensorSpec lead_target = with_placements(lead_in.spec, lead_ps);
+  // Each operand's target: the output's shards where it has the dim in full, its own Partial
+  // where kept, Replicate elsewhere. The lead's target fixes the size tables the rest follow.
+  auto target_placements = [&](size_t i) {
+    const TensorInput& in = op.inputs[i];
+    Placements ps(mesh_ndim, Replicate());
+    for (int64_t m = 0; m < mesh_ndim; ++m) {
+      const Placement& o = out_ps[m];
+      const int64_t d = o.is_shard() ? o.tensor_dim - offset_of(in) : -1;
+      if (o.is_shard() && d >= 0 && is_full_dim(in, d)) ps[m] = Shard(d);
+      if (kept[i][m]) ps[m] = in.spec.placements()[m];
+    }
+    return ps;
+  };
+  const ShardTensorSpec lead_target = with_placements(lead_in.spec, target_placements(lead));
 
   RuleResult r;
   OutputLayout out{out_ps, {}};
@@ -102,19 +234,13 @@ RuleResult pointwise(const OpMeta& op, PartialPolicy policy) {
       r.input_targets.push_back(lead_target);
       continue;
     }
-    Placements ps(mesh_ndim, Replicate());
-    for (int64_t m = 0; m < mesh_ndim; ++m) {
-      const Placement& o = out_ps[m];
-      const int64_t d = o.is_shard() ? o.tensor_dim - offset_of(in) : -1;
-      if (o.is_shard() && d >= 0 && is_full_dim(in, d)) ps[m] = Shard(d);
-      if (o.is_partial() && in.spec.placements()[m].is_partial()) ps[m] = o;
-    }
-    ShardTensorSpec target = with_placements(in.spec, ps);
+    ShardTensorSpec target = with_placements(in.spec, target_placements(i));
     for (const DimShardSizes& table : out.sizes)
       if (target.sharding_of(table.tensor_dim - offset_of(in))) target = with_dim_sizes(target, table.tensor_dim - offset_of(in), table.sizes);
     r.input_targets.push_back(target);
   }
   r.outputs.push_back(std::move(out));
+  if (!contributed.empty()) r.kernel_plan = declare(ContributedOncePlan(op.mesh(), std::move(contributed)));
   return r;
 }
 
@@ -149,9 +275,6 @@ const char* const kUnaryWithArgs[] = {
     "aten::_to_copy", "aten::masked_fill.Scalar", "aten::masked_fill_.Scalar", "aten::remainder.Scalar",
     "aten::remainder_.Scalar", "aten::fmod.Scalar", "aten::fmod_.Scalar"};
 
-const char* const kLinearUnaryOps[] = {"aten::neg", "aten::neg_", "aten::clone", "aten::mul.Scalar", "aten::mul_.Scalar",
-                                       "aten::div.Scalar", "aten::div_.Scalar"};
-
 const char* const kBinaryOps[] = {
     "aten::pow.Tensor_Tensor", "aten::maximum", "aten::minimum", "aten::eq.Tensor", "aten::ne.Tensor", "aten::lt.Tensor",
     "aten::le.Tensor", "aten::gt.Tensor", "aten::ge.Tensor", "aten::logical_and", "aten::logical_or",
@@ -173,17 +296,33 @@ void register_pointwise_rules(RuleRegistry& registry) {
   }
   for (const char* name : kUnaryWithArgs) registry.add(name, resolve);
   for (const char* name : kBinaryOps) registry.add(name, resolve);
-  for (const char* name : kLinearUnaryOps) registry.add(name, with_policy(PartialPolicy::LinearUnary));
-  for (const char* name : {"aten::add.Tensor", "aten::add_.Tensor", "aten::sub.Tensor", "aten::sub_.Tensor"})
-    registry.add(name, with_policy(PartialPolicy::AddLike));
-  for (const char* name : {"aten::mul.Tensor", "aten::mul_.Tensor"}) registry.add(name, with_policy(PartialPolicy::MulLike));
-  for (const char* name : {"aten::div.Tensor", "aten::div_.Tensor"})
-    registry.add(name, with_policy(PartialPolicy::DivLike));
+  // Partial-keeping policies (Note [Partial through pointwise]) replace `resolve` where they apply.
+  const std::pair<PartialPolicy, std::vector<std::string>> policies[] = {
+      {PartialPolicy::LinearUnary, {"aten::neg", "aten::neg_", "aten::clone", "aten::mul.Scalar", "aten::mul_.Scalar",
+                                    "aten::div.Scalar", "aten::div_.Scalar"}},
+      {PartialPolicy::NonDecreasing,
+       {"aten::relu", "aten::relu_", "aten::sigmoid", "aten::sigmoid_", "aten::tanh", "aten::tanh_", "aten::exp",
+        "aten::exp_", "aten::exp2", "aten::exp2_", "aten::expm1", "aten::expm1_", "aten::floor", "aten::floor_",
+        "aten::ceil", "aten::ceil_", "aten::trunc", "aten::trunc_", "aten::round", "aten::round_", "aten::sign",
+        "aten::sign_", "aten::erf", "aten::erf_", "aten::atan", "aten::atan_", "aten::sinh", "aten::sinh_",
+        "aten::clamp", "aten::clamp_", "aten::clamp_min", "aten::clamp_min_", "aten::clamp_max", "aten::clamp_max_",
+        "aten::hardtanh", "aten::hardtanh_", "aten::nan_to_num", "aten::nan_to_num_"}},
+      {PartialPolicy::Additive, {"aten::add.Tensor", "aten::add_.Tensor", "aten::sub.Tensor", "aten::sub_.Tensor",
+                                 "aten::add.Scalar", "aten::add_.Scalar", "aten::sub.Scalar", "aten::sub_.Scalar"}},
+      {PartialPolicy::NegatedSelf, {"aten::rsub.Tensor", "aten::rsub.Scalar"}},
+      {PartialPolicy::Product, {"aten::mul.Tensor", "aten::mul_.Tensor"}},
+      {PartialPolicy::Quotient, {"aten::div.Tensor", "aten::div_.Tensor"}},
+      {PartialPolicy::LatticeMax, {"aten::maximum"}},
+      {PartialPolicy::LatticeMin, {"aten::minimum"}},
+      {PartialPolicy::Select, {"aten::where.self", "aten::masked_fill.Scalar", "aten::masked_fill_.Scalar",
+                               "aten::masked_fill.Tensor", "aten::masked_fill_.Tensor"}},
+      {PartialPolicy::Overwrite, {"aten::copy_", "aten::fill_.Scalar", "aten::fill_.Tensor"}},
+      {PartialPolicy::AnyPartial, {"aten::zero_"}},
+  };
+  for (const auto& [policy, names] : policies)
+    for (const std::string& name : names) registry.add(name, with_policy(policy));
   for (const char* name : {"aten::zeros_like", "aten::ones_like", "aten::empty_like", "aten::full_like"})
     registry.add(name, like_factory);
-  // Overwriting in place: self keeps its layout; a Partial self is resolved first, or every
-  // term would hold the new value.
-  for (const char* name : {"aten::fill_.Scalar", "aten::zero_", "aten::fill_.Tensor"}) registry.add(name, resolve);
   // Fresh tensors of a given size from a ShardTensor's options: Replicate, nothing moves.
   for (const char* name : {"aten::new_zeros", "aten::new_ones", "aten::new_empty", "aten::new_full", "aten::new_empty_strided"})
     registry.add(name, [](const OpMeta& op) {

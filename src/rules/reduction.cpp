@@ -6,7 +6,8 @@
 // the GLOBAL count (uneven shards make an average of averages wrong); prod -> P(product);
 // amax/amin -> P(max/min) unless some shard is empty (an empty max has no value). The others
 // (indices, variances, norms, logsumexp, boolean all/any) gather the reduced dims first.
-// A Partial(sum) input passes through sum and mean (they are linear); others resolve it.
+// A Partial input passes through the reductions that distribute over it (passes_through):
+// P(sum/avg) through sum and mean, P(max) through max and amax, P(min) through min and amin.
 #include <ATen/core/function_schema.h>
 
 #include <algorithm>
@@ -55,6 +56,26 @@ std::optional<Placement> partial_for(Combine combine, const ShardTensorSpec& spe
   return std::nullopt;
 }
 
+// Whether a Partial(r) input stays Partial(r) through the reduction: sums and means of pending
+// sums or averages, the maximum of pending maxima, the minimum of pending minima, the product
+// of pending products.
+bool passes_through(Combine combine, ReduceOp r) {
+  switch (combine) {
+    case Combine::Sum:
+    case Combine::Mean:
+      return r == ReduceOp::Sum || r == ReduceOp::Avg;
+    case Combine::Max:
+      return r == ReduceOp::Max;
+    case Combine::Min:
+      return r == ReduceOp::Min;
+    case Combine::Product:
+      return r == ReduceOp::Product;
+    case Combine::Gather:
+      return false;
+  }
+  return false;
+}
+
 RuleResult reduction(const OpMeta& op, const ReductionArgs& ra) {
   const ShardTensorSpec& in = op.inputs.front().spec;
   const int64_t ndim = in.ndim();
@@ -62,14 +83,13 @@ RuleResult reduction(const OpMeta& op, const ReductionArgs& ra) {
   const std::vector<int64_t> dims = reduction_dims(by_dim ? op.arg("dim") : c10::IValue(), ndim, op);
   const bool keepdim = by_dim && bool_arg(op, "keepdim");
   auto reduced = [&](int64_t d) { return std::find(dims.begin(), dims.end(), d) != dims.end(); };
-  const bool linear = ra.combine == Combine::Sum || ra.combine == Combine::Mean;
 
   Placements in_ps = in.placements();
   Placements out_ps = in_ps;
   bool partial_over_sharded = false;
   for (size_t m = 0; m < in_ps.size(); ++m) {
     const Placement& p = in_ps[m];
-    if (p.is_partial() && !(linear && p.reduce_op == ReduceOp::Sum)) in_ps[m] = out_ps[m] = Replicate();
+    if (p.is_partial() && !passes_through(ra.combine, p.reduce_op)) in_ps[m] = out_ps[m] = Replicate();
     if (!p.is_shard() || !reduced(p.tensor_dim)) continue;
     if (std::optional<Placement> partial = partial_for(ra.combine, in, p.tensor_dim)) {
       out_ps[m] = *partial;

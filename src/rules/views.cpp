@@ -227,11 +227,13 @@ RuleResult expand_rule(const OpMeta& op) {
   return r;
 }
 
-// An op that reads its `dim` whole: gather it, keep the rest.
+// An op that reads its `dim` whole: gather it, keep the rest. Selecting keeps a Partial (a
+// slice of a pending sum is the pending sum of slices), so select and slice of a Partial stay
+// views of their base.
 RuleResult along_whole_dim(const OpMeta& op, bool removes_dim) {
   const ShardTensorSpec& in = op.inputs[0].spec;
   const int64_t dim = wrap_dim(int_arg(op, "dim"), in.ndim(), op);
-  const ShardTensorSpec target = replicate_tensor_dims(in, {dim});
+  const ShardTensorSpec target = keep_shared_partials(replicate_tensor_dims(in, {dim}), {in});
   std::vector<int64_t> dim_map(in.ndim());
   for (int64_t d = 0; d < in.ndim(); ++d) dim_map[d] = !removes_dim ? d : d < dim ? d : d == dim ? -1 : d - 1;
   RuleResult r = keep_layout(target, remap_dims(target, dim_map));
@@ -260,14 +262,21 @@ RuleResult split_rule(const OpMeta& op) {
   return r;
 }
 
+std::vector<ShardTensorSpec> input_specs(const OpMeta& op) {
+  std::vector<ShardTensorSpec> specs;
+  for (const TensorInput& in : op.inputs) specs.push_back(in.spec);
+  return specs;
+}
+
 // cat along a dim: inputs share the first input's layout elsewhere; the dim itself is gathered.
+// Operands that all hold the same Partial keep it (see keep_shared_partials); so do stack's.
 RuleResult cat_rule(const OpMeta& op) {
   const ShardTensorSpec& first = op.inputs[0].spec;
   int64_t dim = int_arg(op, "dim");
   const int64_t ndim = first.ndim();
   dim = wrap_dim(dim, ndim, op);
   RuleResult r;
-  const ShardTensorSpec lead = without_partial(replicate_tensor_dims(first, {dim}));
+  const ShardTensorSpec lead = keep_shared_partials(without_partial(replicate_tensor_dims(first, {dim})), input_specs(op));
   for (const TensorInput& in : op.inputs) {
     if (in.spec.ndim() != ndim) {  // legacy empty [0] inputs are skipped by cat
       r.input_targets.push_back(replicated(in.spec));
@@ -281,7 +290,7 @@ RuleResult cat_rule(const OpMeta& op) {
 
 // stack along a new dim: every input follows the first one's layout, dims from `dim` on shift.
 RuleResult stack_rule(const OpMeta& op) {
-  const ShardTensorSpec lead = without_partial(op.inputs[0].spec);
+  const ShardTensorSpec lead = keep_shared_partials(without_partial(op.inputs[0].spec), input_specs(op));
   const int64_t dim = wrap_dim(int_arg(op, "dim"), lead.ndim() + 1, op);
   RuleResult r;
   for (const TensorInput& in : op.inputs) r.input_targets.push_back(align_to(in.spec, lead));

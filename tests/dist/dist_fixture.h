@@ -16,6 +16,24 @@
 
 namespace shardtensor::testing {
 
+// This rank's term of a Partial value: v split over each Partial mesh dim in turn so that the
+// reduction gives v back exactly (in double): sum: v - (1+..+n-1) at 0 and c elsewhere;
+// avg: v + c - (n-1)/2; max: v - c; min: v + c; product: v at 0 and 1 elsewhere.
+inline at::Tensor partial_term(at::Tensor v, const DeviceMesh& mesh, const Placements& ps) {
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    if (!ps[m].is_partial()) continue;
+    const double c = static_cast<double>(mesh.coordinate()[m]), n = static_cast<double>(mesh.size(m));
+    switch (ps[m].reduce_op) {
+      case ReduceOp::Sum: v = c == 0 ? v - (n - 1) * n / 2 : at::full_like(v, c); break;
+      case ReduceOp::Avg: v = v + (c - (n - 1) / 2); break;
+      case ReduceOp::Max: v = v - c; break;
+      case ReduceOp::Min: v = v + c; break;
+      case ReduceOp::Product: v = c == 0 ? v : at::ones_like(v); break;
+    }
+  }
+  return v.contiguous();
+}
+
 inline const std::vector<DeviceMesh>& test_meshes() {
   static const std::vector<DeviceMesh> meshes = [] {
     std::vector<DeviceMesh> out;

@@ -21,23 +21,6 @@ Placements without_partial(Placements ps) {
   return ps;
 }
 
-// This rank's term of a Partial value: v split over each Partial mesh dim in turn so that the
-// reduction gives v back exactly (in double): sum: v - (1+..+n-1) at 0 and c elsewhere;
-// avg: v + c - (n-1)/2; max: v - c; min: v + c; product: v at 0 and 1 elsewhere.
-at::Tensor partial_term(at::Tensor v, const DeviceMesh& mesh, const Placements& ps) {
-  for (int64_t m = 0; m < mesh.ndim(); ++m) {
-    if (!ps[m].is_partial()) continue;
-    const double c = static_cast<double>(mesh.coordinate()[m]), n = static_cast<double>(mesh.size(m));
-    switch (ps[m].reduce_op) {
-      case ReduceOp::Sum: v = c == 0 ? v - (n - 1) * n / 2 : at::full_like(v, c); break;
-      case ReduceOp::Avg: v = v + (c - (n - 1) / 2); break;
-      case ReduceOp::Max: v = v - c; break;
-      case ReduceOp::Min: v = v + c; break;
-      case ReduceOp::Product: v = c == 0 ? v : at::ones_like(v); break;
-    }
-  }
-  return v.contiguous();
-}
 
 // Random source and target layouts on `mesh`. All Partial dims of the source share one op, so
 // the reduction order does not matter; the target keeps a Partial only when the source has

@@ -1,0 +1,291 @@
+// Partial placements kept where the math allows (#16 item 5), with the collectives counted, and
+// the placement rules of in-place ops (#16 item 4). The oracle is one process: every rank
+// builds the same global values, and each Partial operand holds this rank's term of its value
+// (partial_term), so a reduction of the terms gives the value back exactly.
+#include <ATen/ATen.h>
+
+#include "dist/dist_fixture.h"
+
+using namespace shardtensor;
+using namespace shardtensor::testing;
+
+namespace {
+
+const DeviceMesh& mesh_1d() { return test_meshes().front(); }
+
+at::Tensor same_randn(std::vector<int64_t> shape) {
+  static uint64_t draws = 0;
+  at::manual_seed(700 + draws++);
+  return at::randn(shape, at::kDouble);
+}
+
+// `value` as a ShardTensor pending `op` over every mesh dim of the 1-D mesh.
+at::Tensor pending(const at::Tensor& value, ReduceOp op = ReduceOp::Sum) {
+  const Placements ps{Partial(op)};
+  return from_local(partial_term(value, mesh_1d(), ps), mesh_1d(), ps);
+}
+
+at::Tensor replicate(const at::Tensor& value) { return from_local(value.clone(), mesh_1d(), {Replicate()}); }
+
+// The reductions a world of `n` ranks runs for something that needs one: none alone.
+int64_t one_if_several() { return mesh_1d().size(0) > 1 ? 1 : 0; }
+
+void expect_value(const at::Tensor& t, const Placements& placements, const at::Tensor& expected, const std::string& what) {
+  EXPECT_EQ(spec(t).placements(), placements) << what;
+  EXPECT_TRUE(at::allclose(full_tensor(t), expected, 1e-10, 1e-12)) << what << "\n" << full_tensor(t) << "\n" << expected;
+}
+
+// Results computed while collectives are counted, checked after: full_tensor communicates.
+class Results {
+ public:
+  void add(at::Tensor t, Placements placements, at::Tensor expected, std::string what) {
+    rows_.push_back({std::move(t), std::move(placements), std::move(expected), std::move(what)});
+  }
+  ~Results() {
+    for (const Row& r : rows_) expect_value(r.t, r.placements, r.expected, r.what);
+  }
+
+ private:
+  struct Row {
+    at::Tensor t;
+    Placements placements;
+    at::Tensor expected;
+    std::string what;
+  };
+  std::vector<Row> rows_;
+};
+
+}  // namespace
+
+TEST(KeepPartial, SumPlusReplicateStaysPendingAndCountsTheReplicateOnce) {
+  const at::Tensor va = same_randn({5, 3}), vb = same_randn({5, 3}), vrow = same_randn({3});
+  const at::Tensor a = pending(va), b = replicate(vb), row = replicate(vrow), b_pending = pending(vb);
+  Results results;
+  CommDebugMode comms;
+  results.add(a + b, {Partial()}, va + vb, "P + R");
+  results.add(b + a, {Partial()}, vb + va, "R + P");
+  results.add(a - row, {Partial()}, va - vrow, "P - broadcast R");
+  results.add(b - a, {Partial()}, vb - va, "R - P");
+  results.add(at::rsub(a, b), {Partial()}, vb - va, "rsub(P, R)");
+  results.add(a + 2.5, {Partial()}, va + 2.5, "P + scalar");
+  results.add(at::add(a, b, 3), {Partial()}, va + 3 * vb, "P + alpha R");
+  results.add(a + b_pending, {Partial()}, va + vb, "P + P");
+  EXPECT_EQ(comms.count("all_reduce"), 0) << comms.table();
+}
+
+TEST(KeepPartial, IntegerSumsStayExact) {
+  // No division by the group size: the replicated value is counted once, exactly.
+  const int64_t n = mesh_1d().size(0), c = mesh_1d().coordinate()[0];
+  const at::Tensor global = at::arange(12, at::kLong).view({3, 4});
+  const at::Tensor term = c == 0 ? global - (n - 1) : at::ones_like(global);
+  const at::Tensor a = from_local(term, mesh_1d(), {Partial()});
+  const at::Tensor seven = from_local(at::full({4}, 7, at::kLong), mesh_1d(), {Replicate()});
+  CommDebugMode comms;
+  const at::Tensor sum = a + seven;
+  EXPECT_EQ(comms.total(), 0);
+  EXPECT_EQ(spec(sum).placements(), Placements{Partial()});
+  EXPECT_TRUE(at::equal(full_tensor(sum), global + 7));
+}
+
+TEST(KeepPartial, AProductOfTwoPendingSumsMakesOneReduction) {
+  const at::Tensor va = same_randn({4, 6}), vb = same_randn({4, 6}), vr = same_randn({6});
+  const at::Tensor a = pending(va), b = pending(vb), r = replicate(vr), fresh_b = pending(vb);
+  {
+    Results results;
+    CommDebugMode comms;
+    const at::Tensor product = a * b;
+    EXPECT_EQ(comms.count("all_reduce"), one_if_several()) << comms.table();
+    EXPECT_EQ(comms.total(), one_if_several());
+    results.add(product, {Partial()}, va * vb, "P * P");
+  }
+  {
+    Results results;
+    CommDebugMode comms;
+    results.add(a * r, {Partial()}, va * vr, "P * R");
+    EXPECT_EQ(comms.total(), 0);
+  }
+  {
+    Results results;
+    CommDebugMode comms;
+    const at::Tensor quotient = a / (fresh_b.abs() + 1);  // abs resolves b: one reduction, the rest local
+    EXPECT_EQ(comms.count("all_reduce"), one_if_several()) << comms.table();
+    results.add(quotient, {Partial()}, va / (vb.abs() + 1), "P / R");
+  }
+}
+
+TEST(KeepPartial, AveragesThroughLinearOpsAndScaling) {
+  const at::Tensor va = same_randn({3, 5}), vb = same_randn({3, 5}), vr = same_randn({3, 5});
+  const at::Tensor a = pending(va, ReduceOp::Avg), b = pending(vb, ReduceOp::Avg), r = replicate(vr);
+  Results results;
+  CommDebugMode comms;
+  const at::Tensor out = (a * 3 - b / 2).neg() + r;
+  results.add(out, {Partial(ReduceOp::Avg)}, (va * 3 - vb / 2).neg() + vr, "linear ops on P(avg)");
+  results.add(a * r, {Partial(ReduceOp::Avg)}, va * vr, "P(avg) * R");
+  results.add(a.sum(0), {Partial(ReduceOp::Avg)}, va.sum(0), "sum of P(avg)");
+  results.add(a.mean(), {Partial(ReduceOp::Avg)}, va.mean(), "mean of P(avg)");
+  EXPECT_EQ(comms.count("all_reduce"), 0) << comms.table();
+}
+
+TEST(KeepPartial, MaxAndMinOfPendingMaximaAndMinima) {
+  const at::Tensor va = same_randn({4, 5}), vb = same_randn({4, 5}), vr = same_randn({5});
+  const at::Tensor hi = pending(va, ReduceOp::Max), hi2 = pending(vb, ReduceOp::Max);
+  const at::Tensor lo = pending(va, ReduceOp::Min), lo2 = pending(vb, ReduceOp::Min), r = replicate(vr);
+  const Placements pmax{Partial(ReduceOp::Max)}, pmin{Partial(ReduceOp::Min)};
+  Results results;
+  CommDebugMode comms;
+  results.add(at::maximum(hi, hi2), pmax, at::maximum(va, vb), "maximum(P(max), P(max))");
+  results.add(at::maximum(hi, r), pmax, at::maximum(va, vr), "maximum(P(max), R)");
+  results.add(at::minimum(lo, lo2), pmin, at::minimum(va, vb), "minimum(P(min), P(min))");
+  results.add(at::minimum(r, lo), pmin, at::minimum(vr, va), "minimum(R, P(min))");
+  results.add(at::maximum(lo, r), pmin, at::maximum(va, vr), "maximum(P(min), R)");
+  results.add(at::relu(hi), pmax, at::relu(va), "relu(P(max))");
+  results.add(at::clamp(lo, -0.5, 0.5), pmin, at::clamp(va, -0.5, 0.5), "clamp(P(min))");
+  results.add(hi + r, pmax, va + vr, "P(max) + R");
+  results.add(at::amax(hi, {1}), pmax, at::amax(va, {1}), "amax of P(max)");
+  results.add(hi.max(), pmax, va.max(), "max of P(max)");
+  results.add(at::amin(lo, {0}), pmin, at::amin(va, {0}), "amin of P(min)");
+  EXPECT_EQ(comms.total(), 0) << comms.table();
+  {
+    Results results;
+    CommDebugMode resolved;  // maximum of pending minima is not a pending anything: one operand resolves
+    results.add(at::maximum(lo, lo2), pmin, at::maximum(va, vb), "maximum(P(min), P(min))");
+    EXPECT_EQ(resolved.count("all_reduce"), one_if_several());
+  }
+}
+
+TEST(KeepPartial, PaddingStackingAndIndexingMoveNoPendingValue) {
+  const at::Tensor va = same_randn({4, 5}), vb = same_randn({4, 5}), vv = same_randn({3, 5});
+  const at::Tensor a = pending(va), b = pending(vb), values = replicate(vv);
+  const at::Tensor index = at::tensor(std::vector<int64_t>{3, 0, 3}, at::kLong);
+  const at::Tensor gather_index = at::tensor(std::vector<int64_t>{4, 0, 1, 1, 2, 3, 0, 4}, at::kLong).view({4, 2});
+  const at::Tensor idx = from_local(index, mesh_1d(), {Replicate()});
+  const at::Tensor gidx = from_local(gather_index, mesh_1d(), {Replicate()});
+  const at::Tensor hi = pending(va, ReduceOp::Max);
+  Results results;
+  CommDebugMode comms;
+  results.add(at::constant_pad_nd(a, {1, 2}, 0), {Partial()}, at::constant_pad_nd(va, {1, 2}, 0), "pad P(sum) with 0");
+  results.add(at::constant_pad_nd(hi, {1, 1, 2, 0}, 5), {Partial(ReduceOp::Max)}, at::constant_pad_nd(va, {1, 1, 2, 0}, 5),
+               "pad P(max) with 5");
+  results.add(at::cat({a, b}, 1), {Partial()}, at::cat({va, vb}, 1), "cat of P(sum)");
+  results.add(at::stack({a, b}, 0), {Partial()}, at::stack({va, vb}, 0), "stack of P(sum)");
+  results.add(at::gather(a, 1, gidx), {Partial()}, at::gather(va, 1, gather_index), "gather on P(sum)");
+  using Indices = c10::List<c10::optional<at::Tensor>>;
+  results.add(at::index(a, Indices({idx})), {Partial()}, at::index(va, Indices({index})), "index on P(sum)");
+  results.add(at::index_put(a, Indices({idx.slice(0, 0, 2)}), values.slice(0, 0, 2), false), {Partial()},
+               at::index_put(va, Indices({index.slice(0, 0, 2)}), vv.slice(0, 0, 2), false), "index_put of R values into P(sum)");
+  results.add(at::index_put(a, Indices({idx}), values, /*accumulate=*/true), {Partial()},
+               at::index_put(va, Indices({index}), vv, true), "index_put accumulating R values into P(sum)");
+  EXPECT_EQ(comms.total(), 0) << comms.table();
+  {
+    Results results;
+    CommDebugMode resolved;  // a sum padded with 1 is not a pending sum of padded terms
+    results.add(at::constant_pad_nd(a, {1, 0}, 1), {Replicate()}, at::constant_pad_nd(va, {1, 0}, 1), "pad P(sum) with 1");
+    EXPECT_EQ(resolved.count("all_reduce"), one_if_several());
+  }
+}
+
+TEST(KeepPartial, SelectingAndOverwritingKeepEveryKind) {
+  const at::Tensor va = same_randn({4, 3}), vb = same_randn({4, 3}), vr = same_randn({4, 3});
+  const at::Tensor mask_value = va > 0;
+  const at::Tensor mask = from_local(mask_value, mesh_1d(), {Replicate()});
+  Results results;
+  CommDebugMode comms;
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    const at::Tensor a = pending(va, op), b = pending(vb, op), r = replicate(vr);
+    const std::string kind = to_string(op);
+    results.add(at::where(mask, a, b), {Partial(op)}, at::where(mask_value, va, vb), ("where(P, P) " + kind));
+    results.add(at::where(mask, a, r), {Partial(op)}, at::where(mask_value, va, vr), ("where(P, R) " + kind));
+    results.add(a.masked_fill(mask, 2.0), {Partial(op)}, va.masked_fill(mask_value, 2.0), ("masked_fill " + kind));
+  }
+  EXPECT_EQ(comms.count("all_reduce"), 0) << comms.table();
+}
+
+TEST(InPlacePlacement, CopyIntoAPartialKeepsItPendingWithTheRightLocalValues) {
+  const at::Tensor va = same_randn({3, 4}), vs = same_randn({3, 4}), vp = same_randn({3, 4});
+  const bool first = mesh_1d().coordinate()[0] == 0;
+  at::Tensor x = pending(va);
+  at::Tensor row = x.select(0, 1);  // a view: must see the same values as its base
+  const at::Tensor src = replicate(vs), src_pending = pending(vp);
+  {
+    CommDebugMode comms;
+    x.copy_(src);
+    EXPECT_EQ(comms.total(), 0) << comms.table();
+  }
+  expect_value(x, {Partial()}, vs, "copy_ of R into P(sum)");
+  expect_value(row, {Partial()}, vs.select(0, 1), "the view after copy_");
+  // The contribution rule: coordinate 0 holds the value, the other terms are zero.
+  EXPECT_TRUE(at::equal(to_local(x), first ? vs : at::zeros_like(vs)));
+  x.copy_(src_pending);
+  expect_value(x, {Partial()}, vp, "copy_ of P(sum) into P(sum)");
+  EXPECT_TRUE(at::equal(to_local(x), to_local(src_pending)));
+  x.fill_(3.0);
+  expect_value(x, {Partial()}, at::full_like(va, 3.0), "fill_ of P(sum)");
+  at::Tensor hi = pending(va, ReduceOp::Max);
+  hi.copy_(src);
+  expect_value(hi, {Partial(ReduceOp::Max)}, vs, "copy_ of R into P(max)");
+  EXPECT_TRUE(at::equal(to_local(hi), vs));
+  {
+    CommDebugMode comms;
+    x.zero_();
+    EXPECT_EQ(comms.total(), 0);
+  }
+  expect_value(x, {Partial()}, at::zeros_like(va), "zero_ of P(sum)");
+}
+
+TEST(InPlacePlacement, AnInPlaceOpAPartialCannotKeepReducesItAndItsViewsAgree) {
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    const at::Tensor va = same_randn({4, 3});
+    at::Tensor x = pending(va, op);
+    at::Tensor column = x.select(1, 2);
+    x.sin_();  // not distributive over any reduction: resolved, computed, and made pending again
+    expect_value(x, {Partial(op)}, va.sin(), ("sin_ of P " + std::string(to_string(op))).c_str());
+    expect_value(column, {Partial(op)}, va.sin().select(1, 2), "its view");
+    column.mul_(2);  // in place through the view, kept pending
+    expect_value(x, {Partial(op)}, at::cat({va.sin().slice(1, 0, 2), va.sin().slice(1, 2, 3) * 2}, 1), "base after the view's mul_");
+  }
+}
+
+TEST(InPlacePlacement, OperatorsNeverChangeTheirInputsPlacement) {
+  const at::Tensor va = same_randn({6, 2}), vr = same_randn({6, 2});
+  const at::Tensor x = pending(va), r = replicate(vr);
+  {
+    Results results;
+    CommDebugMode comms;
+    const at::Tensor e = x.exp();  // needs the sum: one reduction
+    EXPECT_EQ(comms.count("all_reduce"), one_if_several());
+    results.add(e, {Replicate()}, va.exp(), "exp of P(sum)");
+  }
+  EXPECT_EQ(spec(x).placements(), Placements{Partial()});
+  {
+    Results results;
+    CommDebugMode comms;  // the input is unchanged, so its resolved form is reused
+    // cos and sigmoid read the resolved form; x * R and R + P(sum) stay pending
+    results.add(x.cos() + x * x.sigmoid(), {Partial()}, va.cos() + va * va.sigmoid(), "more reads of P(sum)");
+    EXPECT_EQ(comms.total(), 0) << comms.table();
+  }
+  r.add_(x);  // a Replicate self keeps Replicate
+  EXPECT_EQ(spec(r).placements(), Placements{Replicate()});
+  EXPECT_TRUE(at::allclose(full_tensor(r), vr + va));
+  at::Tensor y = x.clone();
+  expect_value(y.exp(), {Replicate()}, va.exp(), "exp of a clone");
+  y.add_(1.0);  // changes y's terms: its resolved form must not be reused
+  expect_value(y.exp(), {Replicate()}, (va + 1).exp(), "exp after add_");
+  expect_value(x, {Partial()}, va, "the input of clone and exp");
+  at::Tensor z = x.clone();
+  expect_value(z.exp(), {Replicate()}, va.exp(), "exp of another clone");
+  z.select(0, 1).mul_(2);  // written through a view
+  expect_value(z.exp(), {Replicate()}, at::cat({va.slice(0, 0, 1), va.slice(0, 1, 2) * 2, va.slice(0, 2)}).exp(),
+               "exp after a write through a view");
+}
+
+TEST(KeepPartial, GradientsThroughKeptPartialsMatchOneProcess) {
+  const at::Tensor va = same_randn({5, 3}), vb = same_randn({3}), vw = same_randn({5, 3});
+  const at::Tensor a = pending(va);
+  const at::Tensor b = distribute_tensor(vb.clone().requires_grad_(true), mesh_1d(), {Replicate()});
+  const at::Tensor w = replicate(vw);
+  const at::Tensor loss = ((a + b) * w).sum();
+  EXPECT_TRUE(at::allclose(full_tensor(loss), ((va + vb) * vw).sum()));
+  loss.backward();
+  ASSERT_TRUE(b.grad().defined());
+  EXPECT_TRUE(at::allclose(full_tensor(b.grad()), vw.sum(0))) << full_tensor(b.grad());
+}
