@@ -44,8 +44,12 @@ namespace {
 // Every rank reads alone, the rows are compared on every rank, and all raise together or none.
 enum Column : size_t { kFailed, kNdim, kDtype, kDeviceType, kLayout, kRequiresGrad, kStrideOrder, kColumns };
 
-// The order of the local tensor's dims in memory, for run_check; -1 where a rank's strides say
-// nothing about it (an empty piece, or a dim of size 1, whose stride is arbitrary).
+// The order of the local tensor's dims in memory, outermost first, as a number (dims in base
+// ndim; a hash past 15 dims, where that would overflow): compared by run_check and read back by
+// dim_order_of. -1 where a rank's strides say nothing about it (an empty piece, or a dim of
+// size 1, whose stride is arbitrary).
+constexpr int64_t kMostDimsEncoded = 15;
+
 int64_t stride_order_code(const at::Tensor& local) {
   if (local.numel() == 0) return -1;
   for (int64_t d = 0; d < local.dim(); ++d)
@@ -53,7 +57,19 @@ int64_t stride_order_code(const at::Tensor& local) {
   std::vector<int64_t> dims(local.dim());
   for (int64_t d = 0; d < local.dim(); ++d) dims[d] = d;
   std::stable_sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return local.stride(a) > local.stride(b); });
-  return static_cast<int64_t>(stable_hash(join(dims, ",")) >> 1);
+  if (local.dim() > kMostDimsEncoded) return static_cast<int64_t>(stable_hash(join(dims, ",")) >> 1);
+  int64_t code = 0;
+  for (int64_t d : dims) code = code * local.dim() + d;
+  return code;
+}
+
+std::vector<int64_t> dim_order_of(int64_t code, int64_t ndim) {
+  std::vector<int64_t> dims(ndim);
+  for (int64_t k = ndim - 1; k >= 0; --k) {
+    dims[k] = code % ndim;
+    code /= ndim;
+  }
+  return dims;
 }
 
 std::vector<int64_t> row_of(const at::Tensor& local, const std::optional<ShardTensorSpec>& spec, const std::exception_ptr& failure) {
@@ -220,6 +236,37 @@ at::Tensor wrap_differentiably(const at::Tensor& local, ShardTensorSpec spec) {
                         "FromLocalBackward");
 }
 
+// The global strides of a tensor whose pieces every rank lays out in one order of dims that is
+// not the identity (a permuted local tensor): the contiguous strides of the global shape in that
+// order, as a plain tensor of that layout reports. Empty: contiguous, or no order every rank
+// with a say agrees on.
+std::vector<int64_t> agreed_global_strides(const AgreementRows& rows, const std::vector<int64_t>& global_shape) {
+  const int64_t ndim = static_cast<int64_t>(global_shape.size());
+  if (ndim < 2 || ndim > kMostDimsEncoded) return {};
+  std::optional<int64_t> code;
+  for (const std::vector<int64_t>& row : rows) {
+    if (row[kStrideOrder] < 0) continue;
+    if (code && *code != row[kStrideOrder]) return {};
+    code = row[kStrideOrder];
+  }
+  if (!code) return {};
+  const std::vector<int64_t> order = dim_order_of(*code, ndim);
+  if (std::is_sorted(order.begin(), order.end())) return {};
+  std::vector<int64_t> strides(ndim);
+  int64_t next = 1;
+  for (int64_t k = ndim - 1; k >= 0; --k) {
+    strides[order[k]] = next;
+    next *= std::max<int64_t>(global_shape[order[k]], 1);
+  }
+  return strides;
+}
+
+at::Tensor with_global_strides(at::Tensor wrapper, const AgreementRows& rows) {
+  const std::vector<int64_t> strides = agreed_global_strides(rows, wrapper.sizes().vec());
+  if (!strides.empty()) shard_tensor_impl(wrapper)->set_global_strides(strides);
+  return wrapper;
+}
+
 }  // namespace
 
 void check_on_mesh_device(const char* api, const at::Tensor& t, const DeviceMesh& mesh) {
@@ -255,14 +302,15 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
   if (run_check) check_same_tensor_properties(mesh, rows);
   if (infer) {
     InferredLayout layout = infer_layout(mesh, normalized, gather_local_shapes(mesh, local));
-    return wrap_differentiably(local, ShardTensorSpec(mesh, normalized, layout.global_shape, local.scalar_type(), layout.sizes));
+    return with_global_strides(
+        wrap_differentiably(local, ShardTensorSpec(mesh, normalized, layout.global_shape, local.scalar_type(), layout.sizes)), rows);
   }
   // Each rank checked its own piece against its layout; equal layouts make that a check of all.
   check_rows_agree(mesh, rows, kLayout, "from_local: the ranks read their arguments as different layouts",
                    [&] { return spec->to_string(); },
                    "Every rank must describe the same global tensor: pass the same shard sizes or global shape on every "
                    "rank, or use ShardSizing::infer() (\"infer\" in Python) to take the sizes from the local tensors.");
-  return wrap_differentiably(local, std::move(*spec));
+  return with_global_strides(wrap_differentiably(local, std::move(*spec)), rows);
 }
 
 }  // namespace shardtensor

@@ -4,17 +4,24 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "kernels/stack.h"
+#include <c10/util/strides.h>
+
 #include "rules/views.h"
 
 namespace shardtensor {
 
 LocalKernel LocalSizesPlan::lower() const {
-  return [size_arg = size_arg, in_arg = in_arg, rewrites = rewrites](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [size_arg = size_arg, in_arg = in_arg, rewrites = rewrites, stride_arg = stride_arg](const c10::OperatorHandle& op,
+                                                                                              torch::jit::Stack* stack) {
     const size_t begin = stack->size() - op.schema().arguments().size();
     const at::Tensor in = (*stack)[begin + in_arg].toTensor();
     std::vector<int64_t> sizes = (*stack)[begin + size_arg].toIntVector();
     for (const SizeFromInput& r : rewrites) sizes[r.out_dim] = in.size(r.in_dim) * r.num / r.den;
     (*stack)[begin + size_arg] = c10::IValue(sizes);
+    if (stride_arg) {
+      const c10::DimVector strides = c10::contiguous_strides(sizes);
+      (*stack)[begin + *stride_arg] = c10::IValue(std::vector<int64_t>(strides.begin(), strides.end()));
+    }
     op.callBoxed(stack);
   };
 }

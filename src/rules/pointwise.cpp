@@ -9,6 +9,7 @@
 // Replicate in that operand. See Note [Partial through pointwise] for when Partial survives.
 #include "rules/contribution.h"
 #include "rules/helpers.h"
+#include "rules/views.h"
 
 #include <algorithm>
 #include <functional>
@@ -258,6 +259,32 @@ RuleResult like_factory(const OpMeta& op) {
   return r;
 }
 
+// Fresh tensors of a given size from a ShardTensor's options (new_zeros, new_full...): of self's
+// global shape, they are sharded like self, as DTensor's new_factory_strategy does, each rank
+// making only its piece; of any other size (or strides that are not contiguous), Replicate.
+// Nothing moves either way.
+RuleResult new_factory(const OpMeta& op) {
+  const ShardTensorSpec& self = op.inputs[0].spec;
+  const std::vector<int64_t> size = int_list_arg(op, "size");
+  const bool strided = op.has_arg("stride");
+  std::vector<int64_t> contiguous(size.size(), 1);
+  for (int64_t d = static_cast<int64_t>(size.size()) - 2; d >= 0; --d) contiguous[d] = contiguous[d + 1] * std::max<int64_t>(size[d + 1], 1);
+  const bool follows = size == self.shape() && !self.shardings().empty() && (!strided || int_list_arg(op, "stride") == contiguous);
+  RuleResult r;
+  r.input_targets = {self};
+  if (!follows) {
+    r.outputs = {replicated_layout(op.mesh())};
+    return r;
+  }
+  const ShardTensorSpec layout = without_partial(self);  // fresh values are not a pending reduction
+  r.outputs = {layout_of(layout)};
+  std::vector<SizeFromInput> rewrites;
+  for (const DimSharding& s : layout.shardings()) rewrites.push_back({s.tensor_dim, s.tensor_dim});
+  r.kernel_plan = declare(LocalSizesPlan(op.arg_index("size"), op.inputs[0].arg_index, std::move(rewrites),
+                                         strided ? std::optional<size_t>(op.arg_index("stride")) : std::nullopt));
+  return r;
+}
+
 const char* const kUnaryOps[] = {
     "abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
     "atan", "sinh", "cosh", "tanh", "sigmoid", "relu", "sqrt", "rsqrt", "reciprocal", "sign", "floor", "ceil",
@@ -323,14 +350,8 @@ void register_pointwise_rules(RuleRegistry& registry) {
     for (const std::string& name : names) registry.add(name, with_policy(policy));
   for (const char* name : {"aten::zeros_like", "aten::ones_like", "aten::empty_like", "aten::full_like"})
     registry.add(name, like_factory);
-  // Fresh tensors of a given size from a ShardTensor's options: Replicate, nothing moves.
   for (const char* name : {"aten::new_zeros", "aten::new_ones", "aten::new_empty", "aten::new_full", "aten::new_empty_strided"})
-    registry.add(name, [](const OpMeta& op) {
-      RuleResult r;
-      r.input_targets = {op.inputs[0].spec};
-      r.outputs = {replicated_layout(op.mesh())};
-      return r;
-    });
+    registry.add(name, new_factory);
   // Results that depend on every value (.item(), nonzero): computed whole from gathered inputs,
   // identical on every rank, Replicate.
   for (const char* name : {"aten::_local_scalar_dense", "aten::nonzero"})

@@ -3,6 +3,8 @@
 // local piece's.
 #pragma once
 
+#include <optional>
+
 #include "rules/kernel_plan.h"
 
 namespace shardtensor {
@@ -15,12 +17,16 @@ struct SizeFromInput {
 
 // The operator itself, its int[] argument `size_arg` rewritten from the local shape of tensor
 // argument `in_arg` (expand, select_backward, slice_backward...).
+// With `stride_arg`, that int[] argument becomes the contiguous strides of the rewritten sizes
+// (new_empty_strided given the contiguous strides of its global size).
 struct LocalSizesPlan : KernelPlan {
   size_t size_arg = 0;
   size_t in_arg = 0;
   std::vector<SizeFromInput> rewrites;
+  std::optional<size_t> stride_arg;
 
-  LocalSizesPlan(size_t size, size_t in, std::vector<SizeFromInput> r) : size_arg(size), in_arg(in), rewrites(std::move(r)) {}
+  LocalSizesPlan(size_t size, size_t in, std::vector<SizeFromInput> r, std::optional<size_t> stride = std::nullopt)
+      : size_arg(size), in_arg(in), rewrites(std::move(r)), stride_arg(stride) {}
 
   LocalKernel lower() const override;
   std::string name() const override { return "the operator on local sizes"; }

@@ -94,3 +94,34 @@ TEST(Factories, ScatterTensorSendsEachRankItsPieceFromTheSource) {
   EXPECT_ERROR_CONTAINS(scatter_tensor(at::Tensor(), 0, test_meshes().front(), {Replicate()}), "passed an undefined tensor");
   EXPECT_ERROR_CONTAINS(scatter_tensor(at::zeros({2}), world_size(), test_meshes().front(), {Replicate()}), "is not in");
 }
+
+TEST(Factories, NewFactoriesOfTheSameShapeKeepTheSharding) {
+  // As DTensor's new_factory_strategy: a new_* of self's global shape is laid out like self
+  // (uneven and empty pieces included), each rank making its piece; any other size is Replicate.
+  for (const DeviceMesh& mesh : test_meshes()) {
+    for (const Placements& ps : layouts_for(mesh)) {
+      const int64_t n = mesh.size(0);
+      ShardSizes sizes;
+      if (ps.front().is_shard() && ps.front().tensor_dim == 0 && n > 1) {  // an empty first piece
+        std::vector<int64_t> rows = {0};
+        for (int64_t r : chunk_sizes(7, n - 1)) rows.push_back(r);
+        sizes.push_back({0, rows});
+      }
+      const at::Tensor x = distribute_tensor(at::randn({7, 5}, at::kDouble), mesh, ps, sizes);
+      const ShardTensorSpec expected = spec(x);
+      const std::vector<at::Tensor> made = {x.new_zeros({7, 5}), x.new_ones({7, 5}), x.new_full({7, 5}, 2.5), x.new_empty({7, 5}),
+                                            x.new_empty_strided({7, 5}, {5, 1})};
+      const double values[] = {0, 1, 2.5};
+      for (size_t k = 0; k < made.size(); ++k) {
+        EXPECT_EQ(spec(made[k]), expected) << "new factory " << k << " on " << to_string(ps);
+        EXPECT_EQ(to_local(made[k]).sizes().vec(), expected.local_shape());
+        if (k < 3) EXPECT_TRUE(at::equal(full_tensor(made[k]), at::full({7, 5}, values[k], at::kDouble)));
+      }
+      const at::Tensor other = x.new_full({3, 2}, 4.0);
+      EXPECT_EQ(spec(other).placements(), Placements(mesh.ndim(), Replicate()));
+      EXPECT_TRUE(at::equal(to_local(other), at::full({3, 2}, 4.0, at::kDouble)));
+      const at::Tensor transposed = x.new_empty_strided({7, 5}, {1, 7});  // not contiguous: Replicate
+      EXPECT_EQ(spec(transposed).placements(), Placements(mesh.ndim(), Replicate()));
+    }
+  }
+}

@@ -105,3 +105,32 @@ TEST(FromLocal, WrapperReportsGlobalMetadataAndHasNoStorage) {
   EXPECT_TRUE(t.is_cpu());
   EXPECT_THROW(t.data_ptr(), c10::Error);
 }
+
+TEST(FromLocal, PermutedPiecesReportTheMatchingGlobalStrides) {
+  // Every rank holds its columns laid out column-major (a transposed tensor's layout): the
+  // ShardTensor reports the strides a [4, C] column-major tensor has, as one process would.
+  for (const DeviceMesh& mesh : test_meshes()) {
+    const int64_t n = mesh.size(0);
+    at::manual_seed(41);
+    const at::Tensor global = at::randn({4, 2 * n + 1}, at::kDouble);
+    std::vector<int64_t> cols = chunk_sizes(2 * n + 1, n);
+    if (n > 1) cols = [&] {  // an empty piece has no say in the order
+      std::vector<int64_t> c(n, 2);
+      c[0] = 0, c[1] = 5;
+      return c;
+    }();
+    Placements ps(mesh.ndim(), Replicate());
+    ps[0] = Shard(1);
+    const ShardSizes sizes{{1, cols}};
+    const at::Tensor piece = reference_piece(global, mesh.shape(), ps, sizes, mesh.coordinate());
+    const at::Tensor column_major = piece.t().contiguous().t();
+    for (ShardSizing sizing : {ShardSizing::given(sizes), ShardSizing::infer()}) {
+      const at::Tensor x = from_local(column_major, mesh, ps, sizing);
+      EXPECT_EQ(x.strides().vec(), global.t().contiguous().t().strides().vec());
+      EXPECT_FALSE(x.is_contiguous());
+      EXPECT_TRUE(at::equal(full_tensor(x), global));
+      const at::Tensor y = from_local(piece, mesh, ps, sizing);  // row-major pieces: contiguous
+      EXPECT_TRUE(y.is_contiguous());
+    }
+  }
+}
