@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/view_as_real.h>
 
 #include <algorithm>
 #include <mutex>
@@ -37,9 +38,23 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 // "terminate called without an active exception" from ProcessGroupGloo::runLoop).
 at::Tensor for_backend(const at::Tensor& t) { return t.variable_data(); }
 
-// Gloo moves bytes of numeric types only: a bool tensor travels as its uint8 view (same
-// bytes, same storage), so masks and comparison results redistribute like any tensor.
-at::Tensor movable(const at::Tensor& t) { return for_backend(t.scalar_type() == at::kBool ? t.view(at::kByte) : t); }
+// Gloo moves real numeric types only: a bool tensor travels as its uint8 view, a complex one as
+// its real view (same bytes, same storage; dim 0 keeps its meaning, so splits along it hold),
+// so masks, comparison results and complex fields move like any tensor.
+at::Tensor movable(const at::Tensor& t) {
+  if (t.scalar_type() == at::kBool) return for_backend(t.view(at::kByte));
+  return for_backend(t.is_complex() ? at::view_as_real(t) : t);
+}
+
+// What a reduction hands the backend. A complex sum or average is the sum or average of its
+// real view, as torch.distributed's all_reduce does it; a complex maximum, minimum or product
+// has no such form (and max and min no meaning), so it is refused with the op named.
+at::Tensor reducible(const at::Tensor& t, ReduceOp op) {
+  TORCH_CHECK(!t.is_complex() || op == ReduceOp::Sum || op == ReduceOp::Avg, "Partial(", to_string(op),
+              ") of a complex tensor (", t.scalar_type(),
+              ") cannot be reduced: only Partial(sum) and Partial(avg) are defined for complex values.");
+  return movable(t);
+}
 
 class C10dComm final : public Comm {
  public:
@@ -81,7 +96,7 @@ class C10dComm final : public Comm {
     if (!nccl_ && !(gloo_ && SHARDTENSOR_GLOO_HAS_REDUCE_SCATTER)) return Comm::reduce_scatter(output, input, op);
     TORCH_INTERNAL_ASSERT(input.is_contiguous() && output.is_contiguous() && input.numel() == size() * output.numel());
     // Flat: Gloo checks that the input's first dim is size() times the output's.
-    at::Tensor in = for_backend(input.view({-1})), out = for_backend(output.view({-1}));
+    at::Tensor in = reducible(input, op).view({-1}), out = reducible(output, op).view({-1});
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(op);
     run("reduce_scatter", (size() - 1) * static_cast<int64_t>(output.nbytes()),
@@ -92,7 +107,7 @@ class C10dComm final : public Comm {
 
   void all_reduce(const at::Tensor& tensor, ReduceOp op) override {
     TORCH_INTERNAL_ASSERT(tensor.is_contiguous());
-    std::vector<at::Tensor> tensors{for_backend(tensor)};
+    std::vector<at::Tensor> tensors{reducible(tensor, op)};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
     run("all_reduce", tensor.nbytes(), [&] { return group()->allreduce(tensors, opts); },

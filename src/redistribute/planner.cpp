@@ -203,6 +203,13 @@ RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const
               target.mesh(), "; redistributing to another mesh is not supported.");
   TORCH_CHECK(source.shape() == target.shape() && source.dtype() == target.dtype(), "redistribute: source ", source,
               " and target ", target, " differ in shape or dtype.");
+  for (size_t m = 0; m < source.placements().size(); ++m) {
+    const Placement& p = source.placements()[m];
+    TORCH_CHECK(!c10::isComplexType(source.dtype()) || !p.is_partial() || p == target.placements()[m] ||
+                    p.reduce_op == ReduceOp::Sum || p.reduce_op == ReduceOp::Avg,
+                "redistribute: ", to_string(p), " of a complex tensor (", source.dtype(), ") on mesh dim ", m,
+                " cannot be reduced: only Partial(sum) and Partial(avg) are defined for complex values.");
+  }
   return make_plan(source, target, planner);
 }
 

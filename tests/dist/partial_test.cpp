@@ -289,3 +289,20 @@ TEST(KeepPartial, GradientsThroughKeptPartialsMatchOneProcess) {
   ASSERT_TRUE(b.grad().defined());
   EXPECT_TRUE(at::allclose(full_tensor(b.grad()), vw.sum(0))) << full_tensor(b.grad());
 }
+
+TEST(KeepPartial, ComplexSumsAndAveragesReduceOnEveryTransport) {
+  // Gloo reduces no complex type: the real view travels (#16 item 8).
+  const at::Tensor value = at::complex(same_randn({6, 4}), same_randn({6, 4}));
+  for (auto kind : {UseTransport::kMemory, UseTransport::kMessages, UseTransport::kCollectives}) {
+    UseTransport transport(kind);
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      const Placements ps{Partial(op)};
+      const at::Tensor x = from_local(partial_term(value, mesh_1d(), ps), mesh_1d(), ps);
+      EXPECT_TRUE(at::allclose(full_tensor(x), value)) << "transport " << kind << ", " << to_string(op);
+      EXPECT_TRUE(at::allclose(full_tensor(redistribute(x, {Shard(0)})), value)) << "reduce-scatter, transport " << kind;
+    }
+    const Placements pmax{Partial(ReduceOp::Max)};
+    const at::Tensor hi = from_local(value.clone(), mesh_1d(), pmax);
+    if (mesh_1d().size(0) > 1) EXPECT_THROW(full_tensor(hi), c10::Error) << "a complex maximum has no meaning";
+  }
+}
