@@ -6,6 +6,8 @@
 // Only c10 and the standard library are included here.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -17,6 +19,11 @@ namespace shardtensor {
 enum class ReduceOp : uint8_t { Sum, Avg, Max, Min, Product };
 
 const char* to_string(ReduceOp op);
+
+// Raises unless a Partial(op) of `dtype` values can be reduced: a complex tensor reduces only
+// by sum and avg (as its real view), since max and min have no meaning for complex numbers
+// and a product does not work on the real view.
+void check_reducible(c10::ScalarType dtype, ReduceOp op);
 
 struct Placement {
   enum class Kind : uint8_t { Shard, Replicate, Partial };

@@ -46,13 +46,11 @@ at::Tensor movable(const at::Tensor& t) {
   return for_backend(t.is_complex() ? at::view_as_real(t) : t);
 }
 
-// What a reduction hands the backend. A complex sum or average is the sum or average of its
-// real view, as torch.distributed's all_reduce does it; a complex maximum, minimum or product
-// has no such form (and max and min no meaning), so it is refused with the op named.
+// What a reduction hands the backend: a complex sum or average is that of its real view, as
+// torch.distributed's all_reduce does it. Planning refuses the other ops first; this guards
+// the callers that reduce without a plan.
 at::Tensor reducible(const at::Tensor& t, ReduceOp op) {
-  TORCH_CHECK(!t.is_complex() || op == ReduceOp::Sum || op == ReduceOp::Avg, "Partial(", to_string(op),
-              ") of a complex tensor (", t.scalar_type(),
-              ") cannot be reduced: only Partial(sum) and Partial(avg) are defined for complex values.");
+  check_reducible(t.scalar_type(), op);
   return movable(t);
 }
 

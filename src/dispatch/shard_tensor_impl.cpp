@@ -43,15 +43,13 @@ bool ShardTensorImpl::resolution_may_be_cached() const {
 const at::Tensor* ShardTensorImpl::cached_resolution(const ShardTensorSpec& target) const {
   if (!resolution_ || !resolution_may_be_cached()) return nullptr;
   const Resolution& r = *resolution_;
-  const bool fresh = r.of_local == local_.unsafeGetTensorImpl() && r.version == version_counter().current_version() &&
-                     r.target == target;
-  return fresh ? &r.resolved : nullptr;
+  return r.version == version_counter().current_version() && r.target == target ? &r.resolved : nullptr;
 }
 
 void ShardTensorImpl::cache_resolution(const ShardTensorSpec& target, at::Tensor resolved) {
   resolution_.reset();
   if (!resolution_may_be_cached() || resolved.is_alias_of(local_)) return;
-  resolution_ = Resolution{target, std::move(resolved), local_.unsafeGetTensorImpl(), version_counter().current_version()};
+  resolution_ = Resolution{target, std::move(resolved), version_counter().current_version()};
 }
 
 void ShardTensorImpl::replace(at::Tensor local, ShardTensorSpec spec) {
@@ -92,6 +90,7 @@ void ShardTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl
   local_ = other->local_;
   spec_ = other->spec_;
   permuted_strides_ = other->permuted_strides_;
+  resolution_.reset();
 }
 
 ShardTensorImpl* shard_tensor_impl(const at::Tensor& t) {

@@ -57,8 +57,7 @@ class ShardTensorImpl final : public c10::TensorImpl {
   struct Resolution {
     ShardTensorSpec target;
     at::Tensor resolved;
-    const c10::TensorImpl* of_local;  // the local piece, and the wrapper's version, when resolved
-    int64_t version;
+    int64_t version;  // the wrapper's, when resolved (replace and set_data drop the cache)
   };
   std::optional<Resolution> resolution_;
   bool resolution_may_be_cached() const;

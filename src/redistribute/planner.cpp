@@ -203,12 +203,9 @@ RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const
               target.mesh(), "; redistributing to another mesh is not supported.");
   TORCH_CHECK(source.shape() == target.shape() && source.dtype() == target.dtype(), "redistribute: source ", source,
               " and target ", target, " differ in shape or dtype.");
-  for (size_t m = 0; m < source.placements().size(); ++m) {
+  for (size_t m = 0; m < source.placements().size(); ++m) {  // before any rank moves a byte
     const Placement& p = source.placements()[m];
-    TORCH_CHECK(!c10::isComplexType(source.dtype()) || !p.is_partial() || p == target.placements()[m] ||
-                    p.reduce_op == ReduceOp::Sum || p.reduce_op == ReduceOp::Avg,
-                "redistribute: ", to_string(p), " of a complex tensor (", source.dtype(), ") on mesh dim ", m,
-                " cannot be reduced: only Partial(sum) and Partial(avg) are defined for complex values.");
+    if (p.is_partial() && p != target.placements()[m]) check_reducible(source.dtype(), p.reduce_op);
   }
   return make_plan(source, target, planner);
 }

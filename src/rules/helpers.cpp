@@ -128,6 +128,12 @@ ShardTensorSpec align_to(const ShardTensorSpec& spec, const ShardTensorSpec& lea
   return t;
 }
 
+int64_t numel_of(const ShardTensorSpec& spec) {
+  int64_t n = 1;
+  for (int64_t s : spec.shape()) n *= s;
+  return n;
+}
+
 ShardTensorSpec keep_shared_partials(const ShardTensorSpec& resolved, const std::vector<ShardTensorSpec>& operands) {
   Placements ps = resolved.placements();
   for (size_t m = 0; m < ps.size(); ++m) {

@@ -26,6 +26,9 @@ ShardTensorSpec replicate_tensor_dims(const ShardTensorSpec& spec, const std::ve
 // operand's shard boundaries with another's.
 ShardTensorSpec with_dim_sizes(const ShardTensorSpec& spec, int64_t tensor_dim, const std::vector<int64_t>& sizes);
 
+// The number of elements of the global tensor.
+int64_t numel_of(const ShardTensorSpec& spec);
+
 // A fully replicated spec of the same shape and dtype.
 ShardTensorSpec replicated(const ShardTensorSpec& spec);
 

@@ -13,12 +13,6 @@ namespace {
 
 constexpr int64_t kReductionNone = 0, kReductionMean = 1;
 
-int64_t numel_of(const ShardTensorSpec& spec) {
-  int64_t n = 1;
-  for (int64_t s : spec.shape()) n *= s;
-  return n;
-}
-
 // mse_loss(self, target, reduction)
 RuleResult mse_loss_rule(const OpMeta& op) {
   const ShardTensorSpec self = without_partial(op.inputs[0].spec);

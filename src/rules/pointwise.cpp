@@ -11,9 +11,9 @@
 #include "rules/helpers.h"
 #include "rules/views.h"
 
+#include <c10/util/strides.h>
+
 #include <algorithm>
-#include <functional>
-#include <numeric>
 
 namespace shardtensor {
 namespace {
@@ -73,10 +73,6 @@ bool is_value(const OpMeta& op, PartialPolicy policy, size_t i) {
   return !(policy == PartialPolicy::Overwrite && i == 0);
 }
 
-int64_t numel(const ShardTensorSpec& spec) {
-  return std::accumulate(spec.shape().begin(), spec.shape().end(), int64_t{1}, std::multiplies<int64_t>());
-}
-
 bool is_sum_or_avg(ReduceOp r) { return r == ReduceOp::Sum || r == ReduceOp::Avg; }
 bool is_max_or_min(ReduceOp r) { return r == ReduceOp::Max || r == ReduceOp::Min; }
 
@@ -126,7 +122,7 @@ PartialOutcome partial_outcome(const OpMeta& op, PartialPolicy policy, int64_t m
       if (!is_sum_or_avg(r)) return o;
       size_t keep = *chosen;  // in place: self; else the largest alike operand (the cheapest to leave pending)
       for (size_t i = 0; i < ins.size() && !op.is_inplace(); ++i)
-        if (placement(i) == partial && numel(ins[i].spec) > numel(ins[keep].spec)) keep = i;
+        if (placement(i) == partial && numel_of(ins[i].spec) > numel_of(ins[keep].spec)) keep = i;
       o.kept[keep] = true;
       break;
     }
@@ -267,9 +263,8 @@ RuleResult new_factory(const OpMeta& op) {
   const ShardTensorSpec& self = op.inputs[0].spec;
   const std::vector<int64_t> size = int_list_arg(op, "size");
   const bool strided = op.has_arg("stride");
-  std::vector<int64_t> contiguous(size.size(), 1);
-  for (int64_t d = static_cast<int64_t>(size.size()) - 2; d >= 0; --d) contiguous[d] = contiguous[d + 1] * std::max<int64_t>(size[d + 1], 1);
-  const bool follows = size == self.shape() && !self.shardings().empty() && (!strided || int_list_arg(op, "stride") == contiguous);
+  const bool follows = size == self.shape() && !self.shardings().empty() &&
+                       (!strided || c10::IntArrayRef(int_list_arg(op, "stride")) == c10::IntArrayRef(c10::contiguous_strides(size)));
   RuleResult r;
   r.input_targets = {self};
   if (!follows) {

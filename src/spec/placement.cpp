@@ -1,12 +1,20 @@
 // Placement value type: equality, hashing and printing. No tensor or mesh knowledge here.
 #include "shardtensor/placement.h"
 
+#include <c10/util/Exception.h>
+
 #include <ostream>
 #include <sstream>
 
 #include "util/hash.h"
 
 namespace shardtensor {
+
+void check_reducible(c10::ScalarType dtype, ReduceOp op) {
+  TORCH_CHECK(!c10::isComplexType(dtype) || op == ReduceOp::Sum || op == ReduceOp::Avg, "Partial(", to_string(op),
+              ") of a complex tensor (", dtype, ") cannot be reduced: only Partial(sum) and Partial(avg) are defined for ",
+              "complex values.");
+}
 
 const char* to_string(ReduceOp op) {
   switch (op) {
