@@ -19,6 +19,7 @@
 
 #include "comm/comm_debug.h"
 #include "dispatch/dispatch_state.h"
+#include "dispatch/out_variant.h"
 #include "dispatch/propagation.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "rules/helpers.h"
@@ -128,6 +129,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   const size_t num_args = schema.arguments().size();
   const size_t args_begin = stack->size() - num_args;
   c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+  if (const c10::OperatorHandle* functional = functional_overload_of(op)) return run_out_variant(op, *functional, stack);
 
   Propagation& p = propagate(op, c10::ArrayRef<c10::IValue>(stack->data() + args_begin, num_args));
   CurrentOperatorScope current(&p.meta.name);

@@ -338,6 +338,22 @@ std::vector<Case> all_cases() {
            at::rand_like(v) * 0 + at::randn_like(v) * 0 + at::randint_like(v.detach(), 2, 3) * v + at::randint_like(v.detach(), 1) +
            rows.sum(1, /*keepdim=*/true);
   }, /*constants=*/{1}));
+  // out= overloads run as their functional overload (out_variant.h): out= tensors of the
+  // result's shape keep their layout, empty ones take the result's. Values only: out= does not
+  // differentiate.
+  cases.push_back(on("out= variants", [] { return Tensors{normal({5, 7}), normal({5, 7}), normal({7, 4})}; }, [](const Tensors& x) {
+    const at::Tensor &a = x[0], &b = x[1], &m = x[2];
+    at::Tensor same = at::empty_like(a), product = a.new_empty({0}), sums = at::empty_like(a).sum(1, true);
+    at::Tensor values = a.new_empty({0}), indices = a.new_empty({0}, a.options().dtype(at::kLong)), joined = a.new_empty({0});
+    at::add_out(same, a, b, 2.0);
+    at::mm_out(product, a, m);
+    at::sum_out(sums, a, {1}, /*keepdim=*/true);
+    at::max_out(values, indices, b, 1, /*keepdim=*/true);
+    at::cat_out(joined, {a, b}, 1);
+    at::Tensor clamped = at::empty_like(b);
+    at::clamp_out(clamped, b, -0.5, 0.5);
+    return same + product.sum(1, true) + sums + values + indices.to(at::kDouble) + joined.narrow(1, 3, 7) + clamped;
+  }, /*constants=*/{0, 1, 2}));
   for (Case& c : spatial_cases()) cases.push_back(std::move(c));
   for (Case& c : attention_cases()) cases.push_back(std::move(c));
   return cases;

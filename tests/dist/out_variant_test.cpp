@@ -1,0 +1,89 @@
+// out= overloads (#16 item 7): each runs as its functional overload and writes into the out=
+// tensor as torch does: an out= tensor of the result's shape keeps its storage (here: its
+// layout and local piece, so views see the values); another shape is resized (here: it takes
+// the result's layout); the result is cast to the out= dtype where torch allows it.
+#include <ATen/ATen.h>
+
+#include "dist/dist_fixture.h"
+
+using namespace shardtensor;
+using namespace shardtensor::testing;
+
+namespace {
+
+at::Tensor same_randn(std::vector<int64_t> shape, uint64_t seed) {
+  at::manual_seed(seed);
+  return at::randn(shape, at::kDouble);
+}
+
+// Rows split unevenly, the last rank's piece empty where there are several ranks.
+ShardSizes uneven_rows(int64_t rows) {
+  std::vector<int64_t> sizes(world_size(), 0);
+  sizes[0] = rows;
+  for (int r = 1; r + 1 < world_size() && sizes[0] > 1; ++r) {
+    sizes[r] = 1;
+    --sizes[0];
+  }
+  return {{0, sizes}};
+}
+
+}  // namespace
+
+TEST(OutVariants, AnOutTensorOfTheResultShapeKeepsItsLayoutAndItsViewsSeeTheValues) {
+  const DeviceMesh& mesh = test_meshes().front();
+  const at::Tensor a = same_randn({6, 4}, 1), b = same_randn({6, 4}, 2), m = same_randn({4, 3}, 3);
+  at::Tensor out = distribute_tensor(at::zeros({6, 4}, at::kDouble), mesh, {Shard(0)}, uneven_rows(6));
+  const ShardTensorSpec before = spec(out);
+  const at::Tensor column = out.select(1, 2);  // a view taken before the write
+  // The inputs laid out otherwise: the result is redistributed into out's layout.
+  at::add_out(out, distribute_tensor(a, mesh, {Shard(1)}), distribute_tensor(b, mesh, {Replicate()}), 2.0);
+  EXPECT_EQ(spec(out), before);
+  EXPECT_TRUE(at::allclose(full_tensor(out), a + 2 * b));
+  EXPECT_TRUE(at::allclose(full_tensor(column), (a + 2 * b).select(1, 2)));
+
+  at::Tensor product = distribute_tensor(at::zeros({6, 3}, at::kDouble), mesh, {Replicate()});
+  at::mm_out(product, distribute_tensor(a, mesh, {Shard(0)}, uneven_rows(6)), distribute_tensor(m, mesh, {Replicate()}));
+  EXPECT_EQ(spec(product).placements(), Placements{Replicate()});
+  EXPECT_TRUE(at::allclose(full_tensor(product), at::mm(a, m)));
+}
+
+TEST(OutVariants, AnOutTensorOfAnotherShapeIsResizedToTheResultsLayout) {
+  const DeviceMesh& mesh = test_meshes().front();
+  const at::Tensor a = same_randn({5, 7}, 4);
+  const at::Tensor sharded = distribute_tensor(a, mesh, {Shard(0)}, uneven_rows(5));
+  at::Tensor values = sharded.new_empty({0}), indices = sharded.new_empty({0}, sharded.options().dtype(at::kLong));
+  at::max_out(values, indices, sharded, 1, /*keepdim=*/true);
+  const auto [expected_values, expected_indices] = at::max(a, 1, true);
+  EXPECT_EQ(spec(values), spec(at::amax(sharded, {1}, true)));  // the functional result's layout: rows stay split
+  EXPECT_TRUE(at::equal(full_tensor(values), expected_values));
+  EXPECT_TRUE(at::equal(full_tensor(indices), expected_indices));
+
+  at::Tensor sums = sharded.new_empty({0});
+  at::sum_out(sums, sharded, {0});
+  EXPECT_TRUE(at::allclose(full_tensor(sums), a.sum(0)));
+  at::Tensor joined = sharded.new_empty({0});
+  at::cat_out(joined, {sharded, sharded * 2}, 0);
+  EXPECT_TRUE(at::allclose(full_tensor(joined), at::cat({a, a * 2}, 0)));
+}
+
+TEST(OutVariants, TheResultIsCastToTheOutDtypeWhereTorchAllowsIt) {
+  const DeviceMesh& mesh = test_meshes().front();
+  const at::Tensor counts = at::arange(12, at::kLong).view({3, 4});
+  const at::Tensor sharded = distribute_tensor(counts, mesh, {Shard(1)});
+  at::Tensor as_double = distribute_tensor(at::zeros({3, 4}, at::kDouble), mesh, {Shard(0)});
+  at::add_out(as_double, sharded, sharded);
+  EXPECT_EQ(as_double.scalar_type(), at::kDouble);
+  EXPECT_TRUE(at::equal(full_tensor(as_double), (counts * 2).to(at::kDouble)));
+
+  at::Tensor as_long = distribute_tensor(at::zeros({3, 4}, at::kLong), mesh, {Replicate()});
+  const at::Tensor halves = distribute_tensor(counts.to(at::kDouble) / 2, mesh, {Shard(0)});
+  EXPECT_ERROR_CONTAINS(at::add_out(as_long, halves, halves), "aten::add.out", "Double can't be cast", "Long");
+}
+
+TEST(OutVariants, APlainOutTensorWithShardTensorInputsIsRefused) {
+  const DeviceMesh& mesh = test_meshes().front();
+  const at::Tensor sharded = distribute_tensor(same_randn({4, 4}, 5), mesh, {Shard(0)});
+  at::Tensor plain = at::empty({4, 4}, at::kDouble);
+  EXPECT_ERROR_CONTAINS(at::mul_out(plain, sharded, sharded), "aten::mul.out", "out= tensor is a plain tensor",
+                        "result is a ShardTensor");
+}
