@@ -109,4 +109,8 @@ at::Tensor circular_pad(const at::Tensor& self, c10::IntArrayRef pad) {
   return periodic_halo ? PeriodicHaloPad::apply(self, pad.vec()) : circular_pad_by_cat(self, pad);
 }
 
+at::Tensor dist_as_norm(const at::Tensor& self, const at::Tensor& other, const at::Scalar& p) {
+  return at::norm(self - other, p);
+}
+
 }  // namespace shardtensor

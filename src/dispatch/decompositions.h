@@ -1,5 +1,6 @@
-// Our own decompositions of CompositeImplicitAutograd operators whose libtorch decomposition
-// cannot run on ShardTensors (it writes into views of a fresh tensor). They are built from
+// Our own decompositions: of CompositeImplicitAutograd operators whose libtorch decomposition
+// cannot run on ShardTensors (it writes into views of a fresh tensor), and of operators whose
+// every sharding follows from a composition of ruled ones (dist). They are built from
 // differentiable operators that have sharding rules, and library.cpp registers them on
 // AutogradPrivateUse1, so autograd records their pieces as usual.
 #pragma once
@@ -13,5 +14,10 @@ namespace shardtensor {
 // move), differentiable; a layout it cannot handle (Partial, a dim split by two mesh dims)
 // runs as a cat of the far slices, which gathers the padded dim.
 at::Tensor circular_pad(const at::Tensor& self, c10::IntArrayRef pad);
+
+// dist(self, other, p) as norm(self - other, p): the difference broadcasts and keeps its
+// layout, and the norm combines local norms by one all-reduce (VectorNormPlan). Also on
+// PrivateUse1, where autograd is off (inference mode), so it never gathers.
+at::Tensor dist_as_norm(const at::Tensor& self, const at::Tensor& other, const at::Scalar& p);
 
 }  // namespace shardtensor

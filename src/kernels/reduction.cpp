@@ -1,7 +1,11 @@
-// A mean over sharded dims: the kernel of GlobalMeanPlan (rules/reduction.h).
+// A mean and a vector norm over sharded dims: the kernels of GlobalMeanPlan and VectorNormPlan
+// (rules/reduction.h).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <cmath>
+
+#include "comm/mesh_collectives.h"
 #include "rules/reduction.h"
 
 namespace shardtensor {
@@ -22,5 +26,23 @@ LocalKernel GlobalMeanPlan::lower() const {
     }
   };
 }
+
+LocalKernel VectorNormPlan::lower() const {
+  return [mesh = mesh, mesh_dims = mesh_dims, p = p](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    op.callBoxed(stack);
+    at::Tensor norm = stack->back().toTensor();
+    if (std::isinf(p)) {
+      all_reduce_over(mesh, mesh_dims, norm, p > 0 ? ReduceOp::Max : ReduceOp::Min);
+    } else if (p == 0) {
+      all_reduce_over(mesh, mesh_dims, norm, ReduceOp::Sum);
+    } else {
+      norm.pow_(p);
+      all_reduce_over(mesh, mesh_dims, norm, ReduceOp::Sum);
+      norm.pow_(1.0 / p);
+    }
+  };
+}
+
+std::vector<DeclaredMove> VectorNormPlan::moves() const { return sums_over(mesh_dims); }
 
 }  // namespace shardtensor

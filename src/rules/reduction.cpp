@@ -5,12 +5,16 @@
 // per-rank results combine by one collective: sum -> P(sum); mean -> P(sum) of local sums over
 // the GLOBAL count (uneven shards make an average of averages wrong); prod -> P(product);
 // amax/amin -> P(max/min) unless some shard is empty (an empty max has no value). The others
-// (indices, variances, norms, logsumexp, boolean all/any) gather the reduced dims first.
+// (indices, variances, logsumexp, boolean all/any) gather the reduced dims first. A vector
+// norm combines the local norms by one all-reduce of its output (VectorNormPlan), except a
+// negative or infinite norm over a dim with an empty shard (libtorch refuses those of an empty
+// tensor: no identity), which gathers.
 // A Partial input passes through the reductions that distribute over it (passes_through):
 // P(sum/avg) through sum and mean, P(max) through max and amax, P(min) through min and amin.
 #include <ATen/core/function_schema.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "rules/helpers.h"
 #include "rules/reduction.h"
@@ -18,7 +22,7 @@
 namespace shardtensor {
 namespace {
 
-enum class Combine { Sum, Mean, Product, Max, Min, Gather };
+enum class Combine { Sum, Mean, Product, Max, Min, Norm, Gather };
 
 // Which dims an overload reduces: every dim (sum, max, all...: no dim argument, never keeps
 // dims), or those of its `dim` argument (int, int[1] or int?; empty or None: every dim), kept
@@ -50,6 +54,7 @@ std::optional<Placement> partial_for(Combine combine, const ShardTensorSpec& spe
     case Combine::Min:
       if (has_empty_piece(spec, tensor_dim)) return std::nullopt;
       return Partial(ReduceOp::Min);
+    case Combine::Norm:  // combined in its kernel (VectorNormPlan)
     case Combine::Gather:
       return std::nullopt;
   }
@@ -70,10 +75,17 @@ bool passes_through(Combine combine, ReduceOp r) {
       return r == ReduceOp::Min;
     case Combine::Product:
       return r == ReduceOp::Product;
+    case Combine::Norm:
     case Combine::Gather:
       return false;
   }
   return false;
+}
+
+// The order of a norm: linalg_vector_norm's `ord`, the norm overloads' `p` (None: 2).
+double norm_order_of(const OpMeta& op) {
+  const c10::IValue& order = op.arg(op.has_arg("ord") ? "ord" : "p");
+  return order.isNone() ? 2.0 : order.toScalar().toDouble();
 }
 
 RuleResult reduction(const OpMeta& op, const ReductionArgs& ra) {
@@ -87,11 +99,17 @@ RuleResult reduction(const OpMeta& op, const ReductionArgs& ra) {
   Placements in_ps = in.placements();
   Placements out_ps = in_ps;
   bool partial_over_sharded = false;
+  const double norm_order = ra.combine == Combine::Norm ? norm_order_of(op) : 0;
+  std::vector<int64_t> norm_mesh_dims;  // Combine::Norm: the mesh dims its kernel all-reduces over
   for (size_t m = 0; m < in_ps.size(); ++m) {
     const Placement& p = in_ps[m];
     if (p.is_partial() && !passes_through(ra.combine, p.reduce_op)) in_ps[m] = out_ps[m] = Replicate();
     if (!p.is_shard() || !reduced(p.tensor_dim)) continue;
-    if (std::optional<Placement> partial = partial_for(ra.combine, in, p.tensor_dim)) {
+    // libtorch refuses a negative or infinite norm of an empty piece (no identity): gathered.
+    if (ra.combine == Combine::Norm && !((norm_order < 0 || std::isinf(norm_order)) && has_empty_piece(in, p.tensor_dim))) {
+      out_ps[m] = Replicate();
+      norm_mesh_dims.push_back(static_cast<int64_t>(m));
+    } else if (std::optional<Placement> partial = partial_for(ra.combine, in, p.tensor_dim)) {
       out_ps[m] = *partial;
       partial_over_sharded = true;
     } else {
@@ -119,6 +137,7 @@ RuleResult reduction(const OpMeta& op, const ReductionArgs& ra) {
     for (int64_t d : dims) count *= in.shape()[d];
     r.kernel_plan = declare(GlobalMeanPlan(dims, count));
   }
+  if (!norm_mesh_dims.empty()) r.kernel_plan = declare(VectorNormPlan(in.mesh(), norm_mesh_dims, norm_order));
   return r;
 }
 
@@ -150,8 +169,9 @@ void register_reduction_rules(RuleRegistry& registry) {
   registry.add("aten::all.dim", reduce({Over::DimArg, Combine::Gather}));
   registry.add("aten::any.dim", reduce({Over::DimArg, Combine::Gather}));
   registry.add("aten::logsumexp", reduce({Over::DimArg, Combine::Gather}));
-  registry.add("aten::norm.ScalarOpt_dim", reduce({Over::DimArg, Combine::Gather}));
-  registry.add("aten::linalg_vector_norm", reduce({Over::DimArg, Combine::Gather}));
+  for (const char* name : {"aten::norm.Scalar", "aten::norm.ScalarOpt_dtype"}) registry.add(name, reduce({Over::AllDims, Combine::Norm}));
+  for (const char* name : {"aten::norm.ScalarOpt_dim", "aten::norm.ScalarOpt_dim_dtype", "aten::linalg_vector_norm"})
+    registry.add(name, reduce({Over::DimArg, Combine::Norm}));
 }
 
 }  // namespace shardtensor

@@ -89,6 +89,8 @@ void register_all_rules(RuleRegistry& registry) {
   register_indexing_rules(registry);
   register_attention_rules(registry);
   register_scan_rules(registry);
+  register_dtype_view_rules(registry);
+  register_comparison_rules(registry);
 }
 }  // namespace
 

@@ -41,5 +41,7 @@ void register_random_rules(RuleRegistry& registry);
 void register_indexing_rules(RuleRegistry& registry);
 void register_attention_rules(RuleRegistry& registry);
 void register_scan_rules(RuleRegistry& registry);
+void register_dtype_view_rules(RuleRegistry& registry);
+void register_comparison_rules(RuleRegistry& registry);
 
 }  // namespace shardtensor

@@ -165,10 +165,19 @@ std::vector<Case> all_cases() {
                at::linalg_vector_norm(v, 3, {dim}, keepdim) + v.logsumexp({dim}, keepdim) + (v > 0).all(dim, keepdim) +
                (v > 0).any(dim, keepdim);
       }));
+      // Norms combine their local norms by one all-reduce (VectorNormPlan); +-inf over an empty
+      // shard gathers.
+      cases.push_back(on("norm overloads / orders" + tag, make, [=](const Tensors& x) {
+        const at::Tensor& v = x[0];
+        return at::norm(v, 1.5, {dim}, keepdim, at::kDouble) + at::linalg_vector_norm(v, INFINITY, {dim}, keepdim) +
+               at::linalg_vector_norm(v, -INFINITY, {dim}, keepdim) + at::linalg_vector_norm(v, 0, {dim}, keepdim) +
+               at::linalg_vector_norm(v, -2, {dim}, keepdim) + v.norm(1, {dim}, keepdim);
+      }));
     }
   cases.push_back(on("full reductions", [] { return Tensors{normal({4, 5})}; }, [](const Tensors& x) {
     const at::Tensor& v = x[0];
-    return v.sum() + v.mean() + (v * 0.5).prod() + v.max() + v.min() + (v > -5).all() + (v > 2).any() + v.sum(at::IntArrayRef{0, 1}, true).squeeze();
+    return v.sum() + v.mean() + (v * 0.5).prod() + v.max() + v.min() + (v > -5).all() + (v > 2).any() + v.sum(at::IntArrayRef{0, 1}, true).squeeze() +
+           v.norm() + v.norm(3) + at::norm(v, 1, at::kDouble) + at::linalg_vector_norm(v, INFINITY) + at::dist(v, v * v, 3);
   }));
 
   // Matrix products.
@@ -338,6 +347,26 @@ std::vector<Case> all_cases() {
            at::rand_like(v) * 0 + at::randn_like(v) * 0 + at::randint_like(v.detach(), 2, 3) * v + at::randint_like(v.detach(), 1) +
            rows.sum(1, /*keepdim=*/true);
   }, /*constants=*/{1}));
+  // Views that reinterpret the element type; the dtype round trips are values only.
+  cases.push_back(on("view_as_complex/view_as_real/view.dtype", [] { return Tensors{normal({5, 6, 2}), normal({5, 6, 2})}; },
+                     [](const Tensors& x) {
+    const at::Tensor c = at::view_as_complex(x[0]);
+    const at::Tensor bits = x[1].detach();
+    const at::Tensor conjugates = c.conj() * 2 + at::conj_physical(c) + c.clone().conj_physical_() + at::_neg_view(c) * 3;
+    return at::view_as_real(c * c + c + conjugates) + bits.view(at::kLong).view(at::kDouble) +
+           bits.view(at::kFloat).view(at::kDouble) + bits.view(at::kDouble);
+  }));
+  // Whole-tensor comparisons answer the same bool on every rank: x[1] is x[0]'s copy, laid out
+  // otherwise.
+  cases.push_back(on("equal/is_same_size", [] {
+    const at::Tensor v = normal({5, 6});
+    return Tensors{v, v.clone(), normal({5, 6})};
+  }, [](const Tensors& x) {
+    const double answers = (at::equal(x[0], x[1]) ? 1 : 0) + (at::equal(x[0], x[2]) ? 2 : 0) +
+                           (at::equal(x[0], x[0].narrow(0, 0, 2)) ? 4 : 0) + (at::is_same_size(x[0], x[2]) ? 8 : 0) +
+                           (x[0].is_same_size(x[0].sum(0)) ? 16 : 0);
+    return x[0] * answers;
+  }));
   // out= overloads run as their functional overload (out_variant.h): out= tensors of the
   // result's shape keep their layout, empty ones take the result's. Values only: out= does not
   // differentiate.

@@ -1,0 +1,28 @@
+// The kernels of KnownAnswerPlan and GlobalEqualPlan (rules/comparison.h).
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "comm/mesh_collectives.h"
+#include "kernels/stack.h"
+#include "rules/comparison.h"
+
+namespace shardtensor {
+
+LocalKernel KnownAnswerPlan::lower() const {
+  return [answer = answer](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    pop_arguments(op, stack);
+    stack->push_back(answer);
+  };
+}
+
+LocalKernel GlobalEqualPlan::lower() const {
+  return [mesh = mesh, mesh_dims = mesh_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    op.callBoxed(stack);
+    const bool here = stack->back().toBool();
+    at::Tensor differs = at::full({1}, here ? 0.0 : 1.0, at::TensorOptions().dtype(at::kFloat).device(mesh.device()));
+    all_reduce_over(mesh, mesh_dims, differs, ReduceOp::Sum);
+    stack->back() = differs.item<float>() == 0;
+  };
+}
+
+}  // namespace shardtensor
