@@ -87,3 +87,39 @@ TEST(OutVariants, APlainOutTensorWithShardTensorInputsIsRefused) {
   EXPECT_ERROR_CONTAINS(at::mul_out(plain, sharded, sharded), "aten::mul.out", "out= tensor is a plain tensor",
                         "result is a ShardTensor");
 }
+
+// The whole-tensor answers of item 7 move only what they must: a norm over a sharded dim one
+// all-reduce of its output (no gather of the input), equal one flag, is_same_size nothing.
+TEST(CommunicationOfAnswers, NormEqualAndIsSameSizeMoveOnlyTheAnswer) {
+  const DeviceMesh& mesh = test_meshes().front();
+  const at::Tensor g = same_randn({6, 5}, 6);
+  const int64_t several = mesh.size(0) > 1 ? 1 : 0;
+  const at::Tensor rows = distribute_tensor(g, mesh, {Shard(0)}, uneven_rows(6));
+  const at::Tensor copy = distribute_tensor(g.clone(), mesh, {Shard(0)}, uneven_rows(6));
+  at::Tensor norm, dist;
+  bool same = false, same_size = false;
+  {
+    CommDebugMode comms;
+    norm = at::linalg_vector_norm(rows, 3, {0});
+    EXPECT_EQ(comms.count("all_reduce"), several) << comms.table();
+    EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
+  }
+  {
+    CommDebugMode comms;
+    dist = at::dist(rows, copy * 2, 2);
+    same = at::equal(rows, copy);
+    same_size = at::is_same_size(rows, copy.sum(0));
+    EXPECT_EQ(comms.count("all_reduce"), 2 * several) << comms.table();  // dist's norm, equal's flag
+    EXPECT_EQ(comms.total(), 2 * several) << comms.table();
+  }
+  EXPECT_EQ(spec(norm).placements(), Placements{Replicate()});
+  EXPECT_TRUE(at::allclose(full_tensor(norm), at::linalg_vector_norm(g, 3, {0})));
+  EXPECT_TRUE(at::allclose(full_tensor(dist), at::dist(g, g * 2, 2)));
+  EXPECT_TRUE(same);
+  EXPECT_FALSE(same_size);
+  // One rank's piece differs: every rank answers false.
+  at::Tensor local = to_local(copy).clone();
+  if (world_rank() == 0) local.view(-1)[0] += 1;  // rank 0 always holds rows
+  const at::Tensor changed = from_local(local, mesh, {Shard(0)}, ShardSizing::given(uneven_rows(6)));
+  EXPECT_FALSE(at::equal(rows, changed));
+}
