@@ -9,10 +9,9 @@
 //
 // _conj and _neg_view (what conj() and autograd's complex formulas call) set a bit on the
 // local piece that the wrapper would not carry, and the transport would move the stored,
-// un-negated values: so here they materialize their piece (resolve_conj / resolve_neg) and
-// return a copy, not a view. Writes into x.conj() do not reach x on ShardTensors.
-#include <ATen/core/dispatch/Dispatcher.h>
-
+// un-negated values: so here they materialize their piece (ResolvedBitsPlan) and return a
+// copy, not a view. Writes into x.conj() do not reach x on ShardTensors.
+#include "rules/dtype_views.h"
 #include "rules/helpers.h"
 #include "util/strings.h"
 
@@ -57,10 +56,7 @@ RuleResult view_dtype_rule(const OpMeta& op) {
 
 RuleResult materialized_bit_view_rule(const OpMeta& op) {
   RuleResult r = run_on(keep_linear_partials(op.inputs[0].spec));
-  r.local_kernel = [](const c10::OperatorHandle& called, torch::jit::Stack* stack) {
-    called.callBoxed(stack);
-    stack->back() = stack->back().toTensor().resolve_conj().resolve_neg();
-  };
+  r.kernel_plan = declare(ResolvedBitsPlan());
   return r;
 }
 
