@@ -112,6 +112,16 @@ TEST(CommunicationOfAnswers, NormEqualAndIsSameSizeMoveOnlyTheAnswer) {
     EXPECT_EQ(comms.count("all_reduce"), 2 * several) << comms.table();  // dist's norm, equal's flag
     EXPECT_EQ(comms.total(), 2 * several) << comms.table();
   }
+  const at::Tensor tripled = copy * 3;
+  std::vector<at::Tensor> norms;
+  {
+    CommDebugMode comms;  // clip_grad_norm_'s path: one all-reduce per sharded tensor
+    norms = at::_foreach_norm({rows, tripled}, 2);
+    EXPECT_EQ(comms.count("all_reduce"), 2 * several) << comms.table();
+    EXPECT_EQ(comms.total(), 2 * several) << comms.table();
+  }
+  EXPECT_TRUE(at::allclose(full_tensor(norms[0]), at::linalg_vector_norm(g)));
+  EXPECT_TRUE(at::allclose(full_tensor(norms[1]), at::linalg_vector_norm(g * 3)));
   EXPECT_EQ(spec(norm).placements(), Placements{Replicate()});
   EXPECT_TRUE(at::allclose(full_tensor(norm), at::linalg_vector_norm(g, 3, {0})));
   EXPECT_TRUE(at::allclose(full_tensor(dist), at::dist(g, g * 2, 2)));
