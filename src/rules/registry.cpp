@@ -91,6 +91,7 @@ void register_all_rules(RuleRegistry& registry) {
   register_scan_rules(registry);
   register_dtype_view_rules(registry);
   register_comparison_rules(registry);
+  register_linalg_rules(registry);
 }
 }  // namespace
 

@@ -43,5 +43,6 @@ void register_attention_rules(RuleRegistry& registry);
 void register_scan_rules(RuleRegistry& registry);
 void register_dtype_view_rules(RuleRegistry& registry);
 void register_comparison_rules(RuleRegistry& registry);
+void register_linalg_rules(RuleRegistry& registry);
 
 }  // namespace shardtensor

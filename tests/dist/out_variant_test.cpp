@@ -133,3 +133,17 @@ TEST(CommunicationOfAnswers, NormEqualAndIsSameSizeMoveOnlyTheAnswer) {
   const at::Tensor changed = from_local(local, mesh, {Shard(0)}, ShardSizing::given(uneven_rows(6)));
   EXPECT_FALSE(at::equal(rows, changed));
 }
+
+// A singular matrix in one rank's batch: libtorch's error, raised on every rank (the info of
+// the batch is gathered before it is checked).
+TEST(BatchedLinalg, ASingularMatrixOnOneRankRaisesOnEveryRank) {
+  const DeviceMesh& mesh = test_meshes().front();
+  at::Tensor batch = at::eye(3, at::kDouble).repeat({4, 1, 1});
+  batch[0].zero_();  // rank 0's
+  const at::Tensor sharded = distribute_tensor(batch, mesh, {Shard(0)});
+  EXPECT_ERROR_CONTAINS(at::linalg_inv(sharded), "singular");
+  batch[0] = at::eye(3, at::kDouble) * 2;
+  const at::Tensor inverse = at::linalg_inv(distribute_tensor(batch, mesh, {Shard(0)}));
+  EXPECT_EQ(spec(inverse).placements(), Placements{Shard(0)});
+  EXPECT_TRUE(at::allclose(full_tensor(inverse), at::linalg_inv(batch)));
+}
