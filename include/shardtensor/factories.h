@@ -21,7 +21,9 @@ struct FactoryLayout {
   std::vector<int64_t> shape;
   DeviceMesh mesh;
   Placements placements;
-  c10::TensorOptions options = {};  // dtype (default float) and requires_grad; device from the mesh
+  // dtype (default: torch's default dtype, float unless set_default_dtype changed it) and
+  // requires_grad; the device comes from the mesh.
+  c10::TensorOptions options = {};
   ShardSizes sizes = {};
 };
 

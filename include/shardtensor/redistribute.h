@@ -32,11 +32,19 @@ at::Tensor full_tensor(const at::Tensor& t, const std::optional<Placements>& gra
 // out as `grad_placements` (default: the tensor's placements).
 at::Tensor to_local(const at::Tensor& t, const std::optional<Placements>& grad_placements);
 
-// Shards a tensor every rank has (the rank at coordinate 0 of each mesh dim is the source of
-// truth: its values are broadcast first). Partial placements hold the value on coordinate 0
-// and the reduction's identity elsewhere (all ranks for avg/max/min).
+// Shards a tensor every rank has. As in DTensor, the source of truth is the rank at coordinate
+// `src_data_rank` of each mesh dim (default 0): each rank receives its box of that rank's
+// tensor, and only its box. With src_data_rank = nullopt (Python's None) each rank keeps its
+// box of its own tensor and no data moves. Partial placements hold the value on the source's
+// coordinate and the reduction's identity elsewhere (all ranks for avg/max/min). A tensor on
+// the meta device (a module built under torch.device("meta")) gives a ShardTensor whose
+// pieces are on meta: no values move, and empty_like(x, device) (Module.to_empty) then
+// allocates each rank's piece only, never the whole tensor. Every rank
+// must pass the same shape, dtype, placements, sizes and src_data_rank: one small all-gather
+// checks it, and a difference raises on every rank.
 at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, const Placements& placements,
-                             const std::optional<ShardSizes>& sizes = std::nullopt);
+                             const std::optional<ShardSizes>& sizes = std::nullopt,
+                             std::optional<int64_t> src_data_rank = 0);
 
 // The plan a redistribution would run, without running it, with the transport of each step:
 // "[S(0)] -[AllGather(mesh_dim=0, tensor_dim=0) by all_gather (c10d collective)]-> [R] (...)".

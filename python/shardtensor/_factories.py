@@ -1,11 +1,15 @@
 """Factories that never materialise the global tensor: each rank fills only its piece.
 
+Without a dtype every factory makes torch's default dtype (float32 unless
+torch.set_default_dtype changed it), as torch's do; full() follows its fill value as torch.full.
 Random factories are sharding-invariant: with the same seed the global tensor is the same
 whatever the mesh, placements or shard sizes (a counter-based generator indexed by each
 element's global position), so a Replicate tensor holds the same values on every rank.
 """
 
 from __future__ import annotations
+
+import torch
 
 from . import _C, _placements
 from ._tensor import _encode_sizes, _mesh_and_placements
@@ -31,6 +35,12 @@ def ones(*size, device_mesh=None, placements=None, dtype=None, requires_grad=Fal
 
 
 def full(size, fill_value, *, device_mesh=None, placements=None, dtype=None, requires_grad=False, sharding_shapes=None):
+    """As torch.full: without a dtype, a bool fill gives torch.bool, an int fill torch.int64,
+    and a float fill torch's default dtype."""
+    if dtype is None and isinstance(fill_value, bool):
+        dtype = torch.bool
+    elif dtype is None and isinstance(fill_value, int):
+        dtype = torch.int64
     return _make("full", (size,), device_mesh, placements, dtype, requires_grad, sharding_shapes, value=fill_value)
 
 

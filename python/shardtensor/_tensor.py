@@ -120,15 +120,18 @@ def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=Fal
 
 
 def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0, sharding_shapes=None):
-    """Shards a tensor that every rank holds (the rank at coordinate 0 is the source of truth)."""
-    if src_data_rank != 0:
-        raise ValueError(f"distribute_tensor: src_data_rank={src_data_rank}; only 0 is supported "
-                         f"(use scatter_tensor for another source)")
+    """Shards a tensor that every rank holds.
+
+    As in DTensor, the source of truth is the rank at coordinate ``src_data_rank`` of each mesh
+    dim (default 0): each rank receives its piece of that rank's tensor. With ``None`` each rank
+    keeps its piece of its own tensor and no data moves."""
+    if src_data_rank is not None and (isinstance(src_data_rank, bool) or not isinstance(src_data_rank, int)):
+        raise TypeError(f"distribute_tensor: src_data_rank must be an int or None, got {src_data_rank!r}")
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"distribute_tensor: tensor must be a torch.Tensor, got {type(tensor).__name__}")
     mesh, encoded = _mesh_and_placements(device_mesh, placements, "distribute_tensor")
     sizes = _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
-    return _C.distribute_tensor(tensor, mesh._cpp, encoded, sizes)
+    return _C.distribute_tensor(tensor, mesh._cpp, encoded, sizes, src_data_rank)
 
 
 def scatter_tensor(tensor, global_src, mesh, placements, *, requires_grad=False):

@@ -82,10 +82,10 @@ void bind_tensor(py::module_& m) {
   m.def(
       "distribute_tensor",
       [](const at::Tensor& global, const DeviceMesh& mesh, const EncodedPlacements& placements,
-         const std::optional<EncodedSizes>& sizes) {
-        return distribute_tensor(global, mesh, decode_placements(placements), decode_optional(sizes));
+         const std::optional<EncodedSizes>& sizes, std::optional<int64_t> src_data_rank) {
+        return distribute_tensor(global, mesh, decode_placements(placements), decode_optional(sizes), src_data_rank);
       },
-      py::arg("tensor"), py::arg("mesh"), py::arg("placements"), py::arg("sizes"),
+      py::arg("tensor"), py::arg("mesh"), py::arg("placements"), py::arg("sizes"), py::arg("src_data_rank"),
       py::call_guard<py::gil_scoped_release>());
   m.def(
       "scatter_tensor",

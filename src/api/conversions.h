@@ -4,16 +4,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dispatch/relayout.h"  // move_to, gradient_layout
 #include "shardtensor/spec.h"
 
 namespace shardtensor {
-
-// Differentiable move of a ShardTensor to `target` (same mesh, shape and dtype).
-at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target);
-
-// The layout of the gradient of a tensor laid out as `spec`: Partial becomes Replicate (the
-// gradient of a pending reduction reaches every term whole), everything else stays.
-ShardTensorSpec gradient_layout(const ShardTensorSpec& spec);
 
 // Raises, naming `api`, unless `t` is on the device of this rank's pieces of `mesh`
 // (DeviceMesh::device(): cpu, or cuda:LOCAL_RANK on a cuda mesh).

@@ -22,18 +22,6 @@
 
 namespace shardtensor {
 
-ShardTensorSpec gradient_layout(const ShardTensorSpec& spec) { return without_partial(spec); }
-
-at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target) {
-  const ShardTensorSpec& source = spec(t);
-  const RedistributePlan& plan = plan_redistribute(source, target);
-  at::Tensor local = execute_redistribute(shard_tensor_impl(t)->local(), source, plan);
-  at::Tensor out = make_shard_tensor(std::move(local), target);
-  const ShardTensorSpec grad_target = gradient_layout(source);
-  return attach_grad_fn(out, t, [grad_target](const at::Tensor& grad) { return move_to(grad, grad_target); },
-                        "RedistributeBackward");
-}
-
 namespace {
 
 // `requested` over `spec`'s mesh and shape (see relayout); Partial allowed for gradients.
@@ -49,6 +37,14 @@ ShardTensorSpec checked_target(const at::Tensor& t, const DeviceMesh* mesh, cons
                 *mesh, "; redistributing to another mesh is not supported yet. Use to_local() and from_local() on the new mesh.");
   }
   return redistribute_target(source, placements, sizes);
+}
+
+// This rank's box of `global` under `target`, copied out of it: no communication.
+at::Tensor own_box(const at::Tensor& global, const ShardTensorSpec& target) {
+  at::Tensor box = global;
+  const auto offsets = target.local_offsets(), shape = target.local_shape();
+  for (int64_t d = 0; d < box.dim(); ++d) box = box.narrow(d, offsets[d], shape[d]);
+  return box.clone(at::MemoryFormat::Contiguous);
 }
 
 }  // namespace
@@ -85,7 +81,7 @@ at::Tensor full_tensor(const at::Tensor& t, const std::optional<Placements>& gra
 }
 
 at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, const Placements& placements,
-                             const std::optional<ShardSizes>& sizes) {
+                             const std::optional<ShardSizes>& sizes, std::optional<int64_t> src_data_rank) {
   // Every rank reads its own tensor and arguments; one small all-gather makes sure they agree
   // (shape, dtype, placements, sizes, requires_grad) before the root's bytes are scattered
   // into pieces each rank sized alone. A disagreement raises on every rank.
@@ -96,37 +92,50 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
     TORCH_CHECK(global.is_leaf(), "distribute_tensor: expects a leaf tensor, as DTensor's does, got a non-leaf (one ",
                 "computed from a tensor that requires grad). Distribute the leaf it was computed from, or pass .detach() ",
                 "(the result is then a leaf of its own).");
-    check_on_mesh_device("distribute_tensor", global, mesh);
+    if (!global.is_meta()) check_on_mesh_device("distribute_tensor", global, mesh);
     target.emplace(mesh, normalize_placements("distribute_tensor", mesh, placements, global.dim()), global.sizes().vec(),
                    global.scalar_type(), sizes ? *sizes : ShardSizes{});
+    if (src_data_rank)
+      for (int64_t m = 0; m < mesh.ndim(); ++m)
+        TORCH_CHECK(*src_data_rank >= 0 && *src_data_rank < mesh.size(m), "distribute_tensor: src_data_rank=", *src_data_rank,
+                    " is not a rank of mesh dim ", m, " (size ", mesh.size(m), "); it names the source's rank within each mesh dim's ",
+                    "group, as DTensor's does: 0 to ", mesh.size(m) - 1, ", or None for each rank's own tensor.");
   });
+  const std::string source_name = (src_data_rank ? "src_data_rank=" + std::to_string(*src_data_rank) : "src_data_rank=None") +
+                                  (global.is_meta() ? ", on the meta device" : "");
   enum Column : size_t { kFailed, kLayout, kRequiresGrad, kColumns };
   std::vector<int64_t> row(kColumns, 0);
   row[kFailed] = failure_code(failure);
   if (!failure) {
-    row[kLayout] = static_cast<int64_t>(stable_hash(target->to_string()) >> 1);
+    row[kLayout] = static_cast<int64_t>(stable_hash(target->to_string() + source_name) >> 1);
     row[kRequiresGrad] = global.requires_grad();
   }
   if (agreement_checks_enabled()) {
     const AgreementRows rows = gather_rows(mesh, row);
     raise_where_any_rank_failed(mesh, rows, kFailed, failure);
     check_rows_agree(mesh, rows, kLayout, "distribute_tensor: the ranks passed different tensors or layouts",
-                     [&] { return target->to_string(); },
-                     "Every rank must pass a tensor of the same shape and dtype, with the same placements and sizes.");
+                     [&] { return target->to_string() + ", " + source_name; },
+                     "Every rank must pass a tensor of the same shape and dtype, with the same placements, sizes and src_data_rank.");
     check_rows_agree(mesh, rows, kRequiresGrad, "distribute_tensor: the ranks passed tensors that differ in requires_grad",
                      [&] { return std::string(global.requires_grad() ? "requires_grad=True" : "requires_grad=False"); },
                      "Every rank must pass the same; the gradient is computed by all of them together.");
   } else if (failure) {
     std::rethrow_exception(failure);
   }
-  // The rank at coordinate 0 of each mesh dim is the source of truth: every rank gets its box
-  // of the tensor the rank at (0, ..., 0) holds, and only its box.
-  at::Tensor local = scatter_boxes(global.detach(), std::vector<int64_t>(mesh.ndim(), 0), *target);
-  // Partial: the value on coordinate 0, the reduction's identity on the others (avg, max and
-  // min keep the value everywhere, which reduces to it too).
+  // The source of truth is the rank at coordinate src_data_rank of each mesh dim (DTensor's
+  // group rank on each dim): every rank gets its box of the tensor that rank holds, and only
+  // its box. With none, each rank cuts its box out of its own tensor and nothing moves.
+  const std::vector<int64_t> root(mesh.ndim(), src_data_rank.value_or(0));
+  // A meta tensor (deferred initialisation) has no values: each rank makes its piece's shape on
+  // meta, and to_empty / empty_like(device=...) later allocates only that piece.
+  at::Tensor local = global.is_meta() ? at::empty(target->local_shape(), global.options())
+                     : src_data_rank ? scatter_boxes(global.detach(), root, *target)
+                                     : own_box(global.detach(), *target);
+  // Partial: the value on the source's coordinate, the reduction's identity on the others (avg,
+  // max and min keep the value everywhere, which reduces to it too).
   for (int64_t m = 0; m < mesh.ndim(); ++m) {
     const Placement& p = target->placements()[m];
-    if (!p.is_partial() || mesh.coordinate()[m] == 0) continue;
+    if (!p.is_partial() || mesh.coordinate()[m] == root[m]) continue;
     if (p.reduce_op == ReduceOp::Sum) local.zero_();
     if (p.reduce_op == ReduceOp::Product) local.fill_(1);
   }

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
 
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "domain/halo.h"
 #include "redistribute/executor.h"
 #include "redistribute/plan.h"
+#include "util/torch_compat.h"
 
 namespace shardtensor {
 namespace {
@@ -112,5 +114,77 @@ at::Tensor circular_pad(const at::Tensor& self, c10::IntArrayRef pad) {
 at::Tensor dist_as_norm(const at::Tensor& self, const at::Tensor& other, const at::Scalar& p) {
   return at::norm(self - other, p);
 }
+
+#if SHARDTENSOR_DECOMPOSES_UPSAMPLE_VEC
+namespace {
+
+using ScaleFactors = c10::optional<at::ArrayRef<double>>;
+
+// compute_output_size (UpSample.cpp): the given size, else each spatial size times its factor.
+std::vector<int64_t> sized(const at::Tensor& input, at::OptionalSymIntArrayRef output_size, ScaleFactors scales, int64_t spatial) {
+  TORCH_CHECK(output_size.has_value() != scales.has_value(), "upsample: give exactly one of output_size and scale_factors");
+  if (output_size) return c10::asIntArrayRefSlow(*output_size).vec();
+  TORCH_CHECK(static_cast<int64_t>(scales->size()) == spatial, "upsample: ", scales->size(), " scale factors for ", spatial,
+              " spatial dims");
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < spatial; ++i) out.push_back(static_cast<int64_t>(input.size(input.dim() - spatial + i) * (*scales)[i]));
+  return out;
+}
+
+c10::optional<double> scale(ScaleFactors scales, size_t i) { return scales ? c10::optional<double>((*scales)[i]) : c10::nullopt; }
+
+using OptSize = at::OptionalSymIntArrayRef;
+at::Tensor linear1d(const at::Tensor& in, OptSize size, bool align, ScaleFactors s) {
+  return at::upsample_linear1d(in, sized(in, size, s, 1), align, scale(s, 0));
+}
+at::Tensor bilinear2d(const at::Tensor& in, OptSize size, bool align, ScaleFactors s) {
+  return at::upsample_bilinear2d(in, sized(in, size, s, 2), align, scale(s, 0), scale(s, 1));
+}
+at::Tensor bicubic2d(const at::Tensor& in, OptSize size, bool align, ScaleFactors s) {
+  return at::upsample_bicubic2d(in, sized(in, size, s, 2), align, scale(s, 0), scale(s, 1));
+}
+at::Tensor trilinear3d(const at::Tensor& in, OptSize size, bool align, ScaleFactors s) {
+  return at::upsample_trilinear3d(in, sized(in, size, s, 3), align, scale(s, 0), scale(s, 1), scale(s, 2));
+}
+at::Tensor nearest1d(const at::Tensor& in, OptSize size, ScaleFactors s) { return at::upsample_nearest1d(in, sized(in, size, s, 1), scale(s, 0)); }
+at::Tensor nearest2d(const at::Tensor& in, OptSize size, ScaleFactors s) {
+  return at::upsample_nearest2d(in, sized(in, size, s, 2), scale(s, 0), scale(s, 1));
+}
+at::Tensor nearest3d(const at::Tensor& in, OptSize size, ScaleFactors s) {
+  return at::upsample_nearest3d(in, sized(in, size, s, 3), scale(s, 0), scale(s, 1), scale(s, 2));
+}
+at::Tensor exact1d(const at::Tensor& in, OptSize size, ScaleFactors s) {
+  return at::_upsample_nearest_exact1d(in, sized(in, size, s, 1), scale(s, 0));
+}
+at::Tensor exact2d(const at::Tensor& in, OptSize size, ScaleFactors s) {
+  return at::_upsample_nearest_exact2d(in, sized(in, size, s, 2), scale(s, 0), scale(s, 1));
+}
+at::Tensor exact3d(const at::Tensor& in, OptSize size, ScaleFactors s) {
+  return at::_upsample_nearest_exact3d(in, sized(in, size, s, 3), scale(s, 0), scale(s, 1), scale(s, 2));
+}
+
+template <typename Fn>
+void on_both(torch::Library& whole, torch::Library& whole_autograd, const char* name, Fn fn) {
+  whole.impl(name, fn);
+  whole_autograd.impl(name, fn);
+}
+
+}  // namespace
+
+void register_upsample_vec_decompositions(torch::Library& whole, torch::Library& whole_autograd) {
+  on_both(whole, whole_autograd, "upsample_linear1d.vec", TORCH_FN(linear1d));
+  on_both(whole, whole_autograd, "upsample_bilinear2d.vec", TORCH_FN(bilinear2d));
+  on_both(whole, whole_autograd, "upsample_bicubic2d.vec", TORCH_FN(bicubic2d));
+  on_both(whole, whole_autograd, "upsample_trilinear3d.vec", TORCH_FN(trilinear3d));
+  on_both(whole, whole_autograd, "upsample_nearest1d.vec", TORCH_FN(nearest1d));
+  on_both(whole, whole_autograd, "upsample_nearest2d.vec", TORCH_FN(nearest2d));
+  on_both(whole, whole_autograd, "upsample_nearest3d.vec", TORCH_FN(nearest3d));
+  on_both(whole, whole_autograd, "_upsample_nearest_exact1d.vec", TORCH_FN(exact1d));
+  on_both(whole, whole_autograd, "_upsample_nearest_exact2d.vec", TORCH_FN(exact2d));
+  on_both(whole, whole_autograd, "_upsample_nearest_exact3d.vec", TORCH_FN(exact3d));
+}
+#else
+void register_upsample_vec_decompositions(torch::Library&, torch::Library&) {}
+#endif
 
 }  // namespace shardtensor

@@ -7,6 +7,10 @@
 
 #include <ATen/core/Tensor.h>
 
+namespace torch {
+class Library;
+}
+
 namespace shardtensor {
 
 // _pad_circular(self, pad) on a ShardTensor. Split padded dims exchange a periodic halo
@@ -19,5 +23,10 @@ at::Tensor circular_pad(const at::Tensor& self, c10::IntArrayRef pad);
 // layout, and the norm combines local norms by one all-reduce (VectorNormPlan). Also on
 // PrivateUse1, where autograd is off (inference mode), so it never gathers.
 at::Tensor dist_as_norm(const at::Tensor& self, const at::Tensor& other, const at::Scalar& p);
+
+// Registers the `.vec` upsample overloads (output size or scale factors) as their sized
+// overloads, computing the output size as libtorch does, on the libtorch lines where they do
+// not decompose by themselves (SHARDTENSOR_DECOMPOSES_UPSAMPLE_VEC); elsewhere a no-op.
+void register_upsample_vec_decompositions(torch::Library& whole, torch::Library& whole_autograd);
 
 }  // namespace shardtensor

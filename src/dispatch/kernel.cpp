@@ -20,6 +20,7 @@
 #include "comm/comm_debug.h"
 #include "dispatch/dispatch_state.h"
 #include "dispatch/out_variant.h"
+#include "dispatch/relayout.h"
 #include "dispatch/propagation.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "rules/helpers.h"
@@ -86,7 +87,7 @@ void log_call(const Propagation& p) {
   std::ostringstream os;
   os << "[shardtensor] " << p.meta.name << (p.fallback ? " (fallback)" : "") << ":";
   for (size_t k = 0; k < p.meta.inputs.size(); ++k) {
-    os << " " << to_string(p.meta.inputs[k].spec.placements());
+    os << " " << to_string(p.meta.inputs[k].spec.placements()) << "[" << join(p.meta.inputs[k].spec.shape(), ",") << "]";
     if (p.plans[k]) os << "->" << to_string(p.result.input_targets[k].placements());
   }
   os << " =>";
@@ -148,6 +149,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   auto unwrap_input = [&](const at::Tensor& t) -> at::Tensor {
     const size_t input = k++;
     ShardTensorImpl* impl = shard_tensor_impl(t);
+    if (impl && t.requires_grad() && t.is_leaf()) keep_leaf_gradient_layout(t);
     const at::Tensor& local = impl ? impl->local() : t;
     if (!p.plans[input]) return local;
     // A Partial input resolved to Replicate: its resolved form is reused while its local piece

@@ -59,6 +59,7 @@ void register_everything() {
   whole_autograd->impl("_pad_circular", TORCH_FN(circular_pad));
   whole->impl("dist", TORCH_FN(dist_as_norm));
   whole_autograd->impl("dist", TORCH_FN(dist_as_norm));
+  register_upsample_vec_decompositions(*whole, *whole_autograd);
   // _foreach_* operators: one per-tensor call per element (foreach.h), above autograd so that
   // each element's call is recorded by the per-tensor operator's own formula.
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {

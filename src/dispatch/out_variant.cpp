@@ -17,10 +17,10 @@
 namespace shardtensor {
 namespace {
 
+// torchgen puts out= arguments last, keyword-only, so the last argument tells: one check per
+// call on the hot path, not a scan of the schema.
 bool has_out_arguments(const c10::FunctionSchema& schema) {
-  for (size_t i = 0; i < schema.arguments().size(); ++i)
-    if (is_out_argument(schema, i)) return true;
-  return false;
+  return !schema.arguments().empty() && is_out_argument(schema, schema.arguments().size() - 1);
 }
 
 // `candidate` computes what out= overload `op` writes: it writes nothing itself, returns one

@@ -11,6 +11,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <optional>
+#include <utility>
 
 #include "shardtensor/spec.h"
 
@@ -33,6 +34,10 @@ class ShardTensorImpl final : public c10::TensorImpl {
   // Partial placements either way: an op never changes its caller's inputs.
   const at::Tensor* cached_resolution(const ShardTensorSpec& target) const;
   void cache_resolution(const ShardTensorSpec& target, at::Tensor resolved);
+
+  // True the first time only: whether the caller is the one to hook this leaf's gradient
+  // (keep_leaf_gradient_layout in dispatch/relayout.h).
+  bool claim_gradient_hook() { return !std::exchange(gradient_hooked_, true); }
 
   // Global strides other than the contiguous ones, for views that permute dims (see the kernel);
   // a permutation of the contiguous strides of the global shape. Kept while the shape is.
@@ -61,6 +66,7 @@ class ShardTensorImpl final : public c10::TensorImpl {
   };
   std::optional<Resolution> resolution_;
   bool resolution_may_be_cached() const;
+  bool gradient_hooked_ = false;
 };
 
 // The wrapper's impl, or nullptr for any other tensor (including undefined ones).

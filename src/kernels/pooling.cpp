@@ -70,14 +70,20 @@ void forward_on_window(const PoolPlan& plan, const c10::OperatorHandle& op, torc
                        Adjust adjust, Finish finish) {
   std::vector<c10::IValue> args = pop_arguments(op, stack);
   const at::Tensor window = gather_windows(plan.halo, args[0].toTensor(), fill);
+  adjust(args, window);
   if (window.numel() == 0) {
-    const std::vector<int64_t> shape = my_output_shape(plan, window.sizes().vec());
+    // Sliding pools have an axis per spatial dim; adaptive pooling only for the sharded ones,
+    // its other spatial dims take the output size it was given (the same on every rank).
+    std::vector<int64_t> shape = my_output_shape(plan, window.sizes().vec());
+    if (plan.kind == PoolKind::AdaptiveAvg) {
+      const std::vector<int64_t> out_size = args[1].toIntVector();
+      std::copy(out_size.begin(), out_size.end(), shape.end() - plan.spatial);
+    }
     for (size_t k = 0; k < op.schema().returns().size(); ++k)
       stack->push_back(at::zeros(shape, window.options().dtype(k == 0 ? window.scalar_type() : at::kLong)));
     return;
   }
   args[0] = window;
-  adjust(args, window);
   for (c10::IValue& a : args) stack->push_back(std::move(a));
   op.callBoxed(stack);
   finish(stack, window);

@@ -43,6 +43,4 @@ LocalKernel VectorNormPlan::lower() const {
   };
 }
 
-std::vector<DeclaredMove> VectorNormPlan::moves() const { return sums_over(mesh_dims); }
-
 }  // namespace shardtensor

@@ -12,12 +12,12 @@ namespace shardtensor {
 namespace {
 
 // One map axis as this rank applies it: its slice of the map, relative to its window, built
-// once when the plan is lowered: the sources of its outputs and the second source's weight
-// (shaped to broadcast along the dim; undefined for one-source maps). On the mesh's device,
-// where the pieces they index live.
+// once when the plan is lowered: per tap, the sources of its outputs and their weights (shaped
+// to broadcast along the dim; none for one-tap maps). On the mesh's device, where the pieces
+// they index live.
 struct LocalMap {
   const MapAxis* axis;
-  at::Tensor first, second, weight;
+  std::vector<at::Tensor> sources, weights;
 };
 
 at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t window_begin, c10::Device device) {
@@ -27,17 +27,19 @@ at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t wi
 }
 
 LocalMap slice_for_this_rank(const MapAxis& a, const DeviceMesh& mesh, int64_t ndim) {
-  LocalMap local{&a, {}, {}, {}};
+  LocalMap local{&a, {}, {}};
   const int64_t me = a.halo.me(mesh);
   const Range mine = a.outputs[me];
-  local.first = local_indices(a.map.i0, mine, a.halo.window[me].begin, mesh.device());
-  if (a.map.weight1.empty()) return local;
-  local.second = local_indices(a.map.i1, mine, a.halo.window[me].begin, mesh.device());
   std::vector<int64_t> shape(ndim, 1);
   shape[a.halo.tensor_dim] = mine.size();
-  local.weight = at::tensor(std::vector<double>(a.map.weight1.begin() + mine.begin, a.map.weight1.begin() + mine.end),
-                            at::TensorOptions().dtype(at::kDouble).device(mesh.device()))
-                     .view(shape);
+  for (size_t k = 0; k < a.map.taps.size(); ++k) {
+    local.sources.push_back(local_indices(a.map.taps[k], mine, a.halo.window[me].begin, mesh.device()));
+    if (a.map.weights.empty()) continue;
+    const std::vector<double>& w = a.map.weights[k];
+    local.weights.push_back(at::tensor(std::vector<double>(w.begin() + mine.begin, w.begin() + mine.end),
+                                       at::TensorOptions().dtype(at::kDouble).device(mesh.device()))
+                                .view(shape));
+  }
   return local;
 }
 
@@ -45,13 +47,16 @@ at::Tensor apply_forward(const DeviceMesh& mesh, const std::vector<LocalMap>& ma
   for (const LocalMap& a : maps) {
     const int64_t d = a.axis->halo.tensor_dim;
     x = gather_window(x, a.axis->halo, mesh, 0.0);
-    const at::Tensor first = x.index_select(d, a.first.to(x.device()));
-    if (!a.weight.defined()) {
-      x = first;
-    } else {
-      const at::Tensor w1 = a.weight.to(x.options());
-      x = first * (1 - w1) + x.index_select(d, a.second.to(x.device())) * w1;
+    if (a.weights.empty()) {
+      x = x.index_select(d, a.sources[0].to(x.device()));
+      continue;
     }
+    at::Tensor sum;
+    for (size_t k = 0; k < a.sources.size(); ++k) {
+      const at::Tensor term = x.index_select(d, a.sources[k].to(x.device())) * a.weights[k].to(x.options());
+      sum = k == 0 ? term : sum + term;
+    }
+    x = sum;
   }
   return x;
 }
@@ -64,13 +69,8 @@ at::Tensor apply_backward(const DeviceMesh& mesh, const std::vector<LocalMap>& m
     std::vector<int64_t> shape = grad.sizes().vec();
     shape[d] = halo.window[halo.me(mesh)].size();
     at::Tensor g = at::zeros(shape, grad.options());
-    if (!a.weight.defined()) {
-      g.index_add_(d, a.first.to(grad.device()), grad);
-    } else {
-      const at::Tensor w1 = a.weight.to(grad.options());
-      g.index_add_(d, a.first.to(grad.device()), grad * (1 - w1));
-      g.index_add_(d, a.second.to(grad.device()), grad * w1);
-    }
+    for (size_t k = 0; k < a.sources.size(); ++k)
+      g.index_add_(d, a.sources[k].to(grad.device()), a.weights.empty() ? grad : grad * a.weights[k].to(grad.options()));
     grad = scatter_add_window(g, halo, mesh);
   }
   return grad;

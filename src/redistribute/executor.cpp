@@ -414,6 +414,9 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
 
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan) {
   if (plan.empty()) return fresh_copy(local);
+  // Every rank of a mesh holds meta pieces alike (distribute_tensor checks it), so all raise.
+  TORCH_CHECK(!local.is_meta(), "cannot move the values of ", source, ": its pieces are on the meta device and hold none. ",
+              "Materialise it first (Module.to_empty(device=...), or empty_like(x, device=...)), then initialise it.");
   at::Tensor current_local = local;
   const ShardTensorSpec* current = &source;
   for (const PlannedStep& planned : plan.steps) {

@@ -25,14 +25,6 @@ RuleResult run_on(const ShardTensorSpec& target) {
   return r;
 }
 
-// `spec` with the Partials other than sum and avg resolved.
-ShardTensorSpec keep_linear_partials(const ShardTensorSpec& spec) {
-  Placements ps = spec.placements();
-  for (Placement& p : ps)
-    if (p.is_partial() && p.reduce_op != ReduceOp::Sum && p.reduce_op != ReduceOp::Avg) p = Replicate();
-  return with_placements(spec, ps);
-}
-
 RuleResult view_as_real_rule(const OpMeta& op) {
   // A complex Partial(max/min/product) is refused at planning: only sum and avg occur.
   return run_on(keep_linear_partials(op.inputs[0].spec));
@@ -67,8 +59,6 @@ void register_dtype_view_rules(RuleRegistry& registry) {
   registry.add("aten::view_as_complex", view_as_complex_rule);
   registry.add("aten::view.dtype", view_dtype_rule);
   for (const char* name : {"aten::_conj", "aten::_neg_view"}) registry.add(name, materialized_bit_view_rule);
-  for (const char* name : {"aten::_conj_physical", "aten::conj_physical_"})
-    registry.add(name, [](const OpMeta& op) { return run_on(keep_linear_partials(op.inputs[0].spec)); });
 }
 
 }  // namespace shardtensor

@@ -24,6 +24,13 @@ ShardTensorSpec without_partial(const ShardTensorSpec& spec) {
   return with_placements(spec, ps);
 }
 
+ShardTensorSpec keep_linear_partials(const ShardTensorSpec& spec) {
+  Placements ps = spec.placements();
+  for (Placement& p : ps)
+    if (p.is_partial() && !is_sum_or_avg(p.reduce_op)) p = Replicate();
+  return with_placements(spec, ps);
+}
+
 ShardTensorSpec replicate_tensor_dims(const ShardTensorSpec& spec, const std::vector<int64_t>& tensor_dims) {
   Placements ps = spec.placements();
   for (Placement& p : ps) {

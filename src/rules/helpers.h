@@ -18,6 +18,12 @@ ShardTensorSpec with_placements(const ShardTensorSpec& spec, const Placements& p
 // `spec` with every Partial placement resolved to Replicate (an all-reduce when moved).
 ShardTensorSpec without_partial(const ShardTensorSpec& spec);
 
+// Partial kinds that a linear map (negation, scaling, conjugation, reinterpreting a complex
+// number as two reals) keeps pending: sum and avg.
+inline bool is_sum_or_avg(ReduceOp r) { return r == ReduceOp::Sum || r == ReduceOp::Avg; }
+// `spec` with its Partials other than sum and avg resolved: the input layout of a linear map.
+ShardTensorSpec keep_linear_partials(const ShardTensorSpec& spec);
+
 // `spec` with every mesh dim that shards one of `tensor_dims` (or is Partial) made Replicate:
 // what an operator needs when it reads those dims whole.
 ShardTensorSpec replicate_tensor_dims(const ShardTensorSpec& spec, const std::vector<int64_t>& tensor_dims);

@@ -9,7 +9,7 @@ std::string DeclaredMove::to_string() const {
     case Kind::HaloScatterAdd:
       return "halo scatter-add of dim " + std::to_string(tensor_dim) + " over mesh dim " + std::to_string(mesh_dim);
     case Kind::AllReduce:
-      return "all-reduce(sum) over mesh dim " + std::to_string(mesh_dim);
+      return std::string("all-reduce(") + shardtensor::to_string(reduce) + ") over mesh dim " + std::to_string(mesh_dim);
     case Kind::RingPass:
       return "ring pass of dim " + std::to_string(tensor_dim) + " blocks over mesh dim " + std::to_string(mesh_dim);
     case Kind::RingReturn:
@@ -35,9 +35,9 @@ std::vector<DeclaredMove> halo_scatter_adds(const HaloPlan& plan) {
   return {moves.rbegin(), moves.rend()};
 }
 
-std::vector<DeclaredMove> sums_over(const std::vector<int64_t>& mesh_dims) {
+std::vector<DeclaredMove> all_reduces_over(const std::vector<int64_t>& mesh_dims, ReduceOp reduce) {
   std::vector<DeclaredMove> moves;
-  for (int64_t d : mesh_dims) moves.push_back({DeclaredMove::Kind::AllReduce, d, -1});
+  for (int64_t d : mesh_dims) moves.push_back({DeclaredMove::Kind::AllReduce, d, -1, reduce});
   return moves;
 }
 

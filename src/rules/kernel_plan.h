@@ -29,16 +29,22 @@ struct DeclaredMove {
   Kind kind = Kind::AllReduce;
   int64_t mesh_dim = -1;    // the group it runs on
   int64_t tensor_dim = -1;  // halo moves: the tensor dim whose windows move
+  ReduceOp reduce = ReduceOp::Sum;  // all-reduces: how the pieces combine
 
-  std::string to_string() const;  // "halo gather of dim 2 over mesh dim 0", "all-reduce(sum) over mesh dim 1"
-  bool operator==(const DeclaredMove& o) const { return kind == o.kind && mesh_dim == o.mesh_dim && tensor_dim == o.tensor_dim; }
+  std::string to_string() const;  // "halo gather of dim 2 over mesh dim 0", "all-reduce(max) over mesh dim 1"
+  bool operator==(const DeclaredMove& o) const {
+    return kind == o.kind && mesh_dim == o.mesh_dim && tensor_dim == o.tensor_dim && reduce == o.reduce;
+  }
 };
 
 // The halo gathers of `plan` that cross shards, in order, and their adjoint scatter-adds.
 std::vector<DeclaredMove> halo_gathers(const HaloPlan& plan);
 std::vector<DeclaredMove> halo_scatter_adds(const HaloPlan& plan);
-// A sum over the groups of `mesh_dims`, one all-reduce per mesh dim.
-std::vector<DeclaredMove> sums_over(const std::vector<int64_t>& mesh_dims);
+// A reduction over the groups of `mesh_dims`, one all-reduce per mesh dim.
+std::vector<DeclaredMove> all_reduces_over(const std::vector<int64_t>& mesh_dims, ReduceOp reduce);
+inline std::vector<DeclaredMove> sums_over(const std::vector<int64_t>& mesh_dims) {
+  return all_reduces_over(mesh_dims, ReduceOp::Sum);
+}
 
 struct KernelPlan {
   virtual ~KernelPlan() = default;

@@ -73,7 +73,6 @@ bool is_value(const OpMeta& op, PartialPolicy policy, size_t i) {
   return !(policy == PartialPolicy::Overwrite && i == 0);
 }
 
-bool is_sum_or_avg(ReduceOp r) { return r == ReduceOp::Sum || r == ReduceOp::Avg; }
 bool is_max_or_min(ReduceOp r) { return r == ReduceOp::Max || r == ReduceOp::Min; }
 
 PartialOutcome partial_outcome(const OpMeta& op, PartialPolicy policy, int64_t m) {
@@ -321,7 +320,7 @@ void register_pointwise_rules(RuleRegistry& registry) {
   // Partial-keeping policies (Note [Partial through pointwise]) replace `resolve` where they apply.
   const std::pair<PartialPolicy, std::vector<std::string>> policies[] = {
       {PartialPolicy::LinearUnary, {"aten::neg", "aten::neg_", "aten::clone", "aten::mul.Scalar", "aten::mul_.Scalar",
-                                    "aten::div.Scalar", "aten::div_.Scalar"}},
+                                    "aten::div.Scalar", "aten::div_.Scalar", "aten::_conj_physical", "aten::conj_physical_"}},
       {PartialPolicy::NonDecreasing,
        {"aten::relu", "aten::relu_", "aten::sigmoid", "aten::sigmoid_", "aten::tanh", "aten::tanh_", "aten::exp",
         "aten::exp_", "aten::exp2", "aten::exp2_", "aten::expm1", "aten::expm1_", "aten::floor", "aten::floor_",

@@ -1,9 +1,10 @@
-// Upsampling (nearest, nearest-exact, linear/bilinear/trilinear, any scale, align_corners
-// either way) and padding (constant, reflect, replicate) along sharded spatial dims, forward
-// and backward. Circular padding is a periodic halo (dispatch/decompositions.cpp), no rule here.
+// Upsampling (nearest, nearest-exact, linear/bilinear/trilinear, bicubic, any scale,
+// align_corners either way) and padding (constant, reflect, replicate) along sharded spatial
+// dims, forward and backward. Circular padding is a periodic halo (dispatch/decompositions.cpp),
+// no rule here.
 //
-// Each is an index map per dim: output o reads source positions i0[o] and i1[o] with weights
-// (1 - w[o], w[o]) (nearest and the pads read one position). The maps follow libtorch's own
+// Each is an index map per dim: output o reads K source positions with weights (nearest and
+// the pads read one, linear two, cubic four, clamped at the edges). The maps follow libtorch's own
 // index formulas, in the input's precision, so every output reads the same sources as on one
 // device. A rank owns the outputs whose first source it owns (upsampling) or that sit
 // opposite its rows (padding), gathers the window of sources they read, and applies the map
@@ -28,46 +29,82 @@ double compute_scale(int64_t in, int64_t out, bool align_corners, c10::optional<
   return as_float ? static_cast<float>(s) : s;
 }
 
-IndexMap linear_map(int64_t in, int64_t out, bool align_corners, c10::optional<double> scale, bool as_float) {
+// A map of `k` taps, no entries yet.
+IndexMap with_taps(size_t k, bool weighted) {
   IndexMap m;
+  m.taps.resize(k);
+  if (weighted) m.weights.resize(k);
+  return m;
+}
+
+// The source position of output o (area_pixel_compute_source_index), its floor clamped to the
+// last row and the fraction past it clamped to [0, 1] (guard_index_and_lambda).
+std::pair<int64_t, double> source_position(double s, int64_t o, int64_t in, bool align_corners, bool cubic, bool as_float) {
+  double src = align_corners ? s * o : s * (o + 0.5) - 0.5;
+  if (!align_corners && !cubic && src < 0) src = 0;
+  if (as_float) src = static_cast<float>(src);
+  const int64_t i = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
+  double t = std::min(std::max(src - i, 0.0), 1.0);
+  if (as_float) t = static_cast<float>(t);
+  return {i, t};
+}
+
+double in_precision(double v, bool as_float) { return as_float ? static_cast<float>(v) : v; }
+
+IndexMap linear_map(int64_t in, int64_t out, bool align_corners, c10::optional<double> scale, bool as_float) {
+  IndexMap m = with_taps(2, true);
   const double s = compute_scale(in, out, align_corners, scale, as_float);
   for (int64_t o = 0; o < out; ++o) {
-    double src = align_corners ? s * o : s * (o + 0.5) - 0.5;
-    if (!align_corners && src < 0) src = 0;
-    if (as_float) src = static_cast<float>(src);
-    const int64_t i = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
-    double w = std::min(std::max(src - i, 0.0), 1.0);
-    if (as_float) w = static_cast<float>(w);
-    m.i0.push_back(i);
-    m.i1.push_back(i < in - 1 ? i + 1 : i);
-    m.weight1.push_back(w);
+    const auto [i, w] = source_position(s, o, in, align_corners, /*cubic=*/false, as_float);
+    m.taps[0].push_back(i);
+    m.taps[1].push_back(i < in - 1 ? i + 1 : i);
+    m.weights[0].push_back(in_precision(1.0 - w, as_float));
+    m.weights[1].push_back(w);
+  }
+  return m;
+}
+
+// Keys' cubic convolution with A = -0.75 over taps i-1 .. i+2, clamped to the edges
+// (get_cubic_upsample_coefficients and upsample_get_value_bounded).
+IndexMap cubic_map(int64_t in, int64_t out, bool align_corners, c10::optional<double> scale, bool as_float) {
+  IndexMap m = with_taps(4, true);
+  const double s = compute_scale(in, out, align_corners, scale, as_float);
+  const double A = -0.75;
+  auto near = [&](double x) { return in_precision(((A + 2) * x - (A + 3)) * x * x + 1, as_float); };   // |x| <= 1
+  auto far = [&](double x) { return in_precision(((A * x - 5 * A) * x + 8 * A) * x - 4 * A, as_float); };  // 1 < |x| < 2
+  for (int64_t o = 0; o < out; ++o) {
+    const auto [i, t] = source_position(s, o, in, align_corners, /*cubic=*/true, as_float);
+    const double u = in_precision(1.0 - t, as_float);
+    const double w[4] = {far(in_precision(t + 1.0, as_float)), near(t), near(u), far(in_precision(u + 1.0, as_float))};
+    for (int64_t k = 0; k < 4; ++k) {
+      m.taps[k].push_back(std::min(std::max<int64_t>(i - 1 + k, 0), in - 1));
+      m.weights[k].push_back(w[k]);
+    }
   }
   return m;
 }
 
 IndexMap nearest_map(int64_t in, int64_t out, c10::optional<double> scale, bool exact) {
-  IndexMap m;
+  IndexMap m = with_taps(1, false);
   const float s = (scale && *scale > 0) ? static_cast<float>(1.0 / *scale) : static_cast<float>(in) / out;
   for (int64_t o = 0; o < out; ++o) {
     int64_t i;
     if (!exact && out == in) i = o;
     else if (!exact && out == 2 * in) i = o >> 1;
     else i = std::min(static_cast<int64_t>(std::floor(exact ? static_cast<float>((o + 0.5) * s) : o * s)), in - 1);
-    m.i0.push_back(i);
+    m.taps[0].push_back(i);
   }
-  m.i1 = m.i0;
   return m;
 }
 
 IndexMap pad_map(int64_t in, int64_t before, int64_t after, bool reflect) {
-  IndexMap m;
+  IndexMap m = with_taps(1, false);
   for (int64_t o = 0; o < in + before + after; ++o) {
     int64_t i = o - before;
     if (reflect) i = i < 0 ? -i : i >= in ? 2 * (in - 1) - i : i;
     else i = std::min(std::max<int64_t>(i, 0), in - 1);
-    m.i0.push_back(i);
+    m.taps[0].push_back(i);
   }
-  m.i1 = m.i0;
   return m;
 }
 
@@ -75,12 +112,12 @@ IndexMap pad_map(int64_t in, int64_t before, int64_t after, bool reflect) {
 
 // Rank r owns the outputs whose first source is at or after its first row (monotone maps).
 std::vector<Range> outputs_by_source(const IndexMap& m, const std::vector<Range>& owned) {
-  const int64_t out = static_cast<int64_t>(m.i0.size());
+  const int64_t out = static_cast<int64_t>(m.taps[0].size());
   std::vector<Range> ranges(owned.size());
   int64_t o = 0;
   for (size_t r = 0; r < owned.size(); ++r) {
     if (r > 0)
-      while (o < out && m.i0[o] < owned[r].begin) ++o;
+      while (o < out && m.taps[0][o] < owned[r].begin) ++o;
     ranges[r].begin = r == 0 ? 0 : o;
     if (r > 0) ranges[r - 1].end = ranges[r].begin;
   }
@@ -96,11 +133,12 @@ MapAxis map_axis(int64_t tensor_dim, int64_t mesh_dim, int64_t length, std::vect
       a.halo.window.push_back({0, 0});
       continue;
     }
-    int64_t lo = a.map.i0[out.begin], hi = lo;
-    for (int64_t o = out.begin; o < out.end; ++o) {
-      lo = std::min({lo, a.map.i0[o], a.map.i1[o]});
-      hi = std::max({hi, a.map.i0[o], a.map.i1[o]});
-    }
+    int64_t lo = a.map.taps[0][out.begin], hi = lo;
+    for (const std::vector<int64_t>& tap : a.map.taps)
+      for (int64_t o = out.begin; o < out.end; ++o) {
+        lo = std::min(lo, tap[o]);
+        hi = std::max(hi, tap[o]);
+      }
     a.halo.window.push_back({lo, hi + 1});
   }
   return a;
@@ -108,7 +146,7 @@ MapAxis map_axis(int64_t tensor_dim, int64_t mesh_dim, int64_t length, std::vect
 
 // ---- the operators ----
 
-enum class Mode { Nearest, NearestExact, Linear, Reflect, Replicate };
+enum class Mode { Nearest, NearestExact, Linear, Cubic, Reflect, Replicate };
 
 struct Resample {
   Mode mode;
@@ -130,6 +168,7 @@ Mode mode_of(const std::string& name) {
   if (name.find("nearest") != std::string::npos) return Mode::Nearest;
   if (name.find("reflection") != std::string::npos) return Mode::Reflect;
   if (name.find("replication") != std::string::npos) return Mode::Replicate;
+  if (name.find("bicubic") != std::string::npos) return Mode::Cubic;
   return Mode::Linear;
 }
 
@@ -140,6 +179,8 @@ IndexMap map_of(const Resample& r, int64_t i, bool as_float) {
       return nearest_map(r.in_sizes[i], r.out_sizes[i], r.scales[i], r.mode == Mode::NearestExact);
     case Mode::Linear:
       return linear_map(r.in_sizes[i], r.out_sizes[i], r.align_corners, r.scales[i], as_float);
+    case Mode::Cubic:
+      return cubic_map(r.in_sizes[i], r.out_sizes[i], r.align_corners, r.scales[i], as_float);
     default:
       return pad_map(r.in_sizes[i], r.pads[2 * i], r.pads[2 * i + 1], r.mode == Mode::Reflect);
   }
@@ -175,14 +216,14 @@ std::vector<c10::optional<double>> read_scales(const OpMeta& op, int64_t spatial
 }
 
 // Reads an upsample forward or backward (the backward has grad_output for self, and
-// input_size after output_size); align_corners only in linear modes.
+// input_size after output_size); align_corners only in linear and cubic modes.
 Resample read_upsample(const OpMeta& op, const std::vector<int64_t>& in_shape) {
   Resample r;
   r.mode = mode_of(op.name);
   r.spatial = dims_in_name(op.name);
   r.out_sizes = int_list_arg(op, "output_size");
   r.in_sizes.assign(in_shape.end() - r.spatial, in_shape.end());
-  r.align_corners = r.mode == Mode::Linear && bool_arg(op, "align_corners");
+  r.align_corners = (r.mode == Mode::Linear || r.mode == Mode::Cubic) && bool_arg(op, "align_corners");
   r.scales = read_scales(op, r.spatial);
   return r;
 }
@@ -281,7 +322,7 @@ RuleResult upsample_backward_rule(const OpMeta& op) {
     const IndexMap m = map_of(rs, i, as_float);
     std::vector<Range> rows(outs.size());
     for (size_t q = 0; q < outs.size(); ++q) {
-      const int64_t source = outs[q].begin < rs.out_sizes[i] ? m.i0[outs[q].begin] : rs.in_sizes[i];
+      const int64_t source = outs[q].begin < rs.out_sizes[i] ? m.taps[0][outs[q].begin] : rs.in_sizes[i];
       rows[q].begin = q == 0 ? 0 : std::max(rows[q - 1].begin, source);
       if (q > 0) rows[q - 1].end = rows[q].begin;
     }
@@ -352,7 +393,7 @@ void register_resampling_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",
                            "aten::_upsample_nearest_exact1d", "aten::_upsample_nearest_exact2d",
                            "aten::_upsample_nearest_exact3d", "aten::upsample_linear1d", "aten::upsample_bilinear2d",
-                           "aten::upsample_trilinear3d", "aten::reflection_pad1d", "aten::reflection_pad2d",
+                           "aten::upsample_trilinear3d", "aten::upsample_bicubic2d", "aten::reflection_pad1d", "aten::reflection_pad2d",
                            "aten::reflection_pad3d", "aten::replication_pad1d", "aten::replication_pad2d",
                            "aten::replication_pad3d"})
     registry.add(name, map_forward_rule);
@@ -360,7 +401,7 @@ void register_resampling_rules(RuleRegistry& registry) {
                            "aten::upsample_nearest3d_backward", "aten::_upsample_nearest_exact1d_backward",
                            "aten::_upsample_nearest_exact2d_backward", "aten::_upsample_nearest_exact3d_backward",
                            "aten::upsample_linear1d_backward", "aten::upsample_bilinear2d_backward",
-                           "aten::upsample_trilinear3d_backward"})
+                           "aten::upsample_trilinear3d_backward", "aten::upsample_bicubic2d_backward"})
     registry.add(name, upsample_backward_rule);
   for (const char* name : {"aten::reflection_pad1d_backward", "aten::reflection_pad2d_backward",
                            "aten::reflection_pad3d_backward", "aten::replication_pad1d_backward",

@@ -6,10 +6,12 @@
 
 namespace shardtensor {
 
-// Output o reads source positions i0[o] and i1[o] with weights (1 - w[o], w[o]).
+// Output o reads source positions taps[k][o] with weights weights[k][o], k = 0..K-1 (one tap:
+// nearest and the pads; two: linear; four: cubic). Tap 0 is the first source, and every
+// tap's positions are non-decreasing in o.
 struct IndexMap {
-  std::vector<int64_t> i0, i1;
-  std::vector<double> weight1;  // empty: a plain gather of i0
+  std::vector<std::vector<int64_t>> taps;
+  std::vector<std::vector<double>> weights;  // empty: a plain gather of taps[0]
 };
 
 // One dim's map with its halo axis and the output range of every rank.

@@ -75,6 +75,16 @@ auto make_autograd_node(Args&&... args) {
 }
 }  // namespace shardtensor::compat
 
+// The `.vec` overloads of the upsample operators (what Python's F.interpolate calls): 2.x
+// decomposes them above autograd into the sized overloads, which have sharding rules; 1.13
+// gives them backend kernels of their own, so shardtensor decomposes them itself there
+// (dispatch/decompositions.h).
+#if TORCH_VERSION_MAJOR < 2
+#define SHARDTENSOR_DECOMPOSES_UPSAMPLE_VEC 1
+#else
+#define SHARDTENSOR_DECOMPOSES_UPSAMPLE_VEC 0
+#endif
+
 // Warning handlers: 2.x hands process() a c10::Warning and installs handlers through
 // c10::WarningUtils; 1.13 passes the location and message apart, through c10::Warning.
 namespace shardtensor::compat {

@@ -125,3 +125,40 @@ TEST(Factories, NewFactoriesOfTheSameShapeKeepTheSharding) {
     }
   }
 }
+
+// Deferred initialisation: a tensor built on the meta device is distributed without values,
+// each rank materialises only its piece (what Module.to_empty does), and the in-place random
+// initialisers then give the same global tensor as on any other layout.
+TEST(Factories, MetaTensorsAreMaterialisedPieceByPiece) {
+  for (const DeviceMesh& mesh : test_meshes()) {
+    for (const Placements& ps : layouts_for(mesh)) {
+      const at::Tensor deferred = at::empty({9, 6}, at::TensorOptions().dtype(at::kDouble).device(at::kMeta));
+      at::Tensor x;
+      {
+        CommDebugMode comms;
+        x = distribute_tensor(deferred, mesh, ps);
+        EXPECT_EQ(comms.count("scatter") + comms.count("broadcast"), 0) << "no values move\n" << comms.table();
+      }
+      EXPECT_TRUE(to_local(x).is_meta());
+      EXPECT_EQ(to_local(x).sizes().vec(), spec(x).local_shape());
+      // Moving values that do not exist raises on every rank; a layout that needs no move gives
+      // a meta tensor again. Never garbage.
+      try {
+        EXPECT_TRUE(full_tensor(x).is_meta());
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what_without_backtrace()).find("meta device"), std::string::npos) << e.what_without_backtrace();
+      }
+      at::Tensor real = at::empty_like(x, at::TensorOptions().device(mesh.device()));
+      ASSERT_TRUE(is_shard_tensor(real));
+      EXPECT_EQ(spec(real).placements(), ps);
+      EXPECT_EQ(to_local(real).device(), mesh.device());
+      EXPECT_EQ(to_local(real).sizes().vec(), spec(x).local_shape());
+      shardtensor::manual_seed(5);
+      real.normal_(0.0, 2.0);
+      shardtensor::manual_seed(5);
+      const at::Tensor reference =
+          zeros(FactoryLayout{{9, 6}, mesh, Placements(mesh.ndim(), Replicate()), at::TensorOptions().dtype(at::kDouble)}).normal_(0.0, 2.0);
+      EXPECT_TRUE(at::equal(full_tensor(real), full_tensor(reference))) << spec(real);
+    }
+  }
+}

@@ -472,11 +472,33 @@ void run_case(const Case& c, const DeviceMesh& mesh, std::mt19937& rng, int tria
   at::manual_seed(2000 + trial);  // the same cotangent on every rank, whatever the case drew before
   const at::Tensor w = at::randn(expected.sizes(), at::kDouble);
   (expected * w).sum().backward();
-  (full_tensor(out) * w).sum().backward();
+  if (trial % 2 == 0) {
+    (full_tensor(out) * w).sum().backward();
+  } else {
+    // A Partial(sum) cotangent, sharded like the output (#16 item 6): every backward formula
+    // must resolve it, or keep it pending correctly, on its way to the inputs.
+    Placements ps = s.placements();
+    for (Placement& p : ps)
+      if (!p.is_shard()) p = Partial(ReduceOp::Sum);
+    out.backward(distribute_tensor(w.to(out.scalar_type()), mesh, ps, s.shard_sizes()));
+  }
   for (size_t i = 0; i < refs.size(); ++i) {
     if (!refs[i].grad().defined()) continue;
     ASSERT_TRUE(sharded[i].grad().defined()) << "input " << i << " got no gradient";
     expect_close(full_tensor(sharded[i].grad()), refs[i].grad(), "gradient of input " + std::to_string(i));
+    // The gradient is laid out like its input (#16 item 6): sharded where the input is, with its
+    // sizes, never gathered onto every rank; where the input is Replicate it may be a pending
+    // Partial (dispatch/relayout.h). (A Partial input's gradient is the adjoint of a reduction,
+    // a broadcast: not compared.)
+    const ShardTensorSpec& in = spec(sharded[i]);
+    const ShardTensorSpec& g = spec(sharded[i].grad());
+    if (!in.has_partial()) {
+      bool alike = true;
+      for (size_t m = 0; m < in.placements().size(); ++m)
+        alike = alike && (in.placements()[m].is_shard() ? g.placements()[m] == in.placements()[m] : !g.placements()[m].is_shard());
+      EXPECT_TRUE(alike) << "gradient of input " << i << " is laid out " << g.to_string() << ", its input " << in.to_string();
+      if (alike) EXPECT_EQ(g.shard_sizes(), in.shard_sizes()) << "gradient of input " << i << " has other shard sizes";
+    }
   }
 }
 

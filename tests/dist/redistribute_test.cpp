@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
+
+#include "comm/agreement.h"
 #include "comm/comm.h"
 #include "dist/dist_fixture.h"
 #include "redistribute/executor.h"
@@ -420,6 +423,47 @@ TEST(Redistribute, DistributeTensorTakesCoordinateZerosValues) {
       EXPECT_TRUE(leaf.requires_grad());
       EXPECT_TRUE(leaf.is_leaf());
     }
+  }
+}
+
+// DTensor's src_data_rank: the group rank on every mesh dim whose tensor is the source, or none
+// (each rank's own tensor, nothing moved).
+TEST(Redistribute, DistributeTensorTakesTheSourceRanksValuesOrEachRanksOwn) {
+  for (const DeviceMesh& mesh : test_meshes()) {
+    const int64_t k = *std::min_element(mesh.shape().begin(), mesh.shape().end()) - 1;  // a rank on every mesh dim
+    const int64_t source = mesh.rank_at(std::vector<int64_t>(mesh.ndim(), k));
+    at::manual_seed(17);
+    const at::Tensor global = at::randn({5, 3}, at::kDouble);
+    const at::Tensor mine = global + 100 * world_rank();  // each rank's own values
+    Placements ps(mesh.ndim(), Replicate());
+    ps.front() = Shard(0);
+    ps.back() = mesh.ndim() > 1 ? Partial(ReduceOp::Sum) : ps.back();
+    SCOPED_TRACE(mesh.to_string() + " " + to_string(ps) + " from coordinate " + std::to_string(k));
+    const at::Tensor from_source = distribute_tensor(mine, mesh, ps, std::nullopt, k);
+    EXPECT_TRUE(at::allclose(full_tensor(from_source), global + 100 * source));
+    // None: this rank's piece of its own tensor. No data moves: the one collective is the small
+    // all-gather that checks the ranks agree, and none is left when that check is off.
+    Placements sharded(mesh.ndim(), Shard(0));
+    at::Tensor own;
+    {
+      CommDebugMode comms;
+      own = distribute_tensor(mine, mesh, sharded, std::nullopt, std::nullopt);
+      EXPECT_EQ(comms.total(), mesh.size() > 1 ? 1 : 0) << comms.table();
+    }
+    {
+      set_agreement_checks_enabled(false);
+      CommDebugMode comms;
+      distribute_tensor(mine, mesh, sharded, std::nullopt, std::nullopt);
+      set_agreement_checks_enabled(true);
+      EXPECT_EQ(comms.total(), 0) << comms.table();
+    }
+    const ShardTensorSpec& s = spec(own);
+    EXPECT_TRUE(at::equal(to_local(own), mine.narrow(0, s.local_offsets()[0], s.local_shape()[0])));
+    EXPECT_ERROR_CONTAINS(distribute_tensor(mine, mesh, ps, std::nullopt, k + 1), "src_data_rank=" + std::to_string(k + 1),
+                          "is not a rank of mesh dim");
+    if (world_size() > 1)
+      EXPECT_ERROR_CONTAINS(distribute_tensor(mine, mesh, ps, std::nullopt, world_rank() == 0 ? std::optional<int64_t>() : 0),
+                            "the ranks passed different tensors or layouts", "src_data_rank");
   }
 }
 

@@ -104,6 +104,24 @@ std::vector<Case> spatial_cases() {
                                 at::upsample_linear1d(v.flatten(2), {140}, align).view({2, 3, 14, 10}) +
                                 at::upsample_trilinear3d(v.unsqueeze(2), {3, 14, 10}, align).sum(2);
                        }));
+  // The .vec overloads, F.interpolate's path: by scale factors, or by an output size.
+  cases.push_back(on("upsample .vec overloads (scale factors or size)", [] { return Tensors{normal({2, 3, 7, 5})}; }, [](const Tensors& x) {
+    const at::Tensor& v = x[0];
+    const std::vector<double> twice{2.0, 2.0};
+    const std::vector<int64_t> size{14, 10};
+    const c10::optional<at::ArrayRef<double>> no_scales;
+    return at::upsample_bilinear2d(v, c10::nullopt, false, twice) + at::upsample_nearest2d(v, c10::nullopt, twice) +
+           at::upsample_bicubic2d(v, at::OptionalIntArrayRef(size), true, no_scales) +
+           at::upsample_linear1d(v.flatten(2), c10::nullopt, false, std::vector<double>{4.0}).view({2, 3, 14, 10});
+  }));
+  // Bicubic: four taps, clamped at the edges; downscaling too, and a scale factor given.
+  for (bool align : {false, true})
+    cases.push_back(on(std::string("upsample bicubic align_corners ") + (align ? "1" : "0"), [] { return Tensors{normal({2, 3, 7, 5})}; },
+                       [align](const Tensors& x) {
+                         const at::Tensor& v = x[0];
+                         return at::upsample_bicubic2d(v, {14, 10}, align) + at::upsample_bicubic2d(v, {14, 10}, align, 2.0, 2.0) +
+                                at::upsample_bicubic2d(v, {4, 3}, align).sum() + at::upsample_bicubic2d(v, {17, 9}, align).sum();
+                       }));
 
   // Padding on sharded dims.
   cases.push_back(on("constant_pad_nd (grow and crop)", [] { return Tensors{normal({2, 3, 9, 7})}; }, [](const Tensors& x) {

@@ -104,6 +104,13 @@ def layouts_body(rank, world_size):
     y = x.redistribute(mesh, [st.Shard(0)], sharding_shapes={0: explicit})
     assert y.sharding_shapes() == {0: explicit} and y.local_shape == torch.Size([explicit[rank], 5])
     assert_close(y.to_local(), local_of(g, [rank], [world_size], [st.Shard(0)], {0: explicit}), "to explicit sizes")
+    # src_data_rank (DTensor's): the last rank's tensor is the source; None: each rank's own.
+    mine = g + 100 * rank
+    last = world_size - 1
+    assert_close(st.distribute_tensor(mine, mesh, [st.Shard(0)], src_data_rank=last).full_tensor(), g + 100 * last,
+                 "src_data_rank=last")
+    own = st.distribute_tensor(mine, mesh, [st.Shard(1)], src_data_rank=None)
+    assert_close(own.to_local(), local_of(mine, [rank], [world_size], [st.Shard(1)], None), "src_data_rank=None")
     # Partial: each rank holds a term; full_tensor reduces.
     p = st.from_local(torch.full((3,), float(rank + 1)), mesh, [st.Partial("sum")])
     assert_close(p.full_tensor(), torch.full((3,), float(sum(range(1, world_size + 1)))), "Partial(sum)")
@@ -175,6 +182,19 @@ def factories_body(rank, world_size):
     f = st.full((4, 2), 2.5, device_mesh=mesh, placements=[st.Shard(1)], dtype=torch.float64)
     assert f.dtype == torch.float64 and f.shape == (4, 2)
     assert_close(f.full_tensor(), torch.full((4, 2), 2.5, dtype=torch.float64), "full")
+    # The default dtype follows torch's, and full() follows its fill value, as torch.full does.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert st.zeros(3, device_mesh=mesh, placements=[st.Shard(0)]).dtype == torch.float64
+        assert st.randn(3, device_mesh=mesh, placements=[st.Shard(0)]).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(previous)
+    assert st.ones(3, device_mesh=mesh, placements=[st.Shard(0)]).dtype == previous
+    for value in (3, True, 2.5):
+        made = st.full((5,), value, device_mesh=mesh, placements=[st.Shard(0)])
+        assert made.dtype == torch.full((5,), value).dtype, f"full with {value!r} made {made.dtype}"
+        assert torch.equal(made.full_tensor(), torch.full((5,), value)), f"full with {value!r}"
     e = st.empty((6,), device_mesh=mesh, placements=[st.Shard(0)], requires_grad=True)
     assert e.requires_grad and e.is_leaf and e.shape == (6,)
     # Random factories do not depend on the layout: the same seed gives the same global tensor.
@@ -301,8 +321,10 @@ def bad_input_body(rank, world_size):
         st.distribute_tensor(g, mesh, [st.Shard(5)])
     with pytest.raises(TypeError, match="placement"):
         st.distribute_tensor(g, mesh, ["S0"])
-    with pytest.raises(ValueError, match="src_data_rank"):
-        st.distribute_tensor(g, mesh, [st.Shard(0)], src_data_rank=1)
+    with pytest.raises(RuntimeError, match=f"src_data_rank={world_size}"):
+        st.distribute_tensor(g, mesh, [st.Shard(0)], src_data_rank=world_size)
+    with pytest.raises(TypeError, match="src_data_rank"):
+        st.distribute_tensor(g, mesh, [st.Shard(0)], src_data_rank="0")
     x = st.distribute_tensor(g, mesh, [st.Shard(0)])
     with pytest.raises(RuntimeError, match="sizes"):
         x.redistribute(mesh, [st.Shard(0)], sharding_shapes={0: [1] * (world_size + 1)})

@@ -139,3 +139,42 @@ def test_cnn_on_a_split_field_matches_one_process(world_size):
 
 def test_chunk_sizes_helper_matches_torch():
     assert chunk_sizes(10, 4) == [3, 3, 3, 1] and chunk_sizes(2, 4) == [1, 1, 0, 0]
+
+
+def meta_init_body(rank, world_size):
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+
+    def built(placement_of_weight):
+        # Deferred initialisation, DTensor's recipe: build on meta, shard the parameters (no
+        # values exist, none move), materialise each rank's piece with to_empty, then initialise.
+        with torch.device("meta"):
+            model = torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.Tanh(), torch.nn.Linear(9, 2)).double()
+        shard_parameters(model, mesh, lambda name, p: placement_of_weight if name == "0.weight" else [st.Replicate()])
+        assert all(p.to_local().is_meta for p in model.parameters())
+        model.to_empty(device="cpu")
+        st.manual_seed(11)
+        for m in model:
+            if isinstance(m, torch.nn.Linear):
+                m.reset_parameters()
+        return model
+
+    sharded, replicated = built([st.Shard(0)]), built([st.Replicate()])
+    weight = sharded[0].weight
+    assert weight.placements == (st.Shard(0),) and not weight.to_local().is_meta
+    assert weight.to_local().shape == (chunk_sizes(9, world_size)[rank], 6), "only this rank's piece exists"
+    # The sharding-invariant generator: the same initial values whatever the layout.
+    for (name, p), (_, q) in zip(sharded.named_parameters(), replicated.named_parameters()):
+        assert_close(p.full_tensor(), q.full_tensor(), f"initial {name}", rtol=0, atol=0)
+    # Kaiming-uniform bounds from the global fan-in: |w| <= 1/sqrt(6).
+    assert weight.full_tensor().abs().max() <= 6 ** -0.5
+    # It trains like any sharded module.
+    x = st.distribute_tensor(torch.randn(5, 6, dtype=torch.float64), mesh, [st.Replicate()])
+    sharded(x).sum().backward()
+    assert weight.grad.placements == (st.Shard(0),)
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_meta_initialisation_materialises_each_piece_only(world_size):
+    run_ranks(meta_init_body, world_size)
