@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <sstream>
@@ -121,6 +122,15 @@ TEST(ReductionRules, MeanOverAShardedDimDividesByTheGlobalCountLocally) {
   EXPECT_EQ(a.outputs, "[P(sum)]");
   EXPECT_NE(a.kernel, "");
   EXPECT_EQ(a.moves, "none");
+}
+
+TEST(ReductionRules, VectorNormsDeclareHowTheirLocalNormsCombine) {
+  const auto x = spec({4}, {Shard(0)}, {8, 3});
+  auto norm = [&](double p) { return call_rule("aten::linalg_vector_norm", {x, p, std::vector<int64_t>{0}, false, kNone}); };
+  EXPECT_EQ(norm(2.0).moves, "all-reduce(sum) over mesh dim 0");  // of the p-th powers
+  EXPECT_EQ(norm(INFINITY).moves, "all-reduce(max) over mesh dim 0");
+  EXPECT_EQ(norm(-INFINITY).moves, "all-reduce(min) over mesh dim 0");
+  EXPECT_EQ(norm(2.0).outputs, "[R]");
 }
 
 // ---- matmul ----
