@@ -39,14 +39,6 @@ ShardTensorSpec checked_target(const at::Tensor& t, const DeviceMesh* mesh, cons
   return redistribute_target(source, placements, sizes);
 }
 
-// This rank's box of `global` under `target`, copied out of it: no communication.
-at::Tensor own_box(const at::Tensor& global, const ShardTensorSpec& target) {
-  at::Tensor box = global;
-  const auto offsets = target.local_offsets(), shape = target.local_shape();
-  for (int64_t d = 0; d < box.dim(); ++d) box = box.narrow(d, offsets[d], shape[d]);
-  return box.clone(at::MemoryFormat::Contiguous);
-}
-
 }  // namespace
 
 at::Tensor redistribute(const at::Tensor& t, const Placements& placements) {
@@ -130,7 +122,7 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
   // meta, and to_empty / empty_like(device=...) later allocates only that piece.
   at::Tensor local = global.is_meta() ? at::empty(target->local_shape(), global.options())
                      : src_data_rank ? scatter_boxes(global.detach(), root, *target)
-                                     : own_box(global.detach(), *target);
+                                     : local_box_of(global.detach(), *target).clone(at::MemoryFormat::Contiguous);
   // Partial: the value on the source's coordinate, the reduction's identity on the others (avg,
   // max and min keep the value everywhere, which reduces to it too).
   for (int64_t m = 0; m < mesh.ndim(); ++m) {

@@ -8,6 +8,7 @@
 #include "comm/agreement.h"
 #include "comm/mesh_collectives.h"
 #include "kernels/stack.h"
+#include "redistribute/executor.h"
 #include "rules/random.h"
 #include "util/counter_random.h"
 
@@ -92,11 +93,7 @@ LocalKernel BernoulliPlan::lower() const {
       p = target;
     } else if (form == BernoulliPlan::Form::InPlaceTensorP) {
       p = args[1].toTensor();
-      if (broadcasts) {  // the whole p, expanded to the global shape, then this rank's box of it
-        p = p.expand(self.shape());
-        const std::vector<int64_t> offsets = self.local_offsets(), shape = self.local_shape();
-        for (int64_t d = 0; d < self.ndim(); ++d) p = p.narrow(d, offsets[d], shape[d]);
-      }
+      if (broadcasts) p = local_box_of(p.expand(self.shape()), self);  // the whole p, expanded, then this rank's box
     }
     if (p.defined()) {
       const bool bad = p.numel() > 0 && !((p >= 0) & (p <= 1)).all().item<bool>();

@@ -3,8 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <cmath>
-
 #include "comm/mesh_collectives.h"
 #include "rules/reduction.h"
 
@@ -28,18 +26,14 @@ LocalKernel GlobalMeanPlan::lower() const {
 }
 
 LocalKernel VectorNormPlan::lower() const {
-  return [mesh = mesh, mesh_dims = mesh_dims, p = p](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const ReduceOp combine = combine_op();
+  const bool powers = combine == ReduceOp::Sum && p != 0;  // p = 0 counts: a plain sum
+  return [mesh = mesh, mesh_dims = mesh_dims, p = p, combine, powers](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     op.callBoxed(stack);
     at::Tensor norm = stack->back().toTensor();
-    if (std::isinf(p)) {
-      all_reduce_over(mesh, mesh_dims, norm, p > 0 ? ReduceOp::Max : ReduceOp::Min);
-    } else if (p == 0) {
-      all_reduce_over(mesh, mesh_dims, norm, ReduceOp::Sum);
-    } else {
-      norm.pow_(p);
-      all_reduce_over(mesh, mesh_dims, norm, ReduceOp::Sum);
-      norm.pow_(1.0 / p);
-    }
+    if (powers) norm.pow_(p);
+    all_reduce_over(mesh, mesh_dims, norm, combine);
+    if (powers) norm.pow_(1.0 / p);
   };
 }
 

@@ -378,6 +378,11 @@ void set_message_bytes(int64_t bytes) {
   message_bytes = bytes;
 }
 
+at::Tensor local_box_of(const at::Tensor& global, const ShardTensorSpec& spec) {
+  const Box whole{std::vector<int64_t>(spec.ndim(), 0), spec.shape()};
+  return view_of(global, whole, box_of(spec, spec.mesh().coordinate()));
+}
+
 at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& root, const ShardTensorSpec& target) {
   const DeviceMesh& mesh = target.mesh();
   const Scatter named{root, target};

@@ -21,6 +21,10 @@ void set_message_bytes(int64_t bytes);
 // this with the same source spec and plan.
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan);
 
+// This rank's box under `spec` of `global` (a tensor of spec's global shape), as a view: what
+// the rank holds of a tensor every rank has whole. No communication.
+at::Tensor local_box_of(const at::Tensor& global, const ShardTensorSpec& spec);
+
 // One scatter over the whole mesh: every rank gets its box under `target` (Partial mesh dims
 // split nothing) of the tensor that the rank at mesh coordinate `root` passes as `source`
 // (global shape, on the mesh's device; other ranks pass any tensor, unread). Each rank

@@ -174,9 +174,8 @@ void register_reduction_rules(RuleRegistry& registry) {
     registry.add(name, reduce({Over::DimArg, Combine::Norm}));
 }
 
-// How the local norms combine: max/min for the infinite orders, a sum (of powers) otherwise.
-std::vector<DeclaredMove> VectorNormPlan::moves() const {
-  return all_reduces_over(mesh_dims, std::isinf(p) ? (p > 0 ? ReduceOp::Max : ReduceOp::Min) : ReduceOp::Sum);
+ReduceOp VectorNormPlan::combine_op() const {
+  return std::isinf(p) ? (p > 0 ? ReduceOp::Max : ReduceOp::Min) : ReduceOp::Sum;
 }
 
 }  // namespace shardtensor

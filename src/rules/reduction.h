@@ -31,9 +31,13 @@ struct VectorNormPlan : KernelPlan {
 
   VectorNormPlan(DeviceMesh m, std::vector<int64_t> dims, double order) : mesh(std::move(m)), mesh_dims(std::move(dims)), p(order) {}
 
+  // How the local norms combine: max/min for the infinite orders, a sum otherwise (of the
+  // p-th powers for p other than 0). The kernel and moves() both read it.
+  ReduceOp combine_op() const;
+
   LocalKernel lower() const override;
   std::string name() const override { return "vector norm over shards"; }
-  std::vector<DeclaredMove> moves() const override;
+  std::vector<DeclaredMove> moves() const override { return all_reduces_over(mesh_dims, combine_op()); }
 };
 
 }  // namespace shardtensor
