@@ -52,7 +52,9 @@ class DeviceMesh {
                            const MeshOptions& options = {});
 
   // A mesh with an explicit layout: `ranks` lists the global rank at every coordinate,
-  // row-major; it must be a permutation of 0..world_size-1.
+  // row-major; distinct ranks of the world. It may leave ranks out (DTensor's
+  // DeviceMesh("cpu", [0, 2])): those ranks call it too, in the same order as the others, and
+  // get a mesh that does not include them (see includes_this_rank).
   static DeviceMesh from_ranks(std::vector<int64_t> shape, std::vector<int64_t> ranks,
                                std::vector<std::string> dim_names = {}, const MeshOptions& options = {});
 
@@ -80,12 +82,19 @@ class DeviceMesh {
   int64_t mesh_dim(const std::string& name) const;  // raises for an unknown name
 
   int64_t rank() const;                              // this process's global rank
-  const std::vector<int64_t>& coordinate() const;    // this process's coordinate
+  // Whether this process is one of the mesh's ranks. A rank outside it holds no shard of the
+  // mesh's tensors: their local pieces are empty (zero in every dim; a 0-d tensor's is a 0-d
+  // zero), ops on them keep global shapes and placements and run nothing, redistributes move
+  // nothing, and what must read values or communicate (item(), scatter_tensor, a checkpoint)
+  // raises, naming the mesh. DTensor's get_coordinate() is None there.
+  bool includes_this_rank() const;
+  const std::vector<int64_t>& coordinate() const;    // this process's coordinate; raises outside the mesh
   std::vector<int64_t> coordinate_of(int64_t global_rank) const;
   int64_t rank_at(const std::vector<int64_t>& coordinate) const;
   const std::vector<int64_t>& ranks() const;         // row-major rank layout
 
   // The 1-D mesh along `mesh_dim` through this rank; it shares this mesh's communicator.
+  // Raises outside the mesh.
   DeviceMesh submesh(int64_t mesh_dim) const;
   DeviceMesh submesh(const std::string& dim_name) const;
 
@@ -108,6 +117,9 @@ class DeviceMesh {
   explicit DeviceMesh(std::shared_ptr<const Impl> impl);
 
  private:
+  // Raises, saying that this rank `consequence` ("cannot communicate on it"), outside the mesh.
+  void check_includes_this_rank(const char* consequence) const;
+
   std::shared_ptr<const Impl> impl_;
 };
 

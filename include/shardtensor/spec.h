@@ -78,8 +78,8 @@ class ShardTensorSpec {
 
   std::vector<int64_t> local_shape(const std::vector<int64_t>& coordinate) const;
   std::vector<int64_t> local_offsets(const std::vector<int64_t>& coordinate) const;
-  std::vector<int64_t> local_shape() const;    // at this rank's coordinate
-  std::vector<int64_t> local_offsets() const;  // at this rank's coordinate
+  std::vector<int64_t> local_shape() const;    // at this rank's coordinate; all zeros outside the mesh
+  std::vector<int64_t> local_offsets() const;  // at this rank's coordinate; all zeros outside the mesh
 
   bool is_even() const;        // every sharded dim splits into equal pieces
   bool is_replicated() const;  // no Shard and no Partial

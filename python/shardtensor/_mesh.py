@@ -61,9 +61,29 @@ def _ensure_process_group(device_type: str) -> None:
 
 
 class DeviceMesh:
-    """An n-d array of ranks with one process group per slice along each mesh dim."""
+    """An n-d array of ranks with one process group per slice along each mesh dim.
 
-    def __init__(self, cpp_mesh, torch_mesh=None, groups=None):
+    ``DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))`` lays the given global
+    ranks out as DTensor's DeviceMesh does. The mesh may leave ranks of the world out
+    (``DeviceMesh("cpu", [1, 2])``): every rank still builds it, in the same order as the others,
+    and on the ranks outside it ``get_coordinate()`` is None, tensors on it hold empty local
+    pieces, ops on them keep global shapes and placements without computing or communicating,
+    and what needs values (``item()``) raises. ``init_device_mesh`` builds the usual mesh over
+    the whole world.
+    """
+
+    def __init__(self, device_type: str, mesh, *, mesh_dim_names=None):
+        cpp, groups = _mesh_over_ranks(device_type, mesh, mesh_dim_names)
+        self._attach(cpp, None, groups)
+
+    @classmethod
+    def _wrap(cls, cpp_mesh, torch_mesh=None, groups=None) -> "DeviceMesh":
+        """Ours over a C++ mesh already built (init_device_mesh, sub-meshes, interop)."""
+        mesh = cls.__new__(cls)
+        mesh._attach(cpp_mesh, torch_mesh, groups)
+        return mesh
+
+    def _attach(self, cpp_mesh, torch_mesh, groups) -> None:
         self._cpp = cpp_mesh
         self._torch_mesh = torch_mesh
         self._groups = groups  # this rank's ProcessGroup per mesh dim
@@ -99,8 +119,9 @@ class DeviceMesh:
     def get_rank(self) -> int:
         return self._cpp.rank
 
-    def get_coordinate(self) -> list[int]:
-        return list(self._cpp.coordinate)
+    def get_coordinate(self) -> list[int] | None:
+        """This rank's coordinate; None where the mesh leaves this rank out (as DTensor's)."""
+        return list(self._cpp.coordinate) if self._cpp.includes_this_rank else None
 
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
         if mesh_dim is None:
@@ -143,7 +164,7 @@ class DeviceMesh:
         torch_sub = None
         if groups is None and self._torch_mesh is not None and self.mesh_dim_names:
             torch_sub = self._torch_mesh[self.mesh_dim_names[d]]
-        return DeviceMesh(sub, torch_sub, groups)
+        return DeviceMesh._wrap(sub, torch_sub, groups)
 
     def _dim(self, mesh_dim: int | str) -> int:
         if isinstance(mesh_dim, str):
@@ -169,7 +190,7 @@ _BY_CPP: dict = {}
 
 def mesh_of_cpp(cpp_mesh) -> DeviceMesh:
     found = _BY_CPP.get(cpp_mesh)
-    return found if found is not None else DeviceMesh(cpp_mesh)
+    return found if found is not None else DeviceMesh._wrap(cpp_mesh)
 
 
 def shutdown() -> None:
@@ -206,7 +227,7 @@ def init_device_mesh(device_type: str, mesh_shape, *, mesh_dim_names=None) -> De
     names = list(mesh_dim_names or ())
     cpp = _C.DeviceMesh.from_process_groups(list(mesh_shape), layout.flatten().tolist(), groups, names, device_type,
                                             collective_timeout_s(), dist.group.WORLD if len(mesh_shape) > 1 else None)
-    return DeviceMesh(cpp, groups=groups)
+    return DeviceMesh._wrap(cpp, groups=groups)
 
 
 def _product(values) -> int:
@@ -217,9 +238,9 @@ def _product(values) -> int:
 
 
 def _slice_groups(layout: torch.Tensor, mesh_dim: int):
-    """This rank's group along `mesh_dim`. Every rank creates every slice's group, in one order,
-    as torch.distributed.new_group requires."""
-    if layout.dim() == 1:
+    """This rank's group along `mesh_dim` (None where no slice holds it). Every rank creates
+    every slice's group, in one order, as torch.distributed.new_group requires."""
+    if layout.dim() == 1 and layout.tolist() == list(range(dist.get_world_size())):
         return dist.group.WORLD
     me = dist.get_rank()
     slices = layout.movedim(mesh_dim, -1).reshape(-1, layout.shape[mesh_dim])
@@ -229,6 +250,39 @@ def _slice_groups(layout: torch.Tensor, mesh_dim: int):
         if me in ranks:
             mine = group
     return mine
+
+
+def _mesh_over_ranks(device_type: str, mesh, mesh_dim_names):
+    """The C++ mesh laying out the global ranks of `mesh` (nested lists or a tensor), over
+    torch.distributed groups, and this rank's group per mesh dim (None outside the mesh)."""
+    _ensure_process_group(device_type)
+    layout = torch.as_tensor(mesh, dtype=torch.long)
+    world = dist.get_world_size()
+    ranks = layout.flatten().tolist()
+    if layout.dim() == 0 or layout.numel() == 0:
+        raise ValueError(f"DeviceMesh: mesh {layout.tolist()} must be a non-empty list (or nested lists) of ranks")
+    if mesh_dim_names is not None and len(mesh_dim_names) != layout.dim():
+        raise ValueError(f"DeviceMesh: {len(mesh_dim_names)} mesh_dim_names {tuple(mesh_dim_names)} for a "
+                         f"{layout.dim()}-d mesh")
+    if any(not 0 <= r < world for r in ranks) or len(set(ranks)) != len(ranks):
+        raise ValueError(f"DeviceMesh: mesh {layout.tolist()} must list distinct ranks of the world (0..{world - 1})")
+    for d in range(layout.dim()):
+        for ranks_along in layout.movedim(d, -1).reshape(-1, layout.shape[d]).tolist():
+            if ranks_along != sorted(ranks_along):
+                # torch.distributed.new_group orders a group's ranks, so its group rank could not
+                # be the mesh coordinate.
+                raise ValueError(f"DeviceMesh: the ranks {ranks_along} along mesh dim {d} of {layout.tolist()} are "
+                                 f"not in increasing order; torch.distributed groups order their ranks, so lay the "
+                                 f"mesh out with increasing ranks along every dim")
+    groups = [_slice_groups(layout, d) for d in range(layout.dim())]
+    inside = dist.get_rank() in ranks
+    mesh_group = None
+    if layout.dim() > 1:  # group rank = row-major position, since the ranks increase row-major
+        whole = dist.new_group(ranks=ranks) if ranks == sorted(ranks) else None
+        mesh_group = whole if inside else None
+    cpp = _C.DeviceMesh.from_process_groups(list(layout.shape), ranks, groups if inside else [None] * layout.dim(),
+                                            list(mesh_dim_names or ()), device_type, collective_timeout_s(), mesh_group)
+    return cpp, groups
 
 
 def from_torch_mesh(torch_mesh) -> DeviceMesh:
@@ -245,4 +299,4 @@ def from_torch_mesh(torch_mesh) -> DeviceMesh:
         mesh_group = dist.group.WORLD  # its group rank is the row-major position
     cpp = _C.DeviceMesh.from_process_groups(shape, ranks, groups, list(torch_mesh.mesh_dim_names or ()),
                                             torch_mesh.device_type, collective_timeout_s(), mesh_group)
-    return DeviceMesh(cpp, torch_mesh)
+    return DeviceMesh._wrap(cpp, torch_mesh)

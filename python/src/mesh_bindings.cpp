@@ -63,6 +63,7 @@ void bind_mesh(py::module_& m) {
       .def_property_readonly("shape", &DeviceMesh::shape)
       .def_property_readonly("dim_names", &DeviceMesh::dim_names)
       .def_property_readonly("rank", &DeviceMesh::rank)
+      .def_property_readonly("includes_this_rank", &DeviceMesh::includes_this_rank)
       .def_property_readonly("coordinate", &DeviceMesh::coordinate)
       .def_property_readonly("ranks", &DeviceMesh::ranks)
       .def_property_readonly("device_type", &DeviceMesh::device_type)

@@ -48,6 +48,11 @@ at::Tensor filled(const FactoryLayout& layout, std::optional<double> value) {
 
 at::Tensor random(const FactoryLayout& layout, std::optional<uint64_t> seed, bool normal) {
   ShardTensorSpec spec = spec_of(layout);
+  if (!layout.mesh.includes_this_rank()) {  // the key is drawn all the same: see KernelPlan::random_keys_drawn
+    if (!seed) next_random_key();
+    at::Tensor piece = piece_outside_mesh(spec, local_options(layout));
+    return wrap(std::move(piece), std::move(spec), layout.options.requires_grad());
+  }
   const Box box = box_of(spec, layout.mesh.coordinate());
   const at::Tensor values = counter_draws(box.offsets, box.shape, spec.shape(), seed ? *seed : next_random_key_on(layout.mesh), normal);
   return wrap(values.to(local_options(layout)), std::move(spec), layout.options.requires_grad());

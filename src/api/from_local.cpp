@@ -10,11 +10,13 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 
 #include "api/conversions.h"
 #include "autograd/grad_fn.h"
 #include "comm/agreement.h"
 #include "dispatch/shard_tensor_impl.h"
+#include "redistribute/executor.h"
 #include "shardtensor/shard_tensor.h"
 #include "spec/placement_checks.h"
 #include "util/hash.h"
@@ -267,6 +269,23 @@ at::Tensor with_global_strides(at::Tensor wrapper, const AgreementRows& rows) {
   return wrapper;
 }
 
+// A rank outside the mesh passes no piece (DTensor's non-participating ranks): it checks only
+// its own arguments and takes no part in the agreement gather. Its result has the global shape
+// its arguments describe, "infer" read as "chunk" (it cannot see the members' pieces), over the
+// empty piece; its local tensor gets a zero gradient.
+at::Tensor from_local_outside_mesh(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                                   const ShardSizing& sizing) {
+  TORCH_CHECK(local.defined(), "from_local: the local tensor is undefined.");
+  const Placements normalized = normalize_placements("from_local", mesh, placements, local.dim());
+  ShardTensorSpec spec = spec_from_arguments(local, mesh, normalized,
+                                             sizing.mode() == ShardSizing::Mode::Infer ? ShardSizing::chunk() : sizing);
+  const std::vector<int64_t> local_shape = local.sizes().vec();
+  at::Tensor piece = piece_outside_mesh(spec, local.options().requires_grad(false));
+  return attach_grad_fn(make_shard_tensor(std::move(piece), std::move(spec)), local,
+                        [local_shape](const at::Tensor& grad) { return at::zeros(local_shape, grad.options()); },
+                        "FromLocalBackward");
+}
+
 }  // namespace
 
 void check_on_mesh_device(const char* api, const at::Tensor& t, const DeviceMesh& mesh) {
@@ -277,6 +296,7 @@ void check_on_mesh_device(const char* api, const at::Tensor& t, const DeviceMesh
 
 at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                       const ShardSizing& sizing, bool run_check) {
+  if (!mesh.includes_this_rank()) return from_local_outside_mesh(local, mesh, placements, sizing);
   const bool infer = sizing.mode() == ShardSizing::Mode::Infer;
   Placements normalized;
   std::optional<ShardTensorSpec> spec;

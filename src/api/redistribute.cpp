@@ -93,6 +93,12 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
                     " is not a rank of mesh dim ", m, " (size ", mesh.size(m), "); it names the source's rank within each mesh dim's ",
                     "group, as DTensor's does: 0 to ", mesh.size(m) - 1, ", or None for each rank's own tensor.");
   });
+  if (!mesh.includes_this_rank()) {  // it holds no piece and takes no part in the check
+    if (failure) std::rethrow_exception(failure);
+    at::Tensor out = make_shard_tensor(piece_outside_mesh(*target, global.options().requires_grad(false)), *target);
+    if (global.requires_grad()) out.set_requires_grad(true);
+    return out;
+  }
   const std::string source_name = (src_data_rank ? "src_data_rank=" + std::to_string(*src_data_rank) : "src_data_rank=None") +
                                   (global.is_meta() ? ", on the meta device" : "");
   enum Column : size_t { kFailed, kLayout, kRequiresGrad, kColumns };

@@ -143,14 +143,15 @@ bool agreement_checks_enabled() { return checks_flag().load(std::memory_order_re
 void set_agreement_checks_enabled(bool enabled) { checks_flag() = enabled; }
 
 void seed_checked_over(const DeviceMesh& mesh, uint64_t seed) {
-  if (mesh.size() > 1) check_seeds_agree(mesh, seed);
+  if (mesh.size() > 1 && mesh.includes_this_rank()) check_seeds_agree(mesh, seed);  // outside: no one to check with
   set_random_seed(seed);
   mark_checked(mesh, random_seed_state().generation);
 }
 
 uint64_t next_random_key_on(const DeviceMesh& mesh) {
   const SeedState seeded = random_seed_state();
-  if (mesh.size() > 1 && seeded.generation > 0 && agreement_checks_enabled()) {
+  // Outside the mesh there is no one to check with; the key is drawn all the same.
+  if (mesh.size() > 1 && seeded.generation > 0 && agreement_checks_enabled() && mesh.includes_this_rank()) {
     bool checked_already;
     {
       CheckedSeeds& checked = checked_seeds();

@@ -307,7 +307,9 @@ DeviceMesh build_mesh(std::vector<int64_t> shape, std::vector<int64_t> ranks, st
   impl->device_type = options.device_type;
   impl->device = resolve_device(options);
   impl->timeout = options.timeout;
+  // Counted on every rank, members or not, so that group names agree (see the file comment).
   const int64_t mesh_id = mesh_counter++;
+  if (!impl->includes_this_rank) return DeviceMesh(std::move(impl));  // no groups to join
   for (int64_t d = 0; d < static_cast<int64_t>(impl->shape.size()); ++d) {
     std::vector<int64_t> group_ranks = ranks_along(*impl, d, impl->coordinate);
     const std::string name = "shardtensor/mesh" + std::to_string(mesh_id) + "/dim" + std::to_string(d) + "/" +
@@ -324,7 +326,13 @@ DeviceMesh build_mesh(std::vector<int64_t> shape, std::vector<int64_t> ranks, st
 }  // namespace
 
 DeviceMesh DeviceMesh::create(std::vector<int64_t> shape, std::vector<std::string> dim_names, const MeshOptions& options) {
-  std::vector<int64_t> ranks(static_cast<size_t>(world_env().world_size));
+  const int64_t world = world_env().world_size;
+  int64_t total = 1;
+  for (int64_t s : shape) total *= std::max<int64_t>(s, 0);  // a dim < 1 raises in make_mesh_topology
+  TORCH_CHECK(total == world || total < 1, "DeviceMesh: mesh shape ", join(shape, "x"), " holds ", total, " ranks but the world has ",
+              world, " (", total < world ? "some ranks would be missing from the mesh" : "the mesh names ranks that do not exist",
+              "). Use a shape whose product is ", world, ", or DeviceMesh::from_ranks for a mesh over some of the ranks.");
+  std::vector<int64_t> ranks(static_cast<size_t>(world));
   for (size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int64_t>(i);
   return build_mesh(std::move(shape), std::move(ranks), std::move(dim_names), options);
 }
@@ -346,6 +354,8 @@ DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vect
   impl->device_type = options.device_type;
   impl->device = resolve_device(options);
   impl->timeout = options.timeout;
+  // Outside the mesh there are no groups to hold (torch.distributed gives non-members none).
+  if (!impl->includes_this_rank) return DeviceMesh(std::move(impl));
   for (int64_t d = 0; d < static_cast<int64_t>(groups.size()); ++d) {
     std::vector<int64_t> group_ranks = ranks_along(*impl, d, impl->coordinate);
     TORCH_CHECK(groups[d], "DeviceMesh::from_process_groups: the group for mesh dim ", d, " is null.");

@@ -20,6 +20,7 @@
 #include "comm/comm_debug.h"
 #include "dispatch/dispatch_state.h"
 #include "dispatch/out_variant.h"
+#include "dispatch/outside_mesh.h"
 #include "dispatch/relayout.h"
 #include "dispatch/propagation.h"
 #include "dispatch/shard_tensor_impl.h"
@@ -46,6 +47,7 @@ ShardTensorSpec output_spec(const Propagation& p, const OutputLayout& layout, co
 }
 
 at::Tensor wrap_output(Propagation& p, size_t index, const at::Tensor& local) {
+  if (local.is_meta() && !p.meta.mesh().includes_this_rank()) return wrap_output_outside_mesh(p, index, local);
   if (p.fallback) {
     const DeviceMesh& mesh = p.meta.mesh();
     return make_shard_tensor(local, ShardTensorSpec(mesh, Placements(mesh.ndim(), Replicate()), local.sizes().vec(), local.scalar_type()));
@@ -140,6 +142,9 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
       p.permutes_dims ? permuted_global_strides(p.meta.name, c10::ArrayRef<c10::IValue>(stack->data() + args_begin, num_args))
                       : std::vector<int64_t>{};
 
+  // A rank outside the mesh runs the op on meta stand-ins for global shapes (outside_mesh.h).
+  const bool outside_mesh = !p.meta.mesh().includes_this_rank();
+
   // Written arguments come back as the caller's wrappers.
   const bool inplace = p.meta.is_inplace();
   at::Tensor self_wrapper = inplace ? (*stack)[args_begin].toTensor() : at::Tensor();
@@ -150,6 +155,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     const size_t input = k++;
     ShardTensorImpl* impl = shard_tensor_impl(t);
     if (impl && t.requires_grad() && t.is_leaf()) keep_leaf_gradient_layout(t);
+    if (outside_mesh) return meta_stand_in(t);
     const at::Tensor& local = impl ? impl->local() : t;
     if (!p.plans[input]) return local;
     // A Partial input resolved to Replicate: its resolved form is reused while its local piece
@@ -169,7 +175,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     if (is_out_argument(schema, i)) {
       if (arg.isTensor() && shard_tensor_impl(arg.toTensor())) {
         out_wrappers.emplace_back(i, arg.toTensor());
-        arg = shard_tensor_impl(arg.toTensor())->local();
+        arg = outside_mesh ? meta_stand_in(arg.toTensor()) : shard_tensor_impl(arg.toTensor())->local();
       }
       continue;
     }
@@ -188,7 +194,9 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     }
   }
 
-  if (p.result.local_kernel) {
+  if (outside_mesh) {
+    run_outside_mesh(op, stack, p);
+  } else if (p.result.local_kernel) {
     p.result.local_kernel(op, stack);
   } else {
     op.callBoxed(stack);
@@ -203,7 +211,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
     const c10::AliasInfo* alias = schema.returns()[j].alias_info();
     const bool written = alias && alias->isWrite();
     if (written && inplace && j == 0) {
-      if (p.plans[0]) write_back_self(self_wrapper, p.result.input_targets[0], ret.toTensor());
+      if (p.plans[0] && !outside_mesh) write_back_self(self_wrapper, p.result.input_targets[0], ret.toTensor());
       ret = self_wrapper;
       ++next_output;
     } else if (written && next_out_wrapper < out_wrappers.size()) {

@@ -46,18 +46,18 @@ std::shared_ptr<DeviceMesh::Impl> make_mesh_topology(std::vector<int64_t> shape,
                 "; every mesh dim needs at least one rank.");
     total *= s;
   }
-  TORCH_CHECK(total == world_size, "DeviceMesh: mesh shape ", join(shape, "x"), " holds ", total,
-              " ranks but the world has ", world_size, " (", total < world_size ? "some ranks would be missing from the mesh" : "the mesh names ranks that do not exist",
-              "). Use a shape whose product is ", world_size, ".");
   TORCH_CHECK(static_cast<int64_t>(ranks.size()) == total, "DeviceMesh: ", ranks.size(),
               " ranks were listed for mesh shape ", join(shape, "x"), ", which needs ", total, ".");
+  // A mesh may span a subset of the world (DTensor's DeviceMesh("cpu", [0, 2])); the ranks
+  // outside it hold no shard of its tensors (see DeviceMesh::includes_this_rank).
+  for (int64_t r : ranks)
+    TORCH_CHECK(r >= 0 && r < world_size, "DeviceMesh: the rank layout [", join(ranks, ", "), "] names rank ", r,
+                ", which is not in the world of ", world_size, " ranks (0..", world_size - 1, ").");
   std::vector<int64_t> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
-  for (int64_t i = 0; i < total; ++i) {
-    TORCH_CHECK(sorted[i] == i, "DeviceMesh: the rank layout [", join(ranks, ", "),
-                "] must list every rank 0..", world_size - 1, " exactly once; rank ", i,
-                (std::count(ranks.begin(), ranks.end(), i) == 0 ? " is missing." : " appears more than once."));
-  }
+  const auto repeated = std::adjacent_find(sorted.begin(), sorted.end());
+  TORCH_CHECK(repeated == sorted.end(), "DeviceMesh: the rank layout [", join(ranks, ", "), "] lists rank ",
+              repeated == sorted.end() ? 0 : *repeated, " more than once; every rank may hold one coordinate only.");
   TORCH_CHECK(dim_names.empty() || dim_names.size() == shape.size(), "DeviceMesh: ", dim_names.size(),
               " dim names [", join(dim_names, ", "), "] given for a ", shape.size(), "-d mesh; give none or one per dim.");
   for (size_t i = 0; i < dim_names.size(); ++i)
@@ -69,9 +69,11 @@ std::shared_ptr<DeviceMesh::Impl> make_mesh_topology(std::vector<int64_t> shape,
   impl->ranks = std::move(ranks);
   impl->dim_names = std::move(dim_names);
   impl->rank = my_rank;
-  const int64_t position = std::find(impl->ranks.begin(), impl->ranks.end(), my_rank) - impl->ranks.begin();
-  impl->coordinate.assign(impl->shape.size(), 0);
-  for (int64_t d = static_cast<int64_t>(impl->shape.size()) - 1, rest = position; d >= 0; --d) {
+  const auto mine = std::find(impl->ranks.begin(), impl->ranks.end(), my_rank);
+  impl->includes_this_rank = mine != impl->ranks.end();
+  const int64_t position = mine - impl->ranks.begin();
+  impl->coordinate.assign(impl->includes_this_rank ? impl->shape.size() : 0, 0);
+  for (int64_t d = static_cast<int64_t>(impl->coordinate.size()) - 1, rest = position; d >= 0; --d) {
     impl->coordinate[d] = rest % impl->shape[d];
     rest /= impl->shape[d];
   }
@@ -116,7 +118,19 @@ const std::vector<int64_t>& DeviceMesh::shape() const { return impl_->shape; }
 int64_t DeviceMesh::size() const { return static_cast<int64_t>(impl_->ranks.size()); }
 const std::vector<std::string>& DeviceMesh::dim_names() const { return impl_->dim_names; }
 int64_t DeviceMesh::rank() const { return impl_->rank; }
-const std::vector<int64_t>& DeviceMesh::coordinate() const { return impl_->coordinate; }
+bool DeviceMesh::includes_this_rank() const { return impl_->includes_this_rank; }
+
+const std::vector<int64_t>& DeviceMesh::coordinate() const {
+  check_includes_this_rank("has no coordinate in it");
+  return impl_->coordinate;
+}
+
+void DeviceMesh::check_includes_this_rank(const char* consequence) const {
+  TORCH_CHECK(impl_->includes_this_rank, "DeviceMesh: global rank ", impl_->rank, " is not one of the ranks [",
+              join(impl_->ranks, ", "), "] of ", to_string(), ", so it ", consequence,
+              ". Ranks outside a mesh hold no shard of its tensors; their ops are no-ops that keep global shapes. "
+              "Run this on the mesh's ranks only (DeviceMesh.get_coordinate() is None elsewhere).");
+}
 const std::vector<int64_t>& DeviceMesh::ranks() const { return impl_->ranks; }
 const std::string& DeviceMesh::device_type() const { return impl_->device_type; }
 c10::Device DeviceMesh::device() const { return impl_->device; }
@@ -162,11 +176,13 @@ int64_t DeviceMesh::rank_at(const std::vector<int64_t>& coordinate) const {
 
 DeviceMesh DeviceMesh::submesh(int64_t mesh_dim) const {
   size(mesh_dim);  // range check
+  check_includes_this_rank("has no slice of it to take");
   auto sub = std::make_shared<Impl>();
   sub->shape = {impl_->shape[mesh_dim]};
   if (!impl_->dim_names.empty()) sub->dim_names = {impl_->dim_names[mesh_dim]};
   sub->ranks = ranks_along(*impl_, mesh_dim, impl_->coordinate);
   sub->rank = impl_->rank;
+  sub->includes_this_rank = true;
   sub->coordinate = {impl_->coordinate[mesh_dim]};
   if (has_comms()) {
     sub->comms = {impl_->comms[mesh_dim]};
@@ -181,6 +197,7 @@ DeviceMesh DeviceMesh::submesh(int64_t mesh_dim) const {
 DeviceMesh DeviceMesh::submesh(const std::string& dim_name) const { return submesh(mesh_dim(dim_name)); }
 
 Comm& DeviceMesh::comm(int64_t mesh_dim) const {
+  check_includes_this_rank("cannot communicate on it");
   TORCH_CHECK(has_comms(), "DeviceMesh: ", to_string(),
               " was built without communicators (DeviceMesh::without_comms) and cannot run collectives.");
   size(mesh_dim);
@@ -188,6 +205,7 @@ Comm& DeviceMesh::comm(int64_t mesh_dim) const {
 }
 
 Comm& DeviceMesh::mesh_comm() const {
+  check_includes_this_rank("cannot communicate on it");
   TORCH_CHECK(has_comms(), "DeviceMesh: ", to_string(),
               " was built without communicators (DeviceMesh::without_comms) and cannot run collectives.");
   TORCH_CHECK(impl_->mesh_comm, "DeviceMesh: ", to_string(), " has no mesh-wide group; it was built with ",

@@ -14,7 +14,8 @@ struct DeviceMesh::Impl {
   std::vector<std::string> dim_names;     // empty, or one per mesh dim
   std::vector<int64_t> ranks;             // global rank at each coordinate, row-major
   int64_t rank = 0;                       // this process's global rank
-  std::vector<int64_t> coordinate;        // this process's coordinate
+  bool includes_this_rank = true;         // false: this process is outside the mesh (a subset of the world)
+  std::vector<int64_t> coordinate;        // this process's coordinate; empty outside the mesh
   std::vector<std::shared_ptr<Comm>> comms;  // one per mesh dim; empty for without_comms meshes
   std::shared_ptr<Comm> mesh_comm;           // all ranks of the mesh, group rank = row-major position
   std::string device_type = "cpu";
@@ -23,8 +24,8 @@ struct DeviceMesh::Impl {
   size_t hash = 0;
 };
 
-// Validates the layout (shape positive, ranks a permutation of 0..size-1 that contains
-// my_rank, names unique) and fills the topology fields and the hash. Raises with a message
+// Validates the layout (shape positive, ranks distinct ranks of the world, names unique;
+// my_rank may lie outside it) and fills the topology fields and the hash. Raises with a message
 // that names what was passed; every rank passes the same arguments, so every rank raises.
 std::shared_ptr<DeviceMesh::Impl> make_mesh_topology(std::vector<int64_t> shape,
                                                      std::vector<int64_t> ranks,

@@ -10,6 +10,7 @@
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/minimum.h>
 #include <ATen/ops/mul.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <atomic>
@@ -383,6 +384,10 @@ at::Tensor local_box_of(const at::Tensor& global, const ShardTensorSpec& spec) {
   return view_of(global, whole, box_of(spec, spec.mesh().coordinate()));
 }
 
+at::Tensor piece_outside_mesh(const ShardTensorSpec& spec, const c10::TensorOptions& options) {
+  return at::zeros(spec.local_shape(), options);
+}
+
 at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& root, const ShardTensorSpec& target) {
   const DeviceMesh& mesh = target.mesh();
   const Scatter named{root, target};
@@ -419,6 +424,8 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
 
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan) {
   if (plan.empty()) return fresh_copy(local);
+  // Outside the mesh a piece is empty in every layout: nothing to move, nobody to move it with.
+  if (!source.mesh().includes_this_rank()) return piece_outside_mesh(plan.steps.back().after, local.options());
   // Every rank of a mesh holds meta pieces alike (distribute_tensor checks it), so all raise.
   TORCH_CHECK(!local.is_meta(), "cannot move the values of ", source, ": its pieces are on the meta device and hold none. ",
               "Materialise it first (Module.to_empty(device=...), or empty_like(x, device=...)), then initialise it.");

@@ -2,6 +2,8 @@
 // the rank matters (which slice do I send, which do I own).
 #pragma once
 
+#include <c10/core/TensorOptions.h>
+
 #include <vector>
 
 #include "redistribute/plan.h"
@@ -24,6 +26,10 @@ at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& 
 // This rank's box under `spec` of `global` (a tensor of spec's global shape), as a view: what
 // the rank holds of a tensor every rank has whole. No communication.
 at::Tensor local_box_of(const at::Tensor& global, const ShardTensorSpec& spec);
+
+// The piece a rank outside `spec`'s mesh holds: empty in every dim (a 0-d tensor's is a 0-d
+// zero), with `options`. See DeviceMesh::includes_this_rank.
+at::Tensor piece_outside_mesh(const ShardTensorSpec& spec, const c10::TensorOptions& options);
 
 // One scatter over the whole mesh: every rank gets its box under `target` (Partial mesh dims
 // split nothing) of the tensor that the rank at mesh coordinate `root` passes as `source`

@@ -54,6 +54,10 @@ struct KernelPlan {
   virtual std::string name() const = 0;
   // Every move between ranks the kernel makes, in order (none: a purely local kernel).
   virtual std::vector<DeclaredMove> moves() const { return {}; }
+  // How many keys of the counter-based generator one call draws, given the call's arguments
+  // (tensors as None). A rank outside the mesh runs no kernel but draws as many, so that the
+  // process's key stream stays in step with the ranks it shares other meshes with.
+  virtual int64_t random_keys_drawn(c10::ArrayRef<c10::IValue> /*arguments*/) const { return 0; }
 };
 
 // A plan as a rule result holds it (plans are immutable once declared).

@@ -26,6 +26,7 @@ struct RandomFillPlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override;
+  int64_t random_keys_drawn(c10::ArrayRef<c10::IValue>) const override { return 1; }
 };
 
 // rand_like, randn_like, randint_like[.low_dtype](self, [low,] high): a fresh tensor laid out
@@ -39,6 +40,7 @@ struct RandomLikePlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override { return "counter-based random factory"; }
+  int64_t random_keys_drawn(c10::ArrayRef<c10::IValue>) const override { return 1; }
 };
 
 // bernoulli(self) (self holds the probabilities), bernoulli.p(self, p) (a fresh tensor like
@@ -59,6 +61,7 @@ struct BernoulliPlan : KernelPlan {
   LocalKernel lower() const override;
   std::string name() const override { return "counter-based bernoulli draw"; }
   std::vector<DeclaredMove> moves() const override { return sums_over(check_mesh_dims); }
+  int64_t random_keys_drawn(c10::ArrayRef<c10::IValue>) const override { return 1; }
 };
 
 // multinomial(self, num_samples, replacement, generator?): rows (dim 0 of a 2-d self) may be
@@ -79,6 +82,7 @@ struct MultinomialPlan : KernelPlan {
   LocalKernel lower() const override;
   std::string name() const override { return "counter-based multinomial draw"; }
   std::vector<DeclaredMove> moves() const override { return sums_over(check_mesh_dims); }
+  int64_t random_keys_drawn(c10::ArrayRef<c10::IValue>) const override { return 1; }
 };
 
 // native_dropout(input, p, train?) -> (output, mask): the mask drawn for `whole`'s piece.
@@ -89,6 +93,10 @@ struct DropoutPlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override { return "counter-based dropout"; }
+  // Draws only in training (argument 2, `train`, None or true), as lower() does.
+  int64_t random_keys_drawn(c10::ArrayRef<c10::IValue> arguments) const override {
+    return arguments.size() > 2 && !arguments[2].isNone() && !arguments[2].toBool() ? 0 : 1;
+  }
 };
 
 }  // namespace shardtensor

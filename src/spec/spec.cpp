@@ -218,8 +218,17 @@ std::vector<int64_t> ShardTensorSpec::local_offsets(const std::vector<int64_t>& 
   return offsets;
 }
 
-std::vector<int64_t> ShardTensorSpec::local_shape() const { return local_shape(data_->mesh.coordinate()); }
-std::vector<int64_t> ShardTensorSpec::local_offsets() const { return local_offsets(data_->mesh.coordinate()); }
+// A rank outside the mesh holds the empty piece: zero in every dim (a 0-d tensor's piece is
+// 0-d, as DTensor's); see DeviceMesh::includes_this_rank.
+std::vector<int64_t> ShardTensorSpec::local_shape() const {
+  if (!data_->mesh.includes_this_rank()) return std::vector<int64_t>(data_->shape.size(), 0);
+  return local_shape(data_->mesh.coordinate());
+}
+
+std::vector<int64_t> ShardTensorSpec::local_offsets() const {
+  if (!data_->mesh.includes_this_rank()) return std::vector<int64_t>(data_->shape.size(), 0);
+  return local_offsets(data_->mesh.coordinate());
+}
 
 bool ShardTensorSpec::operator==(const ShardTensorSpec& other) const {
   if (data_ == other.data_) return true;

@@ -89,7 +89,7 @@ TEST(DistMesh, MeshOverTheCallersOwnProcessGroups) {
 TEST(DistMesh, BadMeshShapesRaiseOnEveryRankBeforeCommunicating) {
   EXPECT_ERROR_CONTAINS(DeviceMesh::create({world_size() + 1}), "holds", "but the world has");
   EXPECT_ERROR_CONTAINS(DeviceMesh::create({world_size(), 2}), "but the world has");
-  std::vector<int64_t> missing_last(world_size(), 0);  // rank 0 listed everywhere
-  if (world_size() > 1) EXPECT_ERROR_CONTAINS(DeviceMesh::from_ranks({world_size()}, missing_last), "is missing");
+  std::vector<int64_t> repeated(world_size(), 0);  // rank 0 listed everywhere
+  if (world_size() > 1) EXPECT_ERROR_CONTAINS(DeviceMesh::from_ranks({world_size()}, repeated), "lists rank 0 more than once");
   EXPECT_ERROR_CONTAINS(DeviceMesh::create({world_size()}, {}, MeshOptions{"tpu"}), "device type 'tpu' is not supported");
 }

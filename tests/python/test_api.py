@@ -307,6 +307,52 @@ def protocol_body(rank, world_size):
         st.ShardTensor()
 
 
+def sub_mesh_body(rank, world_size):
+    """A mesh over all ranks but rank 0 (the whole world at size 1): members match one process,
+    rank 0 holds empty pieces of the right global shape, communicates nothing, and raises
+    where a value is read."""
+    import shardtensor as st
+
+    members = list(range(1, world_size)) or [0]
+    mesh = st.DeviceMesh("cpu", members, mesh_dim_names=("sp",))
+    inside = rank in members
+    assert (mesh.get_coordinate() is not None) == inside and mesh.mesh.tolist() == members
+    torch.manual_seed(3)
+    a, w = torch.randn(7, 5), torch.randn(5, 3)
+    ar, wr = a.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    expected = (ar @ wr).softmax(-1).sum(0)
+    expected.sum().backward()
+    with st.CommDebugMode() as comms:
+        x = st.distribute_tensor(ar.detach().clone().requires_grad_(True), mesh, [st.Shard(0)])
+        wt = st.distribute_tensor(wr.detach().clone().requires_grad_(True), mesh, [st.Replicate()])
+        y = (x @ wt).softmax(-1).sum(0)
+        y.sum().backward()
+        whole = y.full_tensor()
+    assert y.shape == expected.shape and y.placements == (st.Partial(),)
+    assert x.grad.placements == (st.Shard(0),) and x.grad.shape == a.shape
+    if inside:
+        assert_close(whole, expected.detach(), "sub-mesh forward")
+        assert_close(x.grad.full_tensor(), ar.grad, "sub-mesh x.grad")
+        assert_close(wt.grad.full_tensor(), wr.grad, "sub-mesh w.grad")
+        assert abs(y.sum().item() - expected.sum().item()) < 1e-4
+    else:
+        assert x.to_local().numel() == 0 and y.to_local().numel() == 0 and whole.numel() == 0
+        assert comms.get_total_counts() == 0, comms.get_comm_counts()
+        with pytest.raises(RuntimeError, match="outside"):
+            y.sum().item()
+    # The world goes on together afterwards: a collective over every rank.
+    world = st.init_device_mesh("cpu", (world_size,))
+    total = st.distribute_tensor(torch.ones(world_size, 2), world, [st.Shard(0)]).sum().full_tensor()
+    assert total.item() == 2 * world_size
+    with pytest.raises(ValueError, match="distinct ranks"):
+        st.DeviceMesh("cpu", [0, 0])
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_mesh_over_a_subset_of_ranks(world_size):
+    run_ranks(sub_mesh_body, world_size)
+
+
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_python_object_protocol(world_size):
     run_ranks(protocol_body, world_size)

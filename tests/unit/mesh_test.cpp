@@ -3,6 +3,7 @@
 
 #include "mesh/mesh_impl.h"
 #include "shardtensor/device_mesh.h"
+#include "shardtensor/spec.h"
 #include "support/reference.h"
 
 using namespace shardtensor;
@@ -42,10 +43,25 @@ TEST(DeviceMeshTopology, EqualityIsShapeAndLayout) {
   EXPECT_NE(DeviceMesh::without_comms({1, 4}, 0), DeviceMesh::without_comms({4, 1}, 0));
 }
 
+TEST(DeviceMeshTopology, AMeshOverSomeRanksLeavesTheOthersOutside) {
+  const auto inside = make_mesh_topology({2}, {3, 1}, {}, 1, 4);
+  EXPECT_TRUE(inside->includes_this_rank);
+  EXPECT_EQ(inside->coordinate, (std::vector<int64_t>{1}));
+  const DeviceMesh outside(make_mesh_topology({2}, {3, 1}, {}, 0, 4));
+  EXPECT_FALSE(outside.includes_this_rank());
+  EXPECT_ERROR_CONTAINS(outside.coordinate(), "global rank 0 is not one of the ranks [3, 1]", "has no coordinate");
+  EXPECT_ERROR_CONTAINS(outside.submesh(0), "has no slice");
+  // A spec on it gives this rank the empty piece.
+  const ShardTensorSpec spec(outside, {Shard(0)}, {5, 2}, at::kFloat);
+  EXPECT_EQ(spec.local_shape(), (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(spec.local_shape({1}), (std::vector<int64_t>{2, 2}));
+}
+
 TEST(DeviceMeshTopology, RejectsBadLayouts) {
-  EXPECT_ERROR_CONTAINS(make_mesh_topology({3}, {0, 1, 2}, {}, 0, 4), "holds 3 ranks but the world has 4",
-                        "some ranks would be missing");
-  EXPECT_ERROR_CONTAINS(make_mesh_topology({2, 2}, {0, 1, 1, 3}, {}, 0, 4), "rank 2 is missing");
+  EXPECT_ERROR_CONTAINS(make_mesh_topology({3}, {0, 1, 2, 3}, {}, 0, 4), "4 ranks were listed for mesh shape 3",
+                        "which needs 3");
+  EXPECT_ERROR_CONTAINS(make_mesh_topology({2, 2}, {0, 1, 1, 3}, {}, 0, 4), "lists rank 1 more than once");
+  EXPECT_ERROR_CONTAINS(make_mesh_topology({2}, {0, 4}, {}, 0, 4), "names rank 4", "world of 4 ranks");
   EXPECT_ERROR_CONTAINS(make_mesh_topology({2, 0}, {}, {}, 0, 4), "has a dim of size 0");
   EXPECT_ERROR_CONTAINS(make_mesh_topology({}, {}, {}, 0, 1), "mesh shape is empty");
   EXPECT_ERROR_CONTAINS(make_mesh_topology({2}, {0, 1}, {"x", "y"}, 0, 2), "2 dim names [x, y]", "1-d mesh");
