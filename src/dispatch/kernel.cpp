@@ -25,6 +25,7 @@
 #include "dispatch/propagation.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "rules/helpers.h"
+#include "rules/kernel_plan.h"
 #include "redistribute/executor.h"
 #include "util/strings.h"
 
@@ -123,6 +124,18 @@ std::vector<int64_t> permuted_global_strides(const std::string& name, c10::Array
 
 }  // namespace
 
+// Meta pieces (a module built on the meta device) hold no values: a kernel that moves data
+// between ranks mid-op (a halo gather, a norm's sums) cannot run on them. Every rank holds
+// meta pieces alike (distribute_tensor checks it), so every rank raises here, before moving.
+void check_kernel_can_run_on_meta(const Propagation& p) {
+  if (!p.result.kernel_plan) return;
+  const std::vector<DeclaredMove> moves = p.result.kernel_plan->moves();
+  TORCH_CHECK(moves.empty(), p.meta.name, ": its pieces are on the meta device and hold no values, but its kernel (",
+              p.result.kernel_plan->name(), ") moves data between ranks (", moves.front().to_string(),
+              "). Materialise the tensors first (Module.to_empty(device=...), or empty_like(x, device=...)), then "
+              "initialise them.");
+}
+
 std::string full_op_name(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
 }
@@ -151,12 +164,14 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   std::vector<std::pair<size_t, at::Tensor>> out_wrappers;
 
   size_t k = 0;
+  bool meta_pieces = false;  // deferred initialisation: see check_kernel_can_run_on_meta
   auto unwrap_input = [&](const at::Tensor& t) -> at::Tensor {
     const size_t input = k++;
     ShardTensorImpl* impl = shard_tensor_impl(t);
     if (impl && t.requires_grad() && t.is_leaf()) keep_leaf_gradient_layout(t);
     if (outside_mesh) return meta_stand_in(t);
     const at::Tensor& local = impl ? impl->local() : t;
+    meta_pieces = meta_pieces || local.is_meta();
     if (!p.plans[input]) return local;
     // A Partial input resolved to Replicate: its resolved form is reused while its local piece
     // is unchanged (see ShardTensorImpl::cached_resolution); the input keeps its placements.
@@ -197,6 +212,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   if (outside_mesh) {
     run_outside_mesh(op, stack, p);
   } else if (p.result.local_kernel) {
+    if (meta_pieces) check_kernel_can_run_on_meta(p);
     p.result.local_kernel(op, stack);
   } else {
     op.callBoxed(stack);
