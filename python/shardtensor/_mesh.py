@@ -280,8 +280,8 @@ def _mesh_over_ranks(device_type: str, mesh, mesh_dim_names):
     if layout.dim() > 1:  # group rank = row-major position, since the ranks increase row-major
         whole = dist.new_group(ranks=ranks) if ranks == sorted(ranks) else None
         mesh_group = whole if inside else None
-    cpp = _C.DeviceMesh.from_process_groups(list(layout.shape), ranks, groups if inside else [None] * layout.dim(),
-                                            list(mesh_dim_names or ()), device_type, collective_timeout_s(), mesh_group)
+    cpp = _C.DeviceMesh.from_process_groups(list(layout.shape), ranks, groups, list(mesh_dim_names or ()), device_type,
+                                            collective_timeout_s(), mesh_group)
     return cpp, groups
 
 

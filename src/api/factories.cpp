@@ -12,7 +12,6 @@
 #include "comm/agreement.h"
 #include "comm/comm.h"
 #include "dispatch/shard_tensor_impl.h"
-#include "redistribute/boxes.h"
 #include "redistribute/executor.h"
 #include "shardtensor/shard_tensor.h"
 #include "spec/placement_checks.h"
@@ -48,14 +47,12 @@ at::Tensor filled(const FactoryLayout& layout, std::optional<double> value) {
 
 at::Tensor random(const FactoryLayout& layout, std::optional<uint64_t> seed, bool normal) {
   ShardTensorSpec spec = spec_of(layout);
-  if (!layout.mesh.includes_this_rank()) {  // the key is drawn all the same: see KernelPlan::random_keys_drawn
-    if (!seed) next_random_key();
-    at::Tensor piece = piece_outside_mesh(spec, local_options(layout));
-    return wrap(std::move(piece), std::move(spec), layout.options.requires_grad());
-  }
-  const Box box = box_of(spec, layout.mesh.coordinate());
-  const at::Tensor values = counter_draws(box.offsets, box.shape, spec.shape(), seed ? *seed : next_random_key_on(layout.mesh), normal);
-  return wrap(values.to(local_options(layout)), std::move(spec), layout.options.requires_grad());
+  // Drawn outside the mesh too, so that the key stream stays in step (see KernelPlan::random_keys_drawn).
+  const uint64_t key = seed ? *seed : next_random_key_on(layout.mesh);
+  at::Tensor values = layout.mesh.includes_this_rank()
+                          ? counter_draws(spec.local_offsets(), spec.local_shape(), spec.shape(), key, normal).to(local_options(layout))
+                          : piece_outside_mesh(spec, local_options(layout));
+  return wrap(std::move(values), std::move(spec), layout.options.requires_grad());
 }
 
 }  // namespace

@@ -93,12 +93,7 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
                     " is not a rank of mesh dim ", m, " (size ", mesh.size(m), "); it names the source's rank within each mesh dim's ",
                     "group, as DTensor's does: 0 to ", mesh.size(m) - 1, ", or None for each rank's own tensor.");
   });
-  if (!mesh.includes_this_rank()) {  // it holds no piece and takes no part in the check
-    if (failure) std::rethrow_exception(failure);
-    at::Tensor out = make_shard_tensor(piece_outside_mesh(*target, global.options().requires_grad(false)), *target);
-    if (global.requires_grad()) out.set_requires_grad(true);
-    return out;
-  }
+  const bool inside = mesh.includes_this_rank();  // outside: no piece, no part in the check
   const std::string source_name = (src_data_rank ? "src_data_rank=" + std::to_string(*src_data_rank) : "src_data_rank=None") +
                                   (global.is_meta() ? ", on the meta device" : "");
   enum Column : size_t { kFailed, kLayout, kRequiresGrad, kColumns };
@@ -108,7 +103,7 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
     row[kLayout] = static_cast<int64_t>(stable_hash(target->to_string() + source_name) >> 1);
     row[kRequiresGrad] = global.requires_grad();
   }
-  if (agreement_checks_enabled()) {
+  if (agreement_checks_enabled() && inside) {
     const AgreementRows rows = gather_rows(mesh, row);
     raise_where_any_rank_failed(mesh, rows, kFailed, failure);
     check_rows_agree(mesh, rows, kLayout, "distribute_tensor: the ranks passed different tensors or layouts",
@@ -126,12 +121,13 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
   const std::vector<int64_t> root(mesh.ndim(), src_data_rank.value_or(0));
   // A meta tensor (deferred initialisation) has no values: each rank makes its piece's shape on
   // meta, and to_empty / empty_like(device=...) later allocates only that piece.
-  at::Tensor local = global.is_meta() ? at::empty(target->local_shape(), global.options())
+  at::Tensor local = !inside ? piece_outside_mesh(*target, global.options())
+                     : global.is_meta() ? at::empty(target->local_shape(), global.options())
                      : src_data_rank ? scatter_boxes(global.detach(), root, *target)
                                      : local_box_of(global.detach(), *target).clone(at::MemoryFormat::Contiguous);
   // Partial: the value on the source's coordinate, the reduction's identity on the others (avg,
   // max and min keep the value everywhere, which reduces to it too).
-  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+  for (int64_t m = 0; inside && m < mesh.ndim(); ++m) {
     const Placement& p = target->placements()[m];
     if (!p.is_partial() || mesh.coordinate()[m] == root[m]) continue;
     if (p.reduce_op == ReduceOp::Sum) local.zero_();

@@ -309,7 +309,7 @@ DeviceMesh build_mesh(std::vector<int64_t> shape, std::vector<int64_t> ranks, st
   impl->timeout = options.timeout;
   // Counted on every rank, members or not, so that group names agree (see the file comment).
   const int64_t mesh_id = mesh_counter++;
-  if (!impl->includes_this_rank) return DeviceMesh(std::move(impl));  // no groups to join
+  if (impl->coordinate.empty()) return DeviceMesh(std::move(impl));  // outside the mesh: no groups to join
   for (int64_t d = 0; d < static_cast<int64_t>(impl->shape.size()); ++d) {
     std::vector<int64_t> group_ranks = ranks_along(*impl, d, impl->coordinate);
     const std::string name = "shardtensor/mesh" + std::to_string(mesh_id) + "/dim" + std::to_string(d) + "/" +
@@ -355,7 +355,7 @@ DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vect
   impl->device = resolve_device(options);
   impl->timeout = options.timeout;
   // Outside the mesh there are no groups to hold (torch.distributed gives non-members none).
-  if (!impl->includes_this_rank) return DeviceMesh(std::move(impl));
+  if (impl->coordinate.empty()) return DeviceMesh(std::move(impl));
   for (int64_t d = 0; d < static_cast<int64_t>(groups.size()); ++d) {
     std::vector<int64_t> group_ranks = ranks_along(*impl, d, impl->coordinate);
     TORCH_CHECK(groups[d], "DeviceMesh::from_process_groups: the group for mesh dim ", d, " is null.");

@@ -47,14 +47,18 @@ ShardTensorSpec output_spec(const Propagation& p, const OutputLayout& layout, co
   return spec;
 }
 
+// `local` is this rank's piece, or outside the mesh the op's meta result of global shape.
 at::Tensor wrap_output(Propagation& p, size_t index, const at::Tensor& local) {
-  if (local.is_meta() && !p.meta.mesh().includes_this_rank()) return wrap_output_outside_mesh(p, index, local);
+  const DeviceMesh& mesh = p.meta.mesh();
+  const bool outside = local.is_meta() && !mesh.includes_this_rank();
   if (p.fallback) {
-    const DeviceMesh& mesh = p.meta.mesh();
-    return make_shard_tensor(local, ShardTensorSpec(mesh, Placements(mesh.ndim(), Replicate()), local.sizes().vec(), local.scalar_type()));
+    ShardTensorSpec spec(mesh, Placements(mesh.ndim(), Replicate()), local.sizes().vec(), local.scalar_type());
+    at::Tensor piece = outside ? piece_outside_mesh(spec, local.options().device(mesh.device())) : local;
+    return make_shard_tensor(std::move(piece), std::move(spec));
   }
   TORCH_INTERNAL_ASSERT(index < p.result.outputs.size(), p.meta.name, ": the rule gave ", p.result.outputs.size(),
                         " output layouts for more tensor outputs");
+  if (outside) return wrap_output_outside_mesh(p, p.result.outputs[index], local);
   std::optional<CachedOutput>& cached = p.output_specs[index];
   if (!cached || cached->spec.dtype() != local.scalar_type() || !local.sizes().equals(cached->local_shape)) {
     ShardTensorSpec spec = output_spec(p, p.result.outputs[index], local);
@@ -122,8 +126,6 @@ std::vector<int64_t> permuted_global_strides(const std::string& name, c10::Array
   return strides;
 }
 
-}  // namespace
-
 // Meta pieces (a module built on the meta device) hold no values: a kernel that moves data
 // between ranks mid-op (a halo gather, a norm's sums) cannot run on them. Every rank holds
 // meta pieces alike (distribute_tensor checks it), so every rank raises here, before moving.
@@ -135,6 +137,8 @@ void check_kernel_can_run_on_meta(const Propagation& p) {
               "). Materialise the tensors first (Module.to_empty(device=...), or empty_like(x, device=...)), then "
               "initialise them.");
 }
+
+}  // namespace
 
 std::string full_op_name(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;

@@ -40,14 +40,9 @@ void run_outside_mesh(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
     for (int64_t k = p.result.kernel_plan->random_keys_drawn(p.arguments); k > 0; --k) next_random_key();
 }
 
-at::Tensor wrap_output_outside_mesh(const Propagation& p, size_t index, const at::Tensor& global) {
+at::Tensor wrap_output_outside_mesh(const Propagation& p, const OutputLayout& layout, const at::Tensor& global) {
   const DeviceMesh& mesh = p.meta.mesh();
-  TORCH_INTERNAL_ASSERT(p.fallback || index < p.result.outputs.size(), p.meta.name, ": the rule gave ",
-                        p.result.outputs.size(), " output layouts for more tensor outputs");
-  // A fallback's outputs are Replicate (kernel.cpp's wrap_output).
-  ShardTensorSpec spec = p.fallback ? ShardTensorSpec(mesh, Placements(mesh.ndim(), Replicate()), global.sizes().vec(), global.scalar_type())
-                                    : ShardTensorSpec(mesh, p.result.outputs[index].placements, global.sizes().vec(),
-                                                      global.scalar_type(), p.result.outputs[index].sizes);
+  ShardTensorSpec spec(mesh, layout.placements, global.sizes().vec(), global.scalar_type(), layout.sizes);
   at::Tensor piece = piece_outside_mesh(spec, global.options().device(mesh.device()));
   return make_shard_tensor(std::move(piece), std::move(spec));
 }

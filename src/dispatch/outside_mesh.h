@@ -25,8 +25,8 @@ at::Tensor meta_stand_in(const at::Tensor& t);
 // no meta kernel.
 void run_outside_mesh(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Propagation& p);
 
-// Output `index` of the op, laid out as the rule says, from its meta result `global`: a
-// ShardTensor with the empty piece.
-at::Tensor wrap_output_outside_mesh(const Propagation& p, size_t index, const at::Tensor& global);
+// An output laid out as `layout` (the rule's), from its meta result `global`: a ShardTensor
+// with the empty piece. (A fallback's Replicate outputs are wrapped in kernel.cpp.)
+at::Tensor wrap_output_outside_mesh(const Propagation& p, const OutputLayout& layout, const at::Tensor& global);
 
 }  // namespace shardtensor

@@ -57,7 +57,7 @@ std::shared_ptr<DeviceMesh::Impl> make_mesh_topology(std::vector<int64_t> shape,
   std::sort(sorted.begin(), sorted.end());
   const auto repeated = std::adjacent_find(sorted.begin(), sorted.end());
   TORCH_CHECK(repeated == sorted.end(), "DeviceMesh: the rank layout [", join(ranks, ", "), "] lists rank ",
-              repeated == sorted.end() ? 0 : *repeated, " more than once; every rank may hold one coordinate only.");
+              *repeated, " more than once; every rank may hold one coordinate only.");
   TORCH_CHECK(dim_names.empty() || dim_names.size() == shape.size(), "DeviceMesh: ", dim_names.size(),
               " dim names [", join(dim_names, ", "), "] given for a ", shape.size(), "-d mesh; give none or one per dim.");
   for (size_t i = 0; i < dim_names.size(); ++i)
@@ -70,15 +70,18 @@ std::shared_ptr<DeviceMesh::Impl> make_mesh_topology(std::vector<int64_t> shape,
   impl->dim_names = std::move(dim_names);
   impl->rank = my_rank;
   const auto mine = std::find(impl->ranks.begin(), impl->ranks.end(), my_rank);
-  impl->includes_this_rank = mine != impl->ranks.end();
-  const int64_t position = mine - impl->ranks.begin();
-  impl->coordinate.assign(impl->includes_this_rank ? impl->shape.size() : 0, 0);
-  for (int64_t d = static_cast<int64_t>(impl->coordinate.size()) - 1, rest = position; d >= 0; --d) {
-    impl->coordinate[d] = rest % impl->shape[d];
-    rest /= impl->shape[d];
-  }
+  if (mine != impl->ranks.end()) impl->coordinate = coordinate_at(impl->shape, mine - impl->ranks.begin());
   impl->hash = layout_hash(impl->shape, impl->ranks);
   return impl;
+}
+
+std::vector<int64_t> coordinate_at(const std::vector<int64_t>& shape, int64_t position) {
+  std::vector<int64_t> coordinate(shape.size());
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    coordinate[d] = position % shape[d];
+    position /= shape[d];
+  }
+  return coordinate;
 }
 
 std::vector<int64_t> ranks_along(const DeviceMesh::Impl& mesh, int64_t mesh_dim, const std::vector<int64_t>& coordinate) {
@@ -118,7 +121,8 @@ const std::vector<int64_t>& DeviceMesh::shape() const { return impl_->shape; }
 int64_t DeviceMesh::size() const { return static_cast<int64_t>(impl_->ranks.size()); }
 const std::vector<std::string>& DeviceMesh::dim_names() const { return impl_->dim_names; }
 int64_t DeviceMesh::rank() const { return impl_->rank; }
-bool DeviceMesh::includes_this_rank() const { return impl_->includes_this_rank; }
+// A mesh has at least one dim, so only a rank outside it has no coordinate.
+bool DeviceMesh::includes_this_rank() const { return !impl_->coordinate.empty(); }
 
 const std::vector<int64_t>& DeviceMesh::coordinate() const {
   check_includes_this_rank("has no coordinate in it");
@@ -126,7 +130,7 @@ const std::vector<int64_t>& DeviceMesh::coordinate() const {
 }
 
 void DeviceMesh::check_includes_this_rank(const char* consequence) const {
-  TORCH_CHECK(impl_->includes_this_rank, "DeviceMesh: global rank ", impl_->rank, " is not one of the ranks [",
+  TORCH_CHECK(includes_this_rank(), "DeviceMesh: global rank ", impl_->rank, " is not one of the ranks [",
               join(impl_->ranks, ", "), "] of ", to_string(), ", so it ", consequence,
               ". Ranks outside a mesh hold no shard of its tensors; their ops are no-ops that keep global shapes. "
               "Run this on the mesh's ranks only (DeviceMesh.get_coordinate() is None elsewhere).");
@@ -154,12 +158,7 @@ int64_t DeviceMesh::mesh_dim(const std::string& name) const {
 std::vector<int64_t> DeviceMesh::coordinate_of(int64_t global_rank) const {
   auto it = std::find(impl_->ranks.begin(), impl_->ranks.end(), global_rank);
   TORCH_CHECK(it != impl_->ranks.end(), "DeviceMesh: rank ", global_rank, " is not in ", to_string(), ".");
-  std::vector<int64_t> coord(impl_->shape.size());
-  for (int64_t d = ndim() - 1, rest = it - impl_->ranks.begin(); d >= 0; --d) {
-    coord[d] = rest % impl_->shape[d];
-    rest /= impl_->shape[d];
-  }
-  return coord;
+  return coordinate_at(impl_->shape, it - impl_->ranks.begin());
 }
 
 int64_t DeviceMesh::rank_at(const std::vector<int64_t>& coordinate) const {
@@ -182,7 +181,6 @@ DeviceMesh DeviceMesh::submesh(int64_t mesh_dim) const {
   if (!impl_->dim_names.empty()) sub->dim_names = {impl_->dim_names[mesh_dim]};
   sub->ranks = ranks_along(*impl_, mesh_dim, impl_->coordinate);
   sub->rank = impl_->rank;
-  sub->includes_this_rank = true;
   sub->coordinate = {impl_->coordinate[mesh_dim]};
   if (has_comms()) {
     sub->comms = {impl_->comms[mesh_dim]};

@@ -14,8 +14,7 @@ struct DeviceMesh::Impl {
   std::vector<std::string> dim_names;     // empty, or one per mesh dim
   std::vector<int64_t> ranks;             // global rank at each coordinate, row-major
   int64_t rank = 0;                       // this process's global rank
-  bool includes_this_rank = true;         // false: this process is outside the mesh (a subset of the world)
-  std::vector<int64_t> coordinate;        // this process's coordinate; empty outside the mesh
+  std::vector<int64_t> coordinate;        // this process's coordinate; empty outside the mesh (a subset of the world)
   std::vector<std::shared_ptr<Comm>> comms;  // one per mesh dim; empty for without_comms meshes
   std::shared_ptr<Comm> mesh_comm;           // all ranks of the mesh, group rank = row-major position
   std::string device_type = "cpu";
@@ -31,6 +30,9 @@ std::shared_ptr<DeviceMesh::Impl> make_mesh_topology(std::vector<int64_t> shape,
                                                      std::vector<int64_t> ranks,
                                                      std::vector<std::string> dim_names,
                                                      int64_t my_rank, int64_t world_size);
+
+// The coordinate of row-major position `position` in a mesh of `shape`.
+std::vector<int64_t> coordinate_at(const std::vector<int64_t>& shape, int64_t position);
 
 // Global ranks of the slice through `coordinate` along `mesh_dim`, in coordinate order.
 std::vector<int64_t> ranks_along(const DeviceMesh::Impl& mesh, int64_t mesh_dim,

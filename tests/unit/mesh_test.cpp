@@ -45,7 +45,7 @@ TEST(DeviceMeshTopology, EqualityIsShapeAndLayout) {
 
 TEST(DeviceMeshTopology, AMeshOverSomeRanksLeavesTheOthersOutside) {
   const auto inside = make_mesh_topology({2}, {3, 1}, {}, 1, 4);
-  EXPECT_TRUE(inside->includes_this_rank);
+  EXPECT_TRUE(DeviceMesh(inside).includes_this_rank());
   EXPECT_EQ(inside->coordinate, (std::vector<int64_t>{1}));
   const DeviceMesh outside(make_mesh_topology({2}, {3, 1}, {}, 0, 4));
   EXPECT_FALSE(outside.includes_this_rank());
