@@ -2,7 +2,8 @@
 // ring attention (K/V blocks passed around the ranks) against gather-then-attend (K and V
 // redistributed to Replicate, then local attention of this rank's rows), and against one
 // process. Also the peak memory each rank adds during a step (VmHWM after resetting it through
-// /proc/self/clear_refs), next to the gathered K/V it would hold otherwise.
+// /proc/self/clear_refs), next to the gathered K/V it would hold otherwise, for the whole step
+// and for the forward alone without autograd (what the attention itself holds).
 // Run: shardrun -n 4 build-torch2/bench/attention_bench (and -n 2); results in bench/RESULTS.md.
 // On libtorch 1.13, which has no SDPA, it prints why it skips and exits 0.
 #include <ATen/ATen.h>
@@ -106,13 +107,29 @@ int main() {
     const Timing gather = measure(
         [&] { sdpa(sq, redistribute(sk, mesh, {Replicate()}), redistribute(sv, mesh, {Replicate()})).backward(sg); }, barrier,
         timed);
+    // Forward alone, without autograd: nothing is saved for a backward, so the peak is what the
+    // attention itself holds (the K/V blocks in flight or the gathered K/V, the output and its
+    // float32 accumulator), the figure the memory bar is about.
+    const auto forward_only = [&](const std::function<at::Tensor()>& keys, const std::function<at::Tensor()>& values) {
+      return [&, keys, values] {
+        at::NoGradGuard no_grad;
+        sdpa(sq, keys(), values());
+      };
+    };
+    const Timing ring_fwd = measure(forward_only([&] { return sk; }, [&] { return sv; }), barrier, timed);
+    const Timing gather_fwd = measure(forward_only([&] { return redistribute(sk, mesh, {Replicate()}); },
+                                                   [&] { return redistribute(sv, mesh, {Replicate()}); }),
+                                      barrier, timed);
     const double kv_mib = 2.0 * b * h * s * d * 4 / (1 << 20);
+    const double out_mib = 2.0 * b * h * s * d * 4 / ranks / (1 << 20);  // this rank's output and its accumulator
     if (rank == 0)
       std::printf("  S=%lld: one process %.0f ms | ring %.0f ms (%.2fx one process) | gather-then-attend %.0f ms | ring/gather %.2f\n"
-                  "         peak extra MiB on rank 0: ring %.1f, gather %.1f, one process %.1f; gathered K/V %.1f MiB, "
-                  "ring bound 1/N + two blocks = %.1f MiB\n",
+                  "         peak extra MiB on rank 0, fwd+bwd: ring %.1f, gather %.1f, one process %.1f\n"
+                  "         peak extra MiB on rank 0, forward only: ring %.1f, gather %.1f; gathered K/V %.1f MiB; "
+                  "bar 1/N of it + two blocks = %.1f MiB, plus the output and its accumulator %.1f MiB\n",
                   static_cast<long long>(s), single.ms, ring.ms, single.ms / ring.ms, gather.ms, ring.ms / gather.ms,
-                  ring.peak_mib, gather.peak_mib, single.peak_mib, kv_mib, 3 * kv_mib / ranks);
+                  ring.peak_mib, gather.peak_mib, single.peak_mib, ring_fwd.peak_mib, gather_fwd.peak_mib, kv_mib,
+                  3 * kv_mib / ranks, out_mib);
   }
   return 0;
 }

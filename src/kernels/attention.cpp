@@ -7,6 +7,9 @@
 // (Note [Ring schedule] in rules/attention.cpp), the next block's messages in flight while the
 // current one is computed. Blocks merge by log-sum-exp in float32 (float64 for double inputs).
 //
+// Whole query rows against keys split over the ranks (no ring) is one block per rank, merged
+// the same way across ranks: Note [Merging split keys] in attention_blocks.cpp.
+//
 // The backward calls the operator's own backward once per block with the final output and
 // log-sum-exp, which gives each block's exact share of the gradients (the softmax weights of a
 // block are exp(scores - lse), lse being the global one). Key and value gradients travel with
@@ -31,8 +34,8 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
     const std::vector<c10::IValue> args = pop_arguments(op, stack);
     const at::Tensor query = args[0].toTensor();
     const c10::optional<at::Tensor> user_mask = args[5].toOptional<at::Tensor>();
-    const int64_t n = plan.ring_size(), me = plan.ring ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
-    const Range rows = plan.query_rows_at(plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0);
+    const int64_t n = plan.ring_size(), me = plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
+    const Range rows = plan.query_rows_at(me);
     std::vector<int64_t> out_shape = query.sizes().vec(), lse_shape(out_shape.begin(), out_shape.end() - 1);
     out_shape[3] = args[2].toTensor().size(3);
 
@@ -41,14 +44,14 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
     KeyBlock held{me, {args[1].toTensor().contiguous(), args[2].toTensor().contiguous()}}, next;
     for (int64_t step = 0; step < n; ++step) {
       const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next);
-      const Range keys = plan.ring ? plan.key_rows[held.index] : plan.key_rows[0];
+      const Range keys = plan.local_keys(held.index);
       const bool here = plan.ring ? plan.reaches(held.index, step) : true;
       const BlockCall c = here ? block_call(rows, keys, plan.is_causal, user_mask, query) : BlockCall{};
       if (c.visible.any && !empty(query) && !empty(held.parts[0])) {
         const std::vector<at::Tensor> r = call(op, {rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), args[3],
                                                     c.is_causal, optional_tensor(c.mask), args[6]});
         const bool whole = c.visible.rows == rows;
-        if (!out.defined() && whole && n == 1) {  // one block over every row: the operator's own result
+        if (!out.defined() && whole && n == 1 && !plan.keys_split) {  // one block over every row: the operator's own result
           out = r[0];
           lse = r[1];
         } else {
@@ -65,9 +68,10 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
       if (messages) finish_pass(messages.get(), &held, &next);
     }
     if (!out.defined()) {  // no rows here, or none of them saw a key
-      out = at::zeros(out_shape, query.options());
-      lse = at::full(lse_shape, -std::numeric_limits<double>::infinity(), query.options().dtype(lse_type(query.scalar_type())));
+      out = at::zeros(out_shape, query.options().dtype(acc));
+      lse = at::full(lse_shape, -std::numeric_limits<double>::infinity(), query.options().dtype(acc));
     }
+    if (plan.keys_split) merge_over_key_shards(plan, &out, &lse);
     stack->push_back(out.to(query.scalar_type()));
     stack->push_back(lse.to(lse_type(query.scalar_type())));
   };

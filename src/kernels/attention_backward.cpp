@@ -56,15 +56,18 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
     const at::Tensor grad_out = args[0].toTensor(), query = args[1].toTensor(), key = args[2].toTensor(),
                      value = args[3].toTensor(), out = args[4].toTensor(), lse = args[5].toTensor();
     const c10::optional<at::Tensor> user_mask = args[8].toOptional<at::Tensor>();
-    const int64_t n = plan.ring_size(), me = plan.ring ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
-    const Range rows = plan.query_rows_at(plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0);
+    const int64_t n = plan.ring_size(), me = plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
+    const Range rows = plan.query_rows_at(me);
 
     if (!plan.ring && !empty(query) && !empty(key)) {
-      const BlockCall c = block_call(rows, plan.key_rows[0], plan.is_causal, user_mask, query);
+      const Range keys = plan.local_keys(me);
+      const BlockCall c = block_call(rows, keys, plan.is_causal, user_mask, query);
       // The whole local block, placed where the operator's own call places it (a causal diagonal
-      // from the first row and key): the operator itself, on its own arguments.
-      const bool same_mask = !plan.is_causal || (c.is_causal && rows.begin == 0);
-      if (same_mask && c.visible.rows == rows && c.visible.keys == plan.key_rows[0]) {
+      // from the first row and key; the mask's columns these keys): the operator itself, on its
+      // own arguments.
+      const bool same_mask = (!plan.is_causal || (c.is_causal && rows.begin == 0)) &&
+                             (!plan.keys_split || !user_mask || !user_mask->defined());
+      if (same_mask && c.visible.rows == rows && c.visible.keys == keys) {
         for (const c10::IValue& a : args) stack->push_back(a);
         op.callBoxed(stack);
         return;
@@ -79,7 +82,7 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
     std::map<int64_t, std::vector<at::Tensor>> parked;
     for (int64_t step = 0; step < n; ++step) {
       const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next);
-      const Range keys = plan.ring ? plan.key_rows[held.index] : plan.key_rows[0];
+      const Range keys = plan.local_keys(held.index);
       const bool here = plan.ring ? plan.reaches(held.index, step) : true;
       const BlockCall c = here ? block_call(rows, keys, plan.is_causal, user_mask, query) : BlockCall{};
       if (c.visible.any && !empty(query) && !empty(held.parts[0])) {

@@ -13,13 +13,14 @@ at::Tensor minus_infinity_where_not(const at::Tensor& visible, const at::Tensor&
   return at::where(visible, at::zeros({}, query.options()), at::full({}, -std::numeric_limits<double>::infinity(), query.options()));
 }
 
-at::Tensor block_mask(const VisibleBlock& v, int64_t row_offset, int64_t key_offset, const c10::optional<at::Tensor>& user,
+at::Tensor block_mask(const VisibleBlock& v, int64_t row_offset, const c10::optional<at::Tensor>& user,
                       const at::Tensor& query) {
   at::Tensor mask;
   if (user && user->defined()) {
     mask = *user;
     if (mask.dim() >= 2 && mask.size(-2) != 1) mask = mask.narrow(-2, row_offset, v.rows.size());
-    if (mask.dim() >= 1 && mask.size(-1) != 1) mask = mask.narrow(-1, key_offset, v.keys.size());
+    // The mask's columns are every key's (it never travels with a block): global positions.
+    if (mask.dim() >= 1 && mask.size(-1) != 1) mask = mask.narrow(-1, v.keys.begin, v.keys.size());
     if (mask.scalar_type() == at::kBool) mask = minus_infinity_where_not(mask, query);
   }
   if (v.offset_mask || (v.top_left && mask.defined())) {
@@ -43,9 +44,30 @@ BlockCall block_call(Range rows, Range keys, bool is_causal, const c10::optional
   if (!c.visible.any) return c;
   c.row_offset = c.visible.rows.begin - rows.begin;
   c.key_offset = c.visible.keys.begin - keys.begin;
-  c.mask = block_mask(c.visible, c.row_offset, c.key_offset, user, query);
+  c.mask = block_mask(c.visible, c.row_offset, user, query);
   c.is_causal = c.visible.top_left && !c.mask.defined();
   return c;
+}
+
+// Note [Merging split keys]
+// Rank r attended with every row to its own keys only: out_r and lse_r, the softmax over its
+// keys. The merged log-sum-exp is lse = log sum_r exp(lse_r), from one all-gather of the
+// per-row statistics ([B, H, Sq] each, small beside K and V), and the merged output is
+// sum_r exp(lse_r - lse) * out_r. Each rank keeps its term: the output is Partial(sum), so no
+// output-sized collective runs unless a reader needs the value (a following linear keeps it
+// pending). Rows that no key reaches on any rank get weight 0, not exp(-inf - -inf).
+void merge_over_key_shards(const AttentionPlan& plan, at::Tensor* out, at::Tensor* lse) {
+  const int64_t n = static_cast<int64_t>(plan.key_rows.size());
+  const at::Tensor mine = lse->contiguous();
+  if (n == 1 || mine.numel() == 0) return;  // every rank of the group holds the same row count
+  std::vector<int64_t> shape = mine.sizes().vec();
+  shape.insert(shape.begin(), n);
+  const at::Tensor all = at::empty(shape, mine.options());
+  plan.mesh.comm(plan.seq_mesh_dim).all_gather(mine, all);
+  const at::Tensor merged = at::logsumexp(all, 0);
+  const at::Tensor weight = at::where(at::isneginf(merged), at::zeros({}, mine.options()), (mine - merged).exp());
+  *out = *out * weight.unsqueeze(-1);
+  *lse = merged;
 }
 
 std::vector<at::Tensor> call(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {

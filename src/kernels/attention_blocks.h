@@ -35,8 +35,8 @@ struct BlockCall {
 };
 
 // Local rows `rows` against keys `keys` (global positions). `user` is the caller's mask over the
-// local rows and keys (only local attention passes one); under an offset diagonal, or with a
-// user mask, the causal part is added to the mask as -inf.
+// local rows and every key (the rule keeps it whole along the keys); under an offset diagonal,
+// or with a user mask, the causal part is added to the mask as -inf.
 BlockCall block_call(Range rows, Range keys, bool is_causal, const c10::optional<at::Tensor>& user, const at::Tensor& query);
 
 inline at::Tensor rows_of(const at::Tensor& t, const BlockCall& c) { return t.narrow(2, c.row_offset, c.visible.rows.size()); }
@@ -63,6 +63,11 @@ std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, co
 // After a step's batch landed: the block that arrived, or (none arrived) only its index, since
 // no rank needs it here or further on.
 void finish_pass(Messages* messages, KeyBlock* held, KeyBlock* next);
+
+// Split keys (AttentionPlan::keys_split): turns this rank's block result (`out` and `lse` in
+// the accumulation type, -inf where its rows saw no key) into its share of the merged output,
+// and `lse` into the merged log-sum-exp, after one all-gather of the per-row statistics.
+void merge_over_key_shards(const AttentionPlan& plan, at::Tensor* out, at::Tensor* lse);
 
 // The backward pass's kernel (kernels/attention_backward.cpp).
 LocalKernel attention_backward(const AttentionPlan& plan);

@@ -10,13 +10,20 @@
 //   - batch (dim 0) or heads (dim 1): local attention, no communication. Keys, values and the
 //     mask follow the query's shard sizes (heads divided by the group size H / Hk; a head split
 //     that cuts a group gathers the heads instead);
-//   - sequence (dim 2), keys and values split on the sequence by the same mesh dim, no mask:
-//     ring attention (kernels/attention.cpp). Keys and values keep their own shard sizes,
-//     which may differ from the query's; gradients of K and V come back sharded like them;
+//   - sequence (dim 2), keys and values split on the sequence by the same mesh dim: ring
+//     attention (kernels/attention.cpp). Keys and values keep their own shard sizes, which
+//     may differ from the query's; gradients of K and V come back sharded like them. A mask
+//     is split by rows like the query and kept whole along the keys: each block reads its
+//     keys' columns (the mask never travels the ring);
 //   - sequence, otherwise: local attention on this rank's rows against the whole keys and
 //     values (gathered), whose gradients are then Partial(sum). The mask is split by rows;
-//   - anything else (replicated, Partial, the head dim D split, a second mesh dim splitting
-//     the sequence): the inputs are gathered on that mesh dim.
+//   - the query whole (replicated or Partial) against keys and values split on the sequence:
+//     every rank attends with all rows to its own keys, and the blocks merge by log-sum-exp
+//     after one all-gather of the per-row statistics (Note [Merging split keys] in
+//     kernels/attention.cpp). The output is Partial(sum), the log-sum-exp whole; backward,
+//     the query's gradient is Partial(sum) and K and V keep their shards. No K/V byte moves;
+//   - anything else (the head dim D split, a second mesh dim splitting the sequence): the
+//     inputs are gathered on that mesh dim.
 // Under is_causal the kernel places every block by the global offsets of its shards (uneven
 // sizes and empty shards included); see VisibleBlock in attention.h.
 #include "rules/attention.h"
@@ -32,7 +39,9 @@ namespace {
 
 constexpr int64_t kBatchDim = 0, kHeadDim = 1, kSeqDim = 2;
 
-enum class Mode { Gather, Batch, Heads, SeqLocal, Ring };
+// SeqLocal: this rank's query rows against whole keys; Ring: rows and keys split alike;
+// KeysSplit: whole rows against this rank's keys.
+enum class Mode { Gather, Batch, Heads, SeqLocal, Ring, KeysSplit };
 
 // The layout every input runs in, decided from the query, key, value and mask specs alone, so
 // that the forward rule and the backward rule (which sees the same saved inputs) agree.
@@ -55,12 +64,12 @@ std::vector<int64_t> divided(std::vector<int64_t> sizes, int64_t by) {
   return sizes;
 }
 
-std::vector<Mode> choose_modes(const ShardTensorSpec& q, const ShardTensorSpec& k, const ShardTensorSpec& v, bool has_mask,
-                               bool heads_allowed) {
+std::vector<Mode> choose_modes(const ShardTensorSpec& q, const ShardTensorSpec& k, const ShardTensorSpec& v, bool heads_allowed) {
   std::vector<Mode> modes;
   bool seq_taken = false;
   for (int64_t m = 0; m < q.mesh().ndim(); ++m) {
     const Placement& p = q.placements()[m];
+    const bool kv_split = k.placements()[m].is_shard(kSeqDim) || v.placements()[m].is_shard(kSeqDim);
     Mode mode = Mode::Gather;
     if (p.is_shard(kBatchDim)) {
       mode = Mode::Batch;
@@ -68,9 +77,10 @@ std::vector<Mode> choose_modes(const ShardTensorSpec& q, const ShardTensorSpec& 
       mode = Mode::Heads;
     } else if (p.is_shard(kSeqDim) && !seq_taken) {
       seq_taken = true;
-      const bool kv_split = k.placements()[m].is_shard(kSeqDim) || v.placements()[m].is_shard(kSeqDim);
-      // A mask would have to travel with its key blocks: gather K and V instead (TODO(#17)).
-      mode = kv_split && !has_mask ? Mode::Ring : Mode::SeqLocal;
+      mode = kv_split ? Mode::Ring : Mode::SeqLocal;
+    } else if (!p.is_shard() && kv_split && !seq_taken) {
+      seq_taken = true;
+      mode = Mode::KeysSplit;
     }
     modes.push_back(mode);
   }
@@ -85,6 +95,7 @@ Placements placements_for(const std::vector<Mode>& modes, bool keys) {
       case Mode::Heads: ps.push_back(Shard(kHeadDim)); break;
       case Mode::Ring: ps.push_back(Shard(kSeqDim)); break;
       case Mode::SeqLocal: ps.push_back(keys ? Replicate() : Shard(kSeqDim)); break;
+      case Mode::KeysSplit: ps.push_back(keys ? Shard(kSeqDim) : Replicate()); break;
       case Mode::Gather: ps.push_back(Replicate()); break;
     }
   }
@@ -104,8 +115,9 @@ ShardTensorSpec key_layout(const ShardTensorSpec& kv, const Decision& d, int64_t
 ShardTensorSpec mask_layout(const ShardTensorSpec& mask, const Decision& d) {
   Placements ps;
   for (Mode mode : d.modes) {
+    // Split like the query's rows; whole along the keys, whose columns each block reads.
     const int64_t logical = mode == Mode::Batch ? kBatchDim : mode == Mode::Heads ? kHeadDim
-                            : mode == Mode::SeqLocal ? kSeqDim : -1;
+                            : mode == Mode::SeqLocal || mode == Mode::Ring ? kSeqDim : -1;
     const int64_t dim = logical >= 0 ? mask_dim(mask, logical) : -1;
     ps.push_back(dim >= 0 ? Shard(dim) : Replicate());
   }
@@ -133,18 +145,19 @@ Decision decide(const OpMeta& op) {
               " heads are not a multiple of the key's ", kv_heads, " heads (grouped-query attention needs Hk to divide H).");
   const int64_t group = heads / kv_heads;
 
-  Decision d{choose_modes(q, k, v, mask != nullptr, /*heads_allowed=*/true), q, k, v, std::nullopt, -1};
+  Decision d{choose_modes(q, k, v, /*heads_allowed=*/true), q, k, v, std::nullopt, -1};
   d.query = with_placements(q, placements_for(d.modes, /*keys=*/false));
   if (d.query.sharding_of(kHeadDim) && !whole_groups(d.query.sharding_of(kHeadDim)->sizes, group)) {
     // A shard would hold part of a group whose keys another holds: gather the heads.
-    d.modes = choose_modes(q, k, v, mask != nullptr, /*heads_allowed=*/false);
+    d.modes = choose_modes(q, k, v, /*heads_allowed=*/false);
     d.query = with_placements(q, placements_for(d.modes, /*keys=*/false));
   }
   for (size_t m = 0; m < d.modes.size(); ++m)
-    if (d.modes[m] == Mode::SeqLocal || d.modes[m] == Mode::Ring) d.seq_mesh_dim = static_cast<int64_t>(m);
+    if (d.modes[m] == Mode::SeqLocal || d.modes[m] == Mode::Ring || d.modes[m] == Mode::KeysSplit)
+      d.seq_mesh_dim = static_cast<int64_t>(m);
   std::vector<int64_t> seq_sizes;
-  if (d.seq_mesh_dim >= 0 && d.modes[d.seq_mesh_dim] == Mode::Ring) {
-    // The ring keeps the keys' own split (the values'; or torch.chunk) along its mesh dim.
+  if (d.seq_mesh_dim >= 0 && d.modes[d.seq_mesh_dim] != Mode::SeqLocal) {
+    // Split keys keep their own split (the values'; or torch.chunk) along their mesh dim.
     const ShardTensorSpec& lead = k.placements()[d.seq_mesh_dim].is_shard(kSeqDim) ? k : v;
     seq_sizes = with_placements(lead, placements_for(d.modes, /*keys=*/true)).sharding_of(kSeqDim)->sizes;
   }
@@ -152,6 +165,13 @@ Decision decide(const OpMeta& op) {
   d.value = key_layout(v, d, group, seq_sizes);
   if (mask) d.mask = mask_layout(mask->spec, d);
   return d;
+}
+
+// `layout` with Partial(sum) on every mesh dim handled by `mode`: each rank holds its share.
+OutputLayout summed_where(OutputLayout layout, const Decision& d, Mode mode) {
+  for (size_t m = 0; m < d.modes.size(); ++m)
+    if (d.modes[m] == mode) layout.placements[m] = Partial(ReduceOp::Sum);
+  return layout;
 }
 
 bool any_split(const Decision& d) {
@@ -163,10 +183,13 @@ AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionPlan::Pass p
   plan.pass = pass;
   plan.is_causal = bool_arg(op, "is_causal");
   plan.seq_mesh_dim = d.seq_mesh_dim;
-  plan.ring = d.seq_mesh_dim >= 0 && d.modes[d.seq_mesh_dim] == Mode::Ring;
+  const Mode seq_mode = d.seq_mesh_dim >= 0 ? d.modes[d.seq_mesh_dim] : Mode::Gather;
+  plan.ring = seq_mode == Mode::Ring;
+  plan.keys_split = seq_mode == Mode::KeysSplit;
   const int64_t sq = d.query.shape()[kSeqDim], sk = d.key.shape()[kSeqDim];
-  plan.query_rows = d.seq_mesh_dim >= 0 ? sizes_to_ranges(d.query.sharding_of(kSeqDim)->sizes) : std::vector<Range>{{0, sq}};
-  plan.key_rows = plan.ring ? sizes_to_ranges(d.key.sharding_of(kSeqDim)->sizes) : std::vector<Range>{{0, sk}};
+  const bool rows_split = seq_mode == Mode::Ring || seq_mode == Mode::SeqLocal;
+  plan.query_rows = rows_split ? sizes_to_ranges(d.query.sharding_of(kSeqDim)->sizes) : std::vector<Range>{{0, sq}};
+  plan.key_rows = plan.ring || plan.keys_split ? sizes_to_ranges(d.key.sharding_of(kSeqDim)->sizes) : std::vector<Range>{{0, sk}};
   return plan;
 }
 
@@ -188,7 +211,9 @@ RuleResult attention_rule(const OpMeta& op) {
     const std::string& name = arg_name(op, in);
     r.input_targets.push_back(name == "query" ? d.query : name == "key" ? d.key : name == "value" ? d.value : *d.mask);
   }
-  r.outputs = {layout_of(d.query), layout_of(d.query)};  // output [B, H, Sq, Dv] and logsumexp [B, H, Sq]
+  // output [B, H, Sq, Dv] and logsumexp [B, H, Sq]; merged over split keys, the output is
+  // each rank's weighted share and the log-sum-exp the merged one.
+  r.outputs = {summed_where(layout_of(d.query), d, Mode::KeysSplit), layout_of(d.query)};
   if (any_split(d)) r.kernel_plan = declare(plan_of(op, d, AttentionPlan::Pass::Forward));
   return r;
 }
@@ -208,14 +233,10 @@ RuleResult attention_backward_rule(const OpMeta& op) {
     else  // grad_out, out and logsumexp: laid out like the output
       r.input_targets.push_back(align_to(in.spec, d.query));
   }
-  // Keys a rank saw whole got contributions from its own rows only: summed over the rows' shards.
-  auto gradient_of = [&](const ShardTensorSpec& kv) {
-    OutputLayout out = layout_of(kv);
-    for (size_t m = 0; m < d.modes.size(); ++m)
-      if (d.modes[m] == Mode::SeqLocal) out.placements[m] = Partial(ReduceOp::Sum);
-    return out;
-  };
-  r.outputs = {layout_of(d.query), gradient_of(d.key), gradient_of(d.value)};
+  // Keys a rank saw whole got contributions from its own rows only: summed over the rows'
+  // shards. Likewise whole rows that saw a rank's own keys only.
+  r.outputs = {summed_where(layout_of(d.query), d, Mode::KeysSplit), summed_where(layout_of(d.key), d, Mode::SeqLocal),
+               summed_where(layout_of(d.value), d, Mode::SeqLocal)};
   if (any_split(d)) r.kernel_plan = declare(plan_of(op, d, AttentionPlan::Pass::Backward));
   return r;
 }
@@ -271,12 +292,18 @@ bool AttentionPlan::any_send(int64_t step) const {
   return false;
 }
 
+Range AttentionPlan::local_keys(int64_t coordinate) const { return key_rows.size() == 1 ? key_rows[0] : key_rows[coordinate]; }
+
 std::string AttentionPlan::name() const {
-  const std::string what = ring ? "ring attention over mesh dim " + std::to_string(seq_mesh_dim) : "local attention";
+  const std::string what = ring         ? "ring attention over mesh dim " + std::to_string(seq_mesh_dim)
+                           : keys_split ? "attention on split keys over mesh dim " + std::to_string(seq_mesh_dim) +
+                                              ", merged by log-sum-exp"
+                                        : "local attention";
   return what + (is_causal ? ", causal" : "") + (pass == Pass::Forward ? " (forward)" : " (backward)");
 }
 
 std::vector<DeclaredMove> AttentionPlan::moves() const {
+  if (keys_split && key_rows.size() > 1 && pass == Pass::Forward) return {{DeclaredMove::Kind::AllGather, seq_mesh_dim, kSeqDim}};
   if (!ring || ring_size() == 1) return {};
   std::vector<DeclaredMove> moves = {{DeclaredMove::Kind::RingPass, seq_mesh_dim, kSeqDim}};
   if (pass == Pass::Backward) moves.push_back({DeclaredMove::Kind::RingReturn, seq_mesh_dim, kSeqDim});

@@ -29,14 +29,16 @@ struct AttentionPlan : KernelPlan {
   DeviceMesh mesh;
   int64_t seq_mesh_dim = -1;      // the mesh dim splitting the query rows (dim 2); -1: rows whole
   bool ring = false;              // keys and values are split on seq_mesh_dim too: they travel the ring
+  bool keys_split = false;        // rows whole, keys and values split on seq_mesh_dim: merged by log-sum-exp
   std::vector<Range> query_rows;  // per coordinate along seq_mesh_dim (one entry when rows are whole)
-  std::vector<Range> key_rows;    // ring: per coordinate along seq_mesh_dim; else one entry, [0, Sk)
+  std::vector<Range> key_rows;    // ring, keys_split: per coordinate along seq_mesh_dim; else one entry, [0, Sk)
   bool is_causal = false;
 
   // The ring's schedule (Note [Ring schedule] in attention.cpp). Step t of block b: the block is
   // on the rank b + t (mod n).
   int64_t ring_size() const { return ring ? static_cast<int64_t>(key_rows.size()) : 1; }
   Range query_rows_at(int64_t coordinate) const { return query_rows.size() == 1 ? query_rows[0] : query_rows[coordinate]; }
+  Range local_keys(int64_t coordinate) const;  // the keys the rank at `coordinate` holds before any pass
   bool computes(int64_t block, int64_t step) const;  // the rank holding it at `step` attends to it
   bool sends(int64_t block, int64_t step) const;     // after `step`, it moves on to the next rank
   bool reaches(int64_t block, int64_t step) const;   // it is on its rank at `step` (step 0: its owner)

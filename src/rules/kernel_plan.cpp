@@ -10,6 +10,8 @@ std::string DeclaredMove::to_string() const {
       return "halo scatter-add of dim " + std::to_string(tensor_dim) + " over mesh dim " + std::to_string(mesh_dim);
     case Kind::AllReduce:
       return std::string("all-reduce(") + shardtensor::to_string(reduce) + ") over mesh dim " + std::to_string(mesh_dim);
+    case Kind::AllGather:
+      return "all-gather of per-row statistics over mesh dim " + std::to_string(mesh_dim);
     case Kind::RingPass:
       return "ring pass of dim " + std::to_string(tensor_dim) + " blocks over mesh dim " + std::to_string(mesh_dim);
     case Kind::RingReturn:

@@ -24,8 +24,9 @@ namespace shardtensor {
 struct DeclaredMove {
   // RingPass: blocks of `tensor_dim` passed from each rank to the next along the mesh dim, one
   // message batch per step (attention); RingReturn: the gradients of the blocks sent back to
-  // the ranks that own them, in one batch.
-  enum class Kind { HaloGather, HaloScatterAdd, AllReduce, RingPass, RingReturn };
+  // the ranks that own them, in one batch. AllGather: a small statistic gathered mid-op
+  // (attention's per-row log-sum-exp over split keys).
+  enum class Kind { HaloGather, HaloScatterAdd, AllReduce, AllGather, RingPass, RingReturn };
   Kind kind = Kind::AllReduce;
   int64_t mesh_dim = -1;    // the group it runs on
   int64_t tensor_dim = -1;  // halo moves: the tensor dim whose windows move

@@ -1,7 +1,8 @@
 // Scaled dot-product attention on ShardTensors, against one process: ring attention on
 // sequence shards (uneven, an empty shard, Q and K split differently, causal or not, grouped
-// query heads), the local layouts (batch, heads, rows against whole keys) and the layouts that
-// gather, values and the three input gradients, with the messages each one makes.
+// query heads, with a mask), whole rows against split keys (merged by log-sum-exp), the local
+// layouts (batch, heads, rows against whole keys) and the layout that gathers, values and the
+// three input gradients, with the messages each one makes.
 //
 // SDPA exists from torch 2.0; on libtorch 1.13 every test here skips, saying so. The operator is
 // reached through the dispatcher by name so that this file compiles on both lines.
@@ -68,6 +69,7 @@ struct AttentionCase {
   Placements q_placements = {Shard(2)}, kv_placements = {Shard(2)};
   bool is_causal = false;
   bool with_mask = false;
+  Placements mask_placements = {Replicate()};  // of the [Sq, Sk] mask: Shard(0) rows, Shard(1) keys
 };
 
 struct Result {
@@ -92,7 +94,7 @@ Result run_and_compare(const AttentionCase& c, uint64_t seed) {
   r.q = shard(q, c.q_placements, c.q_sizes).requires_grad_();
   r.k = shard(k, c.kv_placements, c.kv_sizes).requires_grad_();
   r.v = shard(v, c.kv_placements, c.kv_sizes).requires_grad_();
-  const at::Tensor smask = c.with_mask ? distribute_tensor(mask, mesh_1d(), {Replicate()}) : at::Tensor();
+  const at::Tensor smask = c.with_mask ? distribute_tensor(mask, mesh_1d(), c.mask_placements) : at::Tensor();
   r.out = sdpa(r.q, r.k, r.v, c.is_causal, smask);
   expect_close(r.out, expected.detach(), "output");
   (r.out * distribute_tensor(grad, mesh_1d(), {Replicate()})).sum().backward();
@@ -232,22 +234,92 @@ TEST(Attention, RowShardsAgainstWholeKeysGiveSummedKeyGradients) {
   }
 }
 
-// Layouts the rule does not split on: the head dim D, and a mask next to sequence-split keys
-// (the keys are gathered, the mask split by rows). Still one process's values.
+// The layout the rule does not split on, the head dim D, is gathered: still one process's values.
 TEST(Attention, GatheredLayoutsStayCorrect) {
   SKIP_WITHOUT_SDPA();
-  const int64_t n = mesh_1d().size(0);
   AttentionCase by_dim;
   by_dim.q_sizes = by_dim.kv_sizes = {6};
   by_dim.q_placements = by_dim.kv_placements = {Shard(3)};
   run_and_compare(by_dim, 50);
+}
 
-  AttentionCase masked;
-  masked.q_sizes = with_an_empty_shard(n);
-  masked.kv_sizes = masked.q_sizes;
-  masked.with_mask = true;
-  masked.is_causal = false;
-  run_and_compare(masked, 60);
+// A mask next to sequence-split Q, K and V: the ring runs, the mask split by rows like the
+// query and whole along the keys, each block reading its keys' columns. A replicated mask is
+// cut locally, so the forward moves K/V blocks only; a mask split along the keys is
+// redistributed to rows first. Grouped heads, an empty shard, Sq != Sk (torch refuses a mask
+// together with is_causal).
+TEST(Attention, RingWithAMaskMatchesOneProcess) {
+  SKIP_WITHOUT_SDPA();
+  const int64_t n = mesh_1d().size(0);
+  uint64_t seed = 60;
+  for (const Placements& mask_placements : {Placements{Replicate()}, Placements{Shard(1)}, Placements{Shard(0)}}) {
+    AttentionCase c;
+    c.q_sizes = with_an_empty_shard(n);
+    c.kv_sizes = std::vector<int64_t>(c.q_sizes.rbegin(), c.q_sizes.rend());
+    c.kv_sizes.front() += 2;
+    c.kv_heads = 2;
+    c.with_mask = true;
+    c.mask_placements = mask_placements;
+    run_and_compare(c, seed++);
+  }
+  const int64_t s = 4 * n;
+  auto seq = [&](uint64_t seed) { return distribute_tensor(draw({1, 2, s, 4}, seed), mesh_1d(), {Shard(2)}); };
+  const at::Tensor q = seq(1), k = seq(2), v = seq(3), mask = distribute_tensor(draw({s, s}, 4), mesh_1d(), {Replicate()});
+  CommDebugMode comms;
+  const at::Tensor out = sdpa(q, k, v, /*is_causal=*/false, mask);
+  EXPECT_EQ(comms.count("ring_send_recv"), n - 1) << comms.table();
+  EXPECT_EQ(comms.total(), n - 1) << comms.table();
+  EXPECT_EQ(spec(out).placements(), (Placements{Shard(2)}));
+}
+
+// Whole query rows (replicated) against K and V split on the sequence: each rank attends to its
+// own keys, and one all-gather of the per-row log-sum-exp merges the blocks. The output is
+// Partial(sum), K and V never move, and their gradients keep their shards; the query's
+// gradient is Partial(sum). Uneven keys with an empty shard, causal or not, grouped heads, a mask
+// (without is_causal, which torch refuses beside a mask).
+TEST(Attention, WholeRowsAgainstSplitKeysMergeByOneGatherOfStatistics) {
+  SKIP_WITHOUT_SDPA();
+  const int64_t n = mesh_1d().size(0);
+  for (bool is_causal : {false, true}) {
+    for (bool with_mask : {false, true}) {
+      if (with_mask && is_causal) continue;
+      AttentionCase c;
+      c.kv_sizes = with_an_empty_shard(n);
+      c.q_sizes = {total(c.kv_sizes) - 1};
+      c.q_placements = {Replicate()};
+      c.kv_heads = with_mask ? 4 : 2;
+      c.is_causal = is_causal;
+      c.with_mask = with_mask;
+      const Result r = run_and_compare(c, 70 + 2 * is_causal + with_mask);
+      EXPECT_EQ(spec(r.k.grad()).placements(), (Placements{Shard(2)}));
+      EXPECT_EQ(spec(r.k.grad()).sharding_of(2)->sizes, c.kv_sizes);
+    }
+  }
+  std::vector<int64_t> sizes = with_an_empty_shard(n);
+  const int64_t sk = total(sizes), sq = 5, b = 1, h = 2, d = 4;
+  const at::Tensor q = distribute_tensor(draw({b, h, sq, d}, 1), mesh_1d(), {Replicate()}).requires_grad_();
+  auto keys = [&](uint64_t seed) {
+    return distribute_tensor(draw({b, h, sk, d}, seed), mesh_1d(), {Shard(2)}, ShardSizes{{2, sizes}}).requires_grad_();
+  };
+  const at::Tensor k = keys(2), v = keys(3);
+  at::Tensor out;
+  {
+    CommDebugMode comms;
+    out = sdpa(q, k, v, /*is_causal=*/false);
+    EXPECT_EQ(comms.count("all_gather"), n > 1 ? 1 : 0) << comms.table();
+    EXPECT_EQ(comms.total(), n > 1 ? 1 : 0) << comms.table();
+    EXPECT_EQ(comms.bytes(), n > 1 ? b * h * sq * 4 : 0) << comms.table();  // the statistics only
+  }
+  EXPECT_EQ(spec(out).placements(), (Placements{Partial(ReduceOp::Sum)}));
+  {
+    CommDebugMode comms;
+    out.sum().backward();
+    // The backward reads the merged output: one all-reduce of it; K and V still stay put.
+    EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
+    EXPECT_EQ(comms.count("all_to_all"), 0) << comms.table();
+    EXPECT_LE(comms.total(), 1) << comms.table();
+  }
+  EXPECT_EQ(spec(k.grad()).placements(), (Placements{Shard(2)}));
 }
 
 // The operator sweep's attention cases (op_sweep_test.cpp lays every input out at random:

@@ -446,6 +446,33 @@ TEST(AttentionRules, RowsAgainstWholeKeysGiveSummedKeyGradients) {
   EXPECT_EQ(a.kernel, "local attention, causal (backward)");
 }
 
+TEST(AttentionRules, WholeRowsAgainstSplitKeysGatherOnlyTheStatistics) {
+  SKIP_WITHOUT_FLASH_ATTENTION();
+  const auto q = spec({4}, {Replicate()}, {2, 4, 12, 8});
+  const auto k = spec({4}, {Shard(2)}, {2, 2, 10, 8}, {{2, {1, 0, 6, 3}}});
+  const Answer a = attention(q, k);
+  EXPECT_EQ(a.targets, "[R] | [S(2)]{2: 1,0,6,3} | [S(2)]{2: 1,0,6,3}");  // no K/V byte moves
+  EXPECT_EQ(a.outputs, "[P(sum)] | [R]");                                 // each rank's weighted share; merged lse
+  EXPECT_EQ(a.moves, "all-gather of per-row statistics over mesh dim 0");
+  EXPECT_EQ(a.kernel, "attention on split keys over mesh dim 0, merged by log-sum-exp (forward)");
+
+  const auto lse = spec({4}, {Replicate()}, {2, 4, 12});
+  const Answer back = call_rule("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                                {q, q, k, k, q, lse, 0.0, false, kNone, kNone});
+  EXPECT_EQ(back.outputs, "[P(sum)] | [S(2)]{2: 1,0,6,3} | [S(2)]{2: 1,0,6,3}");
+  EXPECT_EQ(back.moves, "none");
+}
+
+TEST(AttentionRules, AMaskNextToARingIsSplitByRowsAndWholeAlongTheKeys) {
+  SKIP_WITHOUT_FLASH_ATTENTION();
+  const auto q = spec({2}, {Shard(2)}, {1, 2, 6, 4}, {{2, {4, 2}}});
+  const auto k = spec({2}, {Shard(2)}, {1, 2, 9, 4});
+  const auto mask_split_by_keys = spec({2}, {Shard(1)}, {6, 9});
+  const Answer a = call_rule("aten::_scaled_dot_product_flash_attention_for_cpu", {q, k, k, 0.0, false, mask_split_by_keys, kNone});
+  EXPECT_EQ(a.targets, "[S(2)]{2: 4,2} | [S(2)]{2: 5,4} | [S(2)]{2: 5,4} | [S(0)]{0: 4,2}");
+  EXPECT_EQ(a.kernel, "ring attention over mesh dim 0 (forward)");
+}
+
 TEST(AttentionRules, CausalRingScheduleMovesNoBlockAboveTheDiagonal) {
   AttentionPlan plan(DeviceMesh::without_comms({4}, 0));
   plan.ring = plan.is_causal = true;
