@@ -187,7 +187,7 @@ class C10dComm final : public Comm {
       abort_all(unread);
     }
 
-    void announce(const std::vector<int64_t>& bytes_to, const std::vector<int64_t>& bytes_from) override {
+    void announce(const std::vector<int64_t>& bytes_to, const std::vector<int64_t>& bytes_from, bool talking_peers_only) override {
       TORCH_INTERNAL_ASSERT(works_.empty() && receives_.empty(), "announce() comes before any message");
       if (!checked_) return;
       announced_ = {bytes_to, bytes_from};
@@ -197,7 +197,7 @@ class C10dComm final : public Comm {
       confirmed_.assign(comm_.size(), false);
       record_works_.assign(comm_.size(), {});
       for (int64_t p = 0; p < comm_.size(); ++p) {
-        if (p == comm_.rank()) continue;
+        if (p == comm_.rank() || (talking_peers_only && bytes_to[p] == 0 && bytes_from[p] == 0)) continue;
         records_.push_back(record_of(mine_, sequence_, bytes_to[p]));
         std::vector<at::Tensor> in{theirs_[p]}, out{records_.back()};
         post_record(p, [&] { return comm_.group()->recv(in, static_cast<int>(p), kRecordTag); }, &record_works_[p]);
@@ -256,6 +256,10 @@ class C10dComm final : public Comm {
     // A mismatch leaves this rank's sends queued on the pairs: the group is unusable then.
     void confirm(int64_t peer) {
       if (peer == comm_.rank() || confirmed_[peer]) return;
+      if (!record_works_[peer]) {  // talking_peers_only, and nothing moves with this peer: no record to check
+        TORCH_INTERNAL_ASSERT(bytes_from_[peer] == 0, "a message batch received from a peer it announced nothing from");
+        return;
+      }
       try {
         record_works_[peer]->wait(comm_.timeout_);
       } catch (const std::exception& e) {

@@ -84,18 +84,27 @@ std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, co
   Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
   const int64_t me = comm.rank();
   auto messages = comm.start_messages("ring_send_recv");
-  if (plan.sends(held.index, step))
-    for (size_t i = 0; i < parts_now; ++i) messages->send((me + 1) % n, held.parts[i]);
+  const int64_t to = (me + 1) % n, from = (me - 1 + n) % n;
   next->index = ((me - step - 1) % n + n) % n;
   next->parts.clear();
-  if (plan.sends(next->index, step)) {
+  const bool sending = plan.sends(held.index, step), receiving = plan.sends(next->index, step);
+  if (receiving) {
     for (const at::Tensor& like : held.parts) {
       std::vector<int64_t> shape = like.sizes().vec();
       shape[2] = plan.key_rows[next->index].size();
       next->parts.push_back(at::empty(shape, like.options()));
-      messages->receive((me - 1 + n) % n, next->parts.back());
     }
   }
+  // Every part held goes out in this batch (the backward's gradients after the block's compute):
+  // announced up front, each rank's receive is posted as soon as its sender's fingerprint
+  // record matched, so the block moves while this step computes, not after every rank's wait().
+  std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0);
+  for (const at::Tensor& part : held.parts) bytes_to[to] += sending ? static_cast<int64_t>(part.nbytes()) : 0;
+  for (const at::Tensor& part : next->parts) bytes_from[from] += static_cast<int64_t>(part.nbytes());
+  messages->announce(bytes_to, bytes_from, /*talking_peers_only=*/true);
+  if (sending)
+    for (size_t i = 0; i < parts_now; ++i) messages->send(to, held.parts[i]);
+  for (const at::Tensor& part : next->parts) messages->receive(from, part);
   return messages;
 }
 
