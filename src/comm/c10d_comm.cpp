@@ -187,7 +187,8 @@ class C10dComm final : public Comm {
       abort_all(unread);
     }
 
-    void announce(const std::vector<int64_t>& bytes_to, const std::vector<int64_t>& bytes_from, bool talking_peers_only) override {
+    void announce(const std::vector<int64_t>& bytes_to, const std::vector<int64_t>& bytes_from,
+                  const std::vector<int64_t>& checked_peers) override {
       TORCH_INTERNAL_ASSERT(works_.empty() && receives_.empty(), "announce() comes before any message");
       if (!checked_) return;
       announced_ = {bytes_to, bytes_from};
@@ -196,8 +197,15 @@ class C10dComm final : public Comm {
       theirs_ = at::empty({comm_.size(), kRecordWords}, at::kLong);
       confirmed_.assign(comm_.size(), false);
       record_works_.assign(comm_.size(), {});
+      const auto checked = [&](int64_t p) {
+        if (checked_peers.empty()) return true;
+        const bool listed = std::find(checked_peers.begin(), checked_peers.end(), p) != checked_peers.end();
+        TORCH_INTERNAL_ASSERT(listed || (bytes_to[p] == 0 && bytes_from[p] == 0), "a message batch moves bytes with group rank ", p,
+                              " but does not check it");
+        return listed;
+      };
       for (int64_t p = 0; p < comm_.size(); ++p) {
-        if (p == comm_.rank() || (talking_peers_only && bytes_to[p] == 0 && bytes_from[p] == 0)) continue;
+        if (p == comm_.rank() || !checked(p)) continue;
         records_.push_back(record_of(mine_, sequence_, bytes_to[p]));
         std::vector<at::Tensor> in{theirs_[p]}, out{records_.back()};
         post_record(p, [&] { return comm_.group()->recv(in, static_cast<int>(p), kRecordTag); }, &record_works_[p]);
@@ -256,7 +264,7 @@ class C10dComm final : public Comm {
     // A mismatch leaves this rank's sends queued on the pairs: the group is unusable then.
     void confirm(int64_t peer) {
       if (peer == comm_.rank() || confirmed_[peer]) return;
-      if (!record_works_[peer]) {  // talking_peers_only, and nothing moves with this peer: no record to check
+      if (!record_works_[peer]) {  // a peer announce() did not check: nothing moves with it
         TORCH_INTERNAL_ASSERT(bytes_from_[peer] == 0, "a message batch received from a peer it announced nothing from");
         return;
       }

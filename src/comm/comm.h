@@ -36,13 +36,14 @@ class Messages {
   // at once, and each receive is posted as soon as its sender's record has arrived and matched,
   // instead of once every member has reached wait(): the transfers overlap the caller's packing
   // and local copies again. Receives and sends must then add up to exactly these bytes.
-  // `talking_peers_only`: the records go to the peers this batch moves bytes with, not to every
-  // member. No byte is ever received unchecked either way; a member that runs something else
-  // and moves nothing with this rank is caught by the next batch that does (its record, left
-  // unread, fails the sequence check first), not by this one. For a fixed pattern that every
-  // step repeats (attention's ring: one record each way per neighbour instead of n - 1).
+  // `checked_peers` (group ranks; empty: every member): the records go to these peers only,
+  // which must include every peer this batch moves bytes with. No byte is ever received
+  // unchecked either way; a member left out that runs something else is caught by the next
+  // batch that checks it (its record, left unread, fails the sequence check first), not by
+  // this one. For a fixed pattern that every step repeats: attention's ring checks its two
+  // neighbours, whatever moves, instead of all n - 1 members.
   virtual void announce(const std::vector<int64_t>& bytes_to, const std::vector<int64_t>& bytes_from,
-                        bool talking_peers_only = false) {}
+                        const std::vector<int64_t>& checked_peers = {}) {}
 };
 
 class Comm {

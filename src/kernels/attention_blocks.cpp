@@ -98,10 +98,12 @@ std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, co
   // Every part held goes out in this batch (the backward's gradients after the block's compute):
   // announced up front, each rank's receive is posted as soon as its sender's fingerprint
   // record matched, so the block moves while this step computes, not after every rank's wait().
+  // The records go to the two neighbours, whatever moves: a neighbour running another schedule
+  // is caught here, and no other rank ever sends to this one.
   std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0);
   for (const at::Tensor& part : held.parts) bytes_to[to] += sending ? static_cast<int64_t>(part.nbytes()) : 0;
   for (const at::Tensor& part : next->parts) bytes_from[from] += static_cast<int64_t>(part.nbytes());
-  messages->announce(bytes_to, bytes_from, /*talking_peers_only=*/true);
+  messages->announce(bytes_to, bytes_from, /*checked_peers=*/{to, from});
   if (sending)
     for (size_t i = 0; i < parts_now; ++i) messages->send(to, held.parts[i]);
   for (const at::Tensor& part : next->parts) messages->receive(from, part);

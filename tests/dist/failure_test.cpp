@@ -2,6 +2,7 @@
 // the mesh's collective timeout passes. Kept in its own binary because the timed-out group is
 // left unusable.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <chrono>
 
@@ -50,5 +51,29 @@ TEST(Failure, RanksWaitingInAPeerMemoryExchangeRaiseAfterTheTimeout) {
     EXPECT_LT(waited, 30.0);
   }
   set_peer_copy_bytes(kDefaultPeerCopyBytes);
+  healthy.comm(0).barrier();  // rank 0 stays alive until the others have seen their error
+}
+
+// Ring attention checks only its two neighbours' records each step: a rank that never joins
+// still makes every other rank raise, each once its own neighbour has given up, well within a
+// few timeouts, and none returns an output.
+TEST(Failure, RanksInARingWhoseMemberFailedRaiseAfterTheTimeout) {
+  if (world_size() == 1) GTEST_SKIP() << "needs a rank that fails and one that waits";
+  const auto sdpa_op = c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""});
+  if (!sdpa_op) GTEST_SKIP() << "aten::scaled_dot_product_attention does not exist in this libtorch (it comes with torch 2.0)";
+  DeviceMesh healthy = DeviceMesh::create({world_size()});
+  MeshOptions short_timeout;
+  short_timeout.timeout = std::chrono::seconds(3);
+  DeviceMesh mesh = DeviceMesh::create({world_size()}, {}, short_timeout);
+  const int64_t s = 4 * world_size();
+  const at::Tensor q = distribute_tensor(at::randn({1, 2, s, 4}), mesh, {Shard(2)});
+  const auto start = std::chrono::steady_clock::now();
+  if (world_rank() != 0) {
+    // Rank 0 "failed" before this call and never joins the ring.
+    torch::jit::Stack stack{q, q, q, c10::IValue(), 0.0, false, c10::IValue(), false};
+    EXPECT_ERROR_CONTAINS(sdpa_op->callBoxed(&stack), "timed out");
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(waited, 30.0);
+  }
   healthy.comm(0).barrier();  // rank 0 stays alive until the others have seen their error
 }
