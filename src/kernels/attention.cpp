@@ -51,7 +51,7 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
         const std::vector<at::Tensor> r = call(op, {rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), args[3],
                                                     c.is_causal, optional_tensor(c.mask), args[6]});
         const bool whole = c.visible.rows == rows;
-        if (!out.defined() && whole && n == 1 && !plan.keys_split) {  // one block over every row: the operator's own result
+        if (!out.defined() && whole && n == 1) {  // one block over every row: the operator's own result (split keys merge it after)
           out = r[0];
           lse = r[1];
         } else {

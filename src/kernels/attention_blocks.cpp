@@ -101,7 +101,8 @@ std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, co
   // The records go to the two neighbours, whatever moves: a neighbour running another schedule
   // is caught here, and no other rank ever sends to this one.
   std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0);
-  for (const at::Tensor& part : held.parts) bytes_to[to] += sending ? static_cast<int64_t>(part.nbytes()) : 0;
+  if (sending)
+    for (const at::Tensor& part : held.parts) bytes_to[to] += static_cast<int64_t>(part.nbytes());
   for (const at::Tensor& part : next->parts) bytes_from[from] += static_cast<int64_t>(part.nbytes());
   messages->announce(bytes_to, bytes_from, /*checked_peers=*/{to, from});
   if (sending)

@@ -20,7 +20,7 @@
 //   - the query whole (replicated or Partial) against keys and values split on the sequence:
 //     every rank attends with all rows to its own keys, and the blocks merge by log-sum-exp
 //     after one all-gather of the per-row statistics (Note [Merging split keys] in
-//     kernels/attention.cpp). The output is Partial(sum), the log-sum-exp whole; backward,
+//     kernels/attention_blocks.cpp). The output is Partial(sum), the log-sum-exp whole; backward,
 //     the query's gradient is Partial(sum) and K and V keep their shards. No K/V byte moves;
 //   - anything else (the head dim D split, a second mesh dim splitting the sequence): the
 //     inputs are gathered on that mesh dim.
