@@ -2,6 +2,7 @@
 #pragma once
 
 #include "shardtensor/checkpoint.h"
+#include "shardtensor/context_parallel.h"
 #include "shardtensor/device_mesh.h"
 #include "shardtensor/dispatch.h"
 #include "shardtensor/factories.h"

@@ -14,6 +14,7 @@
 #include "rules/kernel_plan.h"
 #include "rules/registry.h"
 #include "shardtensor/dispatch.h"
+#include "spec/sequence_order.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -228,7 +229,8 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
 }
 
 struct Cache {
-  uint64_t generation = ~uint64_t{0};
+  uint64_t generation = ~uint64_t{0};        // the rule registry's, when the entries were built
+  uint64_t order_generation = ~uint64_t{0};  // sequence_order_generation(): attention reads the setting
   std::unordered_map<uint64_t, std::unique_ptr<Propagation>> entries;
 };
 
@@ -247,9 +249,10 @@ bool is_out_argument(const c10::FunctionSchema& schema, size_t i) {
 
 Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   Cache& c = cache();
-  if (c.generation != rule_registry().generation()) {
+  if (c.generation != rule_registry().generation() || c.order_generation != sequence_order_generation()) {
     c.entries.clear();
     c.generation = rule_registry().generation();
+    c.order_generation = sequence_order_generation();
   }
   const c10::FunctionSchema& schema = op.schema();
   uint64_t key = mix(reinterpret_cast<uintptr_t>(&schema), implicit_replication_active() * 2 + is_strict());

@@ -35,7 +35,7 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
     const at::Tensor query = args[0].toTensor();
     const c10::optional<at::Tensor> user_mask = args[5].toOptional<at::Tensor>();
     const int64_t n = plan.ring_size(), me = plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
-    const Range rows = plan.query_rows_at(me);
+    const Pieces& rows = plan.query_rows_at(me);
     std::vector<int64_t> out_shape = query.sizes().vec(), lse_shape(out_shape.begin(), out_shape.end() - 1);
     out_shape[3] = args[2].toTensor().size(3);
 
@@ -44,14 +44,15 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
     KeyBlock held{me, {args[1].toTensor().contiguous(), args[2].toTensor().contiguous()}}, next;
     for (int64_t step = 0; step < n; ++step) {
       const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next);
-      const Range keys = plan.local_keys(held.index);
       const bool here = plan.ring ? plan.reaches(held.index, step) : true;
-      const BlockCall c = here ? block_call(rows, keys, plan.is_causal, user_mask, query) : BlockCall{};
-      if (c.visible.any && !empty(query) && !empty(held.parts[0])) {
+      const std::vector<BlockCall> calls =
+          here && !empty(query) && !empty(held.parts[0]) ? block_calls(rows, plan.local_keys(held.index), plan.is_causal, user_mask, query)
+                                                         : std::vector<BlockCall>{};
+      for (const BlockCall& c : calls) {
         const std::vector<at::Tensor> r = call(op, {rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), args[3],
                                                     c.is_causal, optional_tensor(c.mask), args[6]});
-        const bool whole = c.visible.rows == rows;
-        if (!out.defined() && whole && n == 1) {  // one block over every row: the operator's own result (split keys merge it after)
+        const bool whole = rows.size() == 1 && c.visible.rows == rows[0];
+        if (!out.defined() && whole && n == 1 && calls.size() == 1) {  // one block over every row: the operator's own result (split keys merge it after)
           out = r[0];
           lse = r[1];
         } else {

@@ -57,17 +57,17 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
                      value = args[3].toTensor(), out = args[4].toTensor(), lse = args[5].toTensor();
     const c10::optional<at::Tensor> user_mask = args[8].toOptional<at::Tensor>();
     const int64_t n = plan.ring_size(), me = plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
-    const Range rows = plan.query_rows_at(me);
+    const Pieces& rows = plan.query_rows_at(me);
 
-    if (!plan.ring && !empty(query) && !empty(key)) {
-      const Range keys = plan.local_keys(me);
-      const BlockCall c = block_call(rows, keys, plan.is_causal, user_mask, query);
+    if (!plan.ring && !empty(query) && !empty(key) && rows.size() == 1 && plan.local_keys(me).size() == 1) {
+      const Range keys = plan.local_keys(me)[0];
+      const std::vector<BlockCall> calls = block_calls(rows, {keys}, plan.is_causal, user_mask, query);
       // The whole local block, placed where the operator's own call places it (a causal diagonal
       // from the first row and key; the mask's columns these keys): the operator itself, on its
       // own arguments.
-      const bool same_mask = (!plan.is_causal || (c.is_causal && rows.begin == 0)) &&
+      const bool same_mask = calls.size() == 1 && (!plan.is_causal || (calls[0].is_causal && rows[0].begin == 0)) &&
                              (!plan.keys_split || !user_mask || !user_mask->defined());
-      if (same_mask && c.visible.rows == rows && c.visible.keys == keys) {
+      if (same_mask && calls[0].visible.rows == rows[0] && calls[0].visible.keys == keys) {
         for (const c10::IValue& a : args) stack->push_back(a);
         op.callBoxed(stack);
         return;
@@ -82,10 +82,11 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
     std::map<int64_t, std::vector<at::Tensor>> parked;
     for (int64_t step = 0; step < n; ++step) {
       const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next);
-      const Range keys = plan.local_keys(held.index);
       const bool here = plan.ring ? plan.reaches(held.index, step) : true;
-      const BlockCall c = here ? block_call(rows, keys, plan.is_causal, user_mask, query) : BlockCall{};
-      if (c.visible.any && !empty(query) && !empty(held.parts[0])) {
+      const std::vector<BlockCall> calls =
+          here && !empty(query) && !empty(held.parts[0]) ? block_calls(rows, plan.local_keys(held.index), plan.is_causal, user_mask, query)
+                                                         : std::vector<BlockCall>{};
+      for (const BlockCall& c : calls) {
         const std::vector<at::Tensor> r =
             call(op, {rows_of(grad_out, c), rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), rows_of(out, c),
                       lse.narrow(2, c.row_offset, c.visible.rows.size()), args[6], c.is_causal, optional_tensor(c.mask), args[9]});

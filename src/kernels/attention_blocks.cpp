@@ -38,15 +38,22 @@ at::Tensor block_mask(const VisibleBlock& v, int64_t row_offset, const c10::opti
 at::ScalarType accumulation_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 at::ScalarType lse_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
-BlockCall block_call(Range rows, Range keys, bool is_causal, const c10::optional<at::Tensor>& user, const at::Tensor& query) {
-  BlockCall c;
-  c.visible = visible_block(rows, keys, is_causal);
-  if (!c.visible.any) return c;
-  c.row_offset = c.visible.rows.begin - rows.begin;
-  c.key_offset = c.visible.keys.begin - keys.begin;
-  c.mask = block_mask(c.visible, c.row_offset, user, query);
-  c.is_causal = c.visible.top_left && !c.mask.defined();
-  return c;
+std::vector<BlockCall> block_calls(const Pieces& rows, const Pieces& keys, bool is_causal, const c10::optional<at::Tensor>& user,
+                                   const at::Tensor& query) {
+  std::vector<BlockCall> calls;
+  const std::vector<int64_t> row_starts = local_starts(rows), key_starts = local_starts(keys);
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (size_t j = 0; j < keys.size(); ++j) {
+      BlockCall c;
+      c.visible = visible_block(rows[i], keys[j], is_causal);
+      if (!c.visible.any) continue;
+      c.row_offset = row_starts[i] + c.visible.rows.begin - rows[i].begin;
+      c.key_offset = key_starts[j] + c.visible.keys.begin - keys[j].begin;
+      c.mask = block_mask(c.visible, c.row_offset, user, query);
+      c.is_causal = c.visible.top_left && !c.mask.defined();
+      calls.push_back(std::move(c));
+    }
+  return calls;
 }
 
 // Note [Merging split keys]
@@ -91,7 +98,7 @@ std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, co
   if (receiving) {
     for (const at::Tensor& like : held.parts) {
       std::vector<int64_t> shape = like.sizes().vec();
-      shape[2] = plan.key_rows[next->index].size();
+      shape[2] = length(plan.key_rows[next->index]);
       next->parts.push_back(at::empty(shape, like.options()));
     }
   }

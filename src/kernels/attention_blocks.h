@@ -34,10 +34,13 @@ struct BlockCall {
   bool is_causal = false;  // the operator's own causal mask fits (first row meets first key, no user mask)
 };
 
-// Local rows `rows` against keys `keys` (global positions). `user` is the caller's mask over the
-// local rows and every key (the rule keeps it whole along the keys); under an offset diagonal,
-// or with a user mask, the causal part is added to the mask as -inf.
-BlockCall block_call(Range rows, Range keys, bool is_causal, const c10::optional<at::Tensor>& user, const at::Tensor& query);
+// Local rows `rows` against keys `keys` (global positions; pieces of each, see Pieces in
+// rules/attention.h): one call per pair of pieces that sees anything, offsets counted in local
+// order. `user` is the caller's mask over the local rows and every key (the rule keeps it
+// whole along the keys); under an offset diagonal, or with a user mask, the causal part is
+// added to the mask as -inf.
+std::vector<BlockCall> block_calls(const Pieces& rows, const Pieces& keys, bool is_causal, const c10::optional<at::Tensor>& user,
+                                   const at::Tensor& query);
 
 inline at::Tensor rows_of(const at::Tensor& t, const BlockCall& c) { return t.narrow(2, c.row_offset, c.visible.rows.size()); }
 inline at::Tensor keys_of(const at::Tensor& t, const BlockCall& c) { return t.narrow(2, c.key_offset, c.visible.keys.size()); }

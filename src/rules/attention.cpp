@@ -33,6 +33,8 @@
 
 #include "rules/helpers.h"
 #include "rules/registry.h"
+#include "spec/sequence_order.h"
+#include "util/strings.h"
 
 namespace shardtensor {
 namespace {
@@ -178,6 +180,39 @@ bool any_split(const Decision& d) {
   return std::any_of(d.modes.begin(), d.modes.end(), [](Mode m) { return m != Mode::Gather; });
 }
 
+std::vector<Pieces> contiguous_pieces(const std::vector<int64_t>& sizes) {
+  std::vector<Pieces> pieces;
+  for (const Range& r : sizes_to_ranges(sizes)) pieces.push_back({r});
+  return pieces;
+}
+
+std::vector<Pieces> zigzag_pieces(int64_t length, int64_t ranks) {
+  std::vector<Pieces> pieces;
+  for (int64_t r = 0; r < ranks; ++r) pieces.push_back(zigzag_positions(length, ranks, r));
+  return pieces;
+}
+
+// Causal attention under set_zigzag_causal for the sequence's mesh dim reads query, key and
+// value shards as zigzag chunks. That needs all three laid out by zigzag_shard along that mesh
+// dim (a ring); anything else raises rather than mask by the wrong positions.
+bool reads_zigzag(const OpMeta& op, const Decision& d, bool is_causal) {
+  if (!is_causal || d.seq_mesh_dim < 0 || !zigzag_causal(op.mesh(), d.seq_mesh_dim)) return false;
+  const int64_t m = d.seq_mesh_dim, n = op.mesh().size(m);
+  const std::string setting = "set_zigzag_causal is on for mesh dim " + std::to_string(m) + " of " + op.mesh().to_string();
+  TORCH_CHECK(!op.input_named("attn_mask"), op.name, ": causal attention with an explicit attn_mask is not supported while ",
+              setting, ". Turn the setting off, or fold the mask into the zigzag order yourself and pass is_causal=False.");
+  for (const char* name : {"query", "key", "value"}) {
+    const ShardTensorSpec& s = op.input_named(name)->spec;
+    const DimSharding* seq = s.sharding_of(kSeqDim);
+    const std::vector<int64_t> expected = zigzag_shard_sizes(s.shape()[kSeqDim], n);
+    const bool laid_out = d.modes[m] == Mode::Ring && seq && seq->mesh_dims == std::vector<int64_t>{m} && seq->sizes == expected;
+    TORCH_CHECK(laid_out, op.name, ": causal attention while ", setting, " needs query, key and value split on the sequence ",
+                "(dim 2) by mesh dim ", m, " only, in zigzag_shard's sizes (", join(expected, ","), " for the ", name, "); got the ", name,
+                " as ", s.to_string(), ". Lay each of them out with zigzag_shard(t, ", m, ", 2), or turn the setting off.");
+  }
+  return true;
+}
+
 AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionPlan::Pass pass) {
   AttentionPlan plan(op.mesh());
   plan.pass = pass;
@@ -188,8 +223,15 @@ AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionPlan::Pass p
   plan.keys_split = seq_mode == Mode::KeysSplit;
   const int64_t sq = d.query.shape()[kSeqDim], sk = d.key.shape()[kSeqDim];
   const bool rows_split = seq_mode == Mode::Ring || seq_mode == Mode::SeqLocal;
-  plan.query_rows = rows_split ? sizes_to_ranges(d.query.sharding_of(kSeqDim)->sizes) : std::vector<Range>{{0, sq}};
-  plan.key_rows = plan.ring || plan.keys_split ? sizes_to_ranges(d.key.sharding_of(kSeqDim)->sizes) : std::vector<Range>{{0, sk}};
+  plan.zigzag = reads_zigzag(op, d, plan.is_causal);
+  if (plan.zigzag) {
+    const int64_t n = op.mesh().size(d.seq_mesh_dim);
+    plan.query_rows = zigzag_pieces(sq, n);
+    plan.key_rows = zigzag_pieces(sk, n);
+    return plan;
+  }
+  plan.query_rows = rows_split ? contiguous_pieces(d.query.sharding_of(kSeqDim)->sizes) : std::vector<Pieces>{{{0, sq}}};
+  plan.key_rows = plan.ring || plan.keys_split ? contiguous_pieces(d.key.sharding_of(kSeqDim)->sizes) : std::vector<Pieces>{{{0, sk}}};
   return plan;
 }
 
@@ -266,10 +308,16 @@ VisibleBlock visible_block(Range rows, Range keys, bool is_causal) {
   return v;
 }
 
+bool any_visible(const Pieces& rows, const Pieces& keys, bool is_causal) {
+  for (const Range& r : rows)
+    for (const Range& k : keys)
+      if (visible_block(r, k, is_causal).any) return true;
+  return false;
+}
+
 bool AttentionPlan::computes(int64_t block, int64_t step) const {
   const int64_t n = ring_size();
-  const Range keys = ring ? key_rows[block] : key_rows[0];
-  return visible_block(query_rows_at((block + step) % n), keys, is_causal).any;
+  return any_visible(query_rows_at((block + step) % n), ring ? key_rows[block] : key_rows[0], is_causal);
 }
 
 bool AttentionPlan::sends(int64_t block, int64_t step) const {
@@ -292,14 +340,14 @@ bool AttentionPlan::any_send(int64_t step) const {
   return false;
 }
 
-Range AttentionPlan::local_keys(int64_t coordinate) const { return key_rows.size() == 1 ? key_rows[0] : key_rows[coordinate]; }
+const Pieces& AttentionPlan::local_keys(int64_t coordinate) const { return key_rows.size() == 1 ? key_rows[0] : key_rows[coordinate]; }
 
 std::string AttentionPlan::name() const {
   const std::string what = ring         ? "ring attention over mesh dim " + std::to_string(seq_mesh_dim)
                            : keys_split ? "attention on split keys over mesh dim " + std::to_string(seq_mesh_dim) +
                                               ", merged by log-sum-exp"
                                         : "local attention";
-  return what + (is_causal ? ", causal" : "") + (pass == Pass::Forward ? " (forward)" : " (backward)");
+  return what + (is_causal ? (zigzag ? ", causal on zigzag chunks" : ", causal") : "") + (pass == Pass::Forward ? " (forward)" : " (backward)");
 }
 
 std::vector<DeclaredMove> AttentionPlan::moves() const {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "rules/kernel_plan.h"
+#include "spec/sequence_order.h"  // Pieces
 
 namespace shardtensor {
 
@@ -21,6 +22,9 @@ struct VisibleBlock {
 };
 VisibleBlock visible_block(Range rows, Range keys, bool is_causal);
 
+// Any pair of a row piece and a key piece takes part in the attention.
+bool any_visible(const Pieces& rows, const Pieces& keys, bool is_causal);
+
 struct AttentionPlan : KernelPlan {
   enum class Pass { Forward, Backward };
   explicit AttentionPlan(DeviceMesh m) : mesh(std::move(m)) {}
@@ -30,15 +34,16 @@ struct AttentionPlan : KernelPlan {
   int64_t seq_mesh_dim = -1;      // the mesh dim splitting the query rows (dim 2); -1: rows whole
   bool ring = false;              // keys and values are split on seq_mesh_dim too: they travel the ring
   bool keys_split = false;        // rows whole, keys and values split on seq_mesh_dim: merged by log-sum-exp
-  std::vector<Range> query_rows;  // per coordinate along seq_mesh_dim (one entry when rows are whole)
-  std::vector<Range> key_rows;    // ring, keys_split: per coordinate along seq_mesh_dim; else one entry, [0, Sk)
+  std::vector<Pieces> query_rows;  // per coordinate along seq_mesh_dim (one entry when rows are whole)
+  std::vector<Pieces> key_rows;    // ring, keys_split: per coordinate along seq_mesh_dim; else one entry, [0, Sk)
   bool is_causal = false;
+  bool zigzag = false;             // the ring's shards are zigzag chunks (the pieces say where)
 
   // The ring's schedule (Note [Ring schedule] in attention.cpp). Step t of block b: the block is
   // on the rank b + t (mod n).
   int64_t ring_size() const { return ring ? static_cast<int64_t>(key_rows.size()) : 1; }
-  Range query_rows_at(int64_t coordinate) const { return query_rows.size() == 1 ? query_rows[0] : query_rows[coordinate]; }
-  Range local_keys(int64_t coordinate) const;  // the keys the rank at `coordinate` holds before any pass
+  const Pieces& query_rows_at(int64_t coordinate) const { return query_rows.size() == 1 ? query_rows[0] : query_rows[coordinate]; }
+  const Pieces& local_keys(int64_t coordinate) const;  // the keys the rank at `coordinate` holds before any pass
   bool computes(int64_t block, int64_t step) const;  // the rank holding it at `step` attends to it
   bool sends(int64_t block, int64_t step) const;     // after `step`, it moves on to the next rank
   bool reaches(int64_t block, int64_t step) const;   // it is on its rank at `step` (step 0: its owner)

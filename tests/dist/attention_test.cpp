@@ -322,6 +322,87 @@ TEST(Attention, WholeRowsAgainstSplitKeysMergeByOneGatherOfStatistics) {
   EXPECT_EQ(spec(k.grad()).placements(), (Placements{Shard(2)}));
 }
 
+// Zigzag chunks (load-balanced causal attention): Q, K and V sharded in order, moved to zigzag
+// chunks, attended under ZigzagCausal and moved back equal one process, values and the three
+// gradients. Lengths: a multiple of 2n, an uneven one, and fewer positions than chunks (empty
+// chunks, so empty shards); grouped heads in the uneven case.
+TEST(Attention, ZigzagCausalRingMatchesOneProcess) {
+  SKIP_WITHOUT_SDPA();
+  const int64_t n = mesh_1d().size(0);
+  const int64_t b = 1, h = 4, d = 8;
+  uint64_t seed = 80;
+  for (const auto& [s, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{6 * n, 4}, {6 * n + 2 * n - 1, 2}, {n, 4}}) {
+    const at::Tensor q = draw({b, h, s, d}, seed), k = draw({b, kv_heads, s, d}, seed + 1), v = draw({b, kv_heads, s, d}, seed + 2),
+                     grad = draw({b, h, s, d}, seed + 3);
+    seed += 4;
+    const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(), rv = v.clone().requires_grad_();
+    const at::Tensor expected = sdpa(rq, rk, rv, /*is_causal=*/true);
+    (expected * grad).sum().backward();
+
+    auto leaf = [&](const at::Tensor& t) { return distribute_tensor(t, mesh_1d(), {Shard(2)}).requires_grad_(); };
+    const at::Tensor sq = leaf(q), sk = leaf(k), sv = leaf(v);
+    const std::string where = "S = " + std::to_string(s) + ", " + std::to_string(kv_heads) + " key heads";
+    {
+      ZigzagCausal scope(mesh_1d(), 0);
+      const at::Tensor zq = zigzag_shard(sq, 0, 2), zk = zigzag_shard(sk, 0, 2), zv = zigzag_shard(sv, 0, 2);
+      EXPECT_EQ(spec(zq).sharding_of(2)->sizes, zigzag_shard_sizes(s, n)) << where;
+      const at::Tensor zout = sdpa(zq, zk, zv, /*is_causal=*/true);
+      EXPECT_EQ(spec(zout).sharding_of(2)->sizes, zigzag_shard_sizes(s, n)) << where;
+      const at::Tensor out = zigzag_unshard(zout, 0, 2);
+      EXPECT_EQ(spec(out).sharding_of(2)->sizes, chunk_sizes(s, n)) << where;
+      expect_close(out, expected.detach(), "output, " + where);
+      (out * distribute_tensor(grad, mesh_1d(), {Shard(2)})).sum().backward();
+    }
+    expect_close(sq.grad(), rq.grad(), "query gradient, " + where);
+    expect_close(sk.grad(), rk.grad(), "key gradient, " + where);
+    expect_close(sv.grad(), rv.grad(), "value gradient, " + where);
+  }
+}
+
+// zigzag_shard cuts a replicated sequence locally (no message), moves a sharded one in one
+// batch, and zigzag_unshard undoes it exactly, for any split the source had. Contiguous shards
+// under the setting raise on every rank instead of masking by the wrong positions.
+TEST(Attention, ZigzagLayoutMovesOnceAndUndoes) {
+  SKIP_WITHOUT_SDPA();
+  const int64_t n = mesh_1d().size(0), s = 5 * n + 1;
+  const at::Tensor x = draw({2, 3, s, 4}, 90);
+  {
+    const at::Tensor replicated = distribute_tensor(x, mesh_1d(), {Replicate()});
+    CommDebugMode comms;
+    const at::Tensor z = zigzag_shard(replicated, 0, 2);
+    EXPECT_EQ(comms.total(), 0) << comms.table();
+    const int64_t me = mesh_1d().coordinate()[0];
+    const std::vector<int64_t> chunks = zigzag_chunk_lengths(s, n);
+    int64_t early = 0, late = 0;
+    for (int64_t c = 0; c < me; ++c) early += chunks[c];
+    for (int64_t c = 0; c < 2 * n - 1 - me; ++c) late += chunks[c];
+    const at::Tensor mine = at::cat({x.narrow(2, early, chunks[me]), x.narrow(2, late, chunks[2 * n - 1 - me])}, 2);
+    EXPECT_TRUE(at::equal(to_local(z), mine));
+  }
+  const std::vector<int64_t> sizes = with_an_empty_shard(n);  // uneven source, one shard empty
+  const at::Tensor y = draw({2, 3, total(sizes), 4}, 92);
+  const at::Tensor z = [&] {
+    const at::Tensor src = distribute_tensor(y, mesh_1d(), {Shard(2)}, ShardSizes{{2, sizes}});
+    CommDebugMode comms;
+    at::Tensor out = zigzag_shard(src, 0, 2);
+    EXPECT_EQ(comms.count("zigzag"), n > 1 ? 1 : 0) << comms.table();
+    EXPECT_EQ(comms.total(), n > 1 ? 1 : 0) << comms.table();
+    return out;
+  }();
+  EXPECT_EQ(spec(z).sharding_of(2)->sizes, zigzag_shard_sizes(total(sizes), n));
+  EXPECT_TRUE(at::equal(full_tensor(zigzag_unshard(z, 0, 2)), y));
+  if (n > 1) {
+    ZigzagCausal scope(mesh_1d(), 0);
+    const at::Tensor q = distribute_tensor(draw({1, 2, s, 4}, 91), mesh_1d(), {Shard(2)});
+    try {
+      sdpa(q, q, q, /*is_causal=*/true);
+      ADD_FAILURE() << "contiguous shards under ZigzagCausal did not raise";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("zigzag_shard"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // The operator sweep's attention cases (op_sweep_test.cpp lays every input out at random:
 // sequence, batch, heads, the head dim, replicated, Partial, on 1-D and 2-D meshes).
 std::vector<Case> shardtensor::testing::attention_cases() {

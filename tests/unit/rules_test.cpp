@@ -477,7 +477,7 @@ TEST(AttentionRules, CausalRingScheduleMovesNoBlockAboveTheDiagonal) {
   AttentionPlan plan(DeviceMesh::without_comms({4}, 0));
   plan.ring = plan.is_causal = true;
   plan.seq_mesh_dim = 0;
-  plan.query_rows = plan.key_rows = {{0, 3}, {3, 6}, {6, 9}, {9, 12}};
+  plan.query_rows = plan.key_rows = {{{0, 3}}, {{3, 6}}, {{6, 9}}, {{9, 12}}};
   // Block b is needed by ranks b..3: it moves after steps 0..2-b and stops on rank 3.
   for (int64_t b = 0; b < 4; ++b)
     for (int64_t step = 0; step < 4; ++step) {
@@ -493,6 +493,50 @@ TEST(AttentionRules, CausalRingScheduleMovesNoBlockAboveTheDiagonal) {
   EXPECT_EQ(v.keys, (Range{2, 8}));
   EXPECT_FALSE(visible_block({0, 3}, {3, 6}, true).any);
   EXPECT_TRUE(visible_block({3, 6}, {3, 6}, true).top_left);
+}
+
+// Zigzag chunks balance a causal ring: every rank computes about the same share of the
+// visible (row, key) pairs, where contiguous shards leave the last rank 2n - 1 times the first's.
+TEST(AttentionRules, ZigzagChunksBalanceTheCausalWork) {
+  const int64_t n = 4, length = 64;
+  auto work = [&](const AttentionPlan& plan, int64_t rank) {
+    int64_t pairs = 0;
+    for (const Range& rows : plan.query_rows[rank])
+      for (int64_t block = 0; block < n; ++block)
+        for (const Range& keys : plan.key_rows[block])
+          for (int64_t i = rows.begin; i < rows.end; ++i) pairs += std::max<int64_t>(0, std::min(keys.end, i + 1) - keys.begin);
+    return pairs;
+  };
+  AttentionPlan contiguous(DeviceMesh::without_comms({n}, 0)), zigzag(DeviceMesh::without_comms({n}, 0));
+  contiguous.ring = zigzag.ring = contiguous.is_causal = zigzag.is_causal = true;
+  for (int64_t r = 0; r < n; ++r) {
+    contiguous.query_rows.push_back({{r * length / n, (r + 1) * length / n}});
+    zigzag.query_rows.push_back(zigzag_positions(length, n, r));
+  }
+  contiguous.key_rows = contiguous.query_rows;
+  zigzag.key_rows = zigzag.query_rows;
+  EXPECT_EQ(zigzag.query_rows[1], (Pieces{{8, 16}, {48, 56}}));
+  EXPECT_EQ(work(contiguous, 0), 16 * 17 / 2);
+  EXPECT_EQ(work(contiguous, n - 1), (49 + 64) * 16 / 2);  // 6.6 times rank 0's
+  for (int64_t r = 0; r < n; ++r) EXPECT_EQ(work(zigzag, r), 520) << "rank " << r;  // chunks c and 7 - c: 64c + 36 each
+  // Every block is needed on every rank (each holds a late chunk): it goes all the way round.
+  for (int64_t b = 0; b < n; ++b) EXPECT_EQ(zigzag.last_step(b), n - 1);
+}
+
+TEST(AttentionRules, ZigzagSettingMakesTheCausalRingReadChunks) {
+  SKIP_WITHOUT_FLASH_ATTENTION();
+  const auto zz = spec({4}, {Shard(2)}, {1, 2, 10, 8}, {{2, zigzag_shard_sizes(10, 4)}});
+  const auto contiguous = spec({4}, {Shard(2)}, {1, 2, 10, 8});
+  EXPECT_EQ(zigzag_shard_sizes(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));  // chunks 2,2,1,1,1,1,1,1
+  ZigzagCausal scope(zz.mesh(), 0);
+  EXPECT_EQ(attention(zz, zz, /*is_causal=*/true).kernel, "ring attention over mesh dim 0, causal on zigzag chunks (forward)");
+  EXPECT_EQ(attention(zz, zz, /*is_causal=*/false).kernel, "ring attention over mesh dim 0 (forward)");  // positions do not matter
+  try {
+    attention(contiguous, contiguous, /*is_causal=*/true);
+    ADD_FAILURE() << "contiguous shards under the zigzag setting did not raise";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("zigzag_shard's sizes (3,3,2,2"), std::string::npos) << e.what();
+  }
 }
 
 // ---- every rule family is in this file ----

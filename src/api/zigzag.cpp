@@ -1,0 +1,186 @@
+// zigzag_shard and zigzag_unshard (shardtensor/context_parallel.h): the sequence moved between
+// contiguous shards and zigzag chunks along one mesh dim, in one message batch, differentiably.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+
+#include "autograd/grad_fn.h"
+#include "comm/comm.h"
+#include "dispatch/relayout.h"
+#include "dispatch/shard_tensor_impl.h"
+#include "rules/helpers.h"
+#include "shardtensor/context_parallel.h"
+#include "shardtensor/shard_tensor.h"
+#include "spec/sequence_order.h"
+#include "util/strings.h"
+
+namespace shardtensor {
+namespace {
+
+// One run of positions that moves from rank `peer`'s local order to this rank's, or back.
+struct Part {
+  int64_t from_start, to_start, size;  // local offsets on the sending and the receiving rank; length
+};
+
+// The parts that rank `sender` sends rank `receiver`, in the order the receiver lays them out:
+// each piece of the receiver's new order, met by each piece the sender holds now.
+std::vector<Part> parts_between(int64_t sender, int64_t receiver, const std::vector<Pieces>& from, const std::vector<Pieces>& to) {
+  std::vector<Part> parts;
+  const std::vector<int64_t> to_starts = local_starts(to[receiver]), from_starts = local_starts(from[sender]);
+  for (size_t a = 0; a < to[receiver].size(); ++a)
+    for (size_t b = 0; b < from[sender].size(); ++b) {
+      const Range both = intersect(to[receiver][a], from[sender][b]);
+      if (both.size() == 0) continue;
+      parts.push_back({from_starts[b] + both.begin - from[sender][b].begin, to_starts[a] + both.begin - to[receiver][a].begin,
+                       both.size()});
+    }
+  return parts;
+}
+
+// This rank's `local` (its sequence on dim `seq_dim` in the order `from[me]`) rearranged to
+// `to[me]`: every rank of `comm` sends each other the positions they hold and the other needs,
+// in one announced message batch (so a rank running another exchange is caught before any byte
+// lands). `from` and `to` are per group rank, the same on every rank.
+at::Tensor move_sequence(const at::Tensor& local, int64_t seq_dim, Comm& comm, const std::vector<Pieces>& from,
+                         const std::vector<Pieces>& to) {
+  const int64_t n = comm.size(), me = comm.rank();
+  std::vector<int64_t> shape = local.sizes().vec();
+  shape[seq_dim] = length(to[me]);
+  const at::Tensor out = at::empty(shape, local.options());
+  int64_t position_bytes = static_cast<int64_t>(local.element_size());  // alike on the group's ranks
+  for (int64_t d = 0; d < local.dim(); ++d)
+    if (d != seq_dim) position_bytes *= local.size(d);
+  for (const Part& p : parts_between(me, me, from, to))
+    out.narrow(seq_dim, p.to_start, p.size).copy_(local.narrow(seq_dim, p.from_start, p.size));
+
+  bool any_moves = false;  // decided from `from` and `to` alone: alike on every rank
+  for (int64_t s = 0; s < n && !any_moves; ++s)
+    for (int64_t d = 0; d < n && !any_moves; ++d) any_moves = s != d && !parts_between(s, d, from, to).empty();
+  if (!any_moves) return out;
+
+  std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0);
+  std::vector<std::vector<Part>> sends(n), receives(n);
+  for (int64_t peer = 0; peer < n; ++peer) {
+    if (peer == me) continue;
+    sends[peer] = parts_between(me, peer, from, to);
+    receives[peer] = parts_between(peer, me, from, to);
+    for (const Part& p : sends[peer]) bytes_to[peer] += p.size * position_bytes;
+    for (const Part& p : receives[peer]) bytes_from[peer] += p.size * position_bytes;
+  }
+  auto messages = comm.start_messages("zigzag");
+  messages->announce(bytes_to, bytes_from);
+  std::vector<std::pair<at::Tensor, at::Tensor>> landed;  // (receive buffer, where it goes)
+  for (int64_t peer = 0; peer < n; ++peer) {
+    for (const Part& p : receives[peer]) {
+      at::Tensor into = out.narrow(seq_dim, p.to_start, p.size);
+      at::Tensor buffer = into.is_contiguous() ? into : at::empty(into.sizes(), into.options());
+      messages->receive(peer, buffer);
+      if (!into.is_contiguous()) landed.emplace_back(buffer, into);
+    }
+    for (const Part& p : sends[peer]) messages->send(peer, local.narrow(seq_dim, p.from_start, p.size).contiguous());
+  }
+  messages->wait();
+  for (auto& [buffer, into] : landed) into.copy_(buffer);
+  return out;
+}
+
+std::vector<Pieces> contiguous(const std::vector<int64_t>& sizes) {
+  std::vector<Pieces> pieces;
+  for (const Range& r : sizes_to_ranges(sizes)) pieces.push_back({r});
+  return pieces;
+}
+
+std::vector<Pieces> zigzag(int64_t length, int64_t ranks) {
+  std::vector<Pieces> pieces;
+  for (int64_t r = 0; r < ranks; ++r) pieces.push_back(zigzag_positions(length, ranks, r));
+  return pieces;
+}
+
+struct Geometry {
+  ShardTensorSpec ordered, zigzagged;  // the sequence split along mesh_dim in order, and as zigzag chunks
+  std::vector<Pieces> ordered_pieces, zigzag_pieces;
+};
+
+// Checks the arguments (alike on every rank: they read specs only) and lays out both orders.
+// The in-order split keeps the tensor's sizes where the mesh dim already splits the sequence,
+// and takes torch.chunk's otherwise.
+Geometry geometry(const char* api, const ShardTensorSpec& s, int64_t mesh_dim, int64_t& seq_dim) {
+  const DeviceMesh& mesh = s.mesh();
+  TORCH_CHECK(mesh_dim >= 0 && mesh_dim < mesh.ndim(), api, ": mesh_dim ", mesh_dim, " is not a dim of ", mesh, " (0 to ",
+              mesh.ndim() - 1, ").");
+  TORCH_CHECK(seq_dim >= -s.ndim() && seq_dim < s.ndim(), api, ": seq_dim ", seq_dim, " is not a dim of the ", s.ndim(),
+              "-d tensor ", s, ".");
+  if (seq_dim < 0) seq_dim += s.ndim();
+  for (int64_t m = 0; m < mesh.ndim(); ++m)
+    TORCH_CHECK(m == mesh_dim || !s.placements()[m].is_shard(seq_dim), api, ": mesh dim ", m, " also splits the sequence (dim ",
+                seq_dim, ") of ", s, "; only mesh dim ", mesh_dim, " may. Redistribute that mesh dim first.");
+  const int64_t n = mesh.size(mesh_dim), length_ = s.shape()[seq_dim];
+  Placements ps = s.placements();
+  ps[mesh_dim] = Shard(seq_dim);
+  const ShardTensorSpec ordered = with_placements(s, ps);
+  return {ordered, with_dim_sizes(ordered, seq_dim, zigzag_shard_sizes(length_, n)), contiguous(ordered.sharding_of(seq_dim)->sizes),
+          zigzag(length_, n)};
+}
+
+at::Tensor moved(const at::Tensor& t, int64_t mesh_dim, int64_t seq_dim, const ShardTensorSpec& target, const std::vector<Pieces>& from,
+                 const std::vector<Pieces>& to) {
+  const ShardTensorSpec& source = spec(t);
+  at::Tensor local = move_sequence(shard_tensor_impl(t)->local(), seq_dim, source.mesh().comm(mesh_dim), from, to);
+  return make_shard_tensor(std::move(local), target);
+}
+
+// The positions this rank keeps of a sequence it holds whole (replicated along the mesh dim).
+at::Tensor cut(const at::Tensor& whole, int64_t seq_dim, const Pieces& pieces) {
+  std::vector<at::Tensor> parts;
+  for (const Range& p : pieces) parts.push_back(whole.narrow(seq_dim, p.begin, p.size()));
+  return at::cat(parts, seq_dim);
+}
+
+}  // namespace
+
+at::Tensor zigzag_shard(const at::Tensor& t, int64_t mesh_dim, int64_t seq_dim) {
+  const ShardTensorSpec& s = spec(t);
+  const Geometry g = geometry("zigzag_shard", s, mesh_dim, seq_dim);
+  at::Tensor out;
+  if (!s.mesh().includes_this_rank()) {
+    out = make_shard_tensor(shard_tensor_impl(t)->local(), g.zigzagged);
+  } else if (s.placements()[mesh_dim].is_replicate()) {  // each rank cuts its chunks out: nothing moves
+    const int64_t me = s.mesh().coordinate()[mesh_dim];
+    out = make_shard_tensor(cut(shard_tensor_impl(t)->local(), seq_dim, g.zigzag_pieces[me]), g.zigzagged);
+  } else {
+    const at::Tensor ordered = move_to(t.detach(), g.ordered);
+    out = moved(ordered, mesh_dim, seq_dim, g.zigzagged, g.ordered_pieces, g.zigzag_pieces);
+  }
+  const ShardTensorSpec grad_target = gradient_layout(s);
+  return attach_grad_fn(
+      out, t,
+      [g, grad_target, mesh_dim, seq_dim](const at::Tensor& grad) {
+        const at::Tensor zz = spec(grad) == g.zigzagged ? grad : move_to(grad, g.zigzagged);
+        return move_to(moved(zz, mesh_dim, seq_dim, g.ordered, g.zigzag_pieces, g.ordered_pieces), grad_target);
+      },
+      "ZigzagShardBackward");
+}
+
+at::Tensor zigzag_unshard(const at::Tensor& t, int64_t mesh_dim, int64_t seq_dim) {
+  const ShardTensorSpec& s = spec(t);
+  Geometry g = geometry("zigzag_unshard", s, mesh_dim, seq_dim);
+  TORCH_CHECK(s == g.zigzagged, "zigzag_unshard: expects a tensor laid out by zigzag_shard along mesh dim ", mesh_dim,
+              " (the sequence, dim ", seq_dim, ", split in the sizes ", join(g.zigzagged.sharding_of(seq_dim)->sizes, ","), "); got ", s,
+              ".");
+  const int64_t n = s.mesh().size(mesh_dim);
+  g.ordered = with_dim_sizes(g.ordered, seq_dim, chunk_sizes(s.shape()[seq_dim], n));
+  g.ordered_pieces = contiguous(g.ordered.sharding_of(seq_dim)->sizes);
+  const at::Tensor out = s.mesh().includes_this_rank()
+                             ? moved(t.detach(), mesh_dim, seq_dim, g.ordered, g.zigzag_pieces, g.ordered_pieces)
+                             : make_shard_tensor(shard_tensor_impl(t)->local(), g.ordered);
+  return attach_grad_fn(
+      out, t,
+      [g, mesh_dim, seq_dim](const at::Tensor& grad) {
+        const at::Tensor ordered = spec(grad) == g.ordered ? grad : move_to(grad, g.ordered);
+        return moved(ordered, mesh_dim, seq_dim, g.zigzagged, g.ordered_pieces, g.zigzag_pieces);
+      },
+      "ZigzagUnshardBackward");
+}
+
+}  // namespace shardtensor
