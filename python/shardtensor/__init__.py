@@ -30,6 +30,7 @@ from ._tensor import (
     to_dtensor,
 )
 from ._factories import empty, full, manual_seed, ones, rand, randn, zeros
+from .context_parallel import set_zigzag_causal, zigzag_causal, zigzag_shard, zigzag_shard_sizes, zigzag_unshard
 from ._debug import (
     CommDebugMode,
     explain_redistribute,
@@ -59,5 +60,6 @@ __all__ = [
     "built_with_nccl", "describe", "distribute_tensor", "empty", "explain_redistribute", "fallback_operators",
     "from_dtensor", "from_local", "full", "implicit_replication", "init_device_mesh", "is_shard_tensor",
     "is_strict", "layout_table", "local_map", "manual_seed", "ones", "propagated_operators", "rand", "randn",
-    "scatter_tensor", "set_strict", "strict", "to_dtensor", "visualize_sharding", "zeros",
+    "scatter_tensor", "set_strict", "set_zigzag_causal", "strict", "to_dtensor", "visualize_sharding", "zeros",
+    "zigzag_causal", "zigzag_shard", "zigzag_shard_sizes", "zigzag_unshard",
 ]

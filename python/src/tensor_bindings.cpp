@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "bindings.h"
+#include "shardtensor/context_parallel.h"
 #include "shardtensor/dispatch.h"
 #include "shardtensor/factories.h"
 #include "shardtensor/redistribute.h"
@@ -95,6 +96,14 @@ void bind_tensor(py::module_& m) {
       },
       py::arg("tensor"), py::arg("src"), py::arg("mesh"), py::arg("placements"), py::arg("requires_grad"),
       py::call_guard<py::gil_scoped_release>());
+
+  // Load-balanced causal attention (shardtensor/context_parallel.h).
+  m.def("zigzag_shard", &zigzag_shard, py::arg("t"), py::arg("mesh_dim"), py::arg("seq_dim"), py::call_guard<py::gil_scoped_release>());
+  m.def("zigzag_unshard", &zigzag_unshard, py::arg("t"), py::arg("mesh_dim"), py::arg("seq_dim"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("zigzag_shard_sizes", &zigzag_shard_sizes, py::arg("length"), py::arg("ranks"));
+  m.def("set_zigzag_causal", &set_zigzag_causal, py::arg("mesh"), py::arg("mesh_dim"), py::arg("on"));
+  m.def("zigzag_causal", &zigzag_causal, py::arg("mesh"), py::arg("mesh_dim"));
 
   // Layout queries: no communication.
   m.def("placements", [](const at::Tensor& t) { return encode_placements(spec(t).placements()); }, py::arg("t"));

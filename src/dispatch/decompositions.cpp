@@ -1,6 +1,7 @@
 #include "dispatch/decompositions.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ops/linear_native.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -109,6 +110,20 @@ at::Tensor circular_pad(const at::Tensor& self, c10::IntArrayRef pad) {
     periodic_halo = !s || s->mesh_dims.size() == 1;
   }
   return periodic_halo ? PeriodicHaloPad::apply(self, pad.vec()) : circular_pad_by_cat(self, pad);
+}
+
+at::Tensor linear_keeping_split_rows(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  int64_t split = -1, split_leading_dims = 0;
+  if (const ShardTensorImpl* impl = shard_tensor_impl(input); impl && input.dim() >= 3) {
+    for (const DimSharding& s : impl->spec().shardings())
+      if (s.tensor_dim < input.dim() - 1) {
+        split = s.tensor_dim;
+        ++split_leading_dims;
+      }
+  }
+  // Two split leading dims cannot both survive a flattening either way: libtorch's, which gathers.
+  if (split <= 0 || split_leading_dims != 1) return at::native::linear(input, weight, bias);
+  return at::native::linear(input.movedim(split, 0), weight, bias).movedim(0, split);
 }
 
 at::Tensor dist_as_norm(const at::Tensor& self, const at::Tensor& other, const at::Scalar& p) {

@@ -24,6 +24,14 @@ at::Tensor circular_pad(const at::Tensor& self, c10::IntArrayRef pad);
 // PrivateUse1, where autograd is off (inference mode), so it never gathers.
 at::Tensor dist_as_norm(const at::Tensor& self, const at::Tensor& other, const at::Scalar& p);
 
+// linear(input, weight, bias) on a ShardTensor input of 3 or more dims whose one split leading
+// dim is not the first ([B, S, E] split on the sequence, as context parallelism lays it out).
+// libtorch's decomposition flattens the leading dims with a view, and a flattening cannot keep
+// an inner dim's split, so every linear layer would gather the sequence. linear treats rows
+// alike, so moving the split dim to the front first keeps the split through the flattening
+// (a local copy, no message); the result moves back. Other inputs take libtorch's own.
+at::Tensor linear_keeping_split_rows(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);
+
 // Registers the `.vec` upsample overloads (output size or scale factors) as their sized
 // overloads, computing the output size as libtorch does, on the libtorch lines where they do
 // not decompose by themselves (SHARDTENSOR_DECOMPOSES_UPSAMPLE_VEC); elsewhere a no-op.
