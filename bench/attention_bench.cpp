@@ -4,7 +4,10 @@
 // process. Also the peak memory each rank adds during a step (VmHWM after resetting it through
 // /proc/self/clear_refs), next to the gathered K/V it would hold otherwise, for the whole step
 // and for the forward alone without autograd (what the attention itself holds).
-// Run: shardrun -n 4 build-torch2/bench/attention_bench (and -n 2); results in bench/RESULTS.md.
+// With --causal: is_causal, and the ring on zigzag chunks (load-balanced, ZigzagCausal) beside
+// the ring on contiguous shards, whose last rank computes 2n - 1 times the first's share.
+// Run: shardrun -n 4 build-torch2/bench/attention_bench [--causal] (and -n 2); results in
+// bench/RESULTS.md.
 // On libtorch 1.13, which has no SDPA, it prints why it skips and exits 0.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -30,8 +33,10 @@ auto sdpa_op() {  // c10::optional on libtorch 1.13, std::optional on 2.x
   return c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""});
 }
 
+bool is_causal = false;  // --causal
+
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  torch::jit::Stack stack{q, k, v, c10::IValue(), 0.0, false, c10::IValue(), false};
+  torch::jit::Stack stack{q, k, v, c10::IValue(), 0.0, is_causal, c10::IValue(), false};
   sdpa_op()->callBoxed(&stack);
   return stack.back().toTensor();
 }
@@ -75,8 +80,45 @@ Timing measure(const std::function<void()>& step, const std::function<void()>& s
 
 }  // namespace
 
-int main() {
+// The causal comparison: contiguous shards against zigzag chunks, both rings, and gather-then-attend.
+void causal_section(const DeviceMesh& mesh, int64_t b, int64_t h, int64_t d) {
+  const int64_t ranks = mesh.size(0), rank = mesh.coordinate()[0];
+  const auto barrier = [&] { mesh.comm(0).barrier(); };
+  for (int64_t s : {4096, 16384}) {
+    const int timed = s > 8192 ? 2 : 9;
+    at::manual_seed(0);
+    const at::Tensor q = at::randn({b, h, s, d}), k = at::randn({b, h, s, d}), v = at::randn({b, h, s, d}),
+                     g = at::randn({b, h, s, d});
+    Timing single;
+    if (rank == 0) {
+      const at::Tensor pq = q.clone().requires_grad_(), pk = k.clone().requires_grad_(), pv = v.clone().requires_grad_();
+      single = measure([&] { sdpa(pq, pk, pv).backward(g); }, [] {}, timed);
+    }
+    barrier();
+    const auto split = [&](const at::Tensor& t) { return distribute_tensor(t, mesh, {Shard(2)}); };
+    const at::Tensor sq = split(q).requires_grad_(), sk = split(k).requires_grad_(), sv = split(v).requires_grad_(), sg = split(g);
+    const at::Tensor zq = zigzag_shard(split(q), 0, 2).requires_grad_(), zk = zigzag_shard(split(k), 0, 2).requires_grad_(),
+                     zv = zigzag_shard(split(v), 0, 2).requires_grad_(), zg = zigzag_shard(sg, 0, 2);
+    const Timing contiguous = measure([&] { sdpa(sq, sk, sv).backward(sg); }, barrier, timed);
+    Timing zigzag;
+    {
+      ZigzagCausal scope(mesh, 0);
+      zigzag = measure([&] { sdpa(zq, zk, zv).backward(zg); }, barrier, timed);
+    }
+    const Timing gather = measure(
+        [&] { sdpa(sq, redistribute(sk, mesh, {Replicate()}), redistribute(sv, mesh, {Replicate()})).backward(sg); }, barrier,
+        timed);
+    if (rank == 0)
+      std::printf("  causal S=%lld: one process %.0f ms | ring, contiguous shards %.0f ms | ring, zigzag chunks %.0f ms | "
+                  "gather-then-attend %.0f ms | zigzag/contiguous %.2f | zigzag/gather %.2f | zigzag/one process %.2f\n",
+                  static_cast<long long>(s), single.ms, contiguous.ms, zigzag.ms, gather.ms, zigzag.ms / contiguous.ms,
+                  zigzag.ms / gather.ms, zigzag.ms / single.ms);
+  }
+}
+
+int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+  is_causal = argc > 1 && std::string(argv[1]) == "--causal";
   if (!sdpa_op()) {
     std::printf("attention_bench: skipped: aten::scaled_dot_product_attention does not exist in this libtorch (torch 2.0+)\n");
     return 0;
@@ -85,6 +127,13 @@ int main() {
   const int64_t ranks = mesh.size(0), rank = mesh.coordinate()[0];
   const int64_t b = 1, h = 2, d = 32;
   const auto barrier = [&] { mesh.comm(0).barrier(); };
+  if (is_causal) {
+    if (rank == 0)
+      std::printf("causal SDPA fwd+bwd, [B, H, S, D] = [%lld, %lld, S, %lld] float32, Q/K/V split over S on %lld ranks\n",
+                  static_cast<long long>(b), static_cast<long long>(h), static_cast<long long>(d), static_cast<long long>(ranks));
+    causal_section(mesh, b, h, d);
+    return 0;
+  }
   if (rank == 0)
     std::printf("SDPA fwd+bwd, [B, H, S, D] = [%lld, %lld, S, %lld] float32, Q/K/V split over S on %lld ranks\n",
                 static_cast<long long>(b), static_cast<long long>(h), static_cast<long long>(d), static_cast<long long>(ranks));

@@ -1,6 +1,7 @@
 // See comm_debug.h and CommDebugMode in shardtensor/dispatch.h.
 #include "comm/comm_debug.h"
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
@@ -54,11 +55,18 @@ int64_t CommDebugMode::count(const std::string& kind) const {
 }
 
 std::string CommDebugMode::table() const {
+  // Columns as wide as their longest entry (operator names reach 50 characters), two apart.
+  size_t op_width = std::string("operator").size(), kind_width = std::string("collective").size();
+  for (const auto& op : by_operator_) {
+    op_width = std::max(op_width, op.first.size());
+    for (const auto& kind : op.second) kind_width = std::max(kind_width, kind.first.size());
+  }
+  const int a = static_cast<int>(op_width + 2), b = static_cast<int>(kind_width + 2);
   std::ostringstream os;
-  os << std::left << std::setw(40) << "operator" << std::setw(16) << "collective" << "count\n";
+  os << std::left << std::setw(a) << "operator" << std::setw(b) << "collective" << "count\n";
   for (const auto& op : by_operator_)
-    for (const auto& kind : op.second) os << std::setw(40) << op.first << std::setw(16) << kind.first << kind.second << "\n";
-  os << std::setw(56) << "total" << total() << " (" << bytes_ << " bytes sent by this rank)\n";
+    for (const auto& kind : op.second) os << std::setw(a) << op.first << std::setw(b) << kind.first << kind.second << "\n";
+  os << std::setw(a + b) << "total" << total() << " (" << bytes_ << " bytes sent by this rank)\n";
   return os.str();
 }
 

@@ -25,7 +25,9 @@
 //   - anything else (the head dim D split, a second mesh dim splitting the sequence): the
 //     inputs are gathered on that mesh dim.
 // Under is_causal the kernel places every block by the global offsets of its shards (uneven
-// sizes and empty shards included); see VisibleBlock in attention.h.
+// sizes and empty shards included); see VisibleBlock in attention.h. Under set_zigzag_causal
+// for the ring's mesh dim (shardtensor/context_parallel.h) each shard is two pieces, the zigzag
+// chunks, and the kernel places each pair of pieces alike.
 #include "rules/attention.h"
 
 #include <algorithm>
