@@ -85,18 +85,6 @@ at::Tensor move_sequence(const at::Tensor& local, int64_t seq_dim, Comm& comm, c
   return out;
 }
 
-std::vector<Pieces> contiguous(const std::vector<int64_t>& sizes) {
-  std::vector<Pieces> pieces;
-  for (const Range& r : sizes_to_ranges(sizes)) pieces.push_back({r});
-  return pieces;
-}
-
-std::vector<Pieces> zigzag(int64_t length, int64_t ranks) {
-  std::vector<Pieces> pieces;
-  for (int64_t r = 0; r < ranks; ++r) pieces.push_back(zigzag_positions(length, ranks, r));
-  return pieces;
-}
-
 struct Geometry {
   ShardTensorSpec ordered, zigzagged;  // the sequence split along mesh_dim in order, and as zigzag chunks
   std::vector<Pieces> ordered_pieces, zigzag_pieces;
@@ -115,19 +103,20 @@ Geometry geometry(const char* api, const ShardTensorSpec& s, int64_t mesh_dim, i
   for (int64_t m = 0; m < mesh.ndim(); ++m)
     TORCH_CHECK(m == mesh_dim || !s.placements()[m].is_shard(seq_dim), api, ": mesh dim ", m, " also splits the sequence (dim ",
                 seq_dim, ") of ", s, "; only mesh dim ", mesh_dim, " may. Redistribute that mesh dim first.");
-  const int64_t n = mesh.size(mesh_dim), length_ = s.shape()[seq_dim];
+  const int64_t n = mesh.size(mesh_dim), seq_length = s.shape()[seq_dim];
   Placements ps = s.placements();
   ps[mesh_dim] = Shard(seq_dim);
   const ShardTensorSpec ordered = with_placements(s, ps);
-  return {ordered, with_dim_sizes(ordered, seq_dim, zigzag_shard_sizes(length_, n)), contiguous(ordered.sharding_of(seq_dim)->sizes),
-          zigzag(length_, n)};
+  return {ordered, with_dim_sizes(ordered, seq_dim, zigzag_shard_sizes(seq_length, n)), contiguous_pieces(ordered.sharding_of(seq_dim)->sizes),
+          zigzag_pieces(seq_length, n)};
 }
 
 at::Tensor moved(const at::Tensor& t, int64_t mesh_dim, int64_t seq_dim, const ShardTensorSpec& target, const std::vector<Pieces>& from,
                  const std::vector<Pieces>& to) {
-  const ShardTensorSpec& source = spec(t);
-  at::Tensor local = move_sequence(shard_tensor_impl(t)->local(), seq_dim, source.mesh().comm(mesh_dim), from, to);
-  return make_shard_tensor(std::move(local), target);
+  const DeviceMesh& mesh = spec(t).mesh();
+  const at::Tensor& local = shard_tensor_impl(t)->local();
+  if (!mesh.includes_this_rank()) return make_shard_tensor(local, target);  // no piece here, and no part in the batch
+  return make_shard_tensor(move_sequence(local, seq_dim, mesh.comm(mesh_dim), from, to), target);
 }
 
 // The positions this rank keeps of a sequence it holds whole (replicated along the mesh dim).
@@ -143,9 +132,7 @@ at::Tensor zigzag_shard(const at::Tensor& t, int64_t mesh_dim, int64_t seq_dim) 
   const ShardTensorSpec& s = spec(t);
   const Geometry g = geometry("zigzag_shard", s, mesh_dim, seq_dim);
   at::Tensor out;
-  if (!s.mesh().includes_this_rank()) {
-    out = make_shard_tensor(shard_tensor_impl(t)->local(), g.zigzagged);
-  } else if (s.placements()[mesh_dim].is_replicate()) {  // each rank cuts its chunks out: nothing moves
+  if (s.placements()[mesh_dim].is_replicate() && s.mesh().includes_this_rank()) {  // each rank cuts its chunks out: nothing moves
     const int64_t me = s.mesh().coordinate()[mesh_dim];
     out = make_shard_tensor(cut(shard_tensor_impl(t)->local(), seq_dim, g.zigzag_pieces[me]), g.zigzagged);
   } else {
@@ -170,10 +157,8 @@ at::Tensor zigzag_unshard(const at::Tensor& t, int64_t mesh_dim, int64_t seq_dim
               ".");
   const int64_t n = s.mesh().size(mesh_dim);
   g.ordered = with_dim_sizes(g.ordered, seq_dim, chunk_sizes(s.shape()[seq_dim], n));
-  g.ordered_pieces = contiguous(g.ordered.sharding_of(seq_dim)->sizes);
-  const at::Tensor out = s.mesh().includes_this_rank()
-                             ? moved(t.detach(), mesh_dim, seq_dim, g.ordered, g.zigzag_pieces, g.ordered_pieces)
-                             : make_shard_tensor(shard_tensor_impl(t)->local(), g.ordered);
+  g.ordered_pieces = contiguous_pieces(g.ordered.sharding_of(seq_dim)->sizes);
+  const at::Tensor out = moved(t.detach(), mesh_dim, seq_dim, g.ordered, g.zigzag_pieces, g.ordered_pieces);
   return attach_grad_fn(
       out, t,
       [g, mesh_dim, seq_dim](const at::Tensor& grad) {

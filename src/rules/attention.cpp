@@ -182,18 +182,6 @@ bool any_split(const Decision& d) {
   return std::any_of(d.modes.begin(), d.modes.end(), [](Mode m) { return m != Mode::Gather; });
 }
 
-std::vector<Pieces> contiguous_pieces(const std::vector<int64_t>& sizes) {
-  std::vector<Pieces> pieces;
-  for (const Range& r : sizes_to_ranges(sizes)) pieces.push_back({r});
-  return pieces;
-}
-
-std::vector<Pieces> zigzag_pieces(int64_t length, int64_t ranks) {
-  std::vector<Pieces> pieces;
-  for (int64_t r = 0; r < ranks; ++r) pieces.push_back(zigzag_positions(length, ranks, r));
-  return pieces;
-}
-
 // Causal attention under set_zigzag_causal for the sequence's mesh dim reads query, key and
 // value shards as zigzag chunks. That needs all three laid out by zigzag_shard along that mesh
 // dim (a ring); anything else raises rather than mask by the wrong positions.

@@ -61,6 +61,18 @@ Pieces zigzag_positions(int64_t length, int64_t ranks, int64_t coordinate) {
   return {chunks[coordinate], chunks[2 * ranks - 1 - coordinate]};
 }
 
+std::vector<Pieces> contiguous_pieces(const std::vector<int64_t>& sizes) {
+  std::vector<Pieces> pieces;
+  for (const Range& r : sizes_to_ranges(sizes)) pieces.push_back({r});
+  return pieces;
+}
+
+std::vector<Pieces> zigzag_pieces(int64_t length, int64_t ranks) {
+  std::vector<Pieces> pieces;
+  for (int64_t r = 0; r < ranks; ++r) pieces.push_back(zigzag_positions(length, ranks, r));
+  return pieces;
+}
+
 void set_zigzag_causal(const DeviceMesh& mesh, int64_t mesh_dim, bool on) {
   TORCH_CHECK(mesh_dim >= 0 && mesh_dim < mesh.ndim(), "set_zigzag_causal: mesh_dim ", mesh_dim, " is not a dim of ", mesh,
               " (0 to ", mesh.ndim() - 1, ").");

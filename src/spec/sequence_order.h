@@ -22,6 +22,10 @@ std::vector<int64_t> local_starts(const Pieces& pieces);
 // then its late one (either may be empty).
 Pieces zigzag_positions(int64_t length, int64_t ranks, int64_t coordinate);
 
+// Every rank's pieces: contiguous shards of `sizes` (one piece each), or zigzag chunks.
+std::vector<Pieces> contiguous_pieces(const std::vector<int64_t>& sizes);
+std::vector<Pieces> zigzag_pieces(int64_t length, int64_t ranks);
+
 // Bumps whenever set_zigzag_causal changes a setting: part of the propagation cache's validity.
 uint64_t sequence_order_generation();
 

@@ -34,10 +34,23 @@ RunResult run(const std::string& args, const std::string& env = "") {
   return shardtensor::testing::run_command((env.empty() ? "" : "env " + env + " ") + SHARDRUN_PATH + " " + args + " 2>&1");
 }
 
+// The directories the tests made, removed when the test program ends.
+struct MadeDirs {
+  std::vector<std::filesystem::path> dirs;
+  ~MadeDirs() {
+    for (const auto& d : dirs) {
+      std::error_code ignored;
+      std::filesystem::remove_all(d, ignored);
+    }
+  }
+};
+
 std::string fresh_dir(const std::string& name) {
+  static MadeDirs made;
   auto dir = std::filesystem::temp_directory_path() / ("shardrun_test_" + name + "_" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  made.dirs.push_back(dir);
   return dir.string();
 }
 
