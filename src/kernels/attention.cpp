@@ -62,7 +62,9 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
           }
           at::Tensor o = rows_of(out, c), l = lse.narrow(2, c.row_offset, c.visible.rows.size());
           const at::Tensor block_lse = r[1].to(acc), merged = at::logaddexp(l, block_lse);
-          o.mul_((l - merged).exp().unsqueeze(-1)).add_(r[0].to(acc) * (block_lse - merged).exp().unsqueeze(-1));
+          at::Tensor term = r[0].to(acc);  // the operator's fresh output, weighted in place: no output-sized temporary
+          term.mul_((block_lse - merged).exp().unsqueeze(-1));
+          o.mul_((l - merged).exp().unsqueeze(-1)).add_(term);
           l.copy_(merged);
         }
       }

@@ -7,9 +7,13 @@
 // SDPA exists from torch 2.0; on libtorch 1.13 every test here skips, saying so. The operator is
 // reached through the dispatcher by name so that this file compiles on both lines.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <functional>
 #include <numeric>
 #include <optional>
@@ -437,6 +441,70 @@ TEST(Attention, BFloat16RingStaysWithinOneProcessRounding) {
     if (mesh_1d().coordinate()[0] == 0)
       std::printf("bfloat16 %s, max error against float64: one process %.3g, ring %.3g\n", what[i], one_error, ring_error);
   }
+}
+
+namespace {
+
+// Counts the bytes the CPU allocator hands out and takes back on this thread while alive, through
+// libtorch's memory-profiling hook (the thread-local PROFILER_STATE debug info): `peak` is the
+// most that was live at once above what was live when it started.
+class AllocationMeter : public c10::MemoryReportingInfoBase {
+ public:
+#if TORCH_VERSION_MAJOR >= 2
+  using Total = size_t;
+#else
+  using Total = int64_t;
+#endif
+  void reportMemoryUsage(void*, int64_t alloc_size, Total, Total, c10::Device device) override {
+    if (device.type() != c10::DeviceType::CPU) return;
+    live_ += alloc_size;
+    peak_ = std::max(peak_, live_);
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+  int64_t peak() const { return peak_; }
+
+ private:
+  int64_t live_ = 0, peak_ = 0;
+};
+
+}  // namespace
+
+// A long sequence's forward stays within a memory budget that the gathered K/V alone would
+// exceed (from 3 ranks on): two K/V block pairs (the one attended to, received in the previous
+// step, and the one arriving), this rank's float32 output accumulator and the operator's block
+// output, plus 1.5 MiB for the operator's own buffers and the statistics. Each rank holds 1/N of
+// K and V (8 MiB gathered) before the call; a quarter as many query rows as keys keeps the
+// outputs small beside the blocks, as in a long-context prefill.
+TEST(Attention, LongSequenceRingStaysInABudgetTheGatheredKeysExceed) {
+  SKIP_WITHOUT_SDPA();
+  const int64_t n = mesh_1d().size(0), me = mesh_1d().coordinate()[0];
+  const int64_t b = 1, h = 2, sk = 8192, sq = sk / 4, d = 64, float_bytes = 4;
+  const std::vector<int64_t> key_sizes = chunk_sizes(sk, n), row_sizes = chunk_sizes(sq, n);
+  const int64_t longest = *std::max_element(key_sizes.begin(), key_sizes.end());
+  const int64_t gathered_kv = 2 * b * h * sk * d * float_bytes;
+  const int64_t blocks_in_flight = n > 1 ? 2 * (2 * b * h * longest * d * float_bytes) : 0;
+  const int64_t outputs = 2 * b * h * row_sizes[me] * d * float_bytes;
+  const int64_t budget = blocks_in_flight + outputs + 3 * (1 << 19);
+  if (n >= 3) ASSERT_GT(gathered_kv, budget) << "the sizes no longer make the point";
+  const at::Tensor q = distribute_tensor(draw({b, h, sq, d}, 1), mesh_1d(), {Shard(2)}),
+                   k = distribute_tensor(draw({b, h, sk, d}, 2), mesh_1d(), {Shard(2)}),
+                   v = distribute_tensor(draw({b, h, sk, d}, 3), mesh_1d(), {Shard(2)});
+  sdpa(q, k, v, /*is_causal=*/false);  // warm: the propagation and its plan are cached
+  const auto meter = std::make_shared<AllocationMeter>();
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);  // the operator's scratch buffers grow with the thread count: one, as in the budget
+  {
+    at::NoGradGuard no_grad;
+    c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, meter);
+    sdpa(q, k, v, /*is_causal=*/false);
+  }
+  at::set_num_threads(threads);
+  EXPECT_GT(meter->peak(), 0) << "the allocation hook reported nothing";
+  EXPECT_LE(meter->peak(), budget) << "peak " << meter->peak() << " bytes; gathered K/V " << gathered_kv;
+  if (me == 0)
+    std::printf("ring forward, Sk = %lld on %lld ranks: peak %.2f MiB, budget %.2f MiB, gathered K/V %.2f MiB\n",
+                static_cast<long long>(sk), static_cast<long long>(n), meter->peak() / 1048576.0, budget / 1048576.0,
+                gathered_kv / 1048576.0);
 }
 
 // The operator sweep's attention cases (op_sweep_test.cpp lays every input out at random:
