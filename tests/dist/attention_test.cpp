@@ -364,6 +364,35 @@ TEST(Attention, ZigzagCausalRingMatchesOneProcess) {
   }
 }
 
+// On a 2-D mesh: the batch split by mesh dim 0, the sequence as zigzag chunks along mesh dim 1
+// (the setting names that mesh dim), values and gradients against one process.
+TEST(Attention, ZigzagAlongTheSecondMeshDimBesideABatchSplit) {
+  SKIP_WITHOUT_SDPA();
+  const DeviceMesh* mesh = nullptr;
+  for (const DeviceMesh& m : test_meshes())
+    if (m.ndim() == 2) mesh = &m;
+  if (!mesh) GTEST_SKIP() << "no 2-D test mesh at world size " << world_size();
+  const int64_t n = mesh->size(1), s = 3 * n + 1;
+  const at::Tensor q = draw({2, 2, s, 4}, 120), k = draw({2, 2, s, 4}, 121), v = draw({2, 2, s, 4}, 122),
+                   grad = draw({2, 2, s, 4}, 123);
+  const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(), rv = v.clone().requires_grad_();
+  const at::Tensor expected = sdpa(rq, rk, rv, /*is_causal=*/true);
+  (expected * grad).sum().backward();
+  const Placements layout{Shard(0), Shard(2)};
+  const at::Tensor sq = distribute_tensor(q, *mesh, layout).requires_grad_(), sk = distribute_tensor(k, *mesh, layout).requires_grad_(),
+                   sv = distribute_tensor(v, *mesh, layout).requires_grad_();
+  {
+    ZigzagCausal scope(*mesh, 1);
+    const at::Tensor out = zigzag_unshard(sdpa(zigzag_shard(sq, 1, 2), zigzag_shard(sk, 1, 2), zigzag_shard(sv, 1, 2), true), 1, 2);
+    EXPECT_EQ(spec(out).placements(), layout);
+    expect_close(out, expected.detach(), "output");
+    (out * distribute_tensor(grad, *mesh, layout)).sum().backward();
+  }
+  expect_close(sq.grad(), rq.grad(), "query gradient");
+  expect_close(sk.grad(), rk.grad(), "key gradient");
+  expect_close(sv.grad(), rv.grad(), "value gradient");
+}
+
 // zigzag_shard cuts a replicated sequence locally (no message), moves a sharded one in one
 // batch, and zigzag_unshard undoes it exactly, for any split the source had. Contiguous shards
 // under the setting raise on every rank instead of masking by the wrong positions.
