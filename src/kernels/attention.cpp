@@ -44,10 +44,7 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
     KeyBlock held{me, {args[1].toTensor().contiguous(), args[2].toTensor().contiguous()}}, next;
     for (int64_t step = 0; step < n; ++step) {
       const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next);
-      const bool here = plan.ring ? plan.reaches(held.index, step) : true;
-      const std::vector<BlockCall> calls =
-          here && !empty(query) && !empty(held.parts[0]) ? block_calls(rows, plan.local_keys(held.index), plan.is_causal, user_mask, query)
-                                                         : std::vector<BlockCall>{};
+      const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
       for (const BlockCall& c : calls) {
         const std::vector<at::Tensor> r = call(op, {rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), args[3],
                                                     c.is_causal, optional_tensor(c.mask), args[6]});

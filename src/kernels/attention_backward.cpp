@@ -82,10 +82,7 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
     std::map<int64_t, std::vector<at::Tensor>> parked;
     for (int64_t step = 0; step < n; ++step) {
       const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next);
-      const bool here = plan.ring ? plan.reaches(held.index, step) : true;
-      const std::vector<BlockCall> calls =
-          here && !empty(query) && !empty(held.parts[0]) ? block_calls(rows, plan.local_keys(held.index), plan.is_causal, user_mask, query)
-                                                         : std::vector<BlockCall>{};
+      const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
       for (const BlockCall& c : calls) {
         const std::vector<at::Tensor> r =
             call(op, {rows_of(grad_out, c), rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), rows_of(out, c),
@@ -98,7 +95,7 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
       if (moves_on) {  // the gradients follow their keys, in the same batch
         messages->send((me + 1) % n, held.parts[2]);
         messages->send((me + 1) % n, held.parts[3]);
-      } else if (here) {
+      } else if (plan.present(held.index, step)) {
         parked[held.index] = {held.parts[2], held.parts[3]};
       }
       if (messages) finish_pass(messages.get(), &held, &next);

@@ -56,6 +56,12 @@ std::vector<BlockCall> block_calls(const Pieces& rows, const Pieces& keys, bool 
   return calls;
 }
 
+std::vector<BlockCall> step_calls(const AttentionPlan& plan, int64_t step, int64_t held_index, const at::Tensor& held_keys,
+                                  const Pieces& rows, const c10::optional<at::Tensor>& user, const at::Tensor& query) {
+  if (!plan.present(held_index, step) || empty(query) || empty(held_keys)) return {};
+  return block_calls(rows, plan.local_keys(held_index), plan.is_causal, user, query);
+}
+
 // Note [Merging split keys]
 // Rank r attended with every row to its own keys only: out_r and lse_r, the softmax over its
 // keys. The merged log-sum-exp is lse = log sum_r exp(lse_r), from one all-gather of the

@@ -42,6 +42,11 @@ struct BlockCall {
 std::vector<BlockCall> block_calls(const Pieces& rows, const Pieces& keys, bool is_causal, const c10::optional<at::Tensor>& user,
                                    const at::Tensor& query);
 
+// The calls of ring step `step` on this rank: its rows `rows` against block `held_index`, where
+// that block reaches this rank at this step and neither side is empty; none otherwise.
+std::vector<BlockCall> step_calls(const AttentionPlan& plan, int64_t step, int64_t held_index, const at::Tensor& held_keys,
+                                  const Pieces& rows, const c10::optional<at::Tensor>& user, const at::Tensor& query);
+
 inline at::Tensor rows_of(const at::Tensor& t, const BlockCall& c) { return t.narrow(2, c.row_offset, c.visible.rows.size()); }
 inline at::Tensor keys_of(const at::Tensor& t, const BlockCall& c) { return t.narrow(2, c.key_offset, c.visible.keys.size()); }
 inline c10::IValue optional_tensor(const at::Tensor& t) { return t.defined() ? c10::IValue(t) : c10::IValue(); }

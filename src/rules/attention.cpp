@@ -191,11 +191,12 @@ bool reads_zigzag(const OpMeta& op, const Decision& d, bool is_causal) {
   const std::string setting = "set_zigzag_causal is on for mesh dim " + std::to_string(m) + " of " + op.mesh().to_string();
   TORCH_CHECK(!op.input_named("attn_mask"), op.name, ": causal attention with an explicit attn_mask is not supported while ",
               setting, ". Turn the setting off, or fold the mask into the zigzag order yourself and pass is_causal=False.");
+  const bool ring = d.modes[m] == Mode::Ring;
   for (const char* name : {"query", "key", "value"}) {
     const ShardTensorSpec& s = op.input_named(name)->spec;
     const DimSharding* seq = s.sharding_of(kSeqDim);
     const std::vector<int64_t> expected = zigzag_shard_sizes(s.shape()[kSeqDim], n);
-    const bool laid_out = d.modes[m] == Mode::Ring && seq && seq->mesh_dims == std::vector<int64_t>{m} && seq->sizes == expected;
+    const bool laid_out = ring && seq && seq->mesh_dims == std::vector<int64_t>{m} && seq->sizes == expected;
     TORCH_CHECK(laid_out, op.name, ": causal attention while ", setting, " needs query, key and value split on the sequence ",
                 "(dim 2) by mesh dim ", m, " only, in zigzag_shard's sizes (", join(expected, ","), " for the ", name, "); got the ", name,
                 " as ", s.to_string(), ". Lay each of them out with zigzag_shard(t, ", m, ", 2), or turn the setting off.");

@@ -47,6 +47,7 @@ struct AttentionPlan : KernelPlan {
   bool computes(int64_t block, int64_t step) const;  // the rank holding it at `step` attends to it
   bool sends(int64_t block, int64_t step) const;     // after `step`, it moves on to the next rank
   bool reaches(int64_t block, int64_t step) const;   // it is on its rank at `step` (step 0: its owner)
+  bool present(int64_t block, int64_t step) const { return !ring || reaches(block, step); }  // ring or not: the local keys always
   int64_t last_step(int64_t block) const;            // the last step it reaches: where its gradients end
   bool any_send(int64_t step) const;                 // some block moves after `step`: one message batch
 
