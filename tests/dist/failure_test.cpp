@@ -31,6 +31,23 @@ TEST(Failure, RanksWaitingForARankThatFailedRaiseAfterTheTimeout) {
   healthy.comm(0).barrier();  // rank 0 stays alive until the others have seen their error
 }
 
+// zigzag_shard's message batch: a rank that never joins makes every other rank raise within the
+// timeout, before any byte of the exchange is taken as received.
+TEST(Failure, ZigzagExchangeWhoseMemberFailedRaisesAfterTheTimeout) {
+  if (world_size() == 1) GTEST_SKIP() << "needs a rank that fails and one that waits";
+  DeviceMesh healthy = DeviceMesh::create({world_size()});
+  MeshOptions short_timeout;
+  short_timeout.timeout = std::chrono::seconds(3);
+  DeviceMesh mesh = DeviceMesh::create({world_size()}, {}, short_timeout);
+  const at::Tensor x = distribute_tensor(at::randn({1, 2, 4 * world_size(), 4}), mesh, {Shard(2)});
+  const auto start = std::chrono::steady_clock::now();
+  if (world_rank() != 0) {  // rank 0 "failed" before this call
+    EXPECT_ERROR_CONTAINS(zigzag_shard(x, 0, 2), "timed out");
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+  }
+  healthy.comm(0).barrier();
+}
+
 TEST(Failure, RanksWaitingInAPeerMemoryExchangeRaiseAfterTheTimeout) {
   if (world_size() == 1) GTEST_SKIP() << "needs a rank that fails and one that waits";
   if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
