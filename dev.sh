@@ -94,7 +94,16 @@ install_python_tools() {
 install_python_package() {
   install_python_tools || return 1
   echo "dev.sh: building and installing the Python package shardtensor into $VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation --no-deps .
+  # The generator, compiler and parallelism of build_line, so that each library compile has the
+  # command line it had in build-torch2/ and ccache serves it: a Ninja tree runs its compiles from
+  # another directory, and scikit-build-core would otherwise take Python's CXX (g++, not c++),
+  # and either changes ccache's key. A tree configured otherwise is started again.
+  local cxx=${CXX:-c++}
+  if grep -qs '^CMAKE_GENERATOR:INTERNAL=Ninja' build-python/CMakeCache.txt ||
+     { [ -f build-python/CMakeCache.txt ] && ! grep -qs "^CMAKE_CXX_COMPILER:FILEPATH=$(command -v "$cxx")\$" build-python/CMakeCache.txt; }; then
+    rm -rf build-python
+  fi
+  CXX=$cxx CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL=2 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation --no-deps .
 }
 
 test_python() {
