@@ -41,7 +41,10 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
 
     const at::ScalarType acc = accumulation_type(query.scalar_type());
     at::Tensor out, lse;  // merged so far: nothing yet
-    KeyBlock held{me, {args[1].toTensor().contiguous(), args[2].toTensor().contiguous()}}, next;
+    // Keys and values travel as messages, which need them contiguous; with nothing to pass, the
+    // operator reads them as they are (a copy would double their memory).
+    auto travelling = [n](const at::Tensor& t) { return n > 1 ? t.contiguous() : t; };
+    KeyBlock held{me, {travelling(args[1].toTensor()), travelling(args[2].toTensor())}}, next;
     for (int64_t step = 0; step < n; ++step) {
       const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next);
       const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);

@@ -59,7 +59,7 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
     const int64_t n = plan.ring_size(), me = plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
     const Pieces& rows = plan.query_rows_at(me);
 
-    if (!plan.ring && !empty(query) && !empty(key) && rows.size() == 1 && plan.local_keys(me).size() == 1) {
+    if ((!plan.ring || n == 1) && !empty(query) && !empty(key) && rows.size() == 1 && plan.local_keys(me).size() == 1) {
       const Range keys = plan.local_keys(me)[0];
       const std::vector<BlockCall> calls = block_calls(rows, {keys}, plan.is_causal, user_mask, query);
       // The whole local block, placed where the operator's own call places it (a causal diagonal
@@ -75,7 +75,7 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
     }
 
     const at::ScalarType acc = accumulation_type(query.scalar_type());
-    at::Tensor grad_query = at::zeros(query.sizes(), query.options().dtype(acc));
+    at::Tensor grad_query;  // the first block over every row gives it, else zeros: never both at once
     KeyBlock held{me, {key.contiguous(), value.contiguous(), at::zeros(key.sizes(), key.options().dtype(acc)),
                        at::zeros(value.sizes(), value.options().dtype(acc))}};
     KeyBlock next;
@@ -87,7 +87,12 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
         const std::vector<at::Tensor> r =
             call(op, {rows_of(grad_out, c), rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), rows_of(out, c),
                       lse.narrow(2, c.row_offset, c.visible.rows.size()), args[6], c.is_causal, optional_tensor(c.mask), args[9]});
-        rows_of(grad_query, c).add_(r[0]);
+        if (!grad_query.defined() && c.row_offset == 0 && c.visible.rows.size() == query.size(2)) {
+          grad_query = r[0].to(acc);
+        } else {
+          if (!grad_query.defined()) grad_query = at::zeros(query.sizes(), query.options().dtype(acc));
+          rows_of(grad_query, c).add_(r[0]);
+        }
         keys_of(held.parts[2], c).add_(r[1]);
         keys_of(held.parts[3], c).add_(r[2]);
       }
@@ -103,6 +108,7 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
     const std::vector<at::Tensor> grads =
         plan.ring ? return_gradients(plan, me, parked, {at::empty(key.sizes(), key.options().dtype(acc)), at::empty(value.sizes(), value.options().dtype(acc))})
                   : parked.at(me);
+    if (!grad_query.defined()) grad_query = at::zeros(query.sizes(), query.options().dtype(acc));  // no row saw a key
     stack->push_back(grad_query.to(query.scalar_type()));
     stack->push_back(grads[0].to(key.scalar_type()));
     stack->push_back(grads[1].to(value.scalar_type()));
