@@ -19,27 +19,27 @@
 namespace shardtensor {
 namespace {
 
-// Sends the gradient accumulators that stopped on this rank to their owners, and receives this
-// rank's own. `parked` maps a block to its (key, value) gradients.
-std::vector<at::Tensor> return_gradients(const AttentionPlan& plan, int64_t me,
-                                         const std::map<int64_t, std::vector<at::Tensor>>& parked, const std::vector<at::Tensor>& like) {
+// After the ring: sends the gradient accumulators still parked on this rank to their owners,
+// and receives this rank's own unless they came home during the ring (`mine` holds them then).
+// `parked` maps a block to its (key, value) gradients.
+std::vector<at::Tensor> return_gradients(const AttentionPlan& plan, int64_t me, const std::map<int64_t, std::vector<at::Tensor>>& parked,
+                                         const std::vector<at::Tensor>& like, std::vector<at::Tensor> mine) {
   const int64_t n = plan.ring_size();
-  auto holder = [&](int64_t block) { return (block + plan.last_step(block)) % n; };
+  auto returns_after_ring = [&](int64_t block) { return plan.gradient_holder(block) != block && !plan.returns_during_ring(block); };
   bool any = false;
-  for (int64_t b = 0; b < n; ++b) any = any || holder(b) != b;
-  if (!any) return parked.at(me);
+  for (int64_t b = 0; b < n; ++b) any = any || returns_after_ring(b);
+  if (!any) return mine.empty() ? parked.at(me) : mine;
   Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
   auto messages = comm.start_messages("ring_return");
   for (const auto& [block, grads] : parked)
     if (block != me)
       for (const at::Tensor& g : grads) messages->send(block, g);
-  std::vector<at::Tensor> mine;
-  if (holder(me) == me) {
+  if (plan.gradient_holder(me) == me) {
     mine = parked.at(me);
-  } else {
+  } else if (returns_after_ring(me)) {
     for (const at::Tensor& l : like) {  // this rank's own key and value gradients' shapes
       mine.push_back(at::empty(l.sizes(), l.options()));
-      messages->receive(holder(me), mine.back());
+      messages->receive(plan.gradient_holder(me), mine.back());
     }
   }
   messages->wait();
@@ -80,8 +80,26 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
                        at::zeros(value.sizes(), value.options().dtype(acc))}};
     KeyBlock next;
     std::map<int64_t, std::vector<at::Tensor>> parked;
+    std::vector<at::Tensor> mine;  // this rank's own key and value gradients, where they come home during the ring
+    // Shapes and dtypes of this rank's own key and value gradients (one element, expanded).
+    const std::vector<at::Tensor> gradient_like = {at::empty({}, key.options().dtype(acc)).expand(key.sizes()),
+                                                   at::empty({}, value.options().dtype(acc)).expand(value.sizes())};
+    auto bytes_of = [](const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); };
     for (int64_t step = 0; step < n; ++step) {
-      const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next);
+      // Gradients that are final after this step go home in its batch: the held block's, if it
+      // stops here, and this rank's own, from wherever its block stopped.
+      DirectBytes home;
+      const bool held_goes_home = plan.ring && plan.present(held.index, step) && plan.last_step(held.index) == step &&
+                                  plan.returns_during_ring(held.index);
+      if (held_goes_home) home.to = held.index, home.bytes_to = bytes_of(held.parts[2]) + bytes_of(held.parts[3]);
+      if (plan.ring && plan.last_step(me) == step && plan.returns_during_ring(me))
+        home.from = plan.gradient_holder(me), home.bytes_from = bytes_of(gradient_like[0]) + bytes_of(gradient_like[1]);
+      const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next, home);
+      if (home.from >= 0)
+        for (const at::Tensor& l : gradient_like) {
+          mine.push_back(at::empty(l.sizes(), l.options()));
+          messages->receive(home.from, mine.back());
+        }
       const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
       for (const BlockCall& c : calls) {
         const std::vector<at::Tensor> r =
@@ -100,14 +118,15 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
       if (moves_on) {  // the gradients follow their keys, in the same batch
         messages->send((me + 1) % n, held.parts[2]);
         messages->send((me + 1) % n, held.parts[3]);
+      } else if (held_goes_home) {
+        messages->send(held.index, held.parts[2]);
+        messages->send(held.index, held.parts[3]);
       } else if (plan.present(held.index, step)) {
         parked[held.index] = {held.parts[2], held.parts[3]};
       }
       if (messages) finish_pass(messages.get(), &held, &next);
     }
-    const std::vector<at::Tensor> grads =
-        plan.ring ? return_gradients(plan, me, parked, {at::empty(key.sizes(), key.options().dtype(acc)), at::empty(value.sizes(), value.options().dtype(acc))})
-                  : parked.at(me);
+    const std::vector<at::Tensor> grads = plan.ring ? return_gradients(plan, me, parked, gradient_like, std::move(mine)) : parked.at(me);
     if (!grad_query.defined()) grad_query = at::zeros(query.sizes(), query.options().dtype(acc));  // no row saw a key
     stack->push_back(grad_query.to(query.scalar_type()));
     stack->push_back(grads[0].to(key.scalar_type()));

@@ -33,6 +33,17 @@ at::Tensor block_mask(const VisibleBlock& v, int64_t row_offset, const c10::opti
   return mask;
 }
 
+BlockCall make_call(const VisibleBlock& v, int64_t row_offset, int64_t key_offset, const c10::optional<at::Tensor>& user,
+                    const at::Tensor& query) {
+  BlockCall c;
+  c.visible = v;
+  c.row_offset = row_offset;
+  c.key_offset = key_offset;
+  c.mask = block_mask(v, row_offset, user, query);
+  c.is_causal = v.top_left && !c.mask.defined();
+  return c;
+}
+
 }  // namespace
 
 at::ScalarType accumulation_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
@@ -44,14 +55,19 @@ std::vector<BlockCall> block_calls(const Pieces& rows, const Pieces& keys, bool 
   const std::vector<int64_t> row_starts = local_starts(rows), key_starts = local_starts(keys);
   for (size_t i = 0; i < rows.size(); ++i)
     for (size_t j = 0; j < keys.size(); ++j) {
-      BlockCall c;
-      c.visible = visible_block(rows[i], keys[j], is_causal);
-      if (!c.visible.any) continue;
-      c.row_offset = row_starts[i] + c.visible.rows.begin - rows[i].begin;
-      c.key_offset = key_starts[j] + c.visible.keys.begin - keys[j].begin;
-      c.mask = block_mask(c.visible, c.row_offset, user, query);
-      c.is_causal = c.visible.top_left && !c.mask.defined();
-      calls.push_back(std::move(c));
+      const VisibleBlock v = visible_block(rows[i], keys[j], is_causal);
+      if (!v.any) continue;
+      const int64_t row_offset = row_starts[i] + v.rows.begin - rows[i].begin, key_offset = key_starts[j] + v.keys.begin - keys[j].begin;
+      if (v.offset_mask && !(user && user->defined())) {
+        // A diagonal that starts after the first key: the keys before the first row are seen by
+        // every row (no mask), the rest start on the diagonal (the operator's own causal mask).
+        // Two calls instead of a [rows, keys] mask, which would be O(S^2 / N) memory.
+        const Range before = {v.keys.begin, v.rows.begin}, after = {v.rows.begin, v.keys.end};
+        calls.push_back(make_call(visible_block(v.rows, before, false), row_offset, key_offset, user, query));
+        calls.push_back(make_call(visible_block(v.rows, after, true), row_offset, key_offset + before.size(), user, query));
+      } else {
+        calls.push_back(make_call(v, row_offset, key_offset, user, query));
+      }
     }
   return calls;
 }
@@ -91,7 +107,8 @@ std::vector<at::Tensor> call(const c10::OperatorHandle& op, std::vector<c10::IVa
   return out;
 }
 
-std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, size_t parts_now, KeyBlock* next) {
+std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, size_t parts_now, KeyBlock* next,
+                                     const DirectBytes& direct) {
   const int64_t n = plan.ring_size();
   if (step + 1 >= n || !plan.any_send(step)) return nullptr;
   Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
@@ -117,7 +134,10 @@ std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, co
   if (sending)
     for (const at::Tensor& part : held.parts) bytes_to[to] += static_cast<int64_t>(part.nbytes());
   for (const at::Tensor& part : next->parts) bytes_from[from] += static_cast<int64_t>(part.nbytes());
-  messages->announce(bytes_to, bytes_from, /*checked_peers=*/{to, from});
+  std::vector<int64_t> checked = {to, from};
+  if (direct.to >= 0) bytes_to[direct.to] += direct.bytes_to, checked.push_back(direct.to);
+  if (direct.from >= 0) bytes_from[direct.from] += direct.bytes_from, checked.push_back(direct.from);
+  messages->announce(bytes_to, bytes_from, checked);
   if (sending)
     for (size_t i = 0; i < parts_now; ++i) messages->send(to, held.parts[i]);
   for (const at::Tensor& part : next->parts) messages->receive(from, part);

@@ -331,6 +331,11 @@ bool AttentionPlan::any_send(int64_t step) const {
   return false;
 }
 
+bool AttentionPlan::returns_during_ring(int64_t block) const {
+  const int64_t last = last_step(block);
+  return gradient_holder(block) != block && last + 1 < ring_size() && any_send(last);
+}
+
 const Pieces& AttentionPlan::local_keys(int64_t coordinate) const { return key_rows.size() == 1 ? key_rows[0] : key_rows[coordinate]; }
 
 std::string AttentionPlan::name() const {

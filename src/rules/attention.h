@@ -50,6 +50,12 @@ struct AttentionPlan : KernelPlan {
   bool present(int64_t block, int64_t step) const { return !ring || reaches(block, step); }  // ring or not: the local keys always
   int64_t last_step(int64_t block) const;            // the last step it reaches: where its gradients end
   bool any_send(int64_t step) const;                 // some block moves after `step`: one message batch
+  // Backward: where a block's key and value gradients end (the rank holding it at its last step),
+  // and whether they go home from there in that step's batch (there is one, and they are not
+  // home already) rather than in one batch after the ring. Going home as soon as they are final
+  // keeps them from piling up: under a causal mask every block stops on the last rank.
+  int64_t gradient_holder(int64_t block) const { return (block + last_step(block)) % ring_size(); }
+  bool returns_during_ring(int64_t block) const;
 
   LocalKernel lower() const override;
   std::string name() const override;

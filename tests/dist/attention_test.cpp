@@ -548,13 +548,14 @@ TEST(Attention, LongSequenceRingStaysInABudgetTheGatheredKeysExceed) {
 
 namespace {
 
-// The projections of a one-layer self-attention model, x [1, S, E] -> [1, S, E]:
+// The projections of a one-layer (causal or not) self-attention model, x [1, S, E] -> [1, S, E]:
 // q, k, v = x W^T split into heads, SDPA, heads merged, then the output projection. Plain or
 // ShardTensor parameters alike.
 struct LongSequenceModel {
   int64_t heads = 2, head_dim = 32;
   std::vector<at::Tensor> weights;  // W_q, W_k, W_v, W_o, each [E, E]
   bool gather_keys = false;         // gather-then-attend: keys and values replicated before SDPA
+  bool is_causal = false;
 
   at::Tensor heads_of(const at::Tensor& x, const at::Tensor& w) const {
     return at::linear(x, w).view({x.size(0), x.size(1), heads, head_dim}).transpose(1, 2);
@@ -562,7 +563,7 @@ struct LongSequenceModel {
   at::Tensor loss(const at::Tensor& x, const at::Tensor& target) const {
     at::Tensor keys = heads_of(x, weights[1]), values = heads_of(x, weights[2]);
     if (gather_keys) keys = redistribute(keys, {Replicate()}), values = redistribute(values, {Replicate()});
-    const at::Tensor attended = sdpa(heads_of(x, weights[0]), keys, values, /*is_causal=*/false);
+    const at::Tensor attended = sdpa(heads_of(x, weights[0]), keys, values, is_causal);
     const at::Tensor merged = attended.transpose(1, 2).reshape({x.size(0), x.size(1), heads * head_dim});
     return at::mse_loss(at::linear(merged, weights[3]), target);
   }
@@ -580,16 +581,17 @@ double adam_step(const LongSequenceModel& model, torch::optim::Adam& adam, const
 }  // namespace
 
 // Item 5 of the context-parallel issue: a long sequence (S = 8192, uneven shards) trained with
-// Adam through the ring matches one process, and so does gather-then-attend (keys and values
-// replicated before SDPA, their gradients reduced back). The ring's training step (forward,
-// backward, Adam) stays within what the same step costs on this rank's rows alone (measured:
-// the model on plain tensors of that many rows) plus ten blocks, a block being the longest
-// shard's keys (or values): the backward holds two blocks in flight each way, each with keys,
-// values and their two gradient accumulators, and the operator's block gradients beside them;
-// plus 1 MiB for the operator's buffers: O(S/N) per rank. Both peaks are printed. At 2-4 ranks gather-then-attend is no larger (the
-// whole K/V is 2N blocks, the ring's traffic 8): the ring's memory advantage needs more ranks,
-// and the test does not claim it. Causal attention is left out: its contiguous ring parks every
-// block's gradient accumulators on the last rank until the end (see bench/RESULTS.md).
+// Adam through the ring matches one process, causal or not, and so does gather-then-attend
+// (keys and values replicated before SDPA, their gradients reduced back). The ring's training
+// step (forward, backward, Adam) stays within what the same step costs on this rank's rows
+// alone (measured: the model on plain tensors of that many rows) plus ten blocks, a block being
+// the longest shard's keys (or values): the backward holds two blocks in flight each way, each
+// with keys, values and their two gradient accumulators, and the operator's block gradients
+// beside them; plus 1 MiB for the operator's buffers: O(S/N) per rank. Under a causal mask
+// that holds on the last rank too only because each block's gradients go home as soon as they
+// are final (they used to wait there for the end). Both peaks are printed. At 2-4 ranks
+// gather-then-attend is not much larger (the whole K/V is 2N blocks, the ring's traffic 8): the
+// ring's memory advantage needs more ranks, and the test does not claim it.
 TEST(Attention, LongSequenceTrainingMatchesOneProcessWithinBlocksOfMemory) {
   SKIP_WITHOUT_SDPA();
   const int64_t n = mesh_1d().size(0), me = mesh_1d().coordinate()[0];
@@ -616,32 +618,37 @@ TEST(Attention, LongSequenceTrainingMatchesOneProcessWithinBlocksOfMemory) {
     *peak = peak_bytes_of([&] { losses.push_back(adam_step(model, adam, input, wanted)); });
     return losses;
   };
-  LongSequenceModel reference, ring, gather, alone;
-  gather.gather_keys = true;
-  int64_t reference_peak = 0, ring_peak = 0, gather_peak = 0, alone_peak = 0;
-  const std::vector<double> expected = train(reference, false, x, target, &reference_peak);
-  const std::vector<std::pair<const char*, LongSequenceModel*>> layouts = {{"ring", &ring}, {"gather-then-attend", &gather}};
-  for (const auto& [name, model] : layouts) {
-    const std::vector<double> losses = train(*model, true, sx, starget, model == &ring ? &ring_peak : &gather_peak);
-    for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(losses[i], expected[i], 1e-5 * std::abs(expected[i])) << name << ", step " << i;
-    // Adam divides each gradient by its own magnitude, so a weight whose gradient is near zero
-    // moves by up to the learning rate on float32 rounding: 1% of the learning rate absolute.
-    for (size_t i = 0; i < reference.weights.size(); ++i) {
-      const at::Tensor got = full_tensor(model->weights[i]).detach(), want = reference.weights[i].detach();
-      EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << name << ", weight " << i << ": max difference " << (got - want).abs().max().item<double>();
+  for (const bool is_causal : {false, true}) {
+    SCOPED_TRACE(is_causal ? "causal" : "not causal");
+    LongSequenceModel reference, ring, gather, alone;
+    for (LongSequenceModel* m : {&reference, &ring, &gather, &alone}) m->is_causal = is_causal;
+    gather.gather_keys = true;
+    int64_t reference_peak = 0, ring_peak = 0, gather_peak = 0, alone_peak = 0;
+    const std::vector<double> expected = train(reference, false, x, target, &reference_peak);
+    const std::vector<std::pair<const char*, LongSequenceModel*>> layouts = {{"ring", &ring}, {"gather-then-attend", &gather}};
+    for (const auto& [name, model] : layouts) {
+      const std::vector<double> losses = train(*model, true, sx, starget, model == &ring ? &ring_peak : &gather_peak);
+      for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(losses[i], expected[i], 1e-5 * std::abs(expected[i])) << name << ", step " << i;
+      // Adam divides each gradient by its own magnitude, so a weight whose gradient is near zero
+      // moves by up to the learning rate on float32 rounding: 1% of the learning rate absolute.
+      for (size_t i = 0; i < reference.weights.size(); ++i) {
+        const at::Tensor got = full_tensor(model->weights[i]).detach(), want = reference.weights[i].detach();
+        EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << name << ", weight " << i << ": max difference " << (got - want).abs().max().item<double>();
+      }
     }
-  }
-  train(alone, false, x.narrow(1, 0, rows[me]).contiguous(), target.narrow(1, 0, rows[me]).contiguous(), &alone_peak);
+    train(alone, false, x.narrow(1, 0, rows[me]).contiguous(), target.narrow(1, 0, rows[me]).contiguous(), &alone_peak);
 
-  const int64_t limit = alone_peak + 10 * block + (1 << 20);
-  EXPECT_LE(ring_peak, limit) << "ring: peak " << ring_peak << " bytes; the model on " << rows[me] << " rows alone " << alone_peak
-                              << "; a block " << block;
-  if (me == 0)
-    std::printf("training step, S = %lld on %lld ranks (rank 0): ring %.2f MiB, gather-then-attend %.2f MiB, limit %.2f MiB "
-                "(%lld rows alone %.2f MiB + 10 blocks of %.2f MiB + 1 MiB); one process, all rows: %.2f MiB\n",
-                static_cast<long long>(s), static_cast<long long>(n), ring_peak / 1048576.0, gather_peak / 1048576.0,
-                limit / 1048576.0, static_cast<long long>(rows[me]), alone_peak / 1048576.0, block / 1048576.0,
-                reference_peak / 1048576.0);
+    const int64_t limit = alone_peak + 10 * block + (1 << 20);
+    EXPECT_LE(ring_peak, limit) << "ring: peak " << ring_peak << " bytes; the model on " << rows[me] << " rows alone " << alone_peak
+                                << "; a block " << block;
+    if (me == 0 || me == n - 1)
+      std::printf("training step%s, S = %lld on %lld ranks (rank %lld): ring %.2f MiB, gather-then-attend %.2f MiB, limit %.2f MiB "
+                  "(%lld rows alone %.2f MiB + 10 blocks of %.2f MiB + 1 MiB); one process, all rows: %.2f MiB\n",
+                  is_causal ? " (causal)" : "", static_cast<long long>(s), static_cast<long long>(n), static_cast<long long>(me),
+                  ring_peak / 1048576.0, gather_peak / 1048576.0,
+                  limit / 1048576.0, static_cast<long long>(rows[me]), alone_peak / 1048576.0, block / 1048576.0,
+                  reference_peak / 1048576.0);
+  }
 }
 
 // The operator sweep's attention cases (op_sweep_test.cpp lays every input out at random:
