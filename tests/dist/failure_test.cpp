@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <chrono>
+#include <functional>
 
 #include "comm/comm.h"
 #include "comm/peer_memory.h"
@@ -14,21 +15,37 @@
 using namespace shardtensor;
 using namespace shardtensor::testing;
 
+namespace {
+
+// A mesh over every rank whose collectives give up after 3 s: the one rank 0 "fails" on.
+DeviceMesh mesh_with_a_short_timeout() {
+  MeshOptions short_timeout;
+  short_timeout.timeout = std::chrono::seconds(3);
+  return DeviceMesh::create({world_size()}, {}, short_timeout);
+}
+
+// Runs `survivor` on every rank but 0, which "failed" before the call and never joins it; the
+// call checks its own error and must be back within 30 s. Then every rank meets on `healthy`
+// (a mesh of the default timeout), so that rank 0 stays alive until the others have seen theirs.
+void on_survivors_within_30s(const DeviceMesh& healthy, const std::function<void()>& survivor) {
+  const auto start = std::chrono::steady_clock::now();
+  if (world_rank() != 0) {
+    survivor();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+  }
+  healthy.comm(0).barrier();
+}
+
+}  // namespace
+
 TEST(Failure, RanksWaitingForARankThatFailedRaiseAfterTheTimeout) {
   if (world_size() == 1) GTEST_SKIP() << "needs a rank that fails and one that waits";
   DeviceMesh healthy = DeviceMesh::create({world_size()});
-  MeshOptions short_timeout;
-  short_timeout.timeout = std::chrono::seconds(3);
-  DeviceMesh mesh = DeviceMesh::create({world_size()}, {}, short_timeout);
-  const auto start = std::chrono::steady_clock::now();
-  if (world_rank() != 0) {
-    // Rank 0 "failed" before this call and never joins the all-gather of local shapes.
+  DeviceMesh mesh = mesh_with_a_short_timeout();
+  on_survivors_within_30s(healthy, [&] {  // rank 0 never joins the all-gather of local shapes
     EXPECT_ERROR_CONTAINS(from_local(at::zeros({2}), mesh, {Shard(0)}, ShardSizing::infer()), "failed or timed out",
                           "all_gather");
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_LT(waited, 30.0);
-  }
-  healthy.comm(0).barrier();  // rank 0 stays alive until the others have seen their error
+  });
 }
 
 // zigzag_shard's message batch: a rank that never joins makes every other rank raise within the
@@ -36,39 +53,25 @@ TEST(Failure, RanksWaitingForARankThatFailedRaiseAfterTheTimeout) {
 TEST(Failure, ZigzagExchangeWhoseMemberFailedRaisesAfterTheTimeout) {
   if (world_size() == 1) GTEST_SKIP() << "needs a rank that fails and one that waits";
   DeviceMesh healthy = DeviceMesh::create({world_size()});
-  MeshOptions short_timeout;
-  short_timeout.timeout = std::chrono::seconds(3);
-  DeviceMesh mesh = DeviceMesh::create({world_size()}, {}, short_timeout);
+  DeviceMesh mesh = mesh_with_a_short_timeout();
   const at::Tensor x = distribute_tensor(at::randn({1, 2, 4 * world_size(), 4}), mesh, {Shard(2)});
-  const auto start = std::chrono::steady_clock::now();
-  if (world_rank() != 0) {  // rank 0 "failed" before this call
-    EXPECT_ERROR_CONTAINS(zigzag_shard(x, 0, 2), "timed out");
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
-  }
-  healthy.comm(0).barrier();
+  on_survivors_within_30s(healthy, [&] { EXPECT_ERROR_CONTAINS(zigzag_shard(x, 0, 2), "timed out"); });
 }
 
 TEST(Failure, RanksWaitingInAPeerMemoryExchangeRaiseAfterTheTimeout) {
   if (world_size() == 1) GTEST_SKIP() << "needs a rank that fails and one that waits";
   if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
   DeviceMesh healthy = DeviceMesh::create({world_size()});
-  MeshOptions short_timeout;
-  short_timeout.timeout = std::chrono::seconds(3);
-  DeviceMesh mesh = DeviceMesh::create({world_size()}, {}, short_timeout);
+  DeviceMesh mesh = mesh_with_a_short_timeout();
   if (kernel_forbids_peer_memory(mesh.comm(0))) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory";
   set_peer_copy_bytes(0);  // this small tensor goes through peer memory too
   at::Tensor x = distribute_tensor(at::arange(60, at::kFloat).view({12, 5}), mesh, {Shard(0)});
   redistribute(x, {Shard(1)});  // every rank: the group probes and copies through memory
   ASSERT_NE(mesh.comm(0).peer_memory(), nullptr) << mesh.comm(0).why_no_peer_memory();
-  const auto start = std::chrono::steady_clock::now();
-  if (world_rank() != 0) {
-    // Rank 0 "failed" before this exchange and never posts its addresses.
+  on_survivors_within_30s(healthy, [&] {  // rank 0 never posts its addresses
     EXPECT_ERROR_CONTAINS(redistribute(x, {Shard(1)}), "timed out", "waiting for group rank 0");
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_LT(waited, 30.0);
-  }
+  });
   set_peer_copy_bytes(kDefaultPeerCopyBytes);
-  healthy.comm(0).barrier();  // rank 0 stays alive until the others have seen their error
 }
 
 // Ring attention checks only its two neighbours' records each step: a rank that never joins
@@ -79,18 +82,11 @@ TEST(Failure, RanksInARingWhoseMemberFailedRaiseAfterTheTimeout) {
   const auto sdpa_op = c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""});
   if (!sdpa_op) GTEST_SKIP() << "aten::scaled_dot_product_attention does not exist in this libtorch (it comes with torch 2.0)";
   DeviceMesh healthy = DeviceMesh::create({world_size()});
-  MeshOptions short_timeout;
-  short_timeout.timeout = std::chrono::seconds(3);
-  DeviceMesh mesh = DeviceMesh::create({world_size()}, {}, short_timeout);
+  DeviceMesh mesh = mesh_with_a_short_timeout();
   const int64_t s = 4 * world_size();
   const at::Tensor q = distribute_tensor(at::randn({1, 2, s, 4}), mesh, {Shard(2)});
-  const auto start = std::chrono::steady_clock::now();
-  if (world_rank() != 0) {
-    // Rank 0 "failed" before this call and never joins the ring.
+  on_survivors_within_30s(healthy, [&] {  // rank 0 never joins the ring
     torch::jit::Stack stack{q, q, q, c10::IValue(), 0.0, false, c10::IValue(), false};
     EXPECT_ERROR_CONTAINS(sdpa_op->callBoxed(&stack), "timed out");
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_LT(waited, 30.0);
-  }
-  healthy.comm(0).barrier();  // rank 0 stays alive until the others have seen their error
+  });
 }
