@@ -90,3 +90,20 @@ TEST(Failure, RanksInARingWhoseMemberFailedRaiseAfterTheTimeout) {
     EXPECT_ERROR_CONTAINS(sdpa_op->callBoxed(&stack), "timed out");
   });
 }
+
+// The ring's backward under a causal mask, where gradients also go straight home during the
+// ring (from 3 ranks): every rank ran the forward; rank 0 then never joins the backward, and
+// every other rank raises within the timeout instead of waiting for its gradients.
+TEST(Failure, CausalRingBackwardWhoseMemberFailedRaisesAfterTheTimeout) {
+  if (world_size() == 1) GTEST_SKIP() << "needs a rank that fails and one that waits";
+  const auto sdpa_op = c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""});
+  if (!sdpa_op) GTEST_SKIP() << "aten::scaled_dot_product_attention does not exist in this libtorch (it comes with torch 2.0)";
+  DeviceMesh healthy = DeviceMesh::create({world_size()});
+  DeviceMesh mesh = mesh_with_a_short_timeout();
+  const int64_t s = 4 * world_size();
+  at::Tensor q = distribute_tensor(at::randn({1, 2, s, 4}), mesh, {Shard(2)}).requires_grad_();
+  torch::jit::Stack stack{q, q, q, c10::IValue(), 0.0, /*is_causal=*/true, c10::IValue(), false};
+  sdpa_op->callBoxed(&stack);  // every rank: the forward
+  const at::Tensor loss = stack.back().toTensor().sum();
+  on_survivors_within_30s(healthy, [&] { EXPECT_ERROR_CONTAINS(loss.backward(), "timed out"); });
+}
