@@ -17,6 +17,7 @@
 
 #include "dispatch/decompositions.h"
 #include "dispatch/foreach.h"
+#include "dispatch/in_place_shape.h"
 #include "dispatch/kernel.h"
 
 namespace shardtensor {
@@ -62,6 +63,7 @@ void register_everything() {
   whole->impl("dist", TORCH_FN(dist_as_norm));
   whole_autograd->impl("dist", TORCH_FN(dist_as_norm));
   register_upsample_vec_decompositions(*whole, *whole_autograd);
+  register_in_place_shape_ops(*whole);
   // _foreach_* operators: one per-tensor call per element (foreach.h), above autograd so that
   // each element's call is recorded by the per-tensor operator's own formula.
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {

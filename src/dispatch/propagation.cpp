@@ -141,9 +141,8 @@ std::string describe_args(const OpMeta& meta) {
 }
 
 bool changes_shape_in_place(const std::string& name) {
-  static const char* const kOps[] = {"aten::t_",       "aten::transpose_", "aten::unsqueeze_", "aten::squeeze_",
-                                     "aten::swapdims_", "aten::swapaxes_",  "aten::as_strided_", "aten::resize_",
-                                     "aten::resize_as_"};
+  // t_, transpose_, unsqueeze_ and squeeze_ never get here (dispatch/in_place_shape.h).
+  static const char* const kOps[] = {"aten::as_strided_", "aten::resize_", "aten::resize_as_"};
   const std::string base = name.substr(0, name.find('.'));
   for (const char* op : kOps)
     if (base == op) return true;
@@ -199,7 +198,7 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
     // the gathered result has another shape than the tensor it would be written into.
     TORCH_CHECK(!changes_shape_in_place(meta.name), meta.name, ": ", why,
                 ". It changes its input's shape in place, which a ShardTensor cannot do without a rule; use "
-                "the out-of-place operator (x = x.t() rather than x.t_()).");
+                "the out-of-place operator (x = x.as_strided(...) rather than x.as_strided_(...)).");
     note_fallback(meta.name, why);
     p->result = fallback_result(meta);
     p->fallback = true;

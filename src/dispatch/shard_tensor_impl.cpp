@@ -62,6 +62,12 @@ void ShardTensorImpl::replace(at::Tensor local, ShardTensorSpec spec) {
   refresh_numel();
 }
 
+void ShardTensorImpl::take_layout_of(const ShardTensorImpl& other) {
+  replace(other.local_, other.spec_);
+  permuted_strides_ = other.permuted_strides_;
+  refresh_sizes_and_strides();
+}
+
 template <typename VersionCounter>
 c10::intrusive_ptr<c10::TensorImpl> ShardTensorImpl::detached_copy(VersionCounter&& version_counter,
                                                                    bool allow_tensor_metadata_change) const {

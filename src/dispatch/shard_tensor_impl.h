@@ -28,6 +28,11 @@ class ShardTensorImpl final : public c10::TensorImpl {
   // in-place op). Other wrappers viewing the old local piece keep it.
   void replace(at::Tensor local, ShardTensorSpec spec);
 
+  // Takes another wrapper's piece, spec and global strides: an operator that changes its
+  // input's shape in place (t_, unsqueeze_) becomes its out-of-place form taken back into
+  // self. The piece is a view of the old one, as plain torch's would be.
+  void take_layout_of(const ShardTensorImpl& other);
+
   // The Replicate form of this Partial wrapper that its last resolution computed, reused while
   // the local piece is unchanged (same tensor, same version): an optimizer reads a Partial
   // gradient 2-3 times, and each read would otherwise all-reduce again. The wrapper keeps its

@@ -210,6 +210,46 @@ TEST(Kernel, InPlaceOpsUpdateTheCallersTensorAndItsViews) {
   EXPECT_TRUE(at::allclose(full_tensor(t).select(1, 2), at::zeros({10}, at::kDouble)));
 }
 
+TEST(Kernel, InPlaceShapeOpsGiveTheCallersTensorTheOutOfPlaceLayout) {
+  // t_, transpose_, unsqueeze_ and squeeze_ change the caller's own tensor as plain torch does:
+  // shape, strides, values and gradients as one process, the layout the out-of-place operator
+  // gives, no communication. Uneven rows, and rows with an empty shard.
+  const int64_t w = mesh_1d().size(0);
+  std::vector<int64_t> with_empty = w == 1 ? std::vector<int64_t>{10} : chunk_sizes(10, w - 1);
+  if (w > 1) with_empty.insert(with_empty.begin(), 0);
+  for (const std::vector<int64_t>& sizes : {uneven(10, false), with_empty}) {
+    const at::Tensor global = same_randn({10, 4});
+    at::Tensor x = rows(global, sizes);
+    const at::Tensor view = x.select(1, 2);
+    CommDebugMode comms;
+    EXPECT_TRUE(x.t_().is_same(x));
+    EXPECT_EQ(x.sizes(), global.t().sizes());
+    EXPECT_EQ(x.strides(), global.t().strides());
+    EXPECT_EQ(spec(x).placements(), Placements{Shard(1)});
+    EXPECT_TRUE(at::equal(full_tensor(x), global.t()));
+    x.transpose_(0, -1).unsqueeze_(1);
+    EXPECT_EQ(spec(x).placements(), Placements{Shard(0)});
+    EXPECT_TRUE(at::equal(full_tensor(x), global.unsqueeze(1)));
+    x.squeeze_(1).unsqueeze_(0).unsqueeze_(3).squeeze_();
+    EXPECT_EQ(x.sizes(), global.sizes());
+    EXPECT_EQ(spec(x).placements(), Placements{Shard(0)});
+    EXPECT_TRUE(at::equal(full_tensor(x), global));
+    EXPECT_EQ(comms.count("all_gather"), w > 1 ? 3 : 0) << comms.table();  // the three full_tensor calls only
+    x.mul_(2);  // the piece is still the one the view sees, as plain torch's would be
+    EXPECT_TRUE(at::equal(full_tensor(view), global.select(1, 2) * 2));
+
+    // On a non-leaf, autograd records the in-place op: gradients as one process.
+    at::Tensor leaf = rows(global, sizes).requires_grad_();
+    at::Tensor y = leaf * 3;
+    y.t_().unsqueeze_(0);
+    const at::Tensor weight = same_randn({1, 4, 10});
+    (y * distribute_tensor(weight, mesh_1d(), {Replicate()})).sum().backward();
+    const at::Tensor plain = global.clone().requires_grad_();
+    ((plain * 3).t().unsqueeze(0) * weight).sum().backward();
+    EXPECT_TRUE(at::allclose(full_tensor(leaf.grad()), plain.grad()));
+  }
+}
+
 TEST(Kernel, CustomRulesAndLocalMap) {
   // A rule for an operator that has none: roll along dim 1 is local when dim 1 is whole.
   register_sharding_rule("aten::roll", [](const OpMeta& op) {

@@ -420,17 +420,25 @@ def inplace_shape_body(rank, world_size):
     import shardtensor as st
 
     mesh = st.init_device_mesh("cpu", (world_size,))
-    x = st.distribute_tensor(torch.arange(24.0).reshape(8, 3), mesh, [st.Shard(0)])
-    # Operators that change a ShardTensor's shape in place have no rule and cannot fall back:
-    # a clear error on every rank, in strict mode and out of it, and the tensor is unchanged.
-    for call in (lambda: x.t_(), lambda: x.transpose_(0, 1), lambda: x.unsqueeze_(0)):
-        with st.strict(False):
-            with pytest.raises(RuntimeError, match="in place"):
-                call()
+    plain = torch.arange(24.0).reshape(8, 3)
+    x = st.distribute_tensor(plain, mesh, [st.Shard(0)])
+    # t_, transpose_, unsqueeze_ and squeeze_ change the caller's tensor as plain torch does.
+    assert x.t_() is x
+    assert x.shape == (3, 8) and x.stride() == plain.t().stride()
+    assert x.placements == (st.Shard(1),)
+    assert_close(x.full_tensor(), plain.t(), "after t_")
+    x.transpose_(0, 1).unsqueeze_(0)
+    assert x.shape == (1, 8, 3) and x.placements == (st.Shard(1),)
+    x.squeeze_()
+    assert_close(x.full_tensor(), plain, "after transpose_, unsqueeze_ and squeeze_")
+    # One that has no rule cannot fall back: a clear error on every rank, the tensor unchanged.
+    with st.strict(False):
+        with pytest.raises(RuntimeError, match="in place"):
+            x.as_strided_((3, 8), (1, 3))
     assert x.shape == (8, 3)
-    assert_close(x.full_tensor(), torch.arange(24.0).reshape(8, 3), "after refused in-place ops")
+    assert_close(x.full_tensor(), plain, "after a refused as_strided_")
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_shape_changing_inplace_ops_raise(world_size):
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_shape_changing_inplace_ops(world_size):
     run_ranks(inplace_shape_body, world_size)
