@@ -10,6 +10,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "dispatch/shard_tensor_impl.h"
 
 namespace shardtensor {
@@ -46,9 +49,18 @@ at::Tensor& squeeze_dim_in_place(at::Tensor& self, int64_t dim) {
   return take_result(self, self.squeeze(dim));
 }
 
+// squeeze_.dims (torch 2.0 on) as one squeeze per dim, the last first so that earlier dims keep
+// their index; compiled on every line, where at::squeeze(self, dims) is not.
 at::Tensor& squeeze_dims_in_place(at::Tensor& self, c10::IntArrayRef dims) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return take_result(self, at::squeeze(self, dims));
+  std::vector<int64_t> wrapped;
+  for (int64_t d : dims) wrapped.push_back(c10::maybe_wrap_dim(d, self.dim()));
+  std::sort(wrapped.rbegin(), wrapped.rend());
+  TORCH_CHECK(std::adjacent_find(wrapped.begin(), wrapped.end()) == wrapped.end(), "squeeze_: dims [",
+              c10::Join(", ", dims), "] name a dim more than once; each dim may appear once.");
+  at::Tensor result = self;
+  for (int64_t d : wrapped) result = result.squeeze(d);
+  return take_result(self, result);
 }
 
 }  // namespace

@@ -429,7 +429,9 @@ def inplace_shape_body(rank, world_size):
     assert_close(x.full_tensor(), plain.t(), "after t_")
     x.transpose_(0, 1).unsqueeze_(0)
     assert x.shape == (1, 8, 3) and x.placements == (st.Shard(1),)
-    x.squeeze_()
+    x.unsqueeze_(2).squeeze_((0, 2))
+    assert x.shape == (8, 3) and x.placements == (st.Shard(0),)
+    x.unsqueeze_(-1).squeeze_()
     assert_close(x.full_tensor(), plain, "after transpose_, unsqueeze_ and squeeze_")
     # One that has no rule cannot fall back: a clear error on every rank, the tensor unchanged.
     with st.strict(False):
