@@ -198,7 +198,8 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
     // the gathered result has another shape than the tensor it would be written into.
     TORCH_CHECK(!changes_shape_in_place(meta.name), meta.name, ": ", why,
                 ". It changes its input's shape in place, which a ShardTensor cannot do without a rule; use "
-                "the out-of-place operator (x = x.as_strided(...) rather than x.as_strided_(...)).");
+                "an out-of-place operator (x = x.as_strided(...) rather than x.as_strided_(...); x.reshape(...) "
+                "rather than x.resize_(...)).");
     note_fallback(meta.name, why);
     p->result = fallback_result(meta);
     p->fallback = true;
