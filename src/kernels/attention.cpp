@@ -12,8 +12,9 @@
 //
 // The backward calls the operator's own backward once per block with the final output and
 // log-sum-exp, which gives each block's exact share of the gradients (the softmax weights of a
-// block are exp(scores - lse), lse being the global one). Key and value gradients travel with
-// their blocks and are returned to the blocks' owners at the end, in one batch.
+// block are exp(scores - lse), lse being the global one). Key and value gradients follow their
+// blocks round the ring, one batch behind the keys, and go home to the blocks' owners
+// (kernels/attention_backward.cpp).
 //
 // The operator itself divides by zero on empty sequences (torch 2.15 raises SIGFPE), so it is
 // never called on an empty block: empty shards compute nothing and return zeros.
@@ -46,7 +47,7 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
     auto travelling = [n](const at::Tensor& t) { return n > 1 ? t.contiguous() : t; };
     KeyBlock held{me, {travelling(args[1].toTensor()), travelling(args[2].toTensor())}}, next;
     for (int64_t step = 0; step < n; ++step) {
-      const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next);
+      const auto messages = start_pass(plan, step, held, &next);
       const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
       for (const BlockCall& c : calls) {
         const std::vector<at::Tensor> r = call(op, {rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), args[3],

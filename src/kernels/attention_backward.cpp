@@ -1,11 +1,15 @@
 // The backward of AttentionPlan (rules/attention.h); kernels/attention.cpp has the forward and
 // the block helpers both use.
 //
-// Each ring step passes a block's keys and values on before the block is computed (so the
-// transfer overlaps the compute), then its key and value gradient accumulators after (they
-// need this rank's share first), in the same message batch. A block stops on the last rank
-// that needs it (Note [Ring schedule]); its accumulators wait there and go home to its owner in
-// one batch at the end.
+// Each ring step is two message batches. The first passes the held block's keys and values on
+// before the block is computed, so the transfer overlaps the compute (as in the forward). The
+// second, after the compute, passes the block's key and value gradient accumulators on behind
+// it (they need this rank's share first) and receives those of the block that just arrived.
+// One batch for both would hold the next block's accumulators during the compute as well: in
+// two, a rank holds at most the block it computes, its accumulators, the next block's keys and
+// values and the operator's block gradients (8 blocks' worth, not 10). A block stops on the last
+// rank that needs it (Note [Ring schedule]); its accumulators go home to its owner from there,
+// in that step's gradient batch where there is one, else in one batch after the ring.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -19,31 +23,94 @@
 namespace shardtensor {
 namespace {
 
+using Gradients = std::vector<at::Tensor>;  // a block's key and value gradients (accumulated)
+
+// Buffers shaped like the key and value gradients of block `block` (zeros, or uninitialised
+// for a receive): `like` is this rank's own, whose length along the sequence (dim 2) is
+// replaced by the block's.
+Gradients block_gradients(const AttentionPlan& plan, int64_t block, const Gradients& like, bool zeroed) {
+  Gradients buffers;
+  for (const at::Tensor& l : like) {
+    std::vector<int64_t> shape = l.sizes().vec();
+    shape[2] = length(plan.local_keys(block));
+    buffers.push_back(zeroed ? at::zeros(shape, l.options()) : at::empty(shape, l.options()));
+  }
+  return buffers;
+}
+
+int64_t bytes_of(const Gradients& g) {
+  int64_t bytes = 0;
+  for (const at::Tensor& t : g) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
+// The ring's gradient state on one rank: the accumulators of the block it holds, those parked
+// here until the ring ends, and its own, where they came home during the ring.
+struct RingGradients {
+  int64_t held_index = 0;
+  Gradients held;  // empty until the block's first contribution here or on the way
+  std::map<int64_t, Gradients> parked;
+  Gradients mine;
+};
+
+// Step `step`'s gradient batch (every rank runs one where the keys' batch ran): block
+// `state->held_index`'s accumulators move on behind it, go home where they are final, or stay
+// parked here; those of block `next_index` (held from the next step on) come from the previous
+// rank where the block came with the keys' batch, and this rank's own come home where the plan
+// sends them now.
+void pass_gradients(const AttentionPlan& plan, int64_t step, int64_t next_index, const Gradients& like, RingGradients* state) {
+  const int64_t n = plan.ring_size(), me = plan.mesh.coordinate()[plan.seq_mesh_dim];
+  const int64_t to = (me + 1) % n, from = (me - 1 + n) % n, block = state->held_index;
+  const bool here = plan.present(block, step);
+  if (here && state->held.empty()) state->held = block_gradients(plan, block, like, /*zeroed=*/true);
+  const bool moves_on = here && plan.sends(block, step);
+  const bool goes_home = here && !moves_on && plan.last_step(block) == step && plan.returns_during_ring(block);
+  const bool own_comes_home = plan.last_step(me) == step && plan.returns_during_ring(me);
+
+  std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0), checked = {to, from};
+  Gradients incoming = plan.sends(next_index, step) ? block_gradients(plan, next_index, like, /*zeroed=*/false) : Gradients{};
+  if (moves_on) bytes_to[to] += bytes_of(state->held);
+  if (goes_home) bytes_to[block] += bytes_of(state->held), checked.push_back(block);
+  bytes_from[from] += bytes_of(incoming);
+  if (own_comes_home) {
+    state->mine = block_gradients(plan, me, like, /*zeroed=*/false);
+    bytes_from[plan.gradient_holder(me)] += bytes_of(state->mine);
+    checked.push_back(plan.gradient_holder(me));
+  }
+  auto messages = plan.mesh.comm(plan.seq_mesh_dim).start_messages("ring_gradients");
+  messages->announce(bytes_to, bytes_from, checked);
+  if (moves_on || goes_home)
+    for (const at::Tensor& g : state->held) messages->send(moves_on ? to : block, g);
+  for (const at::Tensor& g : incoming) messages->receive(from, g);
+  if (own_comes_home)
+    for (const at::Tensor& g : state->mine) messages->receive(plan.gradient_holder(me), g);
+  messages->wait();
+  if (here && !moves_on && !goes_home) state->parked[block] = std::move(state->held);
+  state->held = std::move(incoming);
+  state->held_index = next_index;
+}
+
 // After the ring: sends the gradient accumulators still parked on this rank to their owners,
 // and receives this rank's own unless they came home during the ring (`mine` holds them then).
-// `parked` maps a block to its (key, value) gradients.
-std::vector<at::Tensor> return_gradients(const AttentionPlan& plan, int64_t me, const std::map<int64_t, std::vector<at::Tensor>>& parked,
-                                         const std::vector<at::Tensor>& like, std::vector<at::Tensor> mine) {
+Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients state, const Gradients& like) {
   const int64_t n = plan.ring_size();
   auto returns_after_ring = [&](int64_t block) { return plan.gradient_holder(block) != block && !plan.returns_during_ring(block); };
   bool any = false;
   for (int64_t b = 0; b < n; ++b) any = any || returns_after_ring(b);
-  if (!any) return mine.empty() ? parked.at(me) : mine;
+  if (!any) return state.mine.empty() ? state.parked.at(me) : state.mine;
   Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
   auto messages = comm.start_messages("ring_return");
-  for (const auto& [block, grads] : parked)
+  for (const auto& [block, grads] : state.parked)
     if (block != me)
       for (const at::Tensor& g : grads) messages->send(block, g);
   if (plan.gradient_holder(me) == me) {
-    mine = parked.at(me);
+    state.mine = state.parked.at(me);
   } else if (returns_after_ring(me)) {
-    for (const at::Tensor& l : like) {  // this rank's own key and value gradients' shapes
-      mine.push_back(at::empty(l.sizes(), l.options()));
-      messages->receive(plan.gradient_holder(me), mine.back());
-    }
+    state.mine = block_gradients(plan, me, like, /*zeroed=*/false);
+    for (const at::Tensor& g : state.mine) messages->receive(plan.gradient_holder(me), g);
   }
   messages->wait();
-  return mine;
+  return state.mine;
 }
 
 }  // namespace
@@ -76,30 +143,14 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
 
     const at::ScalarType acc = accumulation_type(query.scalar_type());
     at::Tensor grad_query;  // the first block over every row gives it, else zeros: never both at once
-    KeyBlock held{me, {key.contiguous(), value.contiguous(), at::zeros(key.sizes(), key.options().dtype(acc)),
-                       at::zeros(value.sizes(), value.options().dtype(acc))}};
-    KeyBlock next;
-    std::map<int64_t, std::vector<at::Tensor>> parked;
-    std::vector<at::Tensor> mine;  // this rank's own key and value gradients, where they come home during the ring
+    KeyBlock held{me, {key.contiguous(), value.contiguous()}}, next;
+    RingGradients grads;
+    grads.held_index = me;
     // Shapes and dtypes of this rank's own key and value gradients (one element, expanded).
-    const std::vector<at::Tensor> gradient_like = {at::empty({}, key.options().dtype(acc)).expand(key.sizes()),
-                                                   at::empty({}, value.options().dtype(acc)).expand(value.sizes())};
-    auto bytes_of = [](const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); };
+    const Gradients gradient_like = {at::empty({}, key.options().dtype(acc)).expand(key.sizes()),
+                                     at::empty({}, value.options().dtype(acc)).expand(value.sizes())};
     for (int64_t step = 0; step < n; ++step) {
-      // Gradients that are final after this step go home in its batch: the held block's, if it
-      // stops here, and this rank's own, from wherever its block stopped.
-      DirectBytes home;
-      const bool held_goes_home = plan.ring && plan.present(held.index, step) && plan.last_step(held.index) == step &&
-                                  plan.returns_during_ring(held.index);
-      if (held_goes_home) home.to = held.index, home.bytes_to = bytes_of(held.parts[2]) + bytes_of(held.parts[3]);
-      if (plan.ring && plan.last_step(me) == step && plan.returns_during_ring(me))
-        home.from = plan.gradient_holder(me), home.bytes_from = bytes_of(gradient_like[0]) + bytes_of(gradient_like[1]);
-      const auto messages = start_pass(plan, step, held, /*parts_now=*/2, &next, home);
-      if (home.from >= 0)
-        for (const at::Tensor& l : gradient_like) {
-          mine.push_back(at::empty(l.sizes(), l.options()));
-          messages->receive(home.from, mine.back());
-        }
+      const auto messages = start_pass(plan, step, held, &next);
       const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
       for (const BlockCall& c : calls) {
         const std::vector<at::Tensor> r =
@@ -111,26 +162,31 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
           if (!grad_query.defined()) grad_query = at::zeros(query.sizes(), query.options().dtype(acc));
           rows_of(grad_query, c).add_(r[0]);
         }
-        keys_of(held.parts[2], c).add_(r[1]);
-        keys_of(held.parts[3], c).add_(r[2]);
+        if (grads.held.empty() && calls.size() == 1 && c.key_offset == 0 && c.visible.keys.size() == held.parts[0].size(2)) {
+          // The first contribution, over every key: the operator's own (contiguous: it travels).
+          grads.held = {r[1].to(acc).contiguous(), r[2].to(acc).contiguous()};
+        } else {
+          if (grads.held.empty()) grads.held = block_gradients(plan, held.index, gradient_like, /*zeroed=*/true);
+          keys_of(grads.held[0], c).add_(r[1]);
+          keys_of(grads.held[1], c).add_(r[2]);
+        }
       }
-      const bool moves_on = messages && plan.sends(held.index, step);
-      if (moves_on) {  // the gradients follow their keys, in the same batch
-        messages->send((me + 1) % n, held.parts[2]);
-        messages->send((me + 1) % n, held.parts[3]);
-      } else if (held_goes_home) {
-        messages->send(held.index, held.parts[2]);
-        messages->send(held.index, held.parts[3]);
-      } else if (plan.present(held.index, step)) {
-        parked[held.index] = {held.parts[2], held.parts[3]};
+      if (!messages) {  // no block moves any more: this one's gradients stay here
+        if (plan.present(held.index, step))
+          grads.parked[held.index] =
+              grads.held.empty() ? block_gradients(plan, held.index, gradient_like, /*zeroed=*/true) : std::move(grads.held);
+        continue;
       }
-      if (messages) finish_pass(messages.get(), &held, &next);
+      finish_pass(messages.get(), &held, &next);
+      next.parts.clear();  // the keys and values just computed: not kept through the gradients' batch
+      pass_gradients(plan, step, held.index, gradient_like, &grads);
     }
-    const std::vector<at::Tensor> grads = plan.ring ? return_gradients(plan, me, parked, gradient_like, std::move(mine)) : parked.at(me);
+    const Gradients key_value_grads =
+        plan.ring ? return_gradients(plan, me, std::move(grads), gradient_like) : std::move(grads.parked.at(me));
     if (!grad_query.defined()) grad_query = at::zeros(query.sizes(), query.options().dtype(acc));  // no row saw a key
     stack->push_back(grad_query.to(query.scalar_type()));
-    stack->push_back(grads[0].to(key.scalar_type()));
-    stack->push_back(grads[1].to(value.scalar_type()));
+    stack->push_back(key_value_grads[0].to(key.scalar_type()));
+    stack->push_back(key_value_grads[1].to(value.scalar_type()));
   };
 }
 

@@ -107,8 +107,7 @@ std::vector<at::Tensor> call(const c10::OperatorHandle& op, std::vector<c10::IVa
   return out;
 }
 
-std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, size_t parts_now, KeyBlock* next,
-                                     const DirectBytes& direct) {
+std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, KeyBlock* next) {
   const int64_t n = plan.ring_size();
   if (step + 1 >= n || !plan.any_send(step)) return nullptr;
   Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
@@ -125,21 +124,17 @@ std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, co
       next->parts.push_back(at::empty(shape, like.options()));
     }
   }
-  // Every part held goes out in this batch (the backward's gradients after the block's compute):
-  // announced up front, each rank's receive is posted as soon as its sender's fingerprint
-  // record matched, so the block moves while this step computes, not after every rank's wait().
+  // Announced up front, each rank's receive is posted as soon as its sender's fingerprint record
+  // matched, so the block moves while this step computes, not after every rank's wait().
   // The records go to the two neighbours, whatever moves: a neighbour running another schedule
   // is caught here, and no other rank ever sends to this one.
   std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0);
   if (sending)
     for (const at::Tensor& part : held.parts) bytes_to[to] += static_cast<int64_t>(part.nbytes());
   for (const at::Tensor& part : next->parts) bytes_from[from] += static_cast<int64_t>(part.nbytes());
-  std::vector<int64_t> checked = {to, from};
-  if (direct.to >= 0) bytes_to[direct.to] += direct.bytes_to, checked.push_back(direct.to);
-  if (direct.from >= 0) bytes_from[direct.from] += direct.bytes_from, checked.push_back(direct.from);
-  messages->announce(bytes_to, bytes_from, checked);
+  messages->announce(bytes_to, bytes_from, {to, from});
   if (sending)
-    for (size_t i = 0; i < parts_now; ++i) messages->send(to, held.parts[i]);
+    for (const at::Tensor& part : held.parts) messages->send(to, part);
   for (const at::Tensor& part : next->parts) messages->receive(from, part);
   return messages;
 }

@@ -54,27 +54,18 @@ inline c10::IValue optional_tensor(const at::Tensor& t) { return t.defined() ? c
 // Runs `op` on `args` (local tensors) and returns its outputs.
 std::vector<at::Tensor> call(const c10::OperatorHandle& op, std::vector<c10::IValue> args);
 
-// A block of keys as it travels: its owner's coordinate and its tensors (key, value; backward:
-// and their gradient accumulators).
+// A block of keys as it travels: its owner's coordinate and its tensors (key, value).
 struct KeyBlock {
   int64_t index = 0;
   std::vector<at::Tensor> parts;
 };
 
-// Bytes a ring step's batch also moves straight between two ranks, beside the neighbours'
-// passes (the backward's gradients going home): the caller sends and receives them.
-struct DirectBytes {
-  int64_t to = -1, bytes_to = 0;
-  int64_t from = -1, bytes_from = 0;
-};
-
-// Starts the message batch of ring step `step`: the first `parts_now` parts of the block held
-// here go to the next rank where the block moves on; the previous rank's block arrives in
-// `next` (fresh buffers shaped like `held.parts` with that block's length) where it comes.
-// `direct` is announced with them. Null after the last step, or where no block moves after
-// this step on any rank (every rank decides alike, from the plan).
-std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, size_t parts_now, KeyBlock* next,
-                                     const DirectBytes& direct = {});
+// Starts the message batch of ring step `step`: the parts of the block held here (its keys and
+// values) go to the next rank where the block moves on; the previous rank's block arrives in
+// `next` (fresh buffers shaped like `held.parts` with that block's length) where it comes. Null
+// after the last step, or where no block moves after this step on any rank (every rank decides
+// alike, from the plan).
+std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, KeyBlock* next);
 
 // After a step's batch landed: the block that arrived, or (none arrived) only its index, since
 // no rank needs it here or further on.

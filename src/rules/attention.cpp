@@ -350,7 +350,10 @@ std::vector<DeclaredMove> AttentionPlan::moves() const {
   if (keys_split && key_rows.size() > 1 && pass == Pass::Forward) return {{DeclaredMove::Kind::AllGather, seq_mesh_dim, kSeqDim}};
   if (!ring || ring_size() == 1) return {};
   std::vector<DeclaredMove> moves = {{DeclaredMove::Kind::RingPass, seq_mesh_dim, kSeqDim}};
-  if (pass == Pass::Backward) moves.push_back({DeclaredMove::Kind::RingReturn, seq_mesh_dim, kSeqDim});
+  if (pass == Pass::Backward) {
+    moves.push_back({DeclaredMove::Kind::RingGradientPass, seq_mesh_dim, kSeqDim});
+    moves.push_back({DeclaredMove::Kind::RingReturn, seq_mesh_dim, kSeqDim});
+  }
   return moves;
 }
 

@@ -59,8 +59,8 @@ struct AttentionPlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override;
-  // Ring: K/V blocks passed along the mesh dim (backward: with their gradients, then the
-  // gradients returned to their owners). Local attention moves nothing.
+  // Ring: K/V blocks passed along the mesh dim (backward: their gradients passed behind them,
+  // then returned to their owners). Local attention moves nothing.
   std::vector<DeclaredMove> moves() const override;
 };
 

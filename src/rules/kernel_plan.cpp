@@ -14,6 +14,8 @@ std::string DeclaredMove::to_string() const {
       return "all-gather of per-row statistics over mesh dim " + std::to_string(mesh_dim);
     case Kind::RingPass:
       return "ring pass of dim " + std::to_string(tensor_dim) + " blocks over mesh dim " + std::to_string(mesh_dim);
+    case Kind::RingGradientPass:
+      return "gradients of dim " + std::to_string(tensor_dim) + " blocks passed behind them over mesh dim " + std::to_string(mesh_dim);
     case Kind::RingReturn:
       return "gradients of dim " + std::to_string(tensor_dim) + " blocks returned to their owners over mesh dim " +
              std::to_string(mesh_dim);
