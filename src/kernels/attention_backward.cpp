@@ -6,10 +6,13 @@
 // second, after the compute, passes the block's key and value gradient accumulators on behind
 // it (they need this rank's share first) and receives those of the block that just arrived.
 // One batch for both would hold the next block's accumulators during the compute as well: in
-// two, a rank holds at most the block it computes, its accumulators, the next block's keys and
-// values and the operator's block gradients (8 blocks' worth, not 10). A block stops on the last
-// rank that needs it (Note [Ring schedule]); its accumulators go home to its owner from there,
-// in that step's gradient batch where there is one, else in one batch after the ring.
+// two, the blocks in flight during a compute are the block itself, its accumulators, the next
+// block's keys and values and the operator's block gradients (8 blocks' worth, not 10), beside
+// what any layout holds: this rank's own key and value gradients once they are final here (the
+// operator's outputs) and the query gradient with the operator's share of it (query-sized). A
+// block stops on the last rank that needs it (Note [Ring schedule]); its accumulators go home
+// to its owner from there, in that step's gradient batch where there is one, else in one batch
+// after the ring.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -150,7 +153,7 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
     const Gradients gradient_like = {at::empty({}, key.options().dtype(acc)).expand(key.sizes()),
                                      at::empty({}, value.options().dtype(acc)).expand(value.sizes())};
     for (int64_t step = 0; step < n; ++step) {
-      const auto messages = start_pass(plan, step, held, &next);
+      auto messages = start_pass(plan, step, held, &next);
       const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
       for (const BlockCall& c : calls) {
         const std::vector<at::Tensor> r =
@@ -178,7 +181,10 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
         continue;
       }
       finish_pass(messages.get(), &held, &next);
-      next.parts.clear();  // the keys and values just computed: not kept through the gradients' batch
+      // The keys and values just computed are not kept through the gradients' batch: neither
+      // here nor in the batch (a packed batch holds its sent tensors until it is destroyed).
+      next.parts.clear();
+      messages.reset();
       pass_gradients(plan, step, held.index, gradient_like, &grads);
     }
     const Gradients key_value_grads =
