@@ -41,19 +41,20 @@ Gradients block_gradients(const AttentionPlan& plan, int64_t block, const Gradie
   return buffers;
 }
 
-int64_t bytes_of(const Gradients& g) {
-  int64_t bytes = 0;
-  for (const at::Tensor& t : g) bytes += static_cast<int64_t>(t.nbytes());
-  return bytes;
-}
-
 // The ring's gradient state on one rank: the accumulators of the block it holds, those parked
 // here until the ring ends, and its own, where they came home during the ring.
 struct RingGradients {
+  Gradients like;  // this rank's own key and value gradients' shapes and dtypes
   int64_t held_index = 0;
   Gradients held;  // empty until the block's first contribution here or on the way
   std::map<int64_t, Gradients> parked;
   Gradients mine;
+
+  // The held block's accumulators, zeros where nothing was added to them yet.
+  Gradients& accumulators(const AttentionPlan& plan) {
+    if (held.empty()) held = block_gradients(plan, held_index, like, /*zeroed=*/true);
+    return held;
+  }
 };
 
 // Step `step`'s gradient batch (every rank runs one where the keys' batch ran): block
@@ -61,24 +62,24 @@ struct RingGradients {
 // parked here; those of block `next_index` (held from the next step on) come from the previous
 // rank where the block came with the keys' batch, and this rank's own come home where the plan
 // sends them now.
-void pass_gradients(const AttentionPlan& plan, int64_t step, int64_t next_index, const Gradients& like, RingGradients* state) {
+void pass_gradients(const AttentionPlan& plan, int64_t step, int64_t next_index, RingGradients* state) {
   const int64_t n = plan.ring_size(), me = plan.mesh.coordinate()[plan.seq_mesh_dim];
-  const int64_t to = (me + 1) % n, from = (me - 1 + n) % n, block = state->held_index;
+  const int64_t to = (me + 1) % n, from = (me - 1 + n) % n, block = state->held_index, holder = plan.gradient_holder(me);
   const bool here = plan.present(block, step);
-  if (here && state->held.empty()) state->held = block_gradients(plan, block, like, /*zeroed=*/true);
+  if (here) state->accumulators(plan);
   const bool moves_on = here && plan.sends(block, step);
-  const bool goes_home = here && !moves_on && plan.last_step(block) == step && plan.returns_during_ring(block);
+  const bool goes_home = plan.last_step(block) == step && plan.returns_during_ring(block);  // its last step: here, not moving on
   const bool own_comes_home = plan.last_step(me) == step && plan.returns_during_ring(me);
 
   std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0), checked = {to, from};
-  Gradients incoming = plan.sends(next_index, step) ? block_gradients(plan, next_index, like, /*zeroed=*/false) : Gradients{};
+  Gradients incoming = plan.sends(next_index, step) ? block_gradients(plan, next_index, state->like, /*zeroed=*/false) : Gradients{};
   if (moves_on) bytes_to[to] += bytes_of(state->held);
   if (goes_home) bytes_to[block] += bytes_of(state->held), checked.push_back(block);
   bytes_from[from] += bytes_of(incoming);
   if (own_comes_home) {
-    state->mine = block_gradients(plan, me, like, /*zeroed=*/false);
-    bytes_from[plan.gradient_holder(me)] += bytes_of(state->mine);
-    checked.push_back(plan.gradient_holder(me));
+    state->mine = block_gradients(plan, me, state->like, /*zeroed=*/false);
+    bytes_from[holder] += bytes_of(state->mine);
+    checked.push_back(holder);
   }
   auto messages = plan.mesh.comm(plan.seq_mesh_dim).start_messages("ring_gradients");
   messages->announce(bytes_to, bytes_from, checked);
@@ -86,7 +87,7 @@ void pass_gradients(const AttentionPlan& plan, int64_t step, int64_t next_index,
     for (const at::Tensor& g : state->held) messages->send(moves_on ? to : block, g);
   for (const at::Tensor& g : incoming) messages->receive(from, g);
   if (own_comes_home)
-    for (const at::Tensor& g : state->mine) messages->receive(plan.gradient_holder(me), g);
+    for (const at::Tensor& g : state->mine) messages->receive(holder, g);
   messages->wait();
   if (here && !moves_on && !goes_home) state->parked[block] = std::move(state->held);
   state->held = std::move(incoming);
@@ -95,7 +96,7 @@ void pass_gradients(const AttentionPlan& plan, int64_t step, int64_t next_index,
 
 // After the ring: sends the gradient accumulators still parked on this rank to their owners,
 // and receives this rank's own unless they came home during the ring (`mine` holds them then).
-Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients state, const Gradients& like) {
+Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients state) {
   const int64_t n = plan.ring_size();
   auto returns_after_ring = [&](int64_t block) { return plan.gradient_holder(block) != block && !plan.returns_during_ring(block); };
   bool any = false;
@@ -109,7 +110,7 @@ Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients 
   if (plan.gradient_holder(me) == me) {
     state.mine = state.parked.at(me);
   } else if (returns_after_ring(me)) {
-    state.mine = block_gradients(plan, me, like, /*zeroed=*/false);
+    state.mine = block_gradients(plan, me, state.like, /*zeroed=*/false);
     for (const at::Tensor& g : state.mine) messages->receive(plan.gradient_holder(me), g);
   }
   messages->wait();
@@ -150,8 +151,7 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
     RingGradients grads;
     grads.held_index = me;
     // Shapes and dtypes of this rank's own key and value gradients (one element, expanded).
-    const Gradients gradient_like = {at::empty({}, key.options().dtype(acc)).expand(key.sizes()),
-                                     at::empty({}, value.options().dtype(acc)).expand(value.sizes())};
+    grads.like = {at::empty({}, key.options().dtype(acc)).expand(key.sizes()), at::empty({}, value.options().dtype(acc)).expand(value.sizes())};
     for (int64_t step = 0; step < n; ++step) {
       auto messages = start_pass(plan, step, held, &next);
       const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
@@ -169,15 +169,13 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
           // The first contribution, over every key: the operator's own (contiguous: it travels).
           grads.held = {r[1].to(acc).contiguous(), r[2].to(acc).contiguous()};
         } else {
-          if (grads.held.empty()) grads.held = block_gradients(plan, held.index, gradient_like, /*zeroed=*/true);
-          keys_of(grads.held[0], c).add_(r[1]);
-          keys_of(grads.held[1], c).add_(r[2]);
+          Gradients& sums = grads.accumulators(plan);
+          keys_of(sums[0], c).add_(r[1]);
+          keys_of(sums[1], c).add_(r[2]);
         }
       }
       if (!messages) {  // no block moves any more: this one's gradients stay here
-        if (plan.present(held.index, step))
-          grads.parked[held.index] =
-              grads.held.empty() ? block_gradients(plan, held.index, gradient_like, /*zeroed=*/true) : std::move(grads.held);
+        if (plan.present(held.index, step)) grads.parked[held.index] = std::move(grads.accumulators(plan));
         continue;
       }
       finish_pass(messages.get(), &held, &next);
@@ -185,10 +183,10 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
       // here nor in the batch (a packed batch holds its sent tensors until it is destroyed).
       next.parts.clear();
       messages.reset();
-      pass_gradients(plan, step, held.index, gradient_like, &grads);
+      pass_gradients(plan, step, held.index, &grads);
     }
     const Gradients key_value_grads =
-        plan.ring ? return_gradients(plan, me, std::move(grads), gradient_like) : std::move(grads.parked.at(me));
+        plan.ring ? return_gradients(plan, me, std::move(grads)) : std::move(grads.parked.at(me));
     if (!grad_query.defined()) grad_query = at::zeros(query.sizes(), query.options().dtype(acc));  // no row saw a key
     stack->push_back(grad_query.to(query.scalar_type()));
     stack->push_back(key_value_grads[0].to(key.scalar_type()));

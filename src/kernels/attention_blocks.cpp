@@ -107,6 +107,12 @@ std::vector<at::Tensor> call(const c10::OperatorHandle& op, std::vector<c10::IVa
   return out;
 }
 
+int64_t bytes_of(const std::vector<at::Tensor>& parts) {
+  int64_t bytes = 0;
+  for (const at::Tensor& part : parts) bytes += static_cast<int64_t>(part.nbytes());
+  return bytes;
+}
+
 std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, KeyBlock* next) {
   const int64_t n = plan.ring_size();
   if (step + 1 >= n || !plan.any_send(step)) return nullptr;
@@ -129,9 +135,8 @@ std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, co
   // The records go to the two neighbours, whatever moves: a neighbour running another schedule
   // is caught here, and no other rank ever sends to this one.
   std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0);
-  if (sending)
-    for (const at::Tensor& part : held.parts) bytes_to[to] += static_cast<int64_t>(part.nbytes());
-  for (const at::Tensor& part : next->parts) bytes_from[from] += static_cast<int64_t>(part.nbytes());
+  if (sending) bytes_to[to] = bytes_of(held.parts);
+  bytes_from[from] = bytes_of(next->parts);
   messages->announce(bytes_to, bytes_from, {to, from});
   if (sending)
     for (const at::Tensor& part : held.parts) messages->send(to, part);

@@ -51,6 +51,9 @@ inline at::Tensor rows_of(const at::Tensor& t, const BlockCall& c) { return t.na
 inline at::Tensor keys_of(const at::Tensor& t, const BlockCall& c) { return t.narrow(2, c.key_offset, c.visible.keys.size()); }
 inline c10::IValue optional_tensor(const at::Tensor& t) { return t.defined() ? c10::IValue(t) : c10::IValue(); }
 
+// The bytes of `parts` together (what a ring message batch announces for them).
+int64_t bytes_of(const std::vector<at::Tensor>& parts);
+
 // Runs `op` on `args` (local tensors) and returns its outputs.
 std::vector<at::Tensor> call(const c10::OperatorHandle& op, std::vector<c10::IValue> args);
 

@@ -25,8 +25,8 @@ struct DeclaredMove {
   // RingPass: blocks of `tensor_dim` passed from each rank to the next along the mesh dim, one
   // message batch per step (attention); RingGradientPass: the blocks' gradient accumulators
   // passed behind them, one batch per step after the block's compute (attention's backward);
-  // RingReturn: the gradients of the blocks sent back to the ranks that own them. AllGather: a small statistic gathered mid-op
-  // (attention's per-row log-sum-exp over split keys).
+  // RingReturn: the gradients of the blocks sent back to the ranks that own them. AllGather: a
+  // small statistic gathered mid-op (attention's per-row log-sum-exp over split keys).
   enum class Kind { HaloGather, HaloScatterAdd, AllReduce, AllGather, RingPass, RingGradientPass, RingReturn };
   Kind kind = Kind::AllReduce;
   int64_t mesh_dim = -1;    // the group it runs on
