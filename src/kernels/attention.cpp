@@ -29,41 +29,42 @@
 namespace shardtensor {
 namespace {
 
-// _scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, *, attn_mask, scale)
+// The forward of any SDPA operator (AttentionOperator; attention_operators.cpp calls each).
 LocalKernel attention_forward(const AttentionPlan& plan) {
   return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor query = args[0].toTensor();
-    const c10::optional<at::Tensor> user_mask = args[5].toOptional<at::Tensor>();
+    const at::Tensor query = args[0].toTensor(), key = args[1].toTensor(), value = args[2].toTensor();  // every one's first three
+    const c10::optional<at::Tensor> user_mask = caller_mask(op, args);
     const int64_t n = plan.ring_size(), me = plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
     const Pieces& rows = plan.query_rows_at(me);
     std::vector<int64_t> out_shape = query.sizes().vec(), lse_shape(out_shape.begin(), out_shape.end() - 1);
-    out_shape[3] = args[2].toTensor().size(3);
+    out_shape[3] = value.size(3);
 
     const at::ScalarType acc = accumulation_type(query.scalar_type());
     at::Tensor out, lse;  // merged so far: nothing yet
+    std::vector<c10::IValue> first_returns;  // of this rank's first block call: the operator's other outputs
     // Keys and values travel as messages, which need them contiguous; with nothing to pass, the
     // operator reads them as they are (a copy would double their memory).
     auto travelling = [n](const at::Tensor& t) { return n > 1 ? t.contiguous() : t; };
-    KeyBlock held{me, {travelling(args[1].toTensor()), travelling(args[2].toTensor())}}, next;
+    KeyBlock held{me, {travelling(key), travelling(value)}}, next;
     for (int64_t step = 0; step < n; ++step) {
       const auto messages = start_pass(plan, step, held, &next);
       const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
       for (const BlockCall& c : calls) {
-        const std::vector<at::Tensor> r = call(op, {rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), args[3],
-                                                    c.is_causal, optional_tensor(c.mask), args[6]});
+        BlockForward r = forward_block(plan, op, args, rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), c);
+        if (first_returns.empty()) first_returns = std::move(r.returns);
         const bool whole = rows.size() == 1 && c.visible.rows == rows[0];
         if (!out.defined() && whole && n == 1 && calls.size() == 1) {  // one block over every row: the operator's own result (split keys merge it after)
-          out = r[0];
-          lse = r[1];
+          out = r.out;
+          lse = r.lse;
         } else {
           if (!out.defined()) {
             out = at::zeros(out_shape, query.options().dtype(acc));
             lse = at::full(lse_shape, -std::numeric_limits<double>::infinity(), query.options().dtype(acc));
           }
           at::Tensor o = rows_of(out, c), l = lse.narrow(2, c.row_offset, c.visible.rows.size());
-          const at::Tensor block_lse = r[1].to(acc), merged = at::logaddexp(l, block_lse);
-          at::Tensor term = r[0].to(acc);  // the operator's fresh output, weighted in place: no output-sized temporary
+          const at::Tensor block_lse = r.lse.to(acc), merged = at::logaddexp(l, block_lse);
+          at::Tensor term = r.out.to(acc);  // the operator's fresh output, weighted in place: no output-sized temporary
           term.mul_((block_lse - merged).exp().unsqueeze(-1));
           o.mul_((l - merged).exp().unsqueeze(-1)).add_(term);
           l.copy_(merged);
@@ -76,8 +77,7 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
       lse = at::full(lse_shape, -std::numeric_limits<double>::infinity(), query.options().dtype(acc));
     }
     if (plan.keys_split) merge_over_key_shards(plan, &out, &lse);
-    stack->push_back(out.to(query.scalar_type()));
-    stack->push_back(lse.to(lse_type(query.scalar_type())));
+    push_forward_results(plan, stack, out, lse, first_returns, query, key);
   };
 }
 

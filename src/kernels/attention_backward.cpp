@@ -119,20 +119,23 @@ Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients 
 
 }  // namespace
 
-// _scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value, out,
-// logsumexp, dropout_p, is_causal, *, attn_mask, scale) -> (grad_query, grad_key, grad_value)
+// The backward of any SDPA operator (AttentionOperator; attention_operators.cpp calls each).
+// Every one takes (grad_out, query, key, value) first; out and logsumexp are found by name.
 LocalKernel attention_backward(const AttentionPlan& plan) {
   return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const std::vector<c10::IValue> args = pop_arguments(op, stack);
     const at::Tensor grad_out = args[0].toTensor(), query = args[1].toTensor(), key = args[2].toTensor(),
-                     value = args[3].toTensor(), out = args[4].toTensor(), lse = args[5].toTensor();
-    const c10::optional<at::Tensor> user_mask = args[8].toOptional<at::Tensor>();
+                     value = args[3].toTensor(), out = argument(op, args, "out").toTensor(),
+                     lse = argument(op, args, "logsumexp").toTensor();
+    const c10::optional<at::Tensor> user_mask = caller_mask(op, args);
     const int64_t n = plan.ring_size(), me = plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
     const Pieces& rows = plan.query_rows_at(me);
 
-    if ((!plan.ring || n == 1) && !empty(query) && !empty(key) && rows.size() == 1 && plan.local_keys(me).size() == 1) {
+    // The efficient operator's log-sum-exp needs its padding back: it takes the general path.
+    if ((!plan.ring || n == 1) && plan.op != AttentionOperator::CudaEfficient && !empty(query) && !empty(key) && rows.size() == 1 &&
+        plan.local_keys(me).size() == 1) {
       const Range keys = plan.local_keys(me)[0];
-      const std::vector<BlockCall> calls = block_calls(rows, {keys}, plan.is_causal, user_mask, query);
+      const std::vector<BlockCall> calls = block_calls(rows, {keys}, plan.is_causal, user_mask, query, plan.square_causal_only());
       // The whole local block, placed where the operator's own call places it (a causal diagonal
       // from the first row and key; the mask's columns these keys): the operator itself, on its
       // own arguments.
@@ -157,8 +160,8 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
       const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
       for (const BlockCall& c : calls) {
         const std::vector<at::Tensor> r =
-            call(op, {rows_of(grad_out, c), rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), rows_of(out, c),
-                      lse.narrow(2, c.row_offset, c.visible.rows.size()), args[6], c.is_causal, optional_tensor(c.mask), args[9]});
+            backward_block(plan, op, args, rows_of(grad_out, c), rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c),
+                           rows_of(out, c), lse.narrow(2, c.row_offset, c.visible.rows.size()), c);
         if (!grad_query.defined() && c.row_offset == 0 && c.visible.rows.size() == query.size(2)) {
           grad_query = r[0].to(acc);
         } else {
@@ -188,9 +191,7 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
     const Gradients key_value_grads =
         plan.ring ? return_gradients(plan, me, std::move(grads)) : std::move(grads.parked.at(me));
     if (!grad_query.defined()) grad_query = at::zeros(query.sizes(), query.options().dtype(acc));  // no row saw a key
-    stack->push_back(grad_query.to(query.scalar_type()));
-    stack->push_back(key_value_grads[0].to(key.scalar_type()));
-    stack->push_back(key_value_grads[1].to(value.scalar_type()));
+    push_backward_results(plan, stack, grad_query, key_value_grads[0], key_value_grads[1], query, key, value);
   };
 }
 

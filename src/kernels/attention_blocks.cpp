@@ -44,13 +44,28 @@ BlockCall make_call(const VisibleBlock& v, int64_t row_offset, int64_t key_offse
   return c;
 }
 
+// Appends the call(s) for visible block `v`: one, or where the operator's causal mask must be
+// square (AttentionPlan::square_causal_only) and the rows outnumber the keys, the square on the
+// diagonal and below it the rows that see every key, without mask.
+void add_calls(std::vector<BlockCall>* calls, const VisibleBlock& v, int64_t row_offset, int64_t key_offset,
+               const c10::optional<at::Tensor>& user, const at::Tensor& query, bool square_causal_only) {
+  BlockCall c = make_call(v, row_offset, key_offset, user, query);
+  if (!c.is_causal || !square_causal_only || v.rows.size() == v.keys.size()) {
+    calls->push_back(std::move(c));
+    return;
+  }
+  const Range square = {v.rows.begin, v.rows.begin + v.keys.size()}, below = {square.end, v.rows.end};
+  calls->push_back(make_call(visible_block(square, v.keys, true), row_offset, key_offset, user, query));
+  calls->push_back(make_call(visible_block(below, v.keys, false), row_offset + square.size(), key_offset, user, query));
+}
+
 }  // namespace
 
 at::ScalarType accumulation_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 at::ScalarType lse_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 std::vector<BlockCall> block_calls(const Pieces& rows, const Pieces& keys, bool is_causal, const c10::optional<at::Tensor>& user,
-                                   const at::Tensor& query) {
+                                   const at::Tensor& query, bool square_causal_only) {
   std::vector<BlockCall> calls;
   const std::vector<int64_t> row_starts = local_starts(rows), key_starts = local_starts(keys);
   for (size_t i = 0; i < rows.size(); ++i)
@@ -63,10 +78,10 @@ std::vector<BlockCall> block_calls(const Pieces& rows, const Pieces& keys, bool 
         // every row (no mask), the rest start on the diagonal (the operator's own causal mask).
         // Two calls instead of a [rows, keys] mask, which would be O(S^2 / N) memory.
         const Range before = {v.keys.begin, v.rows.begin}, after = {v.rows.begin, v.keys.end};
-        calls.push_back(make_call(visible_block(v.rows, before, false), row_offset, key_offset, user, query));
-        calls.push_back(make_call(visible_block(v.rows, after, true), row_offset, key_offset + before.size(), user, query));
+        add_calls(&calls, visible_block(v.rows, before, false), row_offset, key_offset, user, query, square_causal_only);
+        add_calls(&calls, visible_block(v.rows, after, true), row_offset, key_offset + before.size(), user, query, square_causal_only);
       } else {
-        calls.push_back(make_call(v, row_offset, key_offset, user, query));
+        add_calls(&calls, v, row_offset, key_offset, user, query, square_causal_only);
       }
     }
   return calls;
@@ -75,7 +90,7 @@ std::vector<BlockCall> block_calls(const Pieces& rows, const Pieces& keys, bool 
 std::vector<BlockCall> step_calls(const AttentionPlan& plan, int64_t step, int64_t held_index, const at::Tensor& held_keys,
                                   const Pieces& rows, const c10::optional<at::Tensor>& user, const at::Tensor& query) {
   if (!plan.present(held_index, step) || empty(query) || empty(held_keys)) return {};
-  return block_calls(rows, plan.local_keys(held_index), plan.is_causal, user, query);
+  return block_calls(rows, plan.local_keys(held_index), plan.is_causal, user, query, plan.square_causal_only());
 }
 
 // Note [Merging split keys]
@@ -97,14 +112,6 @@ void merge_over_key_shards(const AttentionPlan& plan, at::Tensor* out, at::Tenso
   const at::Tensor weight = at::where(at::isneginf(merged), at::zeros({}, mine.options()), (mine - merged).exp());
   *out = *out * weight.unsqueeze(-1);
   *lse = merged;
-}
-
-std::vector<at::Tensor> call(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
-  torch::jit::Stack stack(std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
-  op.callBoxed(&stack);
-  std::vector<at::Tensor> out;
-  for (const c10::IValue& v : stack) out.push_back(v.toTensor());
-  return out;
 }
 
 int64_t bytes_of(const std::vector<at::Tensor>& parts) {

@@ -38,9 +38,9 @@ struct BlockCall {
 // rules/attention.h): one call per pair of pieces that sees anything, offsets counted in local
 // order. `user` is the caller's mask over the local rows and every key (the rule keeps it
 // whole along the keys); under an offset diagonal, or with a user mask, the causal part is
-// added to the mask as -inf.
+// added to the mask as -inf. `square_causal_only`: see AttentionPlan::square_causal_only.
 std::vector<BlockCall> block_calls(const Pieces& rows, const Pieces& keys, bool is_causal, const c10::optional<at::Tensor>& user,
-                                   const at::Tensor& query);
+                                   const at::Tensor& query, bool square_causal_only);
 
 // The calls of ring step `step` on this rank: its rows `rows` against block `held_index`, where
 // that block reaches this rank at this step and neither side is empty; none otherwise.
@@ -54,8 +54,34 @@ inline c10::IValue optional_tensor(const at::Tensor& t) { return t.defined() ? c
 // The bytes of `parts` together (what a ring message batch announces for them).
 int64_t bytes_of(const std::vector<at::Tensor>& parts);
 
-// Runs `op` on `args` (local tensors) and returns its outputs.
-std::vector<at::Tensor> call(const c10::OperatorHandle& op, std::vector<c10::IValue> args);
+// Argument `name` of `op` among its popped arguments `args` (raises if the schema has none).
+const c10::IValue& argument(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, const char* name);
+// The caller's mask (attn_mask; attn_bias for the efficient operator), where there is one.
+c10::optional<at::Tensor> caller_mask(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
+
+// One call of the operator on a block, whichever of the SDPA operators it is
+// (kernels/attention_operators.cpp). `args` are the operator's own arguments (the dropout
+// probability, the scale and the forward's other outputs are read from them by name); the
+// tensors are the block's.
+struct BlockForward {
+  at::Tensor out, lse;               // lse [B, H, rows]: without the efficient operator's padding
+  std::vector<c10::IValue> returns;  // everything the operator returned
+};
+BlockForward forward_block(const AttentionPlan& plan, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+                           const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const BlockCall& c);
+// (grad_query, grad_key, grad_value) of the block.
+std::vector<at::Tensor> backward_block(const AttentionPlan& plan, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+                                       const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+                                       const at::Tensor& value, const at::Tensor& out, const at::Tensor& lse, const BlockCall& c);
+// Leaves the forward's results on `stack` as the operator would: `out` and `lse` (merged, in
+// the accumulation type), then the operator's other outputs, taken from `first` (the returns
+// of this rank's first block call) or, where this rank called nothing, empty stand-ins that no
+// backward reads (with dropout 0 the operators read none of them).
+void push_forward_results(const AttentionPlan& plan, torch::jit::Stack* stack, const at::Tensor& out, const at::Tensor& lse,
+                          const std::vector<c10::IValue>& first, const at::Tensor& query, const at::Tensor& key);
+void push_backward_results(const AttentionPlan& plan, torch::jit::Stack* stack, const at::Tensor& grad_query,
+                           const at::Tensor& grad_key, const at::Tensor& grad_value, const at::Tensor& query, const at::Tensor& key,
+                           const at::Tensor& value);
 
 // A block of keys as it travels: its owner's coordinate and its tensors (key, value).
 struct KeyBlock {

@@ -1,10 +1,12 @@
-// Scaled dot-product attention: aten::_scaled_dot_product_flash_attention_for_cpu and its
-// backward, the operators that F.scaled_dot_product_attention reaches on CPU in torch 2.x
-// (query [B, H, Sq, D], key/value [B, Hk, Sk, D], Hk dividing H for grouped-query attention,
-// an optional additive mask broadcastable to [B, H, Sq, Sk]). Inputs that take the math path
-// instead (dropout, for one) decompose into matmul, softmax and pointwise ops, which have
-// rules of their own. On libtorch 1.13 these operators do not exist and the rules are never
-// reached.
+// Scaled dot-product attention: the operators that F.scaled_dot_product_attention reaches in
+// torch 2.x, with their backwards (AttentionOperator in attention.h): on CPU
+// _scaled_dot_product_flash_attention_for_cpu, on CUDA _scaled_dot_product_flash_attention and
+// _scaled_dot_product_efficient_attention (query [B, H, Sq, D], key/value [B, Hk, Sk, D], Hk
+// dividing H for grouped-query attention, an optional additive mask broadcastable to
+// [B, H, Sq, Sk]: attn_mask, or attn_bias for the efficient one). Inputs that take the math path
+// instead decompose into matmul, softmax and pointwise ops, which have rules of their own; what
+// these rules refuse (dropout, a debug mask, a gradient for the bias) falls back to gathering.
+// On libtorch 1.13 these operators do not exist and the rules are never reached.
 //
 // The query leads; each mesh dim is handled by what it shards of the query:
 //   - batch (dim 0) or heads (dim 1): local attention, no communication. Keys, values and the
@@ -28,6 +30,12 @@
 // sizes and empty shards included); see VisibleBlock in attention.h. Under set_zigzag_causal
 // for the ring's mesh dim (shardtensor/context_parallel.h) each shard is two pieces, the zigzag
 // chunks, and the kernel places each pair of pieces alike.
+//
+// The log-sum-exp a sharded forward returns is [B, H, Sq] laid out like the query's rows, for
+// every operator: the efficient operator's own pads it to a multiple of 32 rows, which no split
+// of the rows could keep, so the kernel drops the padding and restores it for each block call.
+// The operators' other outputs (random-number state, sequence offsets, the debug mask) are
+// this rank's own, replicated in name only: with dropout 0 no backward reads their values.
 #include "rules/attention.h"
 
 #include <algorithm>
@@ -137,11 +145,20 @@ bool whole_groups(const std::vector<int64_t>& head_sizes, int64_t group) {
   return std::all_of(head_sizes.begin(), head_sizes.end(), [&](int64_t s) { return s % group == 0; });
 }
 
+// The mask's argument name: attn_mask (CPU), attn_bias (efficient); flash on CUDA has none.
+bool is_mask_argument(const std::string& name) { return name == "attn_mask" || name == "attn_bias"; }
+
+const TensorInput* mask_input(const OpMeta& op) {
+  for (const char* name : {"attn_mask", "attn_bias"})
+    if (op.has_arg(name)) return op.input_named(name);
+  return nullptr;
+}
+
 Decision decide(const OpMeta& op) {
   const ShardTensorSpec& q = op.input_named("query")->spec;
   const ShardTensorSpec& k = op.input_named("key")->spec;
   const ShardTensorSpec& v = op.input_named("value")->spec;
-  const TensorInput* mask = op.input_named("attn_mask");
+  const TensorInput* mask = mask_input(op);
   TORCH_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, op.name, ": query, key and value must be 4-d [B, H, S, D]; got ",
               q.ndim(), "-d, ", k.ndim(), "-d and ", v.ndim(), "-d.");
   const int64_t heads = q.shape()[kHeadDim], kv_heads = k.shape()[kHeadDim];
@@ -189,7 +206,7 @@ bool reads_zigzag(const OpMeta& op, const Decision& d, bool is_causal) {
   if (!is_causal || d.seq_mesh_dim < 0 || !zigzag_causal(op.mesh(), d.seq_mesh_dim)) return false;
   const int64_t m = d.seq_mesh_dim, n = op.mesh().size(m);
   const std::string setting = "set_zigzag_causal is on for mesh dim " + std::to_string(m) + " of " + op.mesh().to_string();
-  TORCH_CHECK(!op.input_named("attn_mask"), op.name, ": causal attention with an explicit attn_mask is not supported while ",
+  TORCH_CHECK(!mask_input(op), op.name, ": causal attention with an explicit attn_mask is not supported while ",
               setting, ". Turn the setting off, or fold the mask into the zigzag order yourself and pass is_causal=False.");
   const bool ring = d.modes[m] == Mode::Ring;
   for (const char* name : {"query", "key", "value"}) {
@@ -204,9 +221,10 @@ bool reads_zigzag(const OpMeta& op, const Decision& d, bool is_causal) {
   return true;
 }
 
-AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionPlan::Pass pass) {
+AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionOperator kind, AttentionPlan::Pass pass) {
   AttentionPlan plan(op.mesh());
   plan.pass = pass;
+  plan.op = kind;
   plan.is_causal = bool_arg(op, "is_causal");
   plan.seq_mesh_dim = d.seq_mesh_dim;
   const Mode seq_mode = d.seq_mesh_dim >= 0 ? d.modes[d.seq_mesh_dim] : Mode::Gather;
@@ -226,18 +244,34 @@ AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionPlan::Pass p
   return plan;
 }
 
-std::optional<RuleResult> refuse_dropout(const OpMeta& op) {
+// What the kernel cannot split: dropout (each rank would draw its own mask), the flash
+// operator's debug mask (the attention weights, O(Sq x Sk)) and the efficient operator's
+// gradient for its bias. These fall back to gathering (correct, with the warning).
+std::optional<RuleResult> refuse_unsupported(const OpMeta& op) {
   const double p = op.arg("dropout_p").toDouble();
-  if (p == 0.0) return std::nullopt;
-  return RuleResult::unsupported("dropout_p=" + std::to_string(p) +
-                                 " is not supported on sharded inputs (each rank would draw its own mask); "
-                                 "F.scaled_dot_product_attention takes the math path for dropout, which is supported");
+  if (p != 0.0)
+    return RuleResult::unsupported("dropout_p=" + std::to_string(p) +
+                                   " is not supported on sharded inputs (each rank would draw its own mask); "
+                                   "F.scaled_dot_product_attention takes the math path for dropout, which is supported");
+  if (op.has_arg("return_debug_mask") && bool_arg(op, "return_debug_mask"))
+    return RuleResult::unsupported("return_debug_mask=True is not supported on sharded inputs (the debug mask is the whole "
+                                   "[Sq, Sk] attention weights)");
+  if (op.has_arg("grad_input_mask") && op.arg("grad_input_mask").toBoolList().get(3))
+    return RuleResult::unsupported("a gradient for attn_bias is not supported on sharded inputs");
+  return std::nullopt;
 }
 
-// _scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, *,
-// attn_mask, scale) -> (output, logsumexp)
-RuleResult attention_rule(const OpMeta& op) {
-  if (auto refused = refuse_dropout(op)) return *refused;
+// The operator's outputs after the output and log-sum-exp (each rank's own; see the header).
+std::vector<OutputLayout> other_forward_outputs(const OpMeta& op, AttentionOperator kind) {
+  const size_t count = kind == AttentionOperator::CudaFlash       ? 5   // cum_seq_q, cum_seq_k, rng_state, unused, debug_attn_mask
+                       : kind == AttentionOperator::CudaEfficient ? 2   // philox_seed, philox_offset
+                                                                  : 0;
+  return std::vector<OutputLayout>(count, replicated_layout(op.mesh()));
+}
+
+// (output, logsumexp, and the operator's others; see other_forward_outputs)
+RuleResult attention_rule(const OpMeta& op, AttentionOperator kind) {
+  if (auto refused = refuse_unsupported(op)) return *refused;
   const Decision d = decide(op);
   RuleResult r;
   for (const TensorInput& in : op.inputs) {
@@ -247,30 +281,33 @@ RuleResult attention_rule(const OpMeta& op) {
   // output [B, H, Sq, Dv] and logsumexp [B, H, Sq]; merged over split keys, the output is
   // each rank's weighted share and the log-sum-exp the merged one.
   r.outputs = {summed_where(layout_of(d.query), d, Mode::KeysSplit), layout_of(d.query)};
-  if (any_split(d)) r.kernel_plan = declare(plan_of(op, d, AttentionPlan::Pass::Forward));
+  for (OutputLayout& other : other_forward_outputs(op, kind)) r.outputs.push_back(std::move(other));
+  if (any_split(d)) r.kernel_plan = declare(plan_of(op, d, kind, AttentionPlan::Pass::Forward));
   return r;
 }
 
-// _scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value, out,
-// logsumexp, dropout_p, is_causal, *, attn_mask, scale) -> (grad_query, grad_key, grad_value)
-RuleResult attention_backward_rule(const OpMeta& op) {
-  if (auto refused = refuse_dropout(op)) return *refused;
+// (grad_query, grad_key, grad_value; the efficient operator's grad_bias, refused where asked for)
+RuleResult attention_backward_rule(const OpMeta& op, AttentionOperator kind) {
+  if (auto refused = refuse_unsupported(op)) return *refused;
   const Decision d = decide(op);
   RuleResult r;
   for (const TensorInput& in : op.inputs) {
     const std::string& name = arg_name(op, in);
     if (name == "query" || name == "key" || name == "value")
       r.input_targets.push_back(name == "query" ? d.query : name == "key" ? d.key : d.value);
-    else if (name == "attn_mask")
+    else if (is_mask_argument(name))
       r.input_targets.push_back(*d.mask);
-    else  // grad_out, out and logsumexp: laid out like the output
+    else if (name == "grad_out" || name == "grad_out_" || name == "out" || name == "logsumexp")  // laid out like the output
       r.input_targets.push_back(align_to(in.spec, d.query));
+    else  // the forward's random-number state and sequence offsets: this rank's own
+      r.input_targets.push_back(in.spec);
   }
   // Keys a rank saw whole got contributions from its own rows only: summed over the rows'
   // shards. Likewise whole rows that saw a rank's own keys only.
   r.outputs = {summed_where(layout_of(d.query), d, Mode::KeysSplit), summed_where(layout_of(d.key), d, Mode::SeqLocal),
                summed_where(layout_of(d.value), d, Mode::SeqLocal)};
-  if (any_split(d)) r.kernel_plan = declare(plan_of(op, d, AttentionPlan::Pass::Backward));
+  if (kind == AttentionOperator::CudaEfficient) r.outputs.push_back(replicated_layout(op.mesh()));  // grad_bias: undefined
+  if (any_split(d)) r.kernel_plan = declare(plan_of(op, d, kind, AttentionPlan::Pass::Backward));
   return r;
 }
 
@@ -358,8 +395,15 @@ std::vector<DeclaredMove> AttentionPlan::moves() const {
 }
 
 void register_attention_rules(RuleRegistry& registry) {
-  registry.add("aten::_scaled_dot_product_flash_attention_for_cpu", attention_rule);
-  registry.add("aten::_scaled_dot_product_flash_attention_for_cpu_backward", attention_backward_rule);
+  const std::pair<const char*, AttentionOperator> operators[] = {
+      {"aten::_scaled_dot_product_flash_attention_for_cpu", AttentionOperator::CpuFlash},
+      {"aten::_scaled_dot_product_flash_attention", AttentionOperator::CudaFlash},
+      {"aten::_scaled_dot_product_efficient_attention", AttentionOperator::CudaEfficient},
+  };
+  for (const auto& [name, kind] : operators) {
+    registry.add(name, [kind = kind](const OpMeta& op) { return attention_rule(op, kind); });
+    registry.add(std::string(name) + "_backward", [kind = kind](const OpMeta& op) { return attention_backward_rule(op, kind); });
+  }
 }
 
 }  // namespace shardtensor

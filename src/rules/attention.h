@@ -25,11 +25,20 @@ VisibleBlock visible_block(Range rows, Range keys, bool is_causal);
 // Any pair of a row piece and a key piece takes part in the attention.
 bool any_visible(const Pieces& rows, const Pieces& keys, bool is_causal);
 
+// The SDPA operators F.scaled_dot_product_attention reaches, which take and return the same
+// things under different names and positions (kernels/attention_operators.cpp calls each).
+enum class AttentionOperator {
+  CpuFlash,       // _scaled_dot_product_flash_attention_for_cpu: top-left causal, an optional mask
+  CudaFlash,      // _scaled_dot_product_flash_attention: no mask; causal only where Sq == Sk
+  CudaEfficient,  // _scaled_dot_product_efficient_attention: attn_bias; log-sum-exp padded to 32 rows
+};
+
 struct AttentionPlan : KernelPlan {
   enum class Pass { Forward, Backward };
   explicit AttentionPlan(DeviceMesh m) : mesh(std::move(m)) {}
 
   Pass pass = Pass::Forward;
+  AttentionOperator op = AttentionOperator::CpuFlash;
   DeviceMesh mesh;
   int64_t seq_mesh_dim = -1;      // the mesh dim splitting the query rows (dim 2); -1: rows whole
   bool ring = false;              // keys and values are split on seq_mesh_dim too: they travel the ring
@@ -38,6 +47,12 @@ struct AttentionPlan : KernelPlan {
   std::vector<Pieces> key_rows;    // ring, keys_split: per coordinate along seq_mesh_dim; else one entry, [0, Sk)
   bool is_causal = false;
   bool zigzag = false;             // the ring's shards are zigzag chunks (the pieces say where)
+
+  // The operator's own causal mask is passed to a block only where it is square: where the
+  // query is longer than the keys, flash-attention on CUDA aligns the diagonal bottom-right
+  // (not torch's top-left), so the kernel cuts such a block into a square causal part and a
+  // rectangle without mask, which mean the same under either alignment.
+  bool square_causal_only() const { return op != AttentionOperator::CpuFlash; }
 
   // The ring's schedule (Note [Ring schedule] in attention.cpp). Step t of block b: the block is
   // on the rank b + t (mod n).

@@ -7,6 +7,7 @@
 // those lines after ctest. What a machine without a GPU can check, it checks: a "cuda" mesh
 // raises on every rank, naming the fix, instead of hanging or running on the CPU.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/cuda.h>
 
 #include <iostream>
@@ -133,4 +134,66 @@ TEST(CudaMesh, EveryOpFamilyMatchesOneDeviceValuesAndGradients) {
   expect_matches_cpu(w.grad(), w_ref.grad(), "gradient of w");
   expect_matches_cpu(field.grad(), field_ref.grad(), "gradient of the field");
   expect_matches_cpu(kernel.grad(), kernel_ref.grad(), "gradient of the kernel");
+}
+
+namespace {
+
+std::vector<c10::IValue> call_by_name(const char* name, torch::jit::Stack stack) {
+  c10::Dispatcher::singleton().findSchemaOrThrow(name, "").callBoxed(&stack);
+  return stack;
+}
+
+void expect_near_cpu(const at::Tensor& sharded, const at::Tensor& reference, double tolerance, const std::string& what) {
+  const at::Tensor whole = full_tensor(sharded);
+  ASSERT_TRUE(whole.is_cuda()) << what;
+  const double difference = (whole.cpu().to(at::kDouble) - reference).abs().max().item<double>();
+  EXPECT_LE(difference, tolerance) << what;
+}
+
+}  // namespace
+
+// Scaled dot-product attention on sequence shards (uneven, one empty from 4 ranks; keys longer
+// than the query) through the CUDA operators themselves: flash-attention for bfloat16, the
+// memory-efficient one for float32, each called by name, then F.scaled_dot_product_attention
+// whatever it picks. Values and the three gradients against the CPU operator in double on one
+// process, from the same rounded inputs; no all-gather. tests/dist/attention_operators_test.cpp
+// checks the same kernels on CPU through stand-ins; this is the check of the real operators.
+TEST(CudaMesh, AttentionOnSequenceShardsMatchesOneDevice) {
+  SKIP_UNLESS_GPUS();
+  if (!c10::Dispatcher::singleton().findSchema({"aten::_scaled_dot_product_flash_attention", ""}))
+    GTEST_SKIP() << "no SDPA operators in this libtorch (they come with torch 2.0)";
+  const c10::Device device = cuda_mesh().device();
+  const std::vector<int64_t> q_sizes = uneven(21), kv_sizes = uneven(24);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (bool is_causal : {false, true}) {
+      SCOPED_TRACE(std::string(dtype == at::kFloat ? "float32, efficient" : "bfloat16, flash") + (is_causal ? ", causal" : ""));
+      const double tolerance = dtype == at::kFloat ? 1e-4 : 3e-2;
+      auto rounded = [&](std::vector<int64_t> shape) { return same_randn(shape).to(dtype).to(at::kDouble); };
+      const at::Tensor q = rounded({2, 4, 21, 64}), k = rounded({2, 4, 24, 64}), v = rounded({2, 4, 24, 64}), grad = rounded({2, 4, 21, 64});
+      const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(), rv = v.clone().requires_grad_();
+      const auto expected = call_by_name("aten::_scaled_dot_product_flash_attention_for_cpu", {rq, rk, rv, 0.0, is_causal, c10::IValue(), c10::IValue()});
+      (expected[0].toTensor() * grad).sum().backward();
+
+      auto shard = [&](const at::Tensor& t, const std::vector<int64_t>& sizes) {
+        return distribute_tensor(t.to(device, dtype), cuda_mesh(), {Shard(2)}, ShardSizes{{2, sizes}}).requires_grad_();
+      };
+      const at::Tensor sq = shard(q, q_sizes), sk = shard(k, kv_sizes), sv = shard(v, kv_sizes);
+      const at::Tensor sgrad = distribute_tensor(grad.to(device, dtype), cuda_mesh(), {Replicate()});
+      CommDebugMode comms;
+      const std::vector<c10::IValue> r =
+          dtype == at::kFloat
+              ? call_by_name("aten::_scaled_dot_product_efficient_attention", {sq, sk, sv, c10::IValue(), true, 0.0, is_causal, c10::IValue()})
+              : call_by_name("aten::_scaled_dot_product_flash_attention", {sq, sk, sv, 0.0, is_causal, false, c10::IValue()});
+      (r[0].toTensor() * sgrad).sum().backward();
+      expect_near_cpu(r[0].toTensor(), expected[0].toTensor().detach(), tolerance, "output");
+      expect_near_cpu(r[1].toTensor(), expected[1].toTensor(), dtype == at::kFloat ? 1e-4 : 1e-2, "log-sum-exp");
+      expect_near_cpu(sq.grad(), rq.grad(), tolerance, "query gradient");
+      expect_near_cpu(sk.grad(), rk.grad(), tolerance, "key gradient");
+      expect_near_cpu(sv.grad(), rv.grad(), tolerance, "value gradient");
+
+      const auto composite = call_by_name("aten::scaled_dot_product_attention",
+                                          {sq, sk, sv, c10::IValue(), 0.0, is_causal, c10::IValue(), false});
+      expect_near_cpu(composite[0].toTensor(), expected[0].toTensor().detach(), tolerance, "F.scaled_dot_product_attention");
+      EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
+    }
 }

@@ -406,6 +406,7 @@ std::vector<Case> all_cases() {
   }, /*constants=*/{0, 1, 2}));
   for (Case& c : spatial_cases()) cases.push_back(std::move(c));
   for (Case& c : attention_cases()) cases.push_back(std::move(c));
+  for (Case& c : attention_operator_cases()) cases.push_back(std::move(c));
   return cases;
 }
 

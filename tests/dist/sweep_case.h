@@ -33,5 +33,7 @@ Case on(const std::string& label, std::function<Tensors()> make, std::function<a
 std::vector<Case> spatial_cases();
 // Scaled dot-product attention (attention_test.cpp); none where libtorch has no SDPA (1.13).
 std::vector<Case> attention_cases();
+// The CUDA SDPA operators through their CPU stand-ins (attention_operators_test.cpp); none on 1.13.
+std::vector<Case> attention_operator_cases();
 
 }  // namespace shardtensor::testing
