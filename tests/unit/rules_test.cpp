@@ -539,6 +539,40 @@ TEST(AttentionRules, ZigzagSettingMakesTheCausalRingReadChunks) {
   }
 }
 
+// The CUDA operators take the same rule: flash's extra outputs (sequence offsets, random-number
+// state, debug mask) and the efficient operator's (philox seed and offset) are each rank's own.
+TEST(AttentionRules, CudaFlashRingKeepsItsOtherOutputsPerRank) {
+  SKIP_WITHOUT_FLASH_ATTENTION();
+  const auto q = spec({4}, {Shard(2)}, {2, 4, 12, 8}, {{2, {5, 0, 4, 3}}});
+  const Answer a = call_rule("aten::_scaled_dot_product_flash_attention", {q, q, q, 0.0, true, false, kNone});
+  EXPECT_EQ(a.outputs, "[S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3} | [R] | [R] | [R] | [R] | [R]");
+  EXPECT_EQ(a.kernel, "ring attention over mesh dim 0, causal (forward)");
+
+  const auto lse = spec({4}, {Shard(2)}, {2, 4, 12}, {{2, {5, 0, 4, 3}}}), state = spec({4}, {Replicate()}, {2});
+  const Answer back = call_rule("aten::_scaled_dot_product_flash_attention_backward",
+                                {q, q, q, q, q, lse, kNone, kNone, int64_t{12}, int64_t{12}, 0.0, true, state, state, kNone});
+  EXPECT_EQ(back.targets, "[S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3} | "
+                          "[S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3} | [R] | [R]");
+  EXPECT_EQ(back.moves, "ring pass of dim 2 blocks over mesh dim 0; gradients of dim 2 blocks passed behind them over mesh dim 0; "
+                        "gradients of dim 2 blocks returned to their owners over mesh dim 0");
+}
+
+TEST(AttentionRules, CudaEfficientBiasFollowsTheRowsAndItsGradientIsNotAskedFor) {
+  SKIP_WITHOUT_FLASH_ATTENTION();
+  const auto q = spec({2}, {Shard(2)}, {1, 2, 6, 8}, {{2, {4, 2}}});
+  const auto bias = spec({2}, {Replicate()}, {1, 2, 6, 6});
+  const Answer a = call_rule("aten::_scaled_dot_product_efficient_attention", {q, q, q, bias, true, 0.0, false, kNone});
+  EXPECT_EQ(a.targets, "[S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [S(2)]{2: 4,2}");  // the bias split by rows
+  EXPECT_EQ(a.outputs, "[S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [R] | [R]");
+
+  const auto lse = spec({2}, {Shard(2)}, {1, 2, 6}, {{2, {4, 2}}}), seed = spec({2}, {Replicate()}, {});
+  const Answer back = call_rule("aten::_scaled_dot_product_efficient_attention_backward",
+                                {q, q, q, q, bias, q, lse, seed, seed, 0.0, c10::IValue(c10::List<bool>({true, true, true, false})),
+                                 false, kNone});
+  EXPECT_EQ(back.outputs, "[S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [R]");
+  EXPECT_EQ(back.kernel, "ring attention over mesh dim 0 (backward)");
+}
+
 // ---- every rule family is in this file ----
 
 TEST(ScanRules, ScanAlongAnUnshardedDimMovesNothing) {
