@@ -245,9 +245,12 @@ AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionOperator kin
 }
 
 // What the kernel cannot split: dropout (each rank would draw its own mask), the flash
-// operator's debug mask (the attention weights, O(Sq x Sk)) and the efficient operator's
-// gradient for its bias. These fall back to gathering (correct, with the warning).
-std::optional<RuleResult> refuse_unsupported(const OpMeta& op) {
+// operator's debug mask (the attention weights, O(Sq x Sk)), the efficient operator's gradient
+// for its bias, and flash's causal mask where Sq != Sk, which that operator aligns bottom-right
+// (the kernel places every block top-left, as F.scaled_dot_product_attention means it; that
+// function never picks flash for such a call). These fall back to the operator on the whole
+// tensors (correct, with the warning).
+std::optional<RuleResult> refuse_unsupported(const OpMeta& op, AttentionOperator kind) {
   const double p = op.arg("dropout_p").toDouble();
   if (p != 0.0)
     return RuleResult::unsupported("dropout_p=" + std::to_string(p) +
@@ -258,6 +261,10 @@ std::optional<RuleResult> refuse_unsupported(const OpMeta& op) {
                                    "[Sq, Sk] attention weights)");
   if (op.has_arg("grad_input_mask") && op.arg("grad_input_mask").toBoolList().get(3))
     return RuleResult::unsupported("a gradient for attn_bias is not supported on sharded inputs");
+  const int64_t sq = op.input_named("query")->spec.shape()[kSeqDim], sk = op.input_named("key")->spec.shape()[kSeqDim];
+  if (kind == AttentionOperator::CudaFlash && bool_arg(op, "is_causal") && sq != sk)
+    return RuleResult::unsupported("is_causal with " + std::to_string(sq) + " query rows and " + std::to_string(sk) +
+                                   " keys: flash-attention aligns that diagonal bottom-right, which the ring does not place");
   return std::nullopt;
 }
 
@@ -271,7 +278,7 @@ std::vector<OutputLayout> other_forward_outputs(const OpMeta& op, AttentionOpera
 
 // (output, logsumexp, and the operator's others; see other_forward_outputs)
 RuleResult attention_rule(const OpMeta& op, AttentionOperator kind) {
-  if (auto refused = refuse_unsupported(op)) return *refused;
+  if (auto refused = refuse_unsupported(op, kind)) return *refused;
   const Decision d = decide(op);
   RuleResult r;
   for (const TensorInput& in : op.inputs) {
@@ -288,7 +295,7 @@ RuleResult attention_rule(const OpMeta& op, AttentionOperator kind) {
 
 // (grad_query, grad_key, grad_value; the efficient operator's grad_bias, refused where asked for)
 RuleResult attention_backward_rule(const OpMeta& op, AttentionOperator kind) {
-  if (auto refused = refuse_unsupported(op)) return *refused;
+  if (auto refused = refuse_unsupported(op, kind)) return *refused;
   const Decision d = decide(op);
   RuleResult r;
   for (const TensorInput& in : op.inputs) {

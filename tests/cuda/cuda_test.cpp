@@ -10,6 +10,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "dist/dist_fixture.h"
@@ -153,9 +154,10 @@ void expect_near_cpu(const at::Tensor& sharded, const at::Tensor& reference, dou
 }  // namespace
 
 // Scaled dot-product attention on sequence shards (uneven, one empty from 4 ranks; keys longer
-// than the query) through the CUDA operators themselves: flash-attention for bfloat16, the
-// memory-efficient one for float32, each called by name, then F.scaled_dot_product_attention
-// whatever it picks. Values and the three gradients against the CPU operator in double on one
+// than the query for the memory-efficient operator, as long for flash, whose causal mask is
+// bottom-right otherwise) through the CUDA operators themselves: flash-attention for bfloat16,
+// the memory-efficient one for float32, each called by name, then
+// F.scaled_dot_product_attention whatever it picks. Values and the three gradients against the CPU operator in double on one
 // process, from the same rounded inputs; no all-gather. tests/dist/attention_operators_test.cpp
 // checks the same kernels on CPU through stand-ins; this is the check of the real operators.
 TEST(CudaMesh, AttentionOnSequenceShardsMatchesOneDevice) {
@@ -163,13 +165,16 @@ TEST(CudaMesh, AttentionOnSequenceShardsMatchesOneDevice) {
   if (!c10::Dispatcher::singleton().findSchema({"aten::_scaled_dot_product_flash_attention", ""}))
     GTEST_SKIP() << "no SDPA operators in this libtorch (they come with torch 2.0)";
   const c10::Device device = cuda_mesh().device();
-  const std::vector<int64_t> q_sizes = uneven(21), kv_sizes = uneven(24);
+  const std::vector<int64_t> q_sizes = uneven(21);
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
     for (bool is_causal : {false, true}) {
+      const int64_t keys_length = dtype == at::kFloat ? 24 : 21;
+      std::vector<int64_t> kv_sizes = uneven(keys_length);
+      std::reverse(kv_sizes.begin(), kv_sizes.end());  // split unlike the query
       SCOPED_TRACE(std::string(dtype == at::kFloat ? "float32, efficient" : "bfloat16, flash") + (is_causal ? ", causal" : ""));
       const double tolerance = dtype == at::kFloat ? 1e-4 : 3e-2;
       auto rounded = [&](std::vector<int64_t> shape) { return same_randn(shape).to(dtype).to(at::kDouble); };
-      const at::Tensor q = rounded({2, 4, 21, 64}), k = rounded({2, 4, 24, 64}), v = rounded({2, 4, 24, 64}), grad = rounded({2, 4, 21, 64});
+      const at::Tensor q = rounded({2, 4, 21, 64}), k = rounded({2, 4, keys_length, 64}), v = rounded({2, 4, keys_length, 64}), grad = rounded({2, 4, 21, 64});
       const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(), rv = v.clone().requires_grad_();
       const auto expected = call_by_name("aten::_scaled_dot_product_flash_attention_for_cpu", {rq, rk, rv, 0.0, is_causal, c10::IValue(), c10::IValue()});
       (expected[0].toTensor() * grad).sum().backward();

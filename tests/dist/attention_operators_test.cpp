@@ -205,7 +205,8 @@ void run_and_compare(const OperatorCase& c, uint64_t seed) {
 }  // namespace
 
 // Ring attention through flash-attention's operator: uneven shards with one empty, keys split
-// unlike the query and longer, causal or not, grouped-query heads.
+// unlike the query (and, without the causal mask, longer or shorter), causal or not,
+// grouped-query heads. (Causal with Sq != Sk falls back: rules_test, CudaFlashRefuses...)
 TEST(AttentionOperators, CudaFlashRingMatchesOneProcess) {
   const int64_t n = mesh_1d().size(0);
   for (bool is_causal : {false, true})
@@ -216,10 +217,11 @@ TEST(AttentionOperators, CudaFlashRingMatchesOneProcess) {
       c.kv_heads = kv_heads;
       c.q_sizes = row_sizes(n);
       c.kv_sizes = std::vector<int64_t>(c.q_sizes.rbegin(), c.q_sizes.rend());
-      run_and_compare(c, 100);
-      c.kv_sizes.back() += 3;  // Sq != Sk: blocks whose rows outnumber their keys under the diagonal
+      run_and_compare(c, 100);  // causal: blocks whose rows outnumber their keys under the diagonal
+      if (is_causal) continue;
+      c.kv_sizes.back() += 3;  // Sq != Sk
       run_and_compare(c, 110);
-      c.kv_sizes.back() -= 6;  // and fewer keys than rows overall
+      c.kv_sizes.back() -= 6;  // fewer keys than rows
       run_and_compare(c, 120);
     }
 }

@@ -48,7 +48,8 @@ std::string sizes_of(const ShardSizes& sizes) {
   return out;
 }
 
-Answer call_rule(const std::string& op, const std::vector<Arg>& args) {
+// The rule's answer for `op` on `args` (no rule: a failed expectation and an empty answer).
+RuleResult apply_rule(const std::string& op, const std::vector<Arg>& args) {
   const size_t dot = op.find('.');
   const std::string name = op.substr(0, dot), overload = dot == std::string::npos ? "" : op.substr(dot + 1);
   const c10::OperatorHandle handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
@@ -63,8 +64,11 @@ Answer call_rule(const std::string& op, const std::vector<Arg>& args) {
   meta.args = values;
   const Rule* rule = rule_registry().find(op);
   EXPECT_NE(rule, nullptr) << "no rule for " << op;
-  if (!rule) return {};
-  const RuleResult r = (*rule)(meta);
+  return rule ? (*rule)(meta) : RuleResult{};
+}
+
+Answer call_rule(const std::string& op, const std::vector<Arg>& args) {
+  const RuleResult r = apply_rule(op, args);
   EXPECT_EQ(r.unsupported_reason, "") << op;
   EXPECT_FALSE(r.local_kernel) << op << ": built-in rules declare kernel plans, not closures";
   Answer a;
@@ -555,6 +559,16 @@ TEST(AttentionRules, CudaFlashRingKeepsItsOtherOutputsPerRank) {
                           "[S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3} | [R] | [R]");
   EXPECT_EQ(back.moves, "ring pass of dim 2 blocks over mesh dim 0; gradients of dim 2 blocks passed behind them over mesh dim 0; "
                         "gradients of dim 2 blocks returned to their owners over mesh dim 0");
+}
+
+// The flash operator's own causal mask is bottom-right where Sq != Sk (F.scaled_dot_product_attention
+// never picks it then): called so, it falls back to the operator on the whole tensors.
+TEST(AttentionRules, CudaFlashRefusesACausalMaskThatIsNotSquare) {
+  SKIP_WITHOUT_FLASH_ATTENTION();
+  const auto q = spec({2}, {Shard(2)}, {1, 2, 6, 8}), k = spec({2}, {Shard(2)}, {1, 2, 8, 8});
+  const RuleResult r = apply_rule("aten::_scaled_dot_product_flash_attention", {q, k, k, 0.0, true, false, kNone});
+  EXPECT_NE(r.unsupported_reason.find("bottom-right"), std::string::npos) << r.unsupported_reason;
+  EXPECT_EQ(apply_rule("aten::_scaled_dot_product_flash_attention", {q, k, k, 0.0, false, false, kNone}).unsupported_reason, "");
 }
 
 TEST(AttentionRules, CudaEfficientBiasFollowsTheRowsAndItsGradientIsNotAskedFor) {
