@@ -42,7 +42,7 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
 
     const at::ScalarType acc = accumulation_type(query.scalar_type());
     at::Tensor out, lse;  // merged so far: nothing yet
-    std::vector<c10::IValue> first_returns;  // of this rank's first block call: the operator's other outputs
+    std::vector<c10::IValue> first_others;  // of this rank's first block call: the operator's other outputs
     // Keys and values travel as messages, which need them contiguous; with nothing to pass, the
     // operator reads them as they are (a copy would double their memory).
     auto travelling = [n](const at::Tensor& t) { return n > 1 ? t.contiguous() : t; };
@@ -52,7 +52,7 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
       const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
       for (const BlockCall& c : calls) {
         BlockForward r = forward_block(plan, op, args, rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), c);
-        if (first_returns.empty()) first_returns = std::move(r.returns);
+        if (first_others.empty()) first_others = std::move(r.others);
         const bool whole = rows.size() == 1 && c.visible.rows == rows[0];
         if (!out.defined() && whole && n == 1 && calls.size() == 1) {  // one block over every row: the operator's own result (split keys merge it after)
           out = r.out;
@@ -77,7 +77,7 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
       lse = at::full(lse_shape, -std::numeric_limits<double>::infinity(), query.options().dtype(acc));
     }
     if (plan.keys_split) merge_over_key_shards(plan, &out, &lse);
-    push_forward_results(plan, stack, out, lse, first_returns, query, key);
+    push_forward_results(plan, stack, out, lse, first_others, query, key);
   };
 }
 

@@ -65,7 +65,7 @@ c10::optional<at::Tensor> caller_mask(const c10::OperatorHandle& op, const std::
 // tensors are the block's.
 struct BlockForward {
   at::Tensor out, lse;               // lse [B, H, rows]: without the efficient operator's padding
-  std::vector<c10::IValue> returns;  // everything the operator returned
+  std::vector<c10::IValue> others;   // the operator's returns after those two
 };
 BlockForward forward_block(const AttentionPlan& plan, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
                            const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const BlockCall& c);
@@ -74,7 +74,7 @@ std::vector<at::Tensor> backward_block(const AttentionPlan& plan, const c10::Ope
                                        const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
                                        const at::Tensor& value, const at::Tensor& out, const at::Tensor& lse, const BlockCall& c);
 // Leaves the forward's results on `stack` as the operator would: `out` and `lse` (merged, in
-// the accumulation type), then the operator's other outputs, taken from `first` (the returns
+// the accumulation type), then the operator's other outputs, taken from `first` (the `others`
 // of this rank's first block call) or, where this rank called nothing, empty stand-ins that no
 // backward reads (with dropout 0 the operators read none of them).
 void push_forward_results(const AttentionPlan& plan, torch::jit::Stack* stack, const at::Tensor& out, const at::Tensor& lse,

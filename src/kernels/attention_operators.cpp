@@ -66,26 +66,28 @@ BlockForward forward_block(const AttentionPlan& plan, const c10::OperatorHandle&
                            const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const BlockCall& c) {
   const c10::IValue& dropout = argument(op, args, "dropout_p");
   const c10::IValue& scale = argument(op, args, "scale");
-  BlockForward block;
+  torch::jit::Stack returns;
   switch (plan.op) {
     case AttentionOperator::CpuFlash:
       // (query, key, value, dropout_p, is_causal, *, attn_mask, scale) -> (output, logsumexp)
-      block.returns = call(op, {query, key, value, dropout, c.is_causal, optional_tensor(c.mask), scale});
+      returns = call(op, {query, key, value, dropout, c.is_causal, optional_tensor(c.mask), scale});
       break;
     case AttentionOperator::CudaFlash:
       // (query, key, value, dropout_p, is_causal, return_debug_mask, *, scale) -> (output,
       // logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, rng_state, unused, debug_attn_mask)
       TORCH_INTERNAL_ASSERT(!c.mask.defined(), "flash attention takes no mask; the kernel made one");
-      block.returns = call(op, {query, key, value, dropout, c.is_causal, false, scale});
+      returns = call(op, {query, key, value, dropout, c.is_causal, false, scale});
       break;
     case AttentionOperator::CudaEfficient:
       // (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, *, scale) ->
       // (output, log_sumexp, philox_seed, philox_offset); the merge needs the log-sum-exp always
-      block.returns = call(op, {query, key, value, optional_tensor(efficient_bias(c.mask, query, key)), true, dropout, c.is_causal, scale});
+      returns = call(op, {query, key, value, optional_tensor(efficient_bias(c.mask, query, key)), true, dropout, c.is_causal, scale});
       break;
   }
-  block.out = block.returns[0].toTensor();
-  block.lse = block.returns[1].toTensor().narrow(2, 0, query.size(2));
+  BlockForward block;
+  block.out = returns[0].toTensor();
+  block.lse = returns[1].toTensor().narrow(2, 0, query.size(2));
+  block.others.assign(returns.begin() + 2, returns.end());  // not the output block: the merge has it
   return block;
 }
 
@@ -130,17 +132,17 @@ void push_forward_results(const AttentionPlan& plan, torch::jit::Stack* stack, c
     case AttentionOperator::CpuFlash:
       break;
     case AttentionOperator::CudaFlash:
-      stack->push_back(first_or(2, at::Tensor()));  // cum_seq_q, cum_seq_k: undefined unless nested
-      stack->push_back(first_or(3, at::Tensor()));
+      stack->push_back(first_or(0, at::Tensor()));  // cum_seq_q, cum_seq_k: undefined unless nested
+      stack->push_back(first_or(1, at::Tensor()));
       stack->push_back(query.size(2));  // max_q, max_k: this rank's lengths (the backward uses each block's)
       stack->push_back(key.size(2));
-      stack->push_back(first_or(6, at::empty({0}, index)));  // rng_state, unused, debug_attn_mask
-      stack->push_back(first_or(7, at::empty({0}, index)));
-      stack->push_back(first_or(8, at::empty({0}, query.options())));
+      stack->push_back(first_or(4, at::empty({0}, index)));  // rng_state, unused, debug_attn_mask
+      stack->push_back(first_or(5, at::empty({0}, index)));
+      stack->push_back(first_or(6, at::empty({0}, query.options())));
       break;
     case AttentionOperator::CudaEfficient:
-      stack->push_back(first_or(2, at::empty({0}, index)));  // philox_seed, philox_offset
-      stack->push_back(first_or(3, at::empty({0}, index)));
+      stack->push_back(first_or(0, at::empty({0}, index)));  // philox_seed, philox_offset
+      stack->push_back(first_or(1, at::empty({0}, index)));
       break;
   }
 }

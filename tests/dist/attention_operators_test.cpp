@@ -18,6 +18,7 @@
 
 #include <numeric>
 
+#include "dist/attention_checks.h"
 #include "dist/dist_fixture.h"
 #include "dist/sweep_case.h"
 
@@ -106,17 +107,6 @@ TORCH_LIBRARY_IMPL(aten, CPU, m) {
 }
 
 const DeviceMesh& mesh_1d() { return test_meshes().front(); }
-
-at::Tensor draw(std::vector<int64_t> shape, uint64_t seed) {
-  at::manual_seed(seed);
-  return at::randn(shape, at::kFloat);
-}
-
-void expect_close(const at::Tensor& sharded, const at::Tensor& expected, const std::string& what) {
-  const at::Tensor got = full_tensor(sharded);
-  ASSERT_EQ(got.sizes(), expected.sizes()) << what;
-  EXPECT_TRUE(at::allclose(got, expected, /*rtol=*/1e-5, /*atol=*/1e-5)) << what << ": max difference " << (got - expected).abs().max().item<double>();
-}
 
 // Uneven sequence sizes, one shard empty from two ranks on; the keys' split reversed and longer.
 std::vector<int64_t> row_sizes(int64_t n) {

@@ -19,6 +19,7 @@
 #include <numeric>
 #include <optional>
 
+#include "dist/attention_checks.h"
 #include "dist/dist_fixture.h"
 #include "dist/sweep_case.h"
 
@@ -55,18 +56,6 @@ std::vector<int64_t> with_an_empty_shard(int64_t n) {
   std::vector<int64_t> sizes;
   for (int64_t r = 0; r < n; ++r) sizes.push_back(r == n / 2 ? 0 : 5 + 3 * r);
   return sizes;
-}
-
-at::Tensor draw(std::vector<int64_t> shape, uint64_t seed) {
-  at::manual_seed(seed);
-  return at::randn(shape, at::kFloat);
-}
-
-void expect_close(const at::Tensor& sharded, const at::Tensor& expected, const std::string& what) {
-  const at::Tensor got = full_tensor(sharded);
-  ASSERT_EQ(got.sizes(), expected.sizes()) << what;
-  EXPECT_TRUE(at::allclose(got, expected, /*rtol=*/1e-5, /*atol=*/1e-5))
-      << what << ": max difference " << (got - expected).abs().max().item<double>();
 }
 
 struct AttentionCase {
