@@ -34,3 +34,42 @@ def test_cuda_mesh(world_size):
     if world_size > GPUS:
         pytest.skip(f"{world_size} ranks need {world_size} GPUs, {GPUS} visible")
     run_ranks(cuda_body, world_size)
+
+
+def cuda_attention_body(rank, world_size):
+    """F.scaled_dot_product_attention on sequence shards of CUDA tensors: torch picks flash (bf16)
+    or memory-efficient attention (float32) for the pieces, and the ring must give what the same
+    call gives on the whole tensors on this GPU, values and the three gradients, with no
+    all-gather of K or V."""
+    import torch.nn.functional as F
+
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cuda", (world_size,))
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    for dtype, tolerance in ((torch.float32, 2e-4), (torch.bfloat16, 3e-2)):
+        for is_causal in (False, True):
+            what = f"{dtype}, causal={is_causal}"
+            torch.manual_seed(7)
+            q, k, v, grad = (torch.randn(2, 4, 4 * world_size + 3, 64, device=device, dtype=dtype) for _ in range(4))
+            whole = [t.clone().requires_grad_() for t in (q, k, v)]
+            expected = F.scaled_dot_product_attention(*whole, is_causal=is_causal)
+            (expected * grad).sum().backward()
+
+            sharded = [st.distribute_tensor(t, mesh, [st.Shard(2)]).requires_grad_() for t in (q, k, v)]
+            with st.CommDebugMode() as comms:
+                out = F.scaled_dot_product_attention(*sharded, is_causal=is_causal)
+                (out * st.distribute_tensor(grad, mesh, [st.Shard(2)])).sum().backward()
+            assert comms.get_comm_counts().get("all_gather", 0) == 0, f"{what}: {comms.table()}"
+            close = dict(rtol=tolerance, atol=tolerance)
+            assert_close(out.full_tensor().float(), expected.detach().float(), f"{what}: output", **close)
+            for name, s, w in zip("qkv", sharded, whole):
+                assert_close(s.grad.full_tensor().float(), w.grad.float(), f"{what}: {name} gradient", **close)
+
+
+@pytest.mark.skipif(GPUS == 0, reason="no CUDA device visible (torch.cuda.is_available() is false)")
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_cuda_attention_on_sequence_shards(world_size):
+    if world_size > GPUS:
+        pytest.skip(f"{world_size} ranks need {world_size} GPUs, {GPUS} visible")
+    run_ranks(cuda_attention_body, world_size)

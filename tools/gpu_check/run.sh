@@ -37,9 +37,36 @@ torch_dir=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)
 step googletest bash -c "cmake -S '$carry/googletest' -B '$carry/googletest-build' ${generator[*]} -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_INSTALL_PREFIX='$carry/gtest' && cmake --build '$carry/googletest-build' -j $jobs --target install" || exit 1
 gtest_dir=$(dirname "$(find "$carry/gtest" -name GTestConfig.cmake | head -1)")
+# NCCL's header and library: the wheel's nvidia-nccl package (its folder differs between CUDA
+# lines: nvidia/nccl, nvidia/cu13), else the toolkit's. Named explicitly so that Torch.cmake's hints
+# need not know every layout.
+site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+nccl_h=$(find "$site/nvidia" /usr/local/cuda/include /usr/include -name nccl.h 2>/dev/null | head -1)
+nccl_so=$(find "$site/nvidia" /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu -name 'libnccl.so*' 2>/dev/null | head -1)
+echo "nccl.h: ${nccl_h:-not found}; libnccl: ${nccl_so:-not found}" | tee -a "$out/environment.txt"
+nccl_args=()
+[ -n "$nccl_h" ] && [ -n "$nccl_so" ] && nccl_args=(-DNCCL_INCLUDE_DIR="$(dirname "$nccl_h")" -DNCCL_LIBRARY="$nccl_so")
+# The Python extension too, where this python3 has its headers (python/CMakeLists.txt).
+python_args=(-DSHARDTENSOR_PYTHON=OFF)
+python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' &&
+  python_args=(-DSHARDTENSOR_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)")
 step configure cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTorch_DIR="$torch_dir" \
-    -DGLOO_INCLUDE_DIR="$carry/include" -DGTest_DIR="$gtest_dir" -DSHARDTENSOR_BUILD_EXAMPLES=OFF || exit 1
+    -DGLOO_INCLUDE_DIR="$carry/include" -DGTest_DIR="$gtest_dir" -DSHARDTENSOR_BUILD_EXAMPLES=OFF \
+    "${nccl_args[@]}" "${python_args[@]}" || exit 1
 grep -q 'SHARDTENSOR_HAVE_NCCL=ON' "$out/configure.txt" || echo "gpu_check/run.sh: the configure log does not say NCCL is on (see configure.txt)"
 [ "${1:-}" = --configure-only ] && exit 0
-step build cmake --build build-gpu -j "$jobs" --target cuda_tests shardrun || exit 1
+targets=(cuda_tests shardrun)
+[ "${python_args[0]}" = -DSHARDTENSOR_PYTHON=ON ] && targets+=(shardtensor_python)
+step build cmake --build build-gpu -j "$jobs" --target "${targets[@]}" || exit 1
 step cuda_tests env SHARDTENSOR_TIMEOUT_S=60 build-gpu/tools/shardrun/shardrun -n 1 --timeout 300 build-gpu/tests/cuda_tests
+status=$?
+# The Python package from the build tree (no pip: _C finds libshardtensor through its build RPATH):
+# the CUDA tests of tests/python at the world sizes this machine's GPUs allow.
+if [ "${python_args[0]}" = -DSHARDTENSOR_PYTHON=ON ]; then
+  rm -rf build-gpu/pkg && mkdir -p build-gpu/pkg && cp -r python/shardtensor build-gpu/pkg/ &&
+    cp build-gpu/python/_C*.so build-gpu/pkg/shardtensor/
+  step python_cuda env PYTHONPATH="$PWD/build-gpu/pkg" python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py || status=1
+else
+  echo "gpu_check/run.sh: python3 has no Python.h here; the Python CUDA tests did not run" | tee -a "$out/environment.txt"
+fi
+exit $status
