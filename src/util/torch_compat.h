@@ -123,13 +123,38 @@ namespace shardtensor::compat {
 
 // The backend that runs collectives on `device_type` tensors for `group`: the group itself on
 // 1.13, where ProcessGroupGloo/NCCL are ProcessGroups.
+// ProcessGroup::hasBackendForDeviceType is public in some torch 2.x lines and not in others
+// (2.11 lacks it); without it, getBackend's own error is the check.
+template <typename Group, typename = void>
+struct has_backend_query : std::false_type {};
+template <typename Group>
+struct has_backend_query<Group, std::void_t<decltype(std::declval<Group&>().hasBackendForDeviceType(c10::kCPU))>>
+    : std::true_type {};
+
+template <typename Group>
+c10::intrusive_ptr<C10dBackend> checked_backend(Group& group, c10::DeviceType device_type) {
+  const auto no_backend = [&](const std::string& detail) {
+    TORCH_CHECK(false, "DeviceMesh::from_process_groups: the process group '", group.getBackendName(),
+                "' has no backend for ", device_type,
+                " tensors; create it with a backend for the mesh's device type (gloo for cpu, nccl for cuda).", detail);
+  };
+  if constexpr (has_backend_query<Group>::value) {
+    if (!group.hasBackendForDeviceType(device_type)) no_backend("");
+    return group.getBackend(device_type);
+  } else {
+    try {
+      return group.getBackend(device_type);
+    } catch (const std::exception& e) {
+      no_backend(std::string(" (") + e.what() + ")");
+      return {};
+    }
+  }
+}
+
 inline c10::intrusive_ptr<C10dBackend> backend_of(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                                                   c10::DeviceType device_type) {
 #if SHARDTENSOR_C10D_HAS_BACKEND
-  TORCH_CHECK(group->hasBackendForDeviceType(device_type), "DeviceMesh::from_process_groups: the process group '",
-              group->getBackendName(), "' has no backend for ", device_type,
-              " tensors; create it with a backend for the mesh's device type (gloo for cpu, nccl for cuda).");
-  return group->getBackend(device_type);
+  return checked_backend(*group, device_type);
 #else
   (void)device_type;
   return group;

@@ -57,7 +57,8 @@ grep -q 'SHARDTENSOR_HAVE_NCCL=ON' "$out/configure.txt" || echo "gpu_check/run.s
 [ "${1:-}" = --configure-only ] && exit 0
 targets=(cuda_tests shardrun)
 [ "${python_args[0]}" = -DSHARDTENSOR_PYTHON=ON ] && targets+=(shardtensor_python)
-step build cmake --build build-gpu -j "$jobs" --target "${targets[@]}" || exit 1
+keep_going=(-k 0); [ ${#generator[@]} -eq 0 ] && keep_going=(-k)  # every compile error in one run, not the first
+step build cmake --build build-gpu -j "$jobs" --target "${targets[@]}" -- "${keep_going[@]}" || exit 1
 step cuda_tests env SHARDTENSOR_TIMEOUT_S=60 build-gpu/tools/shardrun/shardrun -n 1 --timeout 300 build-gpu/tests/cuda_tests
 status=$?
 # The Python package from the build tree (no pip: _C finds libshardtensor through its build RPATH):
