@@ -66,7 +66,16 @@ status=$?
 if [ "${python_args[0]}" = -DSHARDTENSOR_PYTHON=ON ]; then
   rm -rf build-gpu/pkg && mkdir -p build-gpu/pkg && cp -r python/shardtensor build-gpu/pkg/ &&
     cp build-gpu/python/_C*.so build-gpu/pkg/shardtensor/
-  step python_cuda env PYTHONPATH="$PWD/build-gpu/pkg" python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py || status=1
+  step python_cuda env PYTHONPATH="$PWD/build-gpu/pkg" python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py || {
+    status=1
+    # Which step failed, and where in native code: one rank, step by step, under faulthandler
+    # and then under cuda-gdb (the image has no gdb) for the native stack of a crash.
+    smoke_env=(env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29561
+               SHARDTENSOR_TIMEOUT_S=30 PYTHONPATH="$PWD/build-gpu/pkg" PYTHONUNBUFFERED=1)
+    step python_smoke "${smoke_env[@]}" timeout 120 python3 -X faulthandler tools/gpu_check/python_smoke.py
+    command -v cuda-gdb > /dev/null && step python_smoke_stack "${smoke_env[@]}" MASTER_PORT=29562 timeout 180 \
+      cuda-gdb -batch -ex run -ex bt -ex 'info sharedlibrary' --args python3 tools/gpu_check/python_smoke.py
+  }
 else
   echo "gpu_check/run.sh: python3 has no Python.h here; the Python CUDA tests did not run" | tee -a "$out/environment.txt"
 fi
