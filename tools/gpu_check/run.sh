@@ -74,7 +74,10 @@ if [ "${python_args[0]}" = -DSHARDTENSOR_PYTHON=ON ]; then
                SHARDTENSOR_TIMEOUT_S=30 PYTHONPATH="$PWD/build-gpu/pkg" PYTHONUNBUFFERED=1)
     step python_smoke "${smoke_env[@]}" timeout 120 python3 -X faulthandler tools/gpu_check/python_smoke.py
     command -v cuda-gdb > /dev/null && step python_smoke_stack "${smoke_env[@]}" MASTER_PORT=29562 timeout 180 \
-      cuda-gdb -batch -ex run -ex bt -ex 'info sharedlibrary' --args python3 tools/gpu_check/python_smoke.py
+      cuda-gdb -batch -ex 'set pagination off' -ex run -ex 'info symbol $pc' -ex 'bt 60' \
+      --args python3 tools/gpu_check/python_smoke.py
+    # The console shows each log's last lines: the native stack, where it is, is at the end.
+    grep -n -A60 '^#0 ' "$out/python_smoke_stack.txt" | head -80 || true
   }
 else
   echo "gpu_check/run.sh: python3 has no Python.h here; the Python CUDA tests did not run" | tee -a "$out/environment.txt"
