@@ -83,10 +83,18 @@ BlockForward forward_block(const AttentionPlan& plan, const c10::OperatorHandle&
       // (output, log_sumexp, philox_seed, philox_offset); the merge needs the log-sum-exp always
       returns = call(op, {query, key, value, optional_tensor(efficient_bias(c.mask, query, key)), true, dropout, c.is_causal, scale});
       break;
+    case AttentionOperator::CudaCudnn:
+      // (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask,
+      // *, scale) -> (output, logsumexp [B, H, rows, 1], cum_seq_q, cum_seq_k, max_q, max_k,
+      // philox_seed, philox_offset, debug_attn_mask). The bias as the efficient one's (dense,
+      // rows aligned): the form the composite hands cuDNN.
+      returns = call(op, {query, key, value, optional_tensor(efficient_bias(c.mask, query, key)), true, dropout, c.is_causal, false, scale});
+      break;
   }
   BlockForward block;
   block.out = returns[0].toTensor();
   block.lse = returns[1].toTensor().narrow(2, 0, query.size(2));
+  if (plan.op == AttentionOperator::CudaCudnn) block.lse = block.lse.squeeze(-1);  // the kernels merge [B, H, rows]
   block.others.assign(returns.begin() + 2, returns.end());  // not the output block: the merge has it
   return block;
 }
@@ -118,6 +126,14 @@ std::vector<at::Tensor> backward_block(const AttentionPlan& plan, const c10::Ope
                           argument(op, args, "philox_seed"), argument(op, args, "philox_offset"), dropout, wanted, c.is_causal, scale});
       break;
     }
+    case AttentionOperator::CudaCudnn:
+      // (grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias,
+      // cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *, scale): `lse` is the
+      // operator's own [B, H, rows, 1], narrowed to the block's rows; the block's own lengths
+      returns = call(op, {grad_out, query, key, value, out, lse.contiguous(), argument(op, args, "philox_seed"),
+                          argument(op, args, "philox_offset"), efficient_bias(c.mask, query, key), argument(op, args, "cum_seq_q"),
+                          argument(op, args, "cum_seq_k"), query.size(2), key.size(2), dropout, c.is_causal, scale});
+      break;
   }
   return {returns[0].toTensor(), returns[1].toTensor(), returns[2].toTensor()};
 }
@@ -125,7 +141,8 @@ std::vector<at::Tensor> backward_block(const AttentionPlan& plan, const c10::Ope
 void push_forward_results(const AttentionPlan& plan, torch::jit::Stack* stack, const at::Tensor& out, const at::Tensor& lse,
                           const std::vector<c10::IValue>& first, const at::Tensor& query, const at::Tensor& key) {
   stack->push_back(out.to(query.scalar_type()));
-  stack->push_back(lse.to(lse_type(query.scalar_type())));
+  const at::Tensor typed_lse = lse.to(lse_type(query.scalar_type()));
+  stack->push_back(plan.op == AttentionOperator::CudaCudnn ? typed_lse.unsqueeze(-1) : typed_lse);
   const at::TensorOptions index = query.options().dtype(at::kLong);
   auto first_or = [&](size_t i, const at::Tensor& stand_in) { return first.empty() ? c10::IValue(stand_in) : first[i]; };
   switch (plan.op) {
@@ -143,6 +160,15 @@ void push_forward_results(const AttentionPlan& plan, torch::jit::Stack* stack, c
     case AttentionOperator::CudaEfficient:
       stack->push_back(first_or(0, at::empty({0}, index)));  // philox_seed, philox_offset
       stack->push_back(first_or(1, at::empty({0}, index)));
+      break;
+    case AttentionOperator::CudaCudnn:
+      stack->push_back(first_or(0, at::Tensor()));  // cum_seq_q, cum_seq_k: undefined unless nested
+      stack->push_back(first_or(1, at::Tensor()));
+      stack->push_back(query.size(2));  // max_q, max_k: this rank's lengths (the backward uses each block's)
+      stack->push_back(key.size(2));
+      stack->push_back(first_or(4, at::empty({0}, index)));  // philox_seed, philox_offset, debug_attn_mask
+      stack->push_back(first_or(5, at::empty({0}, index)));
+      stack->push_back(first_or(6, at::Tensor()));
       break;
   }
 }

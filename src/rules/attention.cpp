@@ -1,7 +1,8 @@
 // Scaled dot-product attention: the operators that F.scaled_dot_product_attention reaches in
 // torch 2.x, with their backwards (AttentionOperator in attention.h): on CPU
-// _scaled_dot_product_flash_attention_for_cpu, on CUDA _scaled_dot_product_flash_attention and
-// _scaled_dot_product_efficient_attention (query [B, H, Sq, D], key/value [B, Hk, Sk, D], Hk
+// _scaled_dot_product_flash_attention_for_cpu, on CUDA _scaled_dot_product_flash_attention,
+// _scaled_dot_product_efficient_attention and _scaled_dot_product_cudnn_attention (which the
+// composite picks for float32 and bfloat16 on Hopper GPUs) (query [B, H, Sq, D], key/value [B, Hk, Sk, D], Hk
 // dividing H for grouped-query attention, an optional additive mask broadcastable to
 // [B, H, Sq, Sk]: attn_mask, or attn_bias for the efficient one). Inputs that take the math path
 // instead decompose into matmul, softmax and pointwise ops, which have rules of their own; what
@@ -31,9 +32,10 @@
 // for the ring's mesh dim (shardtensor/context_parallel.h) each shard is two pieces, the zigzag
 // chunks, and the kernel places each pair of pieces alike.
 //
-// The log-sum-exp a sharded forward returns is [B, H, Sq] laid out like the query's rows, for
-// every operator: the efficient operator's own pads it to a multiple of 32 rows, which no split
-// of the rows could keep, so the kernel drops the padding and restores it for each block call.
+// The log-sum-exp a sharded forward returns is [B, H, Sq] laid out like the query's rows
+// ([B, H, Sq, 1] for cuDNN's, as that operator returns it): the efficient operator's own pads it
+// to a multiple of 32 rows, which no split of the rows could keep, so the kernel drops the
+// padding and restores it for each block call.
 // The operators' other outputs (random-number state, sequence offsets, the debug mask) are
 // this rank's own, replicated in name only: with dropout 0 no backward reads their values.
 #include "rules/attention.h"
@@ -262,9 +264,13 @@ std::optional<RuleResult> refuse_unsupported(const OpMeta& op, AttentionOperator
   if (op.has_arg("grad_input_mask") && op.arg("grad_input_mask").toBoolList().get(3))
     return RuleResult::unsupported("a gradient for attn_bias is not supported on sharded inputs");
   const int64_t sq = op.input_named("query")->spec.shape()[kSeqDim], sk = op.input_named("key")->spec.shape()[kSeqDim];
-  if (kind == AttentionOperator::CudaFlash && bool_arg(op, "is_causal") && sq != sk)
+  // cuDNN's alignment of such a diagonal is cuDNN's to choose (and has changed between its
+  // versions): the whole-tensor call, whatever it does, is the answer there too.
+  if ((kind == AttentionOperator::CudaFlash || kind == AttentionOperator::CudaCudnn) && bool_arg(op, "is_causal") && sq != sk)
     return RuleResult::unsupported("is_causal with " + std::to_string(sq) + " query rows and " + std::to_string(sk) +
-                                   " keys: flash-attention aligns that diagonal bottom-right, which the ring does not place");
+                                   " keys: " + (kind == AttentionOperator::CudaFlash ? "flash-attention aligns that diagonal bottom-right"
+                                                                                     : "cuDNN aligns that diagonal as its version does") +
+                                   ", which the ring does not place");
   return std::nullopt;
 }
 
@@ -272,6 +278,7 @@ std::optional<RuleResult> refuse_unsupported(const OpMeta& op, AttentionOperator
 std::vector<OutputLayout> other_forward_outputs(const OpMeta& op, AttentionOperator kind) {
   const size_t count = kind == AttentionOperator::CudaFlash       ? 5   // cum_seq_q, cum_seq_k, rng_state, unused, debug_attn_mask
                        : kind == AttentionOperator::CudaEfficient ? 2   // philox_seed, philox_offset
+                       : kind == AttentionOperator::CudaCudnn     ? 5   // cum_seq_q, cum_seq_k, philox_seed, philox_offset, debug_attn_mask
                                                                   : 0;
   return std::vector<OutputLayout>(count, replicated_layout(op.mesh()));
 }
@@ -406,6 +413,7 @@ void register_attention_rules(RuleRegistry& registry) {
       {"aten::_scaled_dot_product_flash_attention_for_cpu", AttentionOperator::CpuFlash},
       {"aten::_scaled_dot_product_flash_attention", AttentionOperator::CudaFlash},
       {"aten::_scaled_dot_product_efficient_attention", AttentionOperator::CudaEfficient},
+      {"aten::_scaled_dot_product_cudnn_attention", AttentionOperator::CudaCudnn},
   };
   for (const auto& [name, kind] : operators) {
     registry.add(name, [kind = kind](const OpMeta& op) { return attention_rule(op, kind); });

@@ -31,6 +31,7 @@ enum class AttentionOperator {
   CpuFlash,       // _scaled_dot_product_flash_attention_for_cpu: top-left causal, an optional mask
   CudaFlash,      // _scaled_dot_product_flash_attention: no mask; causal only where Sq == Sk
   CudaEfficient,  // _scaled_dot_product_efficient_attention: attn_bias; log-sum-exp padded to 32 rows
+  CudaCudnn,      // _scaled_dot_product_cudnn_attention: attn_bias; log-sum-exp [B, H, Sq, 1]
 };
 
 struct AttentionPlan : KernelPlan {

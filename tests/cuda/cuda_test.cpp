@@ -202,3 +202,43 @@ TEST(CudaMesh, AttentionOnSequenceShardsMatchesOneDevice) {
       EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
     }
 }
+
+// cuDNN's operator (what F.scaled_dot_product_attention picks for float32 and bfloat16 on Hopper)
+// on sequence shards: the ring through the real cuDNN kernels, against the CPU operator in
+// double. It skips where this cuDNN refuses the shapes on one device already.
+TEST(CudaMesh, CudnnAttentionOnSequenceShardsMatchesOneDevice) {
+  SKIP_UNLESS_GPUS();
+  if (!c10::Dispatcher::singleton().findSchema({"aten::_scaled_dot_product_cudnn_attention", ""}))
+    GTEST_SKIP() << "no cuDNN SDPA operator in this libtorch";
+  const c10::Device device = cuda_mesh().device();
+  const at::ScalarType dtype = at::kBFloat16;
+  auto rounded = [&](std::vector<int64_t> shape) { return same_randn(shape).to(dtype).to(at::kDouble); };
+  const at::Tensor q = rounded({2, 4, 21, 64}), k = rounded({2, 4, 21, 64}), v = rounded({2, 4, 21, 64}), grad = rounded({2, 4, 21, 64});
+  try {
+    call_by_name("aten::_scaled_dot_product_cudnn_attention",
+                 {q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), c10::IValue(), true, 0.0, true, false, c10::IValue()});
+  } catch (const c10::Error& e) {
+    GTEST_SKIP() << "cuDNN attention does not run these shapes on this machine: " << e.what_without_backtrace();
+  }
+  std::vector<int64_t> kv_sizes = uneven(21);
+  std::reverse(kv_sizes.begin(), kv_sizes.end());
+  for (bool is_causal : {false, true}) {
+    SCOPED_TRACE(is_causal ? "causal" : "full");
+    const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(), rv = v.clone().requires_grad_();
+    const auto expected = call_by_name("aten::_scaled_dot_product_flash_attention_for_cpu", {rq, rk, rv, 0.0, is_causal, c10::IValue(), c10::IValue()});
+    (expected[0].toTensor() * grad).sum().backward();
+    auto shard = [&](const at::Tensor& t, const std::vector<int64_t>& sizes) {
+      return distribute_tensor(t.to(device, dtype), cuda_mesh(), {Shard(2)}, ShardSizes{{2, sizes}}).requires_grad_();
+    };
+    const at::Tensor sq = shard(q, uneven(21)), sk = shard(k, kv_sizes), sv = shard(v, kv_sizes);
+    CommDebugMode comms;
+    const auto r = call_by_name("aten::_scaled_dot_product_cudnn_attention", {sq, sk, sv, c10::IValue(), true, 0.0, is_causal, false, c10::IValue()});
+    (r[0].toTensor() * distribute_tensor(grad.to(device, dtype), cuda_mesh(), {Replicate()})).sum().backward();
+    expect_near_cpu(r[0].toTensor(), expected[0].toTensor().detach(), 3e-2, "output");
+    expect_near_cpu(r[1].toTensor().squeeze(-1), expected[1].toTensor(), 1e-2, "log-sum-exp");
+    expect_near_cpu(sq.grad(), rq.grad(), 3e-2, "query gradient");
+    expect_near_cpu(sk.grad(), rk.grad(), 3e-2, "key gradient");
+    expect_near_cpu(sv.grad(), rv.grad(), 3e-2, "value gradient");
+    EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
+  }
+}

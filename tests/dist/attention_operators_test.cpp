@@ -1,8 +1,9 @@
-// The CUDA SDPA operators on ShardTensors, checked without a GPU: _scaled_dot_product_flash_attention
-// and _scaled_dot_product_efficient_attention (with their backwards) have no CPU kernels, so this
-// file registers CPU stand-ins for them that compute with the CPU operator and take and return
-// exactly what the CUDA ones do (their extra outputs, the efficient one's log-sum-exp padded to
-// 32 rows). The stand-ins refuse what the real operators would silently get wrong: a causal mask
+// The CUDA SDPA operators on ShardTensors, checked without a GPU: _scaled_dot_product_flash_attention,
+// _scaled_dot_product_efficient_attention and _scaled_dot_product_cudnn_attention (with their
+// backwards) have no CPU kernels, so this file registers CPU stand-ins for them that compute with
+// the CPU operator and take and return exactly what the CUDA ones do (their extra outputs, the
+// efficient one's log-sum-exp padded to 32 rows, cuDNN's [B, H, Sq, 1] as torch's meta function
+// gives it). The stand-ins refuse what the real operators would silently get wrong: a causal mask
 // on a block whose query is longer than its keys (flash-attention aligns that diagonal
 // bottom-right), a bias whose rows are not 16-aligned, a log-sum-exp without its padding, and
 // per-block lengths that are not the block's. The oracle is one process running the CPU
@@ -99,11 +100,45 @@ void efficient_backward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   torch::jit::push(*stack, gq, gk, gv, at::Tensor());
 }
 
+// (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask, *,
+// scale) -> (output, logsumexp [B, H, Sq, 1], cum_seq_q, cum_seq_k, max_q, max_k, philox_seed,
+// philox_offset, debug_attn_mask)
+void cudnn_forward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const std::vector<c10::IValue> a = torch::jit::pop(*stack, 9);
+  const at::Tensor q = a[0].toTensor(), k = a[1].toTensor(), v = a[2].toTensor();
+  const c10::optional<at::Tensor> bias = a[3].toOptional<at::Tensor>();
+  check_square_causal("cudnn", a[6].toBool(), q, k);
+  TORCH_CHECK(a[4].toBool(), "cudnn stand-in: the merge needs the log-sum-exp, but compute_log_sumexp was false");
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, a[5].toDouble(), a[6].toBool(), bias, a[8].toOptional<double>());
+  torch::jit::push(*stack, out, lse.unsqueeze(-1), at::Tensor(), at::Tensor(), q.size(2), k.size(2), at::full({}, 11, at::kLong),
+                   at::full({}, 13, at::kLong), at::Tensor());
+}
+
+// (grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q,
+// cum_seq_k, max_q, max_k, dropout_p, is_causal, *, scale) -> (grad_query, grad_key, grad_value)
+void cudnn_backward(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const std::vector<c10::IValue> a = torch::jit::pop(*stack, 16);
+  const at::Tensor q = a[1].toTensor(), k = a[2].toTensor(), lse = a[5].toTensor(), bias = a[8].toTensor();
+  check_square_causal("cudnn backward", a[14].toBool(), q, k);
+  TORCH_CHECK(lse.dim() == 4 && lse.size(2) == q.size(2) && lse.size(3) == 1, "cudnn backward stand-in: a log-sum-exp of sizes ",
+              lse.sizes(), " for ", q.size(2), " query rows (the operator's own is [B, H, Sq, 1])");
+  TORCH_CHECK(a[11].toInt() == q.size(2) && a[12].toInt() == k.size(2), "cudnn backward stand-in: max_q, max_k = ", a[11].toInt(), ", ",
+              a[12].toInt(), " for a block of ", q.size(2), " rows and ", k.size(2), " keys");
+  TORCH_CHECK(a[6].toTensor().item<int64_t>() == 11 && a[7].toTensor().item<int64_t>() == 13,
+              "cudnn backward stand-in: philox_seed and philox_offset are not the forward's");
+  auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      a[0].toTensor(), q, k, a[3].toTensor(), a[4].toTensor(), lse.squeeze(-1), a[13].toDouble(), a[14].toBool(),
+      bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, a[15].toOptional<double>());
+  torch::jit::push(*stack, gq, gk, gv);
+}
+
 TORCH_LIBRARY_IMPL(aten, CPU, m) {
   m.impl("_scaled_dot_product_flash_attention", torch::CppFunction::makeFromBoxedFunction<&flash_forward>());
   m.impl("_scaled_dot_product_flash_attention_backward", torch::CppFunction::makeFromBoxedFunction<&flash_backward>());
   m.impl("_scaled_dot_product_efficient_attention", torch::CppFunction::makeFromBoxedFunction<&efficient_forward>());
   m.impl("_scaled_dot_product_efficient_attention_backward", torch::CppFunction::makeFromBoxedFunction<&efficient_backward>());
+  m.impl("_scaled_dot_product_cudnn_attention", torch::CppFunction::makeFromBoxedFunction<&cudnn_forward>());
+  m.impl("_scaled_dot_product_cudnn_attention_backward", torch::CppFunction::makeFromBoxedFunction<&cudnn_backward>());
 }
 
 const DeviceMesh& mesh_1d() { return test_meshes().front(); }
@@ -115,7 +150,7 @@ std::vector<int64_t> row_sizes(int64_t n) {
   return sizes;
 }
 
-enum class Cuda { Flash, Efficient };
+enum class Cuda { Flash, Efficient, Cudnn };
 
 struct OperatorCase {
   Cuda op = Cuda::Flash;
@@ -138,8 +173,14 @@ std::pair<at::Tensor, at::Tensor> forward(const OperatorCase& c, const at::Tenso
     EXPECT_EQ(r.size(), 9u);
     return {r[0].toTensor(), r[1].toTensor()};
   }
-  const auto r = call("aten::_scaled_dot_product_efficient_attention",
-                      {q, k, v, bias.defined() ? c10::IValue(bias) : c10::IValue(), true, 0.0, c.is_causal, c10::IValue()});
+  const c10::IValue optional_bias = bias.defined() ? c10::IValue(bias) : c10::IValue();
+  if (c.op == Cuda::Cudnn) {
+    const auto r = call("aten::_scaled_dot_product_cudnn_attention", {q, k, v, optional_bias, true, 0.0, c.is_causal, false, c10::IValue()});
+    EXPECT_EQ(r.size(), 9u);
+    EXPECT_EQ(r[1].toTensor().dim(), 4) << "cuDNN's log-sum-exp is [B, H, Sq, 1]";
+    return {r[0].toTensor(), r[1].toTensor().squeeze(-1)};
+  }
+  const auto r = call("aten::_scaled_dot_product_efficient_attention", {q, k, v, optional_bias, true, 0.0, c.is_causal, c10::IValue()});
   EXPECT_EQ(r.size(), 4u);
   return {r[0].toTensor(), r[1].toTensor()};
 }
@@ -216,27 +257,30 @@ TEST(AttentionOperators, CudaFlashRingMatchesOneProcess) {
     }
 }
 
-// Ring attention through the efficient operator, with and without a bias, causal or not.
-TEST(AttentionOperators, CudaEfficientRingMatchesOneProcess) {
+// Ring attention through the efficient and the cuDNN operators, with and without a bias, causal
+// or not, grouped-query heads. (cuDNN refuses a causal mask with Sq != Sk: it falls back.)
+TEST(AttentionOperators, CudaEfficientAndCudnnRingsMatchOneProcess) {
   const int64_t n = mesh_1d().size(0);
-  for (bool is_causal : {false, true})
-    for (bool with_bias : {false, true}) {
-      SCOPED_TRACE(std::string(is_causal ? "causal" : "full") + (with_bias ? ", bias" : ""));
-      OperatorCase c;
-      c.op = Cuda::Efficient;
-      c.is_causal = is_causal;
-      c.with_bias = with_bias;
-      c.q_sizes = row_sizes(n);
-      c.kv_sizes = std::vector<int64_t>(c.q_sizes.rbegin(), c.q_sizes.rend());
-      c.kv_sizes.back() += 3;
-      run_and_compare(c, 200);
-    }
+  for (Cuda op : {Cuda::Efficient, Cuda::Cudnn})
+    for (bool is_causal : {false, true})
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(std::string(op == Cuda::Cudnn ? "cudnn, " : "efficient, ") + (is_causal ? "causal" : "full") + (with_bias ? ", bias" : ""));
+        OperatorCase c;
+        c.op = op;
+        c.is_causal = is_causal;
+        c.with_bias = with_bias;
+        c.kv_heads = op == Cuda::Cudnn ? 2 : 4;
+        c.q_sizes = row_sizes(n);
+        c.kv_sizes = std::vector<int64_t>(c.q_sizes.rbegin(), c.q_sizes.rend());
+        if (op == Cuda::Efficient || !is_causal) c.kv_sizes.back() += 3;
+        run_and_compare(c, 200);
+      }
 }
 
 // Batch shards: local attention, each operator's whole block (the efficient one restores its
 // log-sum-exp's padding for the backward).
 TEST(AttentionOperators, BatchShardsAttendLocallyThroughEitherOperator) {
-  for (Cuda op : {Cuda::Flash, Cuda::Efficient}) {
+  for (Cuda op : {Cuda::Flash, Cuda::Efficient, Cuda::Cudnn}) {
     OperatorCase c;
     c.op = op;
     c.is_causal = true;
@@ -266,6 +310,11 @@ std::vector<Case> shardtensor::testing::attention_operator_cases() {
                        [sk] { return Tensors{normal({2, 4, 6, 4}), normal({2, 4, sk, 4}), normal({2, 4, sk, 4})}; },
                        [is_causal](const Tensors& x) {
                          return call("aten::_scaled_dot_product_efficient_attention", {x[0], x[1], x[2], c10::IValue(), true, 0.0, is_causal});
+                       }));
+    cases.push_back(on(std::string("_scaled_dot_product_cudnn_attention (CUDA stand-in)") + (is_causal ? " causal" : ""),
+                       [sk] { return Tensors{normal({2, 4, 6, 4}), normal({2, 2, sk, 4}), normal({2, 2, sk, 4})}; },
+                       [is_causal](const Tensors& x) {
+                         return call("aten::_scaled_dot_product_cudnn_attention", {x[0], x[1], x[2], c10::IValue(), true, 0.0, is_causal});
                        }));
   }
   return cases;

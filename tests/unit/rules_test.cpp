@@ -587,6 +587,28 @@ TEST(AttentionRules, CudaEfficientBiasFollowsTheRowsAndItsGradientIsNotAskedFor)
   EXPECT_EQ(back.kernel, "ring attention over mesh dim 0 (backward)");
 }
 
+// cuDNN's operator: a log-sum-exp of [B, H, Sq, 1] laid out like the query's rows, its seed,
+// offset and sequence offsets each rank's own; the backward reads that log-sum-exp by rows too.
+// A causal mask with Sq != Sk is left to the operator on the whole tensors.
+TEST(AttentionRules, CudnnRingReturnsItsFourDimLogSumExpByRows) {
+  if (!c10::Dispatcher::singleton().findSchema({"aten::_scaled_dot_product_cudnn_attention", ""}))
+    GTEST_SKIP() << "aten::_scaled_dot_product_cudnn_attention does not exist in this libtorch";
+  const auto q = spec({2}, {Shard(2)}, {1, 2, 6, 8}, {{2, {4, 2}}});
+  const Answer a = call_rule("aten::_scaled_dot_product_cudnn_attention", {q, q, q, kNone, true, 0.0, true, false, kNone});
+  EXPECT_EQ(a.outputs, "[S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [R] | [R] | [R] | [R] | [R]");
+  EXPECT_EQ(a.kernel, "ring attention over mesh dim 0, causal (forward)");
+
+  const auto lse = spec({2}, {Shard(2)}, {1, 2, 6, 1}, {{2, {4, 2}}}), seed = spec({2}, {Replicate()}, {});
+  const Answer back = call_rule("aten::_scaled_dot_product_cudnn_attention_backward",
+                                {q, q, q, q, q, lse, seed, seed, kNone, kNone, kNone, int64_t{6}, int64_t{6}, 0.0, true, kNone});
+  EXPECT_EQ(back.targets, "[S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [R] | [R]");
+  EXPECT_EQ(back.outputs, "[S(2)]{2: 4,2} | [S(2)]{2: 4,2} | [S(2)]{2: 4,2}");
+
+  const auto k = spec({2}, {Shard(2)}, {1, 2, 8, 8});
+  const RuleResult refused = apply_rule("aten::_scaled_dot_product_cudnn_attention", {q, k, k, kNone, true, 0.0, true, false, kNone});
+  EXPECT_NE(refused.unsupported_reason.find("cuDNN aligns"), std::string::npos) << refused.unsupported_reason;
+}
+
 // ---- every rule family is in this file ----
 
 TEST(ScanRules, ScanAlongAnUnshardedDimMovesNothing) {
