@@ -1,10 +1,10 @@
 // Scaled dot-product attention: the operators that F.scaled_dot_product_attention reaches in
 // torch 2.x, with their backwards (AttentionOperator in attention.h): on CPU
 // _scaled_dot_product_flash_attention_for_cpu, on CUDA _scaled_dot_product_flash_attention,
-// _scaled_dot_product_efficient_attention and _scaled_dot_product_cudnn_attention (which the
-// composite picks for float32 and bfloat16 on Hopper GPUs) (query [B, H, Sq, D], key/value [B, Hk, Sk, D], Hk
+// _scaled_dot_product_efficient_attention and _scaled_dot_product_cudnn_attention (the composite
+// picked cuDNN for float32 on an H100). Query [B, H, Sq, D], key/value [B, Hk, Sk, D], Hk
 // dividing H for grouped-query attention, an optional additive mask broadcastable to
-// [B, H, Sq, Sk]: attn_mask, or attn_bias for the efficient one). Inputs that take the math path
+// [B, H, Sq, Sk]: attn_mask, or attn_bias for efficient and cuDNN. Inputs that take the math path
 // instead decompose into matmul, softmax and pointwise ops, which have rules of their own; what
 // these rules refuse (dropout, a debug mask, a gradient for the bias) falls back to gathering.
 // On libtorch 1.13 these operators do not exist and the rules are never reached.

@@ -203,7 +203,7 @@ TEST(CudaMesh, AttentionOnSequenceShardsMatchesOneDevice) {
     }
 }
 
-// cuDNN's operator (what F.scaled_dot_product_attention picks for float32 and bfloat16 on Hopper)
+// cuDNN's operator (what F.scaled_dot_product_attention picked for float32 on an H100)
 // on sequence shards: the ring through the real cuDNN kernels, against the CPU operator in
 // double. It skips where this cuDNN refuses the shapes on one device already.
 TEST(CudaMesh, CudnnAttentionOnSequenceShardsMatchesOneDevice) {
