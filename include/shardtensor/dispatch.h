@@ -38,6 +38,14 @@ std::vector<std::string> propagated_operators();
 // while no operator runs. Later operators simply rebuild their cache entries.
 void release_cached_layouts();
 
+// ---- Registration ------------------------------------------------------------------------
+// Registers ShardTensor's kernels with libtorch's dispatcher, which otherwise happens when the
+// first ShardTensor is made. libtorch does not allow registering while another thread
+// dispatches operators (the dispatch tables are written in place), so a program that runs
+// operators on several threads (a DataLoader's pin-memory thread, say) calls this before it
+// starts them. The Python package calls it on import, while it holds the GIL. Idempotent.
+void register_kernels();
+
 // ---- Implicit replication ----------------------------------------------------------------
 // Plain tensors next to ShardTensors are an error, except 0-d and single-element ones, which
 // count as Replicate. Inside this scope (per thread) every plain tensor counts as Replicate:

@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "shardtensor/dispatch.h"
+
 namespace shardtensor::python {
 
 Placements decode_placements(const EncodedPlacements& encoded) {
@@ -50,6 +52,10 @@ EncodedSizes encode_sizes(const ShardSizes& sizes) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "shardtensor's C++ core; use the shardtensor package, not this module.";
+  // Now, with the GIL held, rather than inside the first call that makes a ShardTensor, which
+  // releases the GIL: other Python threads could then dispatch operators while the dispatcher's
+  // tables are being written (see register_kernels).
+  shardtensor::register_kernels();
   shardtensor::python::bind_mesh(m);
   shardtensor::python::bind_tensor(m);
   shardtensor::python::bind_dispatch(m);

@@ -7,6 +7,8 @@
 // conv2d, ...) are left alone: they decompose above autograd and we see their primitives.
 #include "dispatch/library.h"
 
+#include "shardtensor/dispatch.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/library.h>
@@ -100,5 +102,7 @@ void ensure_dispatch_registered() {
   static std::once_flag once;
   std::call_once(once, register_everything);
 }
+
+void register_kernels() { ensure_dispatch_registered(); }
 
 }  // namespace shardtensor

@@ -54,6 +54,20 @@ def test_mesh(world_size):
     run_ranks(mesh_body, world_size)
 
 
+def test_import_registers_the_kernels_before_any_tensor():
+    """Registration writes the dispatcher's tables, which must not happen while another thread
+    dispatches; so it is done by the import (GIL held), not by the first ShardTensor."""
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "assert not torch._C._dispatch_has_kernel_for_dispatch_key('aten::add.Tensor', 'PrivateUse1')\n"
+            "import shardtensor\n"
+            "assert torch._C._dispatch_has_kernel_for_dispatch_key('aten::add.Tensor', 'PrivateUse1')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 def test_placements_are_values_and_accept_dtensors():
     import shardtensor as st
     from shardtensor import _placements
