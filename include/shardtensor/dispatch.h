@@ -40,8 +40,8 @@ void release_cached_layouts();
 
 // ---- Registration ------------------------------------------------------------------------
 // Registers ShardTensor's kernels with libtorch's dispatcher, which otherwise happens when the
-// first ShardTensor is made. libtorch does not allow registering while another thread
-// dispatches operators (the dispatch tables are written in place), so a program that runs
+// first ShardTensor is made. libtorch's dispatch reads its tables without a lock while
+// registration writes them in place (OperatorEntry::lookup), so a program that runs
 // operators on several threads (a DataLoader's pin-memory thread, say) calls this before it
 // starts them. The Python package calls it on import, while it holds the GIL. Idempotent.
 void register_kernels();
