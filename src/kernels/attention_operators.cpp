@@ -148,27 +148,20 @@ void push_forward_results(const AttentionPlan& plan, torch::jit::Stack* stack, c
   switch (plan.op) {
     case AttentionOperator::CpuFlash:
       break;
-    case AttentionOperator::CudaFlash:
-      stack->push_back(first_or(0, at::Tensor()));  // cum_seq_q, cum_seq_k: undefined unless nested
-      stack->push_back(first_or(1, at::Tensor()));
-      stack->push_back(query.size(2));  // max_q, max_k: this rank's lengths (the backward uses each block's)
-      stack->push_back(key.size(2));
-      stack->push_back(first_or(4, at::empty({0}, index)));  // rng_state, unused, debug_attn_mask
-      stack->push_back(first_or(5, at::empty({0}, index)));
-      stack->push_back(first_or(6, at::empty({0}, query.options())));
-      break;
-    case AttentionOperator::CudaEfficient:
-      stack->push_back(first_or(0, at::empty({0}, index)));  // philox_seed, philox_offset
-      stack->push_back(first_or(1, at::empty({0}, index)));
-      break;
+    case AttentionOperator::CudaFlash:  // the same seven after these two: flash's and cuDNN's
     case AttentionOperator::CudaCudnn:
       stack->push_back(first_or(0, at::Tensor()));  // cum_seq_q, cum_seq_k: undefined unless nested
       stack->push_back(first_or(1, at::Tensor()));
       stack->push_back(query.size(2));  // max_q, max_k: this rank's lengths (the backward uses each block's)
       stack->push_back(key.size(2));
-      stack->push_back(first_or(4, at::empty({0}, index)));  // philox_seed, philox_offset, debug_attn_mask
+      // flash: rng_state, unused; cuDNN: philox_seed, philox_offset. Then debug_attn_mask.
+      stack->push_back(first_or(4, at::empty({0}, index)));
       stack->push_back(first_or(5, at::empty({0}, index)));
-      stack->push_back(first_or(6, at::Tensor()));
+      stack->push_back(first_or(6, plan.op == AttentionOperator::CudaFlash ? at::empty({0}, query.options()) : at::Tensor()));
+      break;
+    case AttentionOperator::CudaEfficient:
+      stack->push_back(first_or(0, at::empty({0}, index)));  // philox_seed, philox_offset
+      stack->push_back(first_or(1, at::empty({0}, index)));
       break;
   }
 }
