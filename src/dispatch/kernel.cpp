@@ -138,7 +138,25 @@ void check_kernel_can_run_on_meta(const Propagation& p) {
               "initialise them.");
 }
 
+// Called for every ShardTensor input before its local piece is used (both paths).
+void keep_leaf_layout_if_trained(const at::Tensor& t) {
+  if (t.requires_grad() && t.is_leaf()) keep_leaf_gradient_layout(t);
+}
+
 }  // namespace
+
+bool may_run_direct(const Propagation& p, c10::ArrayRef<c10::IValue> args) {
+  if (!p.direct || log_enabled()) return false;
+  for (const c10::IValue& arg : args)
+    if (arg.isTensor() && shard_tensor_impl(arg.toTensor())) keep_leaf_layout_if_trained(arg.toTensor());
+  return true;
+}
+
+at::Tensor wrap_direct_output(Propagation& p, c10::ArrayRef<c10::IValue> args, const at::Tensor& local) {
+  at::Tensor out = wrap_output(p, 0, local);
+  if (p.permutes_dims) shard_tensor_impl(out)->set_global_strides(permuted_global_strides(p.meta.name, args));
+  return out;
+}
 
 std::string full_op_name(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
@@ -172,7 +190,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
   auto unwrap_input = [&](const at::Tensor& t) -> at::Tensor {
     const size_t input = k++;
     ShardTensorImpl* impl = shard_tensor_impl(t);
-    if (impl && t.requires_grad() && t.is_leaf()) keep_leaf_gradient_layout(t);
+    if (impl) keep_leaf_layout_if_trained(t);
     if (outside_mesh) return meta_stand_in(t);
     const at::Tensor& local = impl ? impl->local() : t;
     meta_pieces = meta_pieces || local.is_meta();

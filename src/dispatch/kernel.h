@@ -16,6 +16,16 @@ namespace shardtensor {
 // autograd excluded -> wrap outputs. Operators without a rule raise an error naming them.
 void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+struct Propagation;
+
+// The direct path (dispatch/direct_kernel.h) for a call whose propagation `p` is direct: true
+// where it may run the operator on the local pieces itself, after the same per-input step as
+// the boxed kernel; false where the boxed kernel must run it (SHARDTENSOR_LOG, for one).
+bool may_run_direct(const Propagation& p, c10::ArrayRef<c10::IValue> args);
+
+// The direct path's result: `local` wrapped exactly as the boxed kernel wraps its one output.
+at::Tensor wrap_direct_output(Propagation& p, c10::ArrayRef<c10::IValue> args, const at::Tensor& local);
+
 // "aten::add.Tensor": the name rules are registered under.
 std::string full_op_name(const c10::OperatorName& name);
 

@@ -18,6 +18,7 @@
 #include <mutex>
 
 #include "dispatch/decompositions.h"
+#include "dispatch/direct_kernel.h"
 #include "dispatch/foreach.h"
 #include "dispatch/in_place_shape.h"
 #include "dispatch/kernel.h"
@@ -66,6 +67,7 @@ void register_everything() {
   whole_autograd->impl("dist", TORCH_FN(dist_as_norm));
   register_upsample_vec_decompositions(*whole, *whole_autograd);
   register_in_place_shape_ops(*whole);
+  register_direct_kernels(*whole);
   // _foreach_* operators: one per-tensor call per element (foreach.h), above autograd so that
   // each element's call is recorded by the per-tensor operator's own formula.
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {

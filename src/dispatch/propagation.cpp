@@ -155,6 +155,17 @@ RuleResult fallback_result(const OpMeta& meta) {
   return r;
 }
 
+bool runs_on_local_pieces_alone(const Propagation& p) {
+  const c10::FunctionSchema& schema = *p.meta.schema;
+  for (size_t i = 0; i < schema.arguments().size(); ++i)
+    if (is_out_argument(schema, i)) return false;
+  for (const RedistributePlan* plan : p.plans)
+    if (plan) return false;
+  return !p.fallback && !p.result.local_kernel && !p.meta.is_inplace() && p.meta.mesh().includes_this_rank() &&
+         p.result.outputs.size() == 1 && schema.returns().size() == 1 &&
+         schema.returns()[0].type()->kind() == c10::TypeKind::TensorType;
+}
+
 std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   auto p = std::make_unique<Propagation>();
   const c10::FunctionSchema& schema = op.schema();
@@ -225,6 +236,7 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
     p->plans.push_back(from == to ? nullptr : &plan_redistribute(from, to));
   }
   p->output_specs.resize(p->result.outputs.size());
+  p->direct = runs_on_local_pieces_alone(*p);
   return p;
 }
 

@@ -2,7 +2,11 @@
 // an error in strict mode), plain tensors and mixed meshes, misaligned uneven operands,
 // in-place ops, pinned placements with CommDebugMode counts, custom rules and local_map.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
+#include "dispatch/direct_kernel.h"
+#include "dispatch/kernel.h"
+#include "dispatch/shard_tensor_impl.h"
 #include "dist/dist_fixture.h"
 
 using namespace shardtensor;
@@ -42,7 +46,66 @@ std::vector<int64_t> uneven(int64_t n, bool other) {
   return chunk_sizes(n, w);
 }
 
+// The call run by the boxed kernel itself, as every operator without a direct kernel is.
+at::Tensor through_boxed_kernel(const char* name, const char* overload, std::vector<c10::IValue> args) {
+  const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+  torch::jit::Stack stack(args.begin(), args.end());
+  shard_tensor_kernel(op, &stack);
+  return stack.back().toTensor();
+}
+
 }  // namespace
+
+TEST(Kernel, DirectKernelsBorrowTheirArgumentsAndMatchTheBoxedKernel) {
+  const at::Tensor global = same_randn({10, 4});
+  const at::Tensor weight_global = same_randn({4, 3});
+  for (const bool trained : {false, true}) {
+    SCOPED_TRACE(trained ? "leaf that requires grad" : "no grad");
+    at::Tensor x = rows(global, uneven(10, false));
+    if (trained) x.requires_grad_();
+    const at::Tensor w = distribute_tensor(weight_global, mesh_1d(), {Replicate()});
+    const at::Tensor y = rows(global, uneven(10, false));
+    struct Case {
+      std::function<at::Tensor()> direct;
+      const char* name;
+      const char* overload;
+      std::vector<c10::IValue> args;
+      at::Tensor oracle;
+    };
+    const std::vector<Case> cases = {
+        {[&] { return x.t(); }, "aten::t", "", {x}, global.t()},
+        {[&] { return x.sum(1); }, "aten::sum", "dim_IntList", {x, std::vector<int64_t>{1}, false, c10::IValue()}, global.sum(1)},
+        {[&] { return x + y; }, "aten::add", "Tensor", {x, y, at::Scalar(1)}, global + global},
+        {[&] { return x * 2.5; }, "aten::mul", "Scalar", {x, at::Scalar(2.5)}, global * 2.5},
+        {[&] { return at::mm(x, w); }, "aten::mm", "", {x, w}, at::mm(global, weight_global)},
+        {[&] { return x.transpose(0, 1); }, "aten::transpose", "int", {x, int64_t{0}, int64_t{1}}, global.transpose(0, 1)},
+    };
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name + std::string(".") + c.overload);
+      const auto references = x.use_count();
+      const uint64_t direct_before = direct_calls_on_this_thread();
+      at::Tensor direct = c.direct();
+      EXPECT_EQ(direct_calls_on_this_thread(), direct_before + 1) << "the direct path did not run";
+      at::Tensor boxed;
+      {
+        at::AutoDispatchBelowADInplaceOrView below_autograd;  // where the dispatcher calls the kernel
+        boxed = through_boxed_kernel(c.name, c.overload, c.args);
+      }
+      EXPECT_EQ(shard_tensor_impl(direct)->spec(), shard_tensor_impl(boxed)->spec());
+      EXPECT_EQ(direct.strides(), boxed.strides());
+      EXPECT_EQ(direct.strides(), c.oracle.strides());
+      EXPECT_TRUE(at::equal(to_local(direct.detach()), to_local(boxed)));
+      EXPECT_TRUE(at::allclose(full_tensor(direct.detach()), c.oracle));
+      direct = at::Tensor();
+      EXPECT_EQ(x.use_count(), references) << "a borrowed argument lost or kept a reference";
+    }
+    if (trained) {  // the leaf's gradient still arrives in its own layout through the direct path
+      (x.t().sum(0) * 2).sum().backward();
+      EXPECT_EQ(shard_tensor_impl(x.grad())->spec().placements(), shard_tensor_impl(x)->spec().placements());
+      EXPECT_TRUE(at::allclose(full_tensor(x.grad()), at::full_like(global, 2)));
+    }
+  }
+}
 
 TEST(Kernel, OperatorsWithoutARuleFallBackCorrectlyOrRaiseInStrictMode) {
   // tril has no rule: on row shards it would cut each rank's rows at the wrong diagonal.

@@ -1,0 +1,146 @@
+// See direct_kernel.h.
+#include "dispatch/direct_kernel.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/add_ops.h>
+#include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/bmm_ops.h>
+#include <ATen/ops/div_ops.h>
+#include <ATen/ops/exp_ops.h>
+#include <ATen/ops/gelu_ops.h>
+#include <ATen/ops/mean_ops.h>
+#include <ATen/ops/mm_ops.h>
+#include <ATen/ops/mul_ops.h>
+#include <ATen/ops/neg_ops.h>
+#include <ATen/ops/permute_ops.h>
+#include <ATen/ops/relu_ops.h>
+#include <ATen/ops/sigmoid_ops.h>
+#include <ATen/ops/sub_ops.h>
+#include <ATen/ops/sum_ops.h>
+#include <ATen/ops/t_ops.h>
+#include <ATen/ops/tanh_ops.h>
+#include <ATen/ops/transpose_ops.h>
+#include <ATen/ops/view_ops.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/MaybeOwned.h>
+#include <torch/library.h>
+
+#include <array>
+#include <string>
+#include <type_traits>
+
+#include "comm/comm_debug.h"
+#include "dispatch/kernel.h"
+#include "dispatch/propagation.h"
+#include "dispatch/shard_tensor_impl.h"
+
+namespace shardtensor {
+namespace {
+
+thread_local uint64_t direct_calls = 0;
+
+template <class T>
+constexpr bool is_tensor_v = std::is_same_v<std::decay_t<T>, at::Tensor>;
+
+// The arguments of one call as IValues, for propagate(). Tensors are borrowed (no reference
+// count taken, so no GIL for a tensor Python owns) and handed back unreleased; the caller's
+// references keep them alive for the whole call. Other arguments are ordinary IValues, built
+// as the dispatcher's boxing builds them, so the cache sees the same keys on both paths.
+template <size_t N>
+class BorrowedArguments {
+ public:
+  template <class... Args>
+  explicit BorrowedArguments(const Args&... args) : values_{borrow(args)...}, borrowed_{is_tensor_v<Args>...} {}
+  ~BorrowedArguments() {
+    for (size_t i = 0; i < N; ++i)
+      if (borrowed_[i]) c10::MaybeOwnedTraits<c10::IValue>::destroyBorrow(values_[i]);
+  }
+  BorrowedArguments(const BorrowedArguments&) = delete;
+  BorrowedArguments& operator=(const BorrowedArguments&) = delete;
+
+  c10::ArrayRef<c10::IValue> view() const { return c10::ArrayRef<c10::IValue>(values_.data(), N); }
+
+ private:
+  static c10::IValue borrow(const at::Tensor& t) { return c10::IValue(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(t)); }
+  template <class T>
+  static c10::IValue borrow(const T& value) {
+    return c10::IValue(value);
+  }
+
+  std::array<c10::IValue, N> values_;
+  std::array<bool, N> borrowed_;
+};
+
+// The local piece of a ShardTensor argument; a plain tensor (a 0-d scalar) and every other
+// argument pass through as they are, as in the boxed kernel.
+inline const at::Tensor& local_of(const at::Tensor& t) {
+  const ShardTensorImpl* impl = shard_tensor_impl(t);
+  return impl ? impl->local() : t;
+}
+template <class T>
+T&& local_of(T&& value) {
+  return std::forward<T>(value);
+}
+
+template <class Op, class Signature = typename Op::schema>
+struct DirectKernel;
+
+template <class Op, class... Args>
+struct DirectKernel<Op, at::Tensor(Args...)> {
+  static at::Tensor call(Args... args) {
+    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+    {
+      const BorrowedArguments<sizeof...(Args)> borrowed(args...);
+      Propagation& p = propagate(op, borrowed.view());
+      if (may_run_direct(p, borrowed.view())) {
+        CurrentOperatorScope current(&p.meta.name);
+        ++direct_calls;
+        return wrap_direct_output(p, borrowed.view(), Op::call(local_of(args)...));
+      }
+    }
+    torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
+    shard_tensor_kernel(op, &stack);
+    return std::move(stack.back()).toTensor();
+  }
+};
+
+template <class Op>
+void register_direct(torch::Library& library) {
+  const auto op = c10::Dispatcher::singleton().findOp({Op::name, Op::overload_name});
+  if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return;
+  const std::string name = std::string(Op::name).substr(6) + (*Op::overload_name ? std::string(".") + Op::overload_name : "");
+  library.impl(name.c_str(), TORCH_FN(DirectKernel<Op>::call));
+}
+
+}  // namespace
+
+uint64_t direct_calls_on_this_thread() { return direct_calls; }
+
+void register_direct_kernels(torch::Library& library) {
+  // Pointwise operators and reductions of a training step.
+  register_direct<at::_ops::add_Tensor>(library);
+  register_direct<at::_ops::sub_Tensor>(library);
+  register_direct<at::_ops::mul_Tensor>(library);
+  register_direct<at::_ops::mul_Scalar>(library);
+  register_direct<at::_ops::div_Tensor>(library);
+  register_direct<at::_ops::neg>(library);
+  register_direct<at::_ops::exp>(library);
+  register_direct<at::_ops::relu>(library);
+  register_direct<at::_ops::gelu>(library);
+  register_direct<at::_ops::tanh>(library);
+  register_direct<at::_ops::sigmoid>(library);
+  register_direct<at::_ops::sum>(library);
+  register_direct<at::_ops::sum_dim_IntList>(library);
+  register_direct<at::_ops::mean_dim>(library);
+  // Matrix products and the views around them (linear is t + addmm).
+  register_direct<at::_ops::mm>(library);
+  register_direct<at::_ops::addmm>(library);
+  register_direct<at::_ops::bmm>(library);
+  register_direct<at::_ops::view>(library);
+  register_direct<at::_ops::t>(library);
+  register_direct<at::_ops::transpose_int>(library);
+  register_direct<at::_ops::permute>(library);
+}
+
+}  // namespace shardtensor

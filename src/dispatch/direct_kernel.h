@@ -1,0 +1,28 @@
+// Unboxed kernels for the operators a training step calls most (add, mul, sum, mm, view, t, ...).
+//
+// The boxed kernel (kernel.h) costs two things on every call that these skip. The dispatcher
+// copies each argument onto a stack of IValues, and in torch 2.x the first C++ copy of a
+// tensor that Python owns takes the GIL to incref its Python object (and the kernel's
+// overwrite of that stack entry takes it again to decref it); then the local operator is
+// boxed and unboxed once more. An unboxed kernel borrows its arguments as IValues for
+// propagate(), and where the cached propagation is direct (propagation.h: nothing to move, no
+// rule kernel, nothing written) calls the operator on the local pieces itself. Every other
+// call goes to the boxed kernel, so the two paths cannot disagree on anything but the cost.
+#pragma once
+
+#include <cstdint>
+
+namespace torch {
+class Library;
+}
+
+namespace shardtensor {
+
+// Registers the direct kernels on `library` (aten, PrivateUse1); operators that are composite
+// on this torch line are left to decompose.
+void register_direct_kernels(torch::Library& library);
+
+// How many calls on this thread ran the direct path (tests check that it is taken).
+uint64_t direct_calls_on_this_thread();
+
+}  // namespace shardtensor
