@@ -2,11 +2,15 @@
 #include "dispatch/direct_kernel.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_unsafe_view_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/bmm_ops.h>
+#include <ATen/ops/clone_ops.h>
+#include <ATen/ops/detach_ops.h>
 #include <ATen/ops/div_ops.h>
 #include <ATen/ops/exp_ops.h>
+#include <ATen/ops/expand_ops.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/mean_ops.h>
 #include <ATen/ops/mm_ops.h>
@@ -14,12 +18,16 @@
 #include <ATen/ops/neg_ops.h>
 #include <ATen/ops/permute_ops.h>
 #include <ATen/ops/relu_ops.h>
+#include <ATen/ops/select_ops.h>
 #include <ATen/ops/sigmoid_ops.h>
+#include <ATen/ops/slice_ops.h>
+#include <ATen/ops/squeeze_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/t_ops.h>
 #include <ATen/ops/tanh_ops.h>
 #include <ATen/ops/transpose_ops.h>
+#include <ATen/ops/unsqueeze_ops.h>
 #include <ATen/ops/view_ops.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/MaybeOwned.h>
@@ -96,6 +104,7 @@ struct DirectKernel<Op, at::Tensor(Args...)> {
       if (may_run_direct(p, borrowed.view())) {
         CurrentOperatorScope current(&p.meta.name);
         ++direct_calls;
+        if (p.result.local_kernel) return run_rule_kernel_direct(op, p, borrowed.view());
         return wrap_direct_output(p, borrowed.view(), Op::call(local_of(args)...));
       }
     }
@@ -133,7 +142,9 @@ void register_direct_kernels(torch::Library& library) {
   register_direct<at::_ops::sum>(library);
   register_direct<at::_ops::sum_dim_IntList>(library);
   register_direct<at::_ops::mean_dim>(library);
-  // Matrix products and the views around them (linear is t + addmm).
+  register_direct<at::_ops::clone>(library);
+  // Matrix products and the views around them (linear is t + addmm; reshape is view or
+  // clone + _unsafe_view). Views with global sizes run the rule's local reshape.
   register_direct<at::_ops::mm>(library);
   register_direct<at::_ops::addmm>(library);
   register_direct<at::_ops::bmm>(library);
@@ -141,6 +152,13 @@ void register_direct_kernels(torch::Library& library) {
   register_direct<at::_ops::t>(library);
   register_direct<at::_ops::transpose_int>(library);
   register_direct<at::_ops::permute>(library);
+  register_direct<at::_ops::_unsafe_view>(library);
+  register_direct<at::_ops::unsqueeze>(library);
+  register_direct<at::_ops::squeeze_dim>(library);
+  register_direct<at::_ops::expand>(library);
+  register_direct<at::_ops::slice_Tensor>(library);
+  register_direct<at::_ops::select_int>(library);
+  register_direct<at::_ops::detach>(library);
 }
 
 }  // namespace shardtensor

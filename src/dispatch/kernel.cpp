@@ -48,23 +48,28 @@ ShardTensorSpec output_spec(const Propagation& p, const OutputLayout& layout, co
 }
 
 // `local` is this rank's piece, or outside the mesh the op's meta result of global shape.
-at::Tensor wrap_output(Propagation& p, size_t index, const at::Tensor& local) {
+// `global_strides`: the output's, where the op permutes dims (see permuted_global_strides).
+at::Tensor wrap_output(Propagation& p, size_t index, const at::Tensor& local, std::vector<int64_t> global_strides = {}) {
   const DeviceMesh& mesh = p.meta.mesh();
   const bool outside = local.is_meta() && !mesh.includes_this_rank();
   if (p.fallback) {
     ShardTensorSpec spec(mesh, Placements(mesh.ndim(), Replicate()), local.sizes().vec(), local.scalar_type());
     at::Tensor piece = outside ? piece_outside_mesh(spec, local.options().device(mesh.device())) : local;
-    return make_shard_tensor(std::move(piece), std::move(spec));
+    return make_shard_tensor(std::move(piece), std::move(spec), std::move(global_strides));
   }
   TORCH_INTERNAL_ASSERT(index < p.result.outputs.size(), p.meta.name, ": the rule gave ", p.result.outputs.size(),
                         " output layouts for more tensor outputs");
-  if (outside) return wrap_output_outside_mesh(p, p.result.outputs[index], local);
+  if (outside) {
+    at::Tensor wrapper = wrap_output_outside_mesh(p, p.result.outputs[index], local);
+    if (!global_strides.empty()) shard_tensor_impl(wrapper)->set_global_strides(std::move(global_strides));
+    return wrapper;
+  }
   std::optional<CachedOutput>& cached = p.output_specs[index];
   if (!cached || cached->spec.dtype() != local.scalar_type() || !local.sizes().equals(cached->local_shape)) {
     ShardTensorSpec spec = output_spec(p, p.result.outputs[index], local);
     cached = CachedOutput{spec, spec.local_shape()};
   }
-  return make_shard_tensor(local, cached->spec);
+  return make_shard_tensor(local, cached->spec, std::move(global_strides));
 }
 
 // Self of an in-place op ran as `target` (moved from its own layout): bring the result home,
@@ -152,10 +157,19 @@ bool may_run_direct(const Propagation& p, c10::ArrayRef<c10::IValue> args) {
   return true;
 }
 
+at::Tensor run_rule_kernel_direct(const c10::OperatorHandle& op, Propagation& p, c10::ArrayRef<c10::IValue> args) {
+  torch::jit::Stack stack;
+  stack.reserve(args.size());
+  for (const c10::IValue& arg : args) {
+    const ShardTensorImpl* impl = arg.isTensor() ? shard_tensor_impl(arg.toTensor()) : nullptr;
+    stack.push_back(impl ? c10::IValue(impl->local()) : arg);
+  }
+  p.result.local_kernel(op, &stack);
+  return wrap_direct_output(p, args, stack.back().toTensor());
+}
+
 at::Tensor wrap_direct_output(Propagation& p, c10::ArrayRef<c10::IValue> args, const at::Tensor& local) {
-  at::Tensor out = wrap_output(p, 0, local);
-  if (p.permutes_dims) shard_tensor_impl(out)->set_global_strides(permuted_global_strides(p.meta.name, args));
-  return out;
+  return wrap_output(p, 0, local, p.permutes_dims ? permuted_global_strides(p.meta.name, args) : std::vector<int64_t>{});
 }
 
 std::string full_op_name(const c10::OperatorName& name) {
@@ -258,8 +272,7 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
       shard_tensor_impl(wrapper)->replace(shard_tensor_impl(fresh)->local(), shard_tensor_impl(fresh)->spec());
       ret = wrapper;
     } else if (ret.isTensor()) {
-      if (ret.toTensor().defined()) ret = wrap_output(p, next_output, ret.toTensor());
-      if (!output_strides.empty()) shard_tensor_impl(ret.toTensor())->set_global_strides(output_strides);
+      if (ret.toTensor().defined()) ret = wrap_output(p, next_output, ret.toTensor(), output_strides);
       ++next_output;
     } else if (ret.isTensorList()) {
       std::vector<at::Tensor> wrapped;

@@ -23,6 +23,10 @@ struct Propagation;
 // the boxed kernel; false where the boxed kernel must run it (SHARDTENSOR_LOG, for one).
 bool may_run_direct(const Propagation& p, c10::ArrayRef<c10::IValue> args);
 
+// The direct path where the rule has a kernel that moves nothing: that kernel on a stack of
+// the local pieces and the other arguments; the result wrapped.
+at::Tensor run_rule_kernel_direct(const c10::OperatorHandle& op, Propagation& p, c10::ArrayRef<c10::IValue> args);
+
 // The direct path's result: `local` wrapped exactly as the boxed kernel wraps its one output.
 at::Tensor wrap_direct_output(Propagation& p, c10::ArrayRef<c10::IValue> args, const at::Tensor& local);
 

@@ -39,9 +39,9 @@ struct Propagation {
   std::vector<std::optional<CachedOutput>> output_specs;  // filled on the first run
   bool fallback = false;                        // gathered inputs, Replicate outputs
   bool permutes_dims = false;                   // t, transpose, permute: strides follow (kernel.cpp)
-  // The call needs nothing but the operator on the local pieces: no input moves, no kernel of
-  // the rule's, no written argument, this rank in the mesh, one tensor output. Such a call may
-  // skip the boxed kernel (dispatch/direct_kernel.h).
+  // The call needs nothing but the operator (or the rule's kernel, if it moves nothing) on the
+  // local pieces: no input moves, no written argument, this rank in the mesh, one tensor
+  // output. Such a call may skip the boxed kernel (dispatch/direct_kernel.h).
   bool direct = false;
 };
 

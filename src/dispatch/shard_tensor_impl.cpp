@@ -7,11 +7,13 @@
 
 namespace shardtensor {
 
-ShardTensorImpl::ShardTensorImpl(at::Tensor local, ShardTensorSpec spec)
+ShardTensorImpl::ShardTensorImpl(at::Tensor local, ShardTensorSpec spec, std::vector<int64_t> global_strides)
     : c10::TensorImpl(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), local.dtype(), local.device()),
       local_(std::move(local)),
-      spec_(std::move(spec)) {
+      spec_(std::move(spec)),
+      permuted_strides_(std::move(global_strides)) {
   TORCH_INTERNAL_ASSERT(!shard_tensor_impl(local_), "a ShardTensor cannot hold another ShardTensor");
+  TORCH_INTERNAL_ASSERT(permuted_strides_.empty() || permuted_strides_.size() == spec_.shape().size());
   TORCH_INTERNAL_ASSERT_DEBUG_ONLY(local_.sizes().vec() == spec_.local_shape());
   set_storage_access_should_throw();
   refresh_sizes_and_strides();
@@ -109,11 +111,11 @@ ShardTensorImpl* shard_tensor_impl(const at::Tensor& t) {
   return typeid(*impl) == typeid(ShardTensorImpl) ? static_cast<ShardTensorImpl*>(impl) : nullptr;
 }
 
-at::Tensor make_shard_tensor(at::Tensor local, ShardTensorSpec spec) {
+at::Tensor make_shard_tensor(at::Tensor local, ShardTensorSpec spec, std::vector<int64_t> global_strides) {
   ensure_dispatch_registered();
   // The wrapper carries the autograd history; its local tensor never does.
   if (local.requires_grad()) local = local.detach();
-  return at::detail::make_tensor<ShardTensorImpl>(std::move(local), std::move(spec));
+  return at::detail::make_tensor<ShardTensorImpl>(std::move(local), std::move(spec), std::move(global_strides));
 }
 
 }  // namespace shardtensor

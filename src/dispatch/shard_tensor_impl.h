@@ -19,7 +19,8 @@ namespace shardtensor {
 
 class ShardTensorImpl final : public c10::TensorImpl {
  public:
-  ShardTensorImpl(at::Tensor local, ShardTensorSpec spec);
+  // `global_strides`: as set_global_strides; empty for the contiguous ones.
+  ShardTensorImpl(at::Tensor local, ShardTensorSpec spec, std::vector<int64_t> global_strides = {});
 
   const at::Tensor& local() const { return local_; }
   const ShardTensorSpec& spec() const { return spec_; }
@@ -78,6 +79,6 @@ class ShardTensorImpl final : public c10::TensorImpl {
 ShardTensorImpl* shard_tensor_impl(const at::Tensor& t);
 
 // Wraps without checks; callers (from_local, the kernel) have validated local against spec.
-at::Tensor make_shard_tensor(at::Tensor local, ShardTensorSpec spec);
+at::Tensor make_shard_tensor(at::Tensor local, ShardTensorSpec spec, std::vector<int64_t> global_strides = {});
 
 }  // namespace shardtensor
