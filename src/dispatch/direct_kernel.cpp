@@ -98,18 +98,21 @@ struct DirectKernel<Op, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
     static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+    Propagation* p = nullptr;
     {
       const BorrowedArguments<sizeof...(Args)> borrowed(args...);
-      Propagation& p = propagate(op, borrowed.view());
-      if (may_run_direct(p, borrowed.view())) {
-        CurrentOperatorScope current(&p.meta.name);
+      p = &propagate(op, borrowed.view());
+      if (p->direct) {
+        CurrentOperatorScope current(&p->meta.name);
         ++direct_calls;
-        if (p.result.local_kernel) return run_rule_kernel_direct(op, p, borrowed.view());
-        return wrap_direct_output(p, borrowed.view(), Op::call(local_of(args)...));
+        keep_leaf_layouts_of_inputs(borrowed.view());
+        if (p->result.local_kernel) return run_rule_kernel_direct(op, *p, borrowed.view());
+        return wrap_direct_output(*p, borrowed.view(), Op::call(local_of(args)...));
       }
     }
+    // The cache entry stays put (entries are owned by pointer) while nothing else dispatches.
     torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
-    shard_tensor_kernel(op, &stack);
+    run_propagated(op, &stack, *p);
     return std::move(stack.back()).toTensor();
   }
 };

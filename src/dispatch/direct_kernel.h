@@ -5,9 +5,10 @@
 // tensor that Python owns takes the GIL to incref its Python object (and the kernel's
 // overwrite of that stack entry takes it again to decref it); then the local operator is
 // boxed and unboxed once more. An unboxed kernel borrows its arguments as IValues for
-// propagate(), and where the cached propagation is direct (propagation.h: nothing to move, no
-// rule kernel, nothing written) calls the operator on the local pieces itself. Every other
-// call goes to the boxed kernel, so the two paths cannot disagree on anything but the cost.
+// propagate(), and where the cached propagation is direct (propagation.h: nothing to move,
+// nothing written, no rule kernel but one that moves nothing) calls the operator (or that
+// kernel) on the local pieces itself. Every other call goes on to the boxed kernel with the
+// propagation it looked up, so the two paths cannot disagree on anything but the cost.
 #pragma once
 
 #include <cstdint>

@@ -150,11 +150,9 @@ void keep_leaf_layout_if_trained(const at::Tensor& t) {
 
 }  // namespace
 
-bool may_run_direct(const Propagation& p, c10::ArrayRef<c10::IValue> args) {
-  if (!p.direct || log_enabled()) return false;
+void keep_leaf_layouts_of_inputs(c10::ArrayRef<c10::IValue> args) {
   for (const c10::IValue& arg : args)
     if (arg.isTensor() && shard_tensor_impl(arg.toTensor())) keep_leaf_layout_if_trained(arg.toTensor());
-  return true;
 }
 
 at::Tensor run_rule_kernel_direct(const c10::OperatorHandle& op, Propagation& p, c10::ArrayRef<c10::IValue> args) {
@@ -177,13 +175,16 @@ std::string full_op_name(const c10::OperatorName& name) {
 }
 
 void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t num_args = op.schema().arguments().size();
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+  if (const c10::OperatorHandle* functional = functional_overload_of(op)) return run_out_variant(op, *functional, stack);
+  run_propagated(op, stack, propagate(op, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - num_args, num_args)));
+}
+
+void run_propagated(const c10::OperatorHandle& op, torch::jit::Stack* stack, Propagation& p) {
   const c10::FunctionSchema& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t args_begin = stack->size() - num_args;
-  c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
-  if (const c10::OperatorHandle* functional = functional_overload_of(op)) return run_out_variant(op, *functional, stack);
-
-  Propagation& p = propagate(op, c10::ArrayRef<c10::IValue>(stack->data() + args_begin, num_args));
   CurrentOperatorScope current(&p.meta.name);
   if (log_enabled()) log_call(p);
 

@@ -18,10 +18,13 @@ void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
 
 struct Propagation;
 
-// The direct path (dispatch/direct_kernel.h) for a call whose propagation `p` is direct: true
-// where it may run the operator on the local pieces itself, after the same per-input step as
-// the boxed kernel; false where the boxed kernel must run it (SHARDTENSOR_LOG, for one).
-bool may_run_direct(const Propagation& p, c10::ArrayRef<c10::IValue> args);
+// The boxed kernel after its lookup: the call on `stack` whose propagation is `p` (the direct
+// kernels' other path, which has looked it up already). Autograd keys must be excluded.
+void run_propagated(const c10::OperatorHandle& op, torch::jit::Stack* stack, Propagation& p);
+
+// The direct path's step for every ShardTensor input before its local piece is used, as the
+// boxed kernel's: a trained leaf gets its gradient kept in its own layout.
+void keep_leaf_layouts_of_inputs(c10::ArrayRef<c10::IValue> args);
 
 // The direct path where the rule has a kernel that moves nothing: that kernel on a stack of
 // the local pieces and the other arguments; the result wrapped.

@@ -163,7 +163,8 @@ bool runs_on_local_pieces_alone(const Propagation& p) {
     if (plan) return false;
   // A rule's kernel qualifies where it declares no moves (a local reshape); only declared ones can say so.
   const bool local_kernel_only = !p.result.local_kernel || (p.result.kernel_plan && p.result.kernel_plan->moves().empty());
-  return !p.fallback && local_kernel_only && !p.meta.is_inplace() && p.meta.mesh().includes_this_rank() &&
+  // SHARDTENSOR_LOG is read once per process: logged calls take the boxed kernel, which logs.
+  return !log_enabled() && !p.fallback && local_kernel_only && !p.meta.is_inplace() && p.meta.mesh().includes_this_rank() &&
          p.result.outputs.size() == 1 && schema.returns().size() == 1 &&
          schema.returns()[0].type()->kind() == c10::TypeKind::TensorType;
 }

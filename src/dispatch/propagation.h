@@ -41,7 +41,7 @@ struct Propagation {
   bool permutes_dims = false;                   // t, transpose, permute: strides follow (kernel.cpp)
   // The call needs nothing but the operator (or the rule's kernel, if it moves nothing) on the
   // local pieces: no input moves, no written argument, this rank in the mesh, one tensor
-  // output. Such a call may skip the boxed kernel (dispatch/direct_kernel.h).
+  // output, no SHARDTENSOR_LOG. Such a call may skip the boxed kernel (dispatch/direct_kernel.h).
   bool direct = false;
 };
 
