@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "dispatch/direct_kernel.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "domain/halo.h"
 #include "redistribute/executor.h"
@@ -112,7 +113,17 @@ at::Tensor circular_pad(const at::Tensor& self, c10::IntArrayRef pad) {
   return periodic_halo ? PeriodicHaloPad::apply(self, pad.vec()) : circular_pad_by_cat(self, pad);
 }
 
-at::Tensor linear_keeping_split_rows(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+namespace {
+// Whether autograd records an operator that reads `t` (a gradient or a forward-mode tangent).
+bool recorded_by_autograd(const at::Tensor& t) {
+  return t.defined() && ((t.requires_grad() && at::GradMode::is_enabled()) || t._fw_grad(/*level=*/0).defined());
+}
+}  // namespace
+
+at::Tensor linear_on_shards(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  if (input.dim() == 2 && weight.dim() == 2 && !recorded_by_autograd(input) && !recorded_by_autograd(weight) &&
+      !(bias && recorded_by_autograd(*bias)))
+    return linear_2d_as_one_operator(input, weight, bias);
   int64_t split = -1, split_leading_dims = 0;
   if (const ShardTensorImpl* impl = shard_tensor_impl(input); impl && input.dim() >= 3) {
     for (const DimSharding& s : impl->spec().shardings())

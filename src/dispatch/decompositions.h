@@ -29,8 +29,9 @@ at::Tensor dist_as_norm(const at::Tensor& self, const at::Tensor& other, const a
 // libtorch's decomposition flattens the leading dims with a view, and a flattening cannot keep
 // an inner dim's split, so every linear layer would gather the sequence. linear treats rows
 // alike, so moving the split dim to the front first keeps the split through the flattening
-// (a local copy, no message); the result moves back. Other inputs take libtorch's own.
-at::Tensor linear_keeping_split_rows(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);
+// (a local copy, no message); the result moves back. A 2-D call that autograd does not record
+// runs as one operator (direct_kernel.h); other inputs take libtorch's own decomposition.
+at::Tensor linear_on_shards(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);
 
 // Registers the `.vec` upsample overloads (output size or scale factors) as their sized
 // overloads, computing the output size as libtorch does, on the libtorch lines where they do

@@ -12,6 +12,7 @@
 #include <ATen/ops/exp_ops.h>
 #include <ATen/ops/expand_ops.h>
 #include <ATen/ops/gelu_ops.h>
+#include <ATen/ops/linear_ops.h>
 #include <ATen/ops/mean_ops.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
@@ -35,7 +36,7 @@
 
 #include <array>
 #include <string>
-#include <type_traits>
+#include <utility>
 
 #include "comm/comm_debug.h"
 #include "dispatch/kernel.h"
@@ -47,9 +48,6 @@ namespace {
 
 thread_local uint64_t direct_calls = 0;
 
-template <class T>
-constexpr bool is_tensor_v = std::is_same_v<std::decay_t<T>, at::Tensor>;
-
 // The arguments of one call as IValues, for propagate(). Tensors are borrowed (no reference
 // count taken, so no GIL for a tensor Python owns) and handed back unreleased; the caller's
 // references keep them alive for the whole call. Other arguments are ordinary IValues, built
@@ -58,7 +56,7 @@ template <size_t N>
 class BorrowedArguments {
  public:
   template <class... Args>
-  explicit BorrowedArguments(const Args&... args) : values_{borrow(args)...}, borrowed_{is_tensor_v<Args>...} {}
+  explicit BorrowedArguments(const Args&... args) : values_{borrow(args)...}, borrowed_{borrows(args)...} {}
   ~BorrowedArguments() {
     for (size_t i = 0; i < N; ++i)
       if (borrowed_[i]) c10::MaybeOwnedTraits<c10::IValue>::destroyBorrow(values_[i]);
@@ -70,9 +68,16 @@ class BorrowedArguments {
 
  private:
   static c10::IValue borrow(const at::Tensor& t) { return c10::IValue(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(t)); }
+  static c10::IValue borrow(const c10::optional<at::Tensor>& t) { return t ? borrow(*t) : c10::IValue(); }
   template <class T>
   static c10::IValue borrow(const T& value) {
     return c10::IValue(value);
+  }
+  static bool borrows(const at::Tensor&) { return true; }
+  static bool borrows(const c10::optional<at::Tensor>& t) { return t.has_value(); }
+  template <class T>
+  static bool borrows(const T&) {
+    return false;
   }
 
   std::array<c10::IValue, N> values_;
@@ -84,6 +89,9 @@ class BorrowedArguments {
 inline const at::Tensor& local_of(const at::Tensor& t) {
   const ShardTensorImpl* impl = shard_tensor_impl(t);
   return impl ? impl->local() : t;
+}
+inline c10::optional<at::Tensor> local_of(const c10::optional<at::Tensor>& t) {
+  return t ? c10::optional<at::Tensor>(local_of(*t)) : c10::nullopt;
 }
 template <class T>
 T&& local_of(T&& value) {
@@ -128,6 +136,10 @@ void register_direct(torch::Library& library) {
 }  // namespace
 
 uint64_t direct_calls_on_this_thread() { return direct_calls; }
+
+at::Tensor linear_2d_as_one_operator(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  return DirectKernel<at::_ops::linear>::call(input, weight, bias);
+}
 
 void register_direct_kernels(torch::Library& library) {
   // Pointwise operators and reductions of a training step.

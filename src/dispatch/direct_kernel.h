@@ -11,6 +11,9 @@
 // propagation it looked up, so the two paths cannot disagree on anything but the cost.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
 #include <cstdint>
 
 namespace torch {
@@ -22,6 +25,11 @@ namespace shardtensor {
 // Registers the direct kernels on `library` (aten, PrivateUse1); operators that are composite
 // on this torch line are left to decompose.
 void register_direct_kernels(torch::Library& library);
+
+// linear(input, weight, bias) on 2-D ShardTensors as one operator, for a call autograd does not
+// record: one propagation (rules/matmul.cpp lays it out as libtorch's decomposition, t then
+// addmm, would) and one local linear, where the decomposition pays two of each.
+at::Tensor linear_2d_as_one_operator(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);
 
 // How many calls on this thread ran the direct path (tests check that it is taken).
 uint64_t direct_calls_on_this_thread();

@@ -61,8 +61,8 @@ void register_everything() {
   }
   // Decompositions of our own for composite ops whose libtorch one cannot run on ShardTensors.
   whole_autograd->impl("_pad_circular", TORCH_FN(circular_pad));
-  whole->impl("linear", TORCH_FN(linear_keeping_split_rows));
-  whole_autograd->impl("linear", TORCH_FN(linear_keeping_split_rows));
+  whole->impl("linear", TORCH_FN(linear_on_shards));
+  whole_autograd->impl("linear", TORCH_FN(linear_on_shards));
   whole->impl("dist", TORCH_FN(dist_as_norm));
   whole_autograd->impl("dist", TORCH_FN(dist_as_norm));
   register_upsample_vec_decompositions(*whole, *whole_autograd);

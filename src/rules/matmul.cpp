@@ -1,5 +1,6 @@
 // Matrix products: mm, bmm, mv, dot, addmm, baddbmm (and through them matmul and linear,
-// which decompose above the dispatcher).
+// which decompose above the dispatcher), and linear on 2-D operands where autograd does not
+// record it (one operator instead of t + addmm; see linear_rule).
 //
 // Each op is an einsum over labels (mm: "ik,kj->ij"). Per mesh dim, the operands' placements
 // must form one of these combinations:
@@ -122,9 +123,13 @@ RuleResult product(const OpMeta& op, const Einsum& e) {
 // The bias of addmm/baddbmm: laid out like the product where it has the dim, Replicate where
 // it broadcasts. Where the product is Partial(sum), the bias is contributed once (see
 // rules/contribution.h), or it would count once per term.
-RuleResult product_with_bias(const OpMeta& op, const Einsum& e) {
-  const ShardTensorSpec& bias = op.inputs[0].spec;
-  Product p = plan_product(e, op.inputs[1].spec, op.inputs[2].spec);
+struct BiasedProduct {
+  Product product;
+  ShardTensorSpec bias;
+};
+
+BiasedProduct plan_biased_product(const Einsum& e, const ShardTensorSpec& bias, const ShardTensorSpec& a, const ShardTensorSpec& b) {
+  Product p = plan_product(e, a, b);
   const int64_t offset = static_cast<int64_t>(e.out.size()) - bias.ndim();
   Placements qbias(bias.mesh().ndim(), Replicate());
   for (size_t m = 0; m < qbias.size(); ++m) {
@@ -134,10 +139,57 @@ RuleResult product_with_bias(const OpMeta& op, const Einsum& e) {
   ShardTensorSpec tbias = with_placements(bias, qbias);
   for (const DimShardSizes& table : p.out.sizes)
     if (tbias.sharding_of(table.tensor_dim - offset)) tbias = with_dim_sizes(tbias, table.tensor_dim - offset, table.sizes);
+  return {std::move(p), std::move(tbias)};
+}
+
+// The kernel plan of a product whose bias (argument `bias_arg`) joins a Partial(sum) result.
+std::shared_ptr<const KernelPlan> bias_contributed_once(const Product& p, const ShardTensorSpec& bias, size_t bias_arg) {
+  if (p.partial_mesh_dims.empty()) return nullptr;
+  return declare(ContributedOncePlan(bias.mesh(), {{bias_arg, p.partial_mesh_dims}}));
+}
+
+RuleResult product_with_bias(const OpMeta& op, const Einsum& e) {
+  const ShardTensorSpec& bias = op.inputs[0].spec;
+  BiasedProduct bp = plan_biased_product(e, bias, op.inputs[1].spec, op.inputs[2].spec);
   RuleResult r;
-  r.input_targets = {tbias, p.a, p.b};
-  r.outputs = {p.out};
-  if (!p.partial_mesh_dims.empty()) r.kernel_plan = declare(ContributedOncePlan(bias.mesh(), {{op.arg_index("self"), p.partial_mesh_dims}}));
+  r.input_targets = {bp.bias, bp.product.a, bp.product.b};
+  r.outputs = {bp.product.out};
+  r.kernel_plan = bias_contributed_once(bp.product, bias, op.arg_index("self"));
+  return r;
+}
+
+// A 2-D spec with its dims swapped: the layout t() gives, which moves nothing.
+ShardTensorSpec transposed(const ShardTensorSpec& spec) {
+  Placements placements = spec.placements();
+  for (Placement& p : placements)
+    if (p.is_shard()) p = Shard(1 - p.tensor_dim);
+  ShardSizes sizes = spec.shard_sizes();
+  for (DimShardSizes& table : sizes) table.tensor_dim = 1 - table.tensor_dim;
+  return ShardTensorSpec(spec.mesh(), placements, {spec.shape()[1], spec.shape()[0]}, spec.dtype(), sizes);
+}
+
+// linear(input, weight, bias) with a 2-D input and weight, as one operator: the layouts of
+// libtorch's own decomposition, addmm(bias, input, weight.t()) (mm(input, weight.t()) without a
+// bias), computed on weight.t()'s layout. So a call that autograd records (through the
+// decomposition) and one it does not (dispatch/direct_kernel.h) lay their result out alike.
+RuleResult linear_rule(const OpMeta& op) {
+  const ShardTensorSpec& input = op.input_named("input")->spec;
+  const ShardTensorSpec& weight = op.input_named("weight")->spec;
+  if (input.ndim() != 2 || weight.ndim() != 2)
+    return RuleResult::unsupported("the linear rule takes a 2-D input and weight (others decompose), got " +
+                                   std::to_string(input.ndim()) + "-D and " + std::to_string(weight.ndim()) + "-D");
+  const Einsum mm{"ik", "kj", "ij"};
+  RuleResult r;
+  if (const TensorInput* bias = op.input_named("bias")) {
+    BiasedProduct bp = plan_biased_product(mm, bias->spec, input, transposed(weight));
+    r.input_targets = {bp.product.a, transposed(bp.product.b), bp.bias};
+    r.outputs = {bp.product.out};
+    r.kernel_plan = bias_contributed_once(bp.product, bias->spec, bias->arg_index);
+  } else {
+    Product p = plan_product(mm, input, transposed(weight));
+    r.input_targets = {p.a, transposed(p.b)};
+    r.outputs = {p.out};
+  }
   return r;
 }
 
@@ -158,6 +210,7 @@ void register_matmul_rules(RuleRegistry& registry) {
   registry.add("aten::dot", einsum({"k", "k", ""}));
   registry.add("aten::addmm", einsum_with_bias({"ik", "kj", "ij"}));
   registry.add("aten::baddbmm", einsum_with_bias({"bik", "bkj", "bij"}));
+  registry.add("aten::linear", linear_rule);
 }
 
 }  // namespace shardtensor

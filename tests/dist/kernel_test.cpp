@@ -112,6 +112,46 @@ TEST(Kernel, DirectKernelsBorrowTheirArgumentsAndMatchTheBoxedKernel) {
   }
 }
 
+TEST(Kernel, LinearThatAutogradDoesNotRecordIsOneOperatorLaidOutAsItsDecomposition) {
+  // Rows 10 and weight rows 5 split unevenly at 3 and 4 ranks (5 over 4: an empty piece).
+  const at::Tensor input = same_randn({10, 6}), weight = same_randn({5, 6}), bias = same_randn({5});
+  const std::vector<Placement> options = {Shard(0), Shard(1), Replicate()};
+  for (const DeviceMesh& mesh : test_meshes())
+    for (size_t i = 0; i < options.size(); ++i)
+      for (size_t j = 0; j < options.size(); ++j)
+        for (const bool with_bias : {false, true}) {
+          Placements pi, pw;
+          for (int64_t m = 0; m < mesh.ndim(); ++m) {
+            pi.push_back(options[(i + m) % options.size()]);
+            pw.push_back(options[(j + 2 * m) % options.size()]);
+          }
+          const at::Tensor x = distribute_tensor(input, mesh, pi), w = distribute_tensor(weight, mesh, pw);
+          const at::Tensor b = distribute_tensor(bias, mesh, Placements(mesh.ndim(), j == 0 ? Shard(0) : Replicate()));
+          const c10::optional<at::Tensor> maybe_bias = with_bias ? c10::optional<at::Tensor>(b) : c10::nullopt;
+          SCOPED_TRACE(mesh.to_string() + " input " + spec(x).to_string() + " weight " + spec(w).to_string() +
+                       (with_bias ? " with bias" : " without bias"));
+          at::Tensor fused;
+          const uint64_t direct_before = direct_calls_on_this_thread();
+          {
+            at::NoGradGuard no_grad;
+            fused = at::linear(x, w, maybe_bias);
+          }
+          // Where nothing moves, the whole call is one direct call (the decomposition makes two).
+          if (pi[0] == Shard(0) && pw == Placements(mesh.ndim(), Replicate()) && mesh.ndim() == 1)
+            EXPECT_EQ(direct_calls_on_this_thread(), direct_before + 1);
+          const at::Tensor decomposed = with_bias ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
+          EXPECT_EQ(spec(fused), spec(decomposed));
+          EXPECT_EQ(fused.strides(), decomposed.strides());
+          EXPECT_TRUE(at::allclose(full_tensor(fused), at::linear(input, weight, with_bias ? c10::optional<at::Tensor>(bias) : c10::nullopt)));
+          EXPECT_FALSE(fused.requires_grad());
+        }
+  // A weight that requires grad takes the decomposition, which autograd records.
+  const at::Tensor x = rows(input, uneven(10, false));
+  const at::Tensor w = distribute_tensor(weight, mesh_1d(), {Replicate()}).requires_grad_();
+  at::linear(x, w, distribute_tensor(bias, mesh_1d(), {Replicate()})).sum().backward();
+  EXPECT_TRUE(at::allclose(full_tensor(w.grad()), input.sum(0).expand({5, 6})));
+}
+
 TEST(Kernel, OperatorsWithoutARuleFallBackCorrectlyOrRaiseInStrictMode) {
   // tril has no rule: on row shards it would cut each rank's rows at the wrong diagonal.
   const at::Tensor global = same_randn({10, 4});

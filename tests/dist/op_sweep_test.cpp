@@ -190,6 +190,12 @@ std::vector<Case> all_cases() {
                      [](const Tensors& x) { return at::addmm(x[0], x[1], x[2], 0.5, 2); }));
   cases.push_back(on("baddbmm", [] { return Tensors{normal({3, 5, 4}), normal({3, 5, 6}), normal({3, 6, 4})}; },
                      [](const Tensors& x) { return at::baddbmm(x[0], x[1], x[2], 0.5, 2); }));
+  // 2-D linear outside autograd is one operator with its own rule (with autograd it is t + addmm).
+  cases.push_back(on("linear 2d without autograd", [] { return Tensors{normal({5, 6}), normal({7, 6}), normal({7})}; },
+                     [](const Tensors& x) {
+                       at::NoGradGuard no_grad;
+                       return at::linear(x[0], x[1], x[2]) + at::linear(x[0], x[1]);
+                     }));
   cases.push_back(on("matmul 3d x 2d / linear", [] { return Tensors{normal({3, 4, 6}), normal({5, 6}), normal({5})}; },
                      [](const Tensors& x) { return at::linear(x[0], x[1], x[2]) + at::matmul(x[0], x[1].t()); }));
 
