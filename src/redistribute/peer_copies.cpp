@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "comm/comm.h"
@@ -18,7 +19,17 @@
 namespace shardtensor {
 namespace {
 
-std::atomic<int64_t> copy_bytes_per_rank{kDefaultPeerCopyBytes};
+// SHARDTENSOR_PEER_COPY_BYTES overrides the default (every rank must see the same value).
+int64_t initial_copy_bytes() {
+  const char* env = std::getenv("SHARDTENSOR_PEER_COPY_BYTES");
+  if (!env || !*env) return kDefaultPeerCopyBytes;
+  char* end = nullptr;
+  const long long bytes = std::strtoll(env, &end, 10);
+  TORCH_CHECK(end && *end == '\0' && bytes >= 0, "SHARDTENSOR_PEER_COPY_BYTES=", env, " is not a byte count (a non-negative integer)");
+  return bytes;
+}
+
+std::atomic<int64_t> copy_bytes_per_rank{initial_copy_bytes()};
 std::atomic<int> copies_to_fail{0};
 
 // Row-major strides, in elements, of a contiguous tensor that covers `holds`.

@@ -25,12 +25,15 @@ struct PeerPart {
 };
 
 // The group's PeerMemory when a transfer in which each rank moves `bytes_per_rank` should go
-// through memory: CPU tensors, a same-host group, and enough bytes that the handshake does not
-// dominate. Every member must pass the same `bytes_per_rank`: they all take the same path.
+// through memory: CPU tensors, a same-host group, and at least peer_copy_bytes(). Every member
+// must pass the same `bytes_per_rank`: they all take the same path.
 PeerMemory* peer_memory_for(Comm& comm, const at::Tensor& local, int64_t bytes_per_rank);
-// Sets that threshold; tests lower it to 0 so that small tensors go through memory too. Every
-// rank must hold the same value.
-constexpr int64_t kDefaultPeerCopyBytes = 256 << 10;
+// That threshold: 0 by default, since the mailbox handshake (two polled rounds, no socket) beats
+// Gloo at every size measured, from 4 bytes up (bench/RESULTS.md, "stop 37": a small all-reduce
+// 3-10x, small all-gathers and all-to-alls 2-8x, at 2 and 4 ranks), where the Gloo path pays a
+// fingerprint round of messages and then the collective. SHARDTENSOR_PEER_COPY_BYTES or
+// set_peer_copy_bytes() raise it. Every rank must hold the same value.
+constexpr int64_t kDefaultPeerCopyBytes = 0;
 void set_peer_copy_bytes(int64_t bytes);
 int64_t peer_copy_bytes();
 // Test hook: this rank's next `count` part copies fail, as a denied or faulting copy would, so

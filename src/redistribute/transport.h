@@ -8,7 +8,7 @@
 //     with split sizes otherwise (uneven pieces travel unpadded). What NCCL needs, and what
 //     SHARDTENSOR_TRANSPORT=collectives asks for on Gloo.
 //   - PeerMemory: same-host copies between the ranks' memory (comm/peer_memory.h); the CPU
-//     default above kDefaultPeerCopyBytes. Where the group's members turn out not to share a
+//     default at every size (see kDefaultPeerCopyBytes). Where the group's members turn out not to share a
 //     host (the probe fails), or a copy fails, the executor sends messages instead.
 //   - Messages: Gloo point-to-point messages, posted as they become ready, so that packing
 //     and local copies overlap the transfers.

@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "redistribute/boxes.h"
+#include "redistribute/peer_copies.h"
 #include "comm/peer_memory.h"
 #include "redistribute/plan.h"
 #include "redistribute/transport.h"
@@ -75,10 +76,11 @@ TEST(RedistributePlanner, UnevenTargetSizesAreReachedWithoutAnExtraStepWhenTheyN
 }
 
 TEST(RedistributePlanner, ExplainShowsTheChainOfLayouts) {
+  const std::string by = peer_memory_enabled() ? " by peer memory" : " by messages";
   EXPECT_EQ(explain_redistribute(make({2, 2}, {Shard(0), Shard(0)}, {10, 6}), make({2, 2}, {Replicate(), Shard(0)}, {10, 6})),
-            "[S(0), S(0)] -[Exchange() by messages]-> [R, S(0)] (graph search, modelled cost 0.262264 MB)");
+            "[S(0), S(0)] -[Exchange()" + by + "]-> [R, S(0)] (graph search, modelled cost 0.262264 MB)");
   EXPECT_EQ(explain_redistribute(make({2, 2}, {Shard(0), Shard(1)}, {10, 6}), make({2, 2}, {Replicate(), Shard(1)}, {10, 6}), Planner::Greedy),
-            "[S(0), S(1)] -[AllGather(mesh_dim=0, tensor_dim=0) by messages]-> [R, S(1)] (greedy, modelled cost 0.262204 MB)");
+            "[S(0), S(1)] -[AllGather(mesh_dim=0, tensor_dim=0)" + by + "]-> [R, S(1)] (greedy, modelled cost 0.262204 MB)");
 }
 
 TEST(RedistributePlanner, PlansAreCachedBySpecPair) {
@@ -238,18 +240,24 @@ TEST(TransportChoice, CudaMeshesRunNativeCollectivesAndUnevenPiecesAnAllToAll) {
             std::string::npos);
 }
 
-TEST(TransportChoice, CpuMeshesCopyLargeTransfersThroughPeerMemoryAndMessageSmallOnes) {
+TEST(TransportChoice, CpuMeshesCopyThroughPeerMemoryAtEverySizeAndMessageBelowARaisedThreshold) {
   const bool peer_memory = peer_memory_enabled();
-  const std::string small = explained(on("cpu", {4}, {Shard(0)}, {8, 6}), on("cpu", {4}, {Replicate()}, {8, 6}));
-  EXPECT_NE(small.find("by messages"), std::string::npos) << small;
-  const std::string large = explained(on("cpu", {4}, {Shard(0)}, {1024, 1024}), on("cpu", {4}, {Replicate()}, {1024, 1024}));
-  EXPECT_NE(large.find(peer_memory ? "by peer memory" : "by messages"), std::string::npos) << large;
-  // Small reductions are c10d's all_reduce; a local chunk moves nothing.
-  EXPECT_NE(explained(on("cpu", {4}, {Partial()}, {8, 6}), on("cpu", {4}, {Replicate()}, {8, 6})).find("by all_reduce (c10d collective)"),
-            std::string::npos);
+  const std::string by_memory = peer_memory ? "by peer memory" : "by messages";
+  const auto gather = [](int64_t rows) { return explained(on("cpu", {4}, {Shard(0)}, {rows, 6}), on("cpu", {4}, {Replicate()}, {rows, 6})); };
+  const auto reduce = [] { return explained(on("cpu", {4}, {Partial()}, {8, 6}), on("cpu", {4}, {Replicate()}, {8, 6})); };
+  EXPECT_NE(gather(8).find(by_memory), std::string::npos) << gather(8);
+  EXPECT_NE(gather(1024).find(by_memory), std::string::npos) << gather(1024);
+  EXPECT_NE(reduce().find(peer_memory ? "by peer memory" : "by all_reduce (c10d collective)"), std::string::npos) << reduce();
+  // Below a raised threshold: messages, and small reductions are c10d's all_reduce.
+  set_peer_copy_bytes(4096);
+  EXPECT_NE(gather(8).find("by messages"), std::string::npos) << gather(8);
+  EXPECT_NE(gather(1024).find(by_memory), std::string::npos) << gather(1024);
+  EXPECT_NE(reduce().find("by all_reduce (c10d collective)"), std::string::npos) << reduce();
+  set_peer_copy_bytes(kDefaultPeerCopyBytes);
+  // A local chunk moves nothing.
   EXPECT_NE(explained(on("cpu", {4}, {Replicate()}, {8, 6}), on("cpu", {4}, {Shard(0)}, {8, 6})).find("by local"), std::string::npos);
   set_transport_preference(TransportPreference::Collectives);
-  const std::string collective = explained(on("cpu", {4}, {Shard(0)}, {1024, 1024}), on("cpu", {4}, {Replicate()}, {1024, 1024}));
+  const std::string collective = gather(1024);
   set_transport_preference(TransportPreference::Auto);
   EXPECT_NE(collective.find("by all_gather (c10d collective)"), std::string::npos) << collective;
 }
