@@ -2,7 +2,8 @@
 // minimal bytes, measured in the same run, plus planning time.
 //
 //   shardrun -n 4 ./build/bench/redistribute_bench        (also -n 2; --planning-only: just planning;
-//                                                        --only S(0)->R: matching transitions)
+//                                                        --only S(0)->R: matching transitions;
+//                                                        --small: small tensors, see small_transfers())
 //
 // Tensors: 16 MiB of float ([2048, 2048], even) and an awkward [2047, 2049] (uneven). Each
 // figure is the median of 61 runs after 3 warm-ups, with a barrier before every run; the
@@ -16,10 +17,13 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <limits>
+#include <sstream>
 
 #include "comm/comm.h"
 #include "comm/fingerprint.h"
 #include "redistribute/boxes.h"
+#include "redistribute/peer_copies.h"
 #include "redistribute/plan.h"
 #include "shardtensor/shardtensor.h"
 
@@ -45,9 +49,10 @@ double run_ms(const DeviceMesh& mesh, const std::function<void()>& fn) {
 // drifted apart by up to 30%.
 // The raw collectives (fns[1...]) run as bare c10d runs them: without shardtensor's fingerprint
 // check, which shardtensor's own transfers (fns[0]) pay on messages (fingerprint.h).
-std::vector<double> time_ms(const DeviceMesh& mesh, const std::vector<std::function<void()>>& given) {
+// `first_raw` says where the raw ones begin.
+std::vector<double> time_ms(const DeviceMesh& mesh, const std::vector<std::function<void()>>& given, size_t first_raw = 1) {
   std::vector<std::function<void()>> fns = given;
-  for (size_t f = 1; f < fns.size(); ++f)
+  for (size_t f = first_raw; f < fns.size(); ++f)
     fns[f] = [raw = given[f]] {
       const bool checked = message_fingerprints_enabled();
       set_message_fingerprints_enabled(false);
@@ -138,6 +143,46 @@ double plan_us(const ShardTensorSpec& a, const ShardTensorSpec& b, bool cached, 
   return batches[7];
 }
 
+// Small tensors (64 B to 128 KiB per rank): which transport should carry them. Peer memory (the
+// default at every size) against the same redistribute over Gloo with its fingerprint round
+// (what sizes under 256 KiB took before stop 37) and the raw c10d collective, unchecked.
+void small_transfers(const DeviceMesh& mesh) {
+  const int64_t world = mesh.size(0);
+  std::vector<std::string> lines;
+  for (const std::vector<int64_t>& piece : std::vector<std::vector<int64_t>>{{4, 4}, {64, 64}, {128, 256}}) {
+    const std::string bytes = std::to_string(piece[0] * piece[1] * 4) + " B";
+    at::Tensor s0 = from_local(at::rand(piece), mesh, {Shard(0)}, ShardSizing::infer());
+    at::Tensor p = from_local(at::rand(piece), mesh, {Partial()}, ShardSizing::given({}));
+    at::Tensor gathered = at::empty({world, piece[0], piece[1]}), summed = at::rand(piece);
+    const auto over_gloo = [](const std::function<void()>& fn) {
+      return [fn] {
+        set_peer_copy_bytes(std::numeric_limits<int64_t>::max());
+        fn();
+        set_peer_copy_bytes(kDefaultPeerCopyBytes);
+      };
+    };
+    const auto add = [&](const std::string& name, const std::function<void()>& ours, const std::string& raw_name, const std::function<void()>& raw) {
+      const std::vector<double> ms = time_ms(mesh, {ours, over_gloo(ours), raw}, 2);
+      std::ostringstream line;
+      line << "| " << name << " | " << bytes << " | " << std::fixed << std::setprecision(3) << ms[0] << " | " << ms[1] << " | " << raw_name
+           << " | " << ms[2] << " | " << std::setprecision(2) << ms[0] / ms[2] << " | " << ms[1] / ms[2] << " |";
+      lines.push_back(line.str());
+    };
+    add("S(0)->R", [&] { redistribute(s0, {Replicate()}); }, "all_gather", [&] { mesh.comm(0).all_gather(summed, gathered); });
+    // S(0)->S(1), even pieces: each rank sends every peer its rows of that peer's columns.
+    const int64_t part = piece[0] * piece[1] / world, self = mesh.mesh_comm().rank();
+    std::vector<int64_t> splits(world, part);
+    splits[self] = 0;
+    at::Tensor send = at::rand({part * (world - 1)}), recv = at::empty({part * (world - 1)});
+    add("S(0)->S(1)", [&] { redistribute(s0, {Shard(1)}); }, "all_to_all", [&] { mesh.mesh_comm().all_to_all(recv, send, splits, splits); });
+    add("P(sum)->R", [&] { redistribute(p, {Replicate()}); }, "all_reduce", [&] { mesh.comm(0).all_reduce(summed, ReduceOp::Sum); });
+  }
+  if (mesh.rank() != 0) return;
+  std::cout << "\n| transition (" << world << " ranks) | bytes per rank | peer memory ms | Gloo, checked ms | raw c10d | raw ms | "
+            << "peer memory / raw | Gloo / raw |\n|---|---|---|---|---|---|---|---|\n";
+  for (const std::string& line : lines) std::cout << line << "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,6 +194,10 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   const bool planning_only = argc > 1 && std::string(argv[1]) == "--planning-only";
+  if (argc > 1 && std::string(argv[1]) == "--small") {
+    small_transfers(DeviceMesh::create({world_size()}));
+    return 0;
+  }
   if (argc > 2 && std::string(argv[1]) == "--only") only = argv[2];
   const int64_t world = world_size();
   DeviceMesh mesh = DeviceMesh::create({world});
