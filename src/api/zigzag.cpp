@@ -9,6 +9,7 @@
 #include "comm/comm.h"
 #include "dispatch/relayout.h"
 #include "dispatch/shard_tensor_impl.h"
+#include "redistribute/peer_messages.h"
 #include "rules/helpers.h"
 #include "shardtensor/context_parallel.h"
 #include "shardtensor/shard_tensor.h"
@@ -68,7 +69,7 @@ at::Tensor move_sequence(const at::Tensor& local, int64_t seq_dim, Comm& comm, c
     for (const Part& p : sends[peer]) bytes_to[peer] += p.size * position_bytes;
     for (const Part& p : receives[peer]) bytes_from[peer] += p.size * position_bytes;
   }
-  auto messages = comm.start_messages("zigzag");
+  auto messages = start_same_host_messages(comm, local.is_cpu(), "zigzag");
   messages->announce(bytes_to, bytes_from);
   std::vector<std::pair<at::Tensor, at::Tensor>> landed;  // (receive buffer, where it goes)
   for (int64_t peer = 0; peer < n; ++peer) {

@@ -1,6 +1,8 @@
 // See attention_blocks.h.
 #include "kernels/attention_blocks.h"
 
+#include "redistribute/peer_messages.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -125,7 +127,7 @@ std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, co
   if (step + 1 >= n || !plan.any_send(step)) return nullptr;
   Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
   const int64_t me = comm.rank();
-  auto messages = comm.start_messages("ring_send_recv");
+  auto messages = start_same_host_messages(comm, plan.mesh.device_type() == "cpu", "ring_send_recv");
   const int64_t to = (me + 1) % n, from = (me - 1 + n) % n;
   next->index = ((me - step - 1) % n + n) % n;
   next->parts.clear();

@@ -168,11 +168,7 @@ bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& o
                 " from a buffer that cannot hold it (it holds ", describe(offer.holds), " in ", offer.extent, " bytes of ", offer.element,
                 "-byte elements; this rank reads ", element, "-byte elements) in \"", exchange.operation().description, "\"");
   TORCH_INTERNAL_ASSERT(contains(p.receiver_holds, p.part) && destination.nbytes() >= static_cast<size_t>(p.receiver_holds.numel() * element));
-  if (copies_to_fail.load(std::memory_order_relaxed) > 0) {
-    --copies_to_fail;
-    error = "failed on purpose by fail_next_peer_copies";
-    return false;
-  }
+  if (take_injected_copy_failure(error)) return false;
   PeerPart layout{p.holder, p.receiver, p.part, offer.holds, p.receiver_holds};
   at::Tensor staging;
   if (in_short_stretches(p.part, p.receiver_holds, element)) {
@@ -203,6 +199,13 @@ void set_peer_copy_bytes(int64_t bytes) {
 int64_t peer_copy_bytes() { return copy_bytes_per_rank.load(std::memory_order_relaxed); }
 
 void fail_next_peer_copies(int count) { copies_to_fail = count; }
+
+bool take_injected_copy_failure(std::string& error) {
+  if (copies_to_fail.load(std::memory_order_relaxed) <= 0) return false;
+  --copies_to_fail;
+  error = "failed on purpose by fail_next_peer_copies";
+  return true;
+}
 
 bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, const at::Tensor& destination,
                          const std::vector<PeerPart>& parts, const char* counted_as, bool counts) {

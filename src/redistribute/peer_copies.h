@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "redistribute/boxes.h"
@@ -39,6 +40,8 @@ int64_t peer_copy_bytes();
 // Test hook: this rank's next `count` part copies fail, as a denied or faulting copy would, so
 // that the fallback to messages can be tested.
 void fail_next_peer_copies(int count);
+// Whether this copy is one of those (then `error` says so); each call uses one up.
+bool take_injected_copy_failure(std::string& error);
 
 // Moves every part this rank holds or receives (`parts` lists them; parts this rank keeps are
 // copied by the caller): this rank offers `source` (which covers p.holder_holds of each part it

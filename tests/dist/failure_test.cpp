@@ -11,6 +11,7 @@
 #include "comm/peer_memory.h"
 #include "dist/dist_fixture.h"
 #include "redistribute/peer_copies.h"
+#include "redistribute/peer_messages.h"
 
 using namespace shardtensor;
 using namespace shardtensor::testing;
@@ -106,4 +107,54 @@ TEST(Failure, CausalRingBackwardWhoseMemberFailedRaisesAfterTheTimeout) {
   sdpa_op->callBoxed(&stack);  // every rank: the forward
   const at::Tensor loss = stack.back().toTensor().sum();
   on_survivors_within_30s(healthy, [&] { EXPECT_ERROR_CONTAINS(loss.backward(), "timed out"); });
+}
+
+// Message batches through peer memory (redistribute/peer_messages.h), as attention's ring sends
+// them: each rank passes a block to the next. Returns what this rank received from the previous
+// one, `receive_elements` long.
+namespace {
+at::Tensor pass_round_the_ring(Comm& comm, int64_t send_elements, int64_t receive_elements) {
+  const int64_t n = comm.size(), me = comm.rank();
+  const at::Tensor block = at::full({send_elements}, static_cast<double>(me), at::kDouble);
+  const at::Tensor into = at::full({receive_elements}, -1.0, at::kDouble);
+  auto messages = start_same_host_messages(comm, /*on_cpu=*/true, "ring_test");
+  messages->send((me + 1) % n, block);
+  messages->receive((me + n - 1) % n, into);
+  messages->wait();
+  return into;
+}
+
+bool peer_memory_usable(DeviceMesh& mesh) {
+  return peer_memory_enabled() && !kernel_forbids_peer_memory(mesh.comm(0)) && mesh.comm(0).peer_memory() != nullptr;
+}
+}  // namespace
+
+TEST(Failure, MessageBatchesThroughPeerMemoryDeliverAndGoBackToGlooWhenACopyFails) {
+  if (world_size() == 1) GTEST_SKIP() << "needs two ranks";
+  DeviceMesh mesh = DeviceMesh::create({world_size()});
+  if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << mesh.comm(0).why_no_peer_memory();
+  Comm& comm = mesh.comm(0);
+  const double previous = static_cast<double>((comm.rank() + comm.size() - 1) % comm.size());
+  EXPECT_TRUE(at::equal(pass_round_the_ring(comm, 5, 5), at::full({5}, previous, at::kDouble)));
+  ASSERT_NE(comm.peer_memory(), nullptr) << "the batch left peer memory";
+  // Rank 0's copy fails: every rank learns it, the batch still arrives (as Gloo messages), and
+  // the group stays on messages.
+  if (world_rank() == 0) fail_next_peer_copies(1);
+  EXPECT_TRUE(at::equal(pass_round_the_ring(comm, 7, 7), at::full({7}, previous, at::kDouble)));
+  EXPECT_EQ(comm.peer_memory(), nullptr);
+  EXPECT_TRUE(at::equal(pass_round_the_ring(comm, 3, 3), at::full({3}, previous, at::kDouble)));
+}
+
+TEST(Failure, MessageBatchThroughPeerMemoryWithOtherSizesRaisesOnEveryRank) {
+  if (world_size() == 1) GTEST_SKIP() << "needs two ranks";
+  DeviceMesh healthy = DeviceMesh::create({world_size()});
+  DeviceMesh mesh = mesh_with_a_short_timeout();
+  if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << mesh.comm(0).why_no_peer_memory();
+  // Rank 1 expects 8 elements from rank 0, which sends 4: rank 1 raises naming both sizes, before
+  // any byte lands; the others raise since it gave up the exchange.
+  const bool wrong = world_rank() == 1;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_ERROR_CONTAINS(pass_round_the_ring(mesh.comm(0), 4, wrong ? 8 : 4), wrong ? "disagree on the sizes" : "gave up");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+  healthy.comm(0).barrier();
 }
