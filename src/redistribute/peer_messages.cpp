@@ -72,6 +72,15 @@ class PeerMemoryMessages final : public Messages {
       if (ok) ok = !take_injected_copy_failure(error) && exchange.read(r.peer, {{theirs[at + 1], r.tensor.data_ptr(), r.tensor.nbytes()}}, error);
       at += kOfferWords;
     }
+    // A message no receive takes would be lost without a word (Gloo would hang on it instead).
+    for (int64_t p = 0; p < comm_.size(); ++p) {
+      if (p == comm_.rank()) continue;
+      const std::vector<uint64_t>& theirs = exchange.offers_of(p);
+      for (size_t at = next[p]; at + kOfferWords <= theirs.size(); at += kOfferWords)
+        TORCH_CHECK(theirs[at] != static_cast<uint64_t>(comm_.rank()), "shardtensor: \"", exchange.operation().description, "\" on ",
+                    comm_.group_name(), ": group rank ", p, " sent this rank (group rank ", comm_.rank(),
+                    ") more messages than it receives from it");
+    }
     if (!ok) TORCH_WARN("shardtensor: reading a message from a peer's memory failed (", error, "); the group goes back to Gloo messages.");
     if (exchange.finish(ok)) return;
     // Every member saw the failure: this batch, and the group from now on, go as messages.

@@ -158,3 +158,26 @@ TEST(Failure, MessageBatchThroughPeerMemoryWithOtherSizesRaisesOnEveryRank) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
   healthy.comm(0).barrier();
 }
+
+TEST(Failure, MessageBatchThroughPeerMemoryWithAnUnreceivedMessageRaisesOnEveryRank) {
+  if (world_size() == 1) GTEST_SKIP() << "needs two ranks";
+  DeviceMesh healthy = DeviceMesh::create({world_size()});
+  DeviceMesh mesh = mesh_with_a_short_timeout();
+  if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << mesh.comm(0).why_no_peer_memory();
+  // Rank 0 sends rank 1 a second message that rank 1 never receives: rank 1 raises instead of
+  // dropping it, and the others raise since it gave up the exchange.
+  Comm& comm = mesh.comm(0);
+  const int64_t n = comm.size(), me = comm.rank();
+  const auto start = std::chrono::steady_clock::now();
+  const auto batch = [&] {
+    auto messages = start_same_host_messages(comm, /*on_cpu=*/true, "ring_test");
+    const at::Tensor block = at::ones({4}), extra = at::ones({2}), into = at::empty({4});
+    messages->send((me + 1) % n, block);
+    if (me == 0) messages->send(1, extra);
+    messages->receive((me + n - 1) % n, into);
+    messages->wait();
+  };
+  EXPECT_ERROR_CONTAINS(batch(), me == 1 ? "more messages than it receives" : "gave up");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+  healthy.comm(0).barrier();
+}
