@@ -36,6 +36,8 @@
 
 #include <array>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "comm/comm_debug.h"
@@ -98,6 +100,13 @@ T&& local_of(T&& value) {
   return std::forward<T>(value);
 }
 
+template <class... Args>
+constexpr bool first_is_tensor = sizeof...(Args) > 0 && std::is_same_v<std::decay_t<std::tuple_element_t<0, std::tuple<Args...>>>, at::Tensor>;
+template <class First, class... Rest>
+const First& first_of(const First& first, const Rest&...) {
+  return first;
+}
+
 template <class Op, class Signature = typename Op::schema>
 struct DirectKernel;
 
@@ -114,7 +123,11 @@ struct DirectKernel<Op, at::Tensor(Args...)> {
         CurrentOperatorScope current(&p->meta.name);
         ++direct_calls;
         keep_leaf_layouts_of_inputs(borrowed.view());
-        if (p->result.local_kernel) return run_rule_kernel_direct(op, *p, borrowed.view());
+        if (p->result.local_kernel) {
+          if constexpr (first_is_tensor<Args...>)
+            if (p->piece_kernel) return wrap_direct_output(*p, borrowed.view(), p->piece_kernel(local_of(first_of(args...))));
+          return run_rule_kernel_direct(op, *p, borrowed.view());
+        }
         return wrap_direct_output(*p, borrowed.view(), Op::call(local_of(args)...));
       }
     }

@@ -223,6 +223,7 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
   if (p->result.kernel_plan) {  // lowered once: the propagation is cached with its kernel
     TORCH_INTERNAL_ASSERT(!p->result.local_kernel, meta.name, ": a rule sets both a local kernel and a kernel plan");
     p->result.local_kernel = p->result.kernel_plan->lower();
+    p->piece_kernel = p->result.kernel_plan->lower_for_piece();
   }
   meta.args = {};  // the stack does not outlive this call
   for (const c10::IValue& arg : args) {

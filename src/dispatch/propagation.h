@@ -10,6 +10,7 @@
 
 #include <ATen/core/stack.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,8 @@ struct Propagation {
   // local pieces: no input moves, no written argument, this rank in the mesh, one tensor
   // output, no SHARDTENSOR_LOG. Such a call may skip the boxed kernel (dispatch/direct_kernel.h).
   bool direct = false;
+  // The rule's kernel as a function of the first argument's piece, where it is one (views).
+  std::function<at::Tensor(const at::Tensor& piece)> piece_kernel;
 };
 
 // Argument `i` of the call is an out= tensor (written, but not self): not a rule input.

@@ -26,24 +26,35 @@ LocalKernel LocalSizesPlan::lower() const {
   };
 }
 
-LocalKernel LocalReshapePlan::lower() const {
-  return [rewrites = rewrites, oshape = shape, num_args = num_args](const c10::OperatorHandle&, torch::jit::Stack* stack) {
+namespace {
+// A kernel of the first argument's piece alone, run on the boxed stack.
+LocalKernel on_the_stack(PieceKernel piece_kernel, int64_t num_args) {
+  return [piece_kernel = std::move(piece_kernel), num_args](const c10::OperatorHandle&, torch::jit::Stack* stack) {
     at::Tensor self = (*stack)[stack->size() - num_args].toTensor();
-    std::vector<int64_t> sizes = oshape;
-    for (const SizeFromInput& w : rewrites) sizes[w.out_dim] = self.size(w.in_dim) * w.num / w.den;
     torch::jit::drop(*stack, num_args);
-    stack->emplace_back(self.reshape(sizes));
+    stack->emplace_back(piece_kernel(self));
+  };
+}
+}  // namespace
+
+PieceKernel LocalReshapePlan::lower_for_piece() const {
+  return [rewrites = rewrites, oshape = shape](const at::Tensor& self) {
+    c10::SmallVector<int64_t, 5> sizes(oshape.begin(), oshape.end());
+    for (const SizeFromInput& w : rewrites) sizes[w.out_dim] = self.size(w.in_dim) * w.num / w.den;
+    return self.reshape(sizes);
   };
 }
 
-LocalKernel SqueezePlan::lower() const {
-  return [dropped = dropped, num_args = num_args](const c10::OperatorHandle&, torch::jit::Stack* stack) {
-    at::Tensor out = (*stack)[stack->size() - num_args].toTensor();
-    torch::jit::drop(*stack, num_args);
-    if (dropped.empty()) out = out.view(out.sizes());
+LocalKernel LocalReshapePlan::lower() const { return on_the_stack(lower_for_piece(), num_args); }
+
+PieceKernel SqueezePlan::lower_for_piece() const {
+  return [dropped = dropped](const at::Tensor& self) {
+    at::Tensor out = dropped.empty() ? self.view(self.sizes()) : self;
     for (auto it = dropped.rbegin(); it != dropped.rend(); ++it) out = out.squeeze(*it);
-    stack->emplace_back(out);
+    return out;
   };
 }
+
+LocalKernel SqueezePlan::lower() const { return on_the_stack(lower_for_piece(), num_args); }
 
 }  // namespace shardtensor

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,10 +49,16 @@ inline std::vector<DeclaredMove> sums_over(const std::vector<int64_t>& mesh_dims
   return all_reduces_over(mesh_dims, ReduceOp::Sum);
 }
 
+using PieceKernel = std::function<at::Tensor(const at::Tensor& piece)>;
+
 struct KernelPlan {
   virtual ~KernelPlan() = default;
   // The code that runs this plan on one rank: defined in src/kernels/.
   virtual LocalKernel lower() const = 0;
+  // The same kernel as a function of the first argument's local piece alone, where it needs
+  // nothing else (a local reshape or squeeze; empty otherwise): the unboxed kernels
+  // (dispatch/direct_kernel.h) call it without building an argument stack.
+  virtual PieceKernel lower_for_piece() const { return {}; }
   // What the kernel computes, for explain and errors ("halo convolution (forward)").
   virtual std::string name() const = 0;
   // Every move between ranks the kernel makes, in order (none: a purely local kernel).

@@ -43,6 +43,7 @@ struct LocalReshapePlan : KernelPlan {
   int64_t num_args = 0;  // the operator's argument count
 
   LocalKernel lower() const override;
+  PieceKernel lower_for_piece() const override;
   std::string name() const override { return "local reshape"; }
 };
 
@@ -53,6 +54,7 @@ struct SqueezePlan : KernelPlan {
   int64_t num_args = 0;  // the operator's argument count
 
   LocalKernel lower() const override;
+  PieceKernel lower_for_piece() const override;
   std::string name() const override { return "squeeze of the global size-1 dims"; }
 };
 

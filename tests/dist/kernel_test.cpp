@@ -65,6 +65,7 @@ TEST(Kernel, DirectKernelsBorrowTheirArgumentsAndMatchTheBoxedKernel) {
     if (trained) x.requires_grad_();
     const at::Tensor w = distribute_tensor(weight_global, mesh_1d(), {Replicate()});
     const at::Tensor y = rows(global, uneven(10, false));
+    const at::Tensor xs = x.unsqueeze(1);
     struct Case {
       std::function<at::Tensor()> direct;
       const char* name;
@@ -79,9 +80,10 @@ TEST(Kernel, DirectKernelsBorrowTheirArgumentsAndMatchTheBoxedKernel) {
         {[&] { return x * 2.5; }, "aten::mul", "Scalar", {x, at::Scalar(2.5)}, global * 2.5},
         {[&] { return at::mm(x, w); }, "aten::mm", "", {x, w}, at::mm(global, weight_global)},
         {[&] { return x.transpose(0, 1); }, "aten::transpose", "int", {x, int64_t{0}, int64_t{1}}, global.transpose(0, 1)},
-        // Views with global sizes: the rule's local kernel on the local pieces.
+        // Views with global sizes: the rule's local kernel on the local piece.
         {[&] { return x.view({10, 2, 2}); }, "aten::view", "", {x, std::vector<int64_t>{10, 2, 2}}, global.view({10, 2, 2})},
         {[&] { return x.unsqueeze(0); }, "aten::unsqueeze", "", {x, int64_t{0}}, global.unsqueeze(0)},
+        {[&] { return xs.squeeze(1); }, "aten::squeeze", "dim", {xs, int64_t{1}}, global},
         {[&] { return x.select(1, 2); }, "aten::select", "int", {x, int64_t{1}, int64_t{2}}, global.select(1, 2)},
         {[&] { return x.slice(1, 1, 3); }, "aten::slice", "Tensor", {x, int64_t{1}, int64_t{1}, int64_t{3}, int64_t{1}},
          global.slice(1, 1, 3)},
