@@ -22,7 +22,6 @@
 #include "comm/comm.h"
 #include "kernels/attention_blocks.h"
 #include "kernels/stack.h"
-#include "redistribute/peer_messages.h"
 
 namespace shardtensor {
 namespace {
@@ -82,7 +81,7 @@ void pass_gradients(const AttentionPlan& plan, int64_t step, int64_t next_index,
     bytes_from[holder] += bytes_of(state->mine);
     checked.push_back(holder);
   }
-  auto messages = start_same_host_messages(plan.mesh.comm(plan.seq_mesh_dim), plan.mesh.device_type() == "cpu", "ring_gradients");
+  auto messages = start_ring_batch(plan, "ring_gradients");
   messages->announce(bytes_to, bytes_from, checked);
   if (moves_on || goes_home)
     for (const at::Tensor& g : state->held) messages->send(moves_on ? to : block, g);
@@ -103,8 +102,7 @@ Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients 
   bool any = false;
   for (int64_t b = 0; b < n; ++b) any = any || returns_after_ring(b);
   if (!any) return state.mine.empty() ? state.parked.at(me) : state.mine;
-  Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
-  auto messages = start_same_host_messages(comm, plan.mesh.device_type() == "cpu", "ring_return");
+  auto messages = start_ring_batch(plan, "ring_return");
   for (const auto& [block, grads] : state.parked)
     if (block != me)
       for (const at::Tensor& g : grads) messages->send(block, g);

@@ -122,12 +122,16 @@ int64_t bytes_of(const std::vector<at::Tensor>& parts) {
   return bytes;
 }
 
+std::unique_ptr<Messages> start_ring_batch(const AttentionPlan& plan, const char* counted_as) {
+  return start_same_host_messages(plan.mesh.comm(plan.seq_mesh_dim), plan.mesh.device_type() == "cpu", counted_as);
+}
+
 std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, KeyBlock* next) {
   const int64_t n = plan.ring_size();
   if (step + 1 >= n || !plan.any_send(step)) return nullptr;
   Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
   const int64_t me = comm.rank();
-  auto messages = start_same_host_messages(comm, plan.mesh.device_type() == "cpu", "ring_send_recv");
+  auto messages = start_ring_batch(plan, "ring_send_recv");
   const int64_t to = (me + 1) % n, from = (me - 1 + n) % n;
   next->index = ((me - step - 1) % n + n) % n;
   next->parts.clear();

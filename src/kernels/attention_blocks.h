@@ -89,6 +89,11 @@ struct KeyBlock {
   std::vector<at::Tensor> parts;
 };
 
+// A message batch on the ring's group, named `counted_as` in CommDebugMode: through peer memory
+// on same-host CPU ranks, Gloo messages otherwise (redistribute/peer_messages.h). Every rank of
+// the ring starts each batch.
+std::unique_ptr<Messages> start_ring_batch(const AttentionPlan& plan, const char* counted_as);
+
 // Starts the message batch of ring step `step`: the parts of the block held here (its keys and
 // values) go to the next rank where the block moves on; the previous rank's block arrives in
 // `next` (fresh buffers shaped like `held.parts` with that block's length) where it comes. Null

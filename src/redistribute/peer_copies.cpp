@@ -29,7 +29,12 @@ int64_t initial_copy_bytes() {
   return bytes;
 }
 
-std::atomic<int64_t> copy_bytes_per_rank{initial_copy_bytes()};
+// Read at first use, not at load: a bad value is then an error the caller sees, not a
+// terminate while the library loads.
+std::atomic<int64_t>& copy_bytes_per_rank() {
+  static std::atomic<int64_t> bytes{initial_copy_bytes()};
+  return bytes;
+}
 std::atomic<int> copies_to_fail{0};
 
 // Row-major strides, in elements, of a contiguous tensor that covers `holds`.
@@ -187,16 +192,16 @@ bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& o
 }  // namespace
 
 PeerMemory* peer_memory_for(Comm& comm, const at::Tensor& local, int64_t bytes_per_rank) {
-  if (!local.is_cpu() || bytes_per_rank < copy_bytes_per_rank.load(std::memory_order_relaxed)) return nullptr;
+  if (!local.is_cpu() || bytes_per_rank < peer_copy_bytes()) return nullptr;
   return comm.peer_memory();
 }
 
 void set_peer_copy_bytes(int64_t bytes) {
   TORCH_CHECK(bytes >= 0, "set_peer_copy_bytes: ", bytes, " is not a size");
-  copy_bytes_per_rank = bytes;
+  copy_bytes_per_rank() = bytes;
 }
 
-int64_t peer_copy_bytes() { return copy_bytes_per_rank.load(std::memory_order_relaxed); }
+int64_t peer_copy_bytes() { return copy_bytes_per_rank().load(std::memory_order_relaxed); }
 
 void fail_next_peer_copies(int count) { copies_to_fail = count; }
 

@@ -109,7 +109,8 @@ class PeerMemoryMessages final : public Messages {
 }  // namespace
 
 std::unique_ptr<Messages> start_same_host_messages(Comm& comm, bool on_cpu, const char* counted_as, bool counts) {
-  if (on_cpu && comm.size() > 1 && peer_memory_enabled() && transport_preference() == TransportPreference::Auto)
+  // comm.peer_memory() is null for one member, NCCL, SHARDTENSOR_PEER_MEMORY=0 or a failed probe.
+  if (on_cpu && transport_preference() == TransportPreference::Auto)
     if (PeerMemory* memory = comm.peer_memory()) return std::make_unique<PeerMemoryMessages>(comm, *memory, counted_as, counts);
   return comm.start_messages(counted_as, counts);
 }
