@@ -16,6 +16,7 @@ jobs=$(nproc)
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi failed"
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "devices", torch.cuda.device_count())'
+  echo "CXX=${CXX:-unset}: $(${CXX:-c++} --version | head -1); its libstdc++.so: $(${CXX:-c++} -print-file-name=libstdc++.so)"
   g++ --version | head -1; cmake --version | head -1
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
@@ -30,10 +31,34 @@ step() {  # step NAME COMMAND...: runs it, its output into $out/NAME.txt, the ta
   return $rc
 }
 
+# The frames fault_stack.c printed, each with its function and source line where the module
+# has them: "module(+0xoffset)" frames through addr2line, named ones through c++filt.
+resolve_frames() {
+  sed -n '/^fault_stack:/,$p' "$1" | while IFS= read -r line; do
+    if [[ $line =~ ^(/[^\(]+)\((\+0x[0-9a-f]+)\) ]]; then
+      echo "$line  ->  $(addr2line -f -C -i -p -e "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" 2>/dev/null | tr '\n' ' ')"
+    else
+      echo "$line" | c++filt
+    fi
+  done
+}
+
 rm -rf "$carry/googletest-build" "$carry/gtest" build-gpu  # a tree configured elsewhere (another path) would not configure here
 generator=(); command -v ninja > /dev/null && generator=(-G Ninja)
 torch_dir=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')/Torch
 [ -f "$torch_dir/TorchConfig.cmake" ] || { echo "gpu_check/run.sh: python3 has no torch with a CMake config (got '$torch_dir')"; exit 1; }
+# The compiler: $CXX, unless it links libstdc++ statically into shared libraries (the image seen
+# on 2026-11-27 set CXX=/opt/gcc/bin/g++, and libshardtensor then crashed in Python in its first
+# ostream output). cmake/SharedLibstdcxx.cmake refuses such a compiler at configure time; a
+# configure without the tests (seconds) asks it, and on its refusal the PATH's g++ builds all.
+step compiler_check cmake -S . -B build-gpu-compiler-check "${generator[@]}" -DTorch_DIR="$torch_dir" \
+    -DGLOO_INCLUDE_DIR="$carry/include" -DSHARDTENSOR_BUILD_TESTS=OFF -DSHARDTENSOR_BUILD_EXAMPLES=OFF \
+    -DSHARDTENSOR_BUILD_BENCHMARKS=OFF -DSHARDTENSOR_PYTHON=OFF
+if grep -q 'CMake Error at cmake/SharedLibstdcxx.cmake' "$out/compiler_check.txt"; then
+  export CXX=$(command -v g++) CC=$(command -v gcc)
+  echo "gpu_check/run.sh: the configure check refused \$CXX; building with $CXX ($($CXX --version | head -1))" | tee -a "$out/environment.txt"
+fi
+rm -rf build-gpu-compiler-check
 step googletest bash -c "cmake -S '$carry/googletest' -B '$carry/googletest-build' ${generator[*]} -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_INSTALL_PREFIX='$carry/gtest' && cmake --build '$carry/googletest-build' -j $jobs --target install" || exit 1
 gtest_dir=$(dirname "$(find "$carry/gtest" -name GTestConfig.cmake | head -1)")
@@ -59,6 +84,8 @@ targets=(cuda_tests shardrun)
 [ "${python_args[0]}" = -DSHARDTENSOR_PYTHON=ON ] && targets+=(shardtensor_python)
 keep_going=(-k 0); [ ${#generator[@]} -eq 0 ] && keep_going=(-k)  # every compile error in one run, not the first
 step build cmake --build build-gpu -j "$jobs" --target "${targets[@]}" -- "${keep_going[@]}" || exit 1
+# Whether libshardtensor imports libstdc++ (as it must) or carries a copy of it.
+echo "libshardtensor.so defines std::ostream::_M_insert<long> (a copy of libstdc++): $(nm -D --defined-only build-gpu/src/libshardtensor.so | grep -c _ZNSo9_M_insertIlEERSoT_) time(s)" | tee -a "$out/environment.txt"
 step cuda_tests env SHARDTENSOR_TIMEOUT_S=60 build-gpu/tools/shardrun/shardrun -n 1 --timeout 300 build-gpu/tests/cuda_tests
 status=$?
 # The Python package from the build tree (no pip: _C finds libshardtensor through its build RPATH):
@@ -69,16 +96,21 @@ if [ "${python_args[0]}" = -DSHARDTENSOR_PYTHON=ON ]; then
   step python_cuda env PYTHONPATH="$PWD/build-gpu/pkg" python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py || {
     status=1
     # Which step failed, and where in native code: one rank, step by step, under faulthandler
-    # and then under cuda-gdb (the image has no gdb) for the native stack of a crash.
+    # (the Python stack) with fault_stack.c preloaded (the native stack; the image has no gdb).
+    # faulthandler prints first, then hands the signal back to fault_stack.
     smoke_env=(env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29561
                SHARDTENSOR_TIMEOUT_S=30 PYTHONPATH="$PWD/build-gpu/pkg" PYTHONUNBUFFERED=1)
-    step python_smoke "${smoke_env[@]}" timeout 120 python3 -X faulthandler tools/gpu_check/python_smoke.py
-    command -v cuda-gdb > /dev/null && step python_smoke_stack "${smoke_env[@]}" MASTER_PORT=29562 timeout 180 \
-      cuda-gdb -batch -ex 'set pagination off' -ex run -ex 'info symbol $pc' -ex 'bt 60' \
-      --args python3 tools/gpu_check/python_smoke.py
-    # The console shows each log's last lines: the native stack, where it is, is at the end.
-    grep -n -A60 '^#0 ' "$out/python_smoke_stack.txt" | head -80 || true
+    preload=()
+    cc -shared -fPIC -O1 -o build-gpu/fault_stack.so tools/gpu_check/fault_stack.c && preload=(LD_PRELOAD="$PWD/build-gpu/fault_stack.so")
+    step python_smoke "${smoke_env[@]}" "${preload[@]}" timeout 120 python3 -X faulthandler tools/gpu_check/python_smoke.py
+    resolve_frames "$out/python_smoke.txt" > "$out/python_smoke_stack.txt"
+    echo "== native stack (python_smoke_stack.txt)"; head -60 "$out/python_smoke_stack.txt"
   }
+  # Per-op overhead from Python on this machine's CPU (section 1 of bench/python_bench.py: plain
+  # torch, shardtensor and torch's DTensor on CPU tensors at 2 ranks), a figure from a machine
+  # other than the 2-core development VM. Timing only: it does not change the status.
+  step python_per_op env PYTHONPATH="$PWD/build-gpu/pkg" OMP_NUM_THREADS=1 timeout 150 \
+    build-gpu/tools/shardrun/shardrun -n 2 python3 bench/python_bench.py --sections 1 --cxx none --cxx-dispatch none
 else
   echo "gpu_check/run.sh: python3 has no Python.h here; the Python CUDA tests did not run" | tee -a "$out/environment.txt"
 fi
