@@ -120,6 +120,10 @@ struct DirectKernel<Op, at::Tensor(Args...)> {
       const BorrowedArguments<sizeof...(Args)> borrowed(args...);
       p = &propagate(op, borrowed.view());
       if (p->direct) {
+        // Below ADInplaceOrView too: the local piece of a view needs no autograd view record of
+        // its own (pieces never require grad; the wrapper's view record, made above this kernel,
+        // is the one autograd reads), and making one costs an allocation per call.
+        c10::impl::ExcludeDispatchKeyGuard no_view_record(c10::DispatchKey::ADInplaceOrView);
         CurrentOperatorScope current(&p->meta.name);
         ++direct_calls;
         keep_leaf_layouts_of_inputs(borrowed.view());
