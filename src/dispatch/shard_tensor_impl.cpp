@@ -1,6 +1,8 @@
 // See shard_tensor_impl.h.
 #include "dispatch/shard_tensor_impl.h"
 
+#include <c10/core/InferenceMode.h>
+
 #include <typeinfo>
 
 #include "dispatch/library.h"
@@ -115,6 +117,16 @@ at::Tensor make_shard_tensor(at::Tensor local, ShardTensorSpec spec, std::vector
   ensure_dispatch_registered();
   // The wrapper carries the autograd history; its local tensor never does.
   if (local.requires_grad()) local = local.detach();
+  // Inside torch.inference_mode() a new TensorImpl is an inference tensor (no autograd keys, no
+  // version counter), but a view of a normal tensor is not: plain torch builds views with their
+  // base's keys, and its view handling (ADInplaceOrView) then shares the base's version counter,
+  // which an inference tensor refuses ("Cannot set version_counter for inference tensor"). A
+  // wrapper is what its piece is: where the piece is a normal tensor (a view of the input's
+  // piece, or that piece itself), the wrapper is built as a normal tensor too.
+  if (c10::InferenceMode::is_enabled() && !local.is_inference()) {
+    c10::InferenceMode normal_tensor_construction(false);
+    return at::detail::make_tensor<ShardTensorImpl>(std::move(local), std::move(spec), std::move(global_strides));
+  }
   return at::detail::make_tensor<ShardTensorImpl>(std::move(local), std::move(spec), std::move(global_strides));
 }
 

@@ -292,6 +292,51 @@ def test_ops_and_debug_tools(world_size):
     run_ranks(ops_body, world_size)
 
 
+def inference_body(rank, world_size):
+    """Under torch.inference_mode() and torch.no_grad(), a model whose parameters were made
+    outside runs as plain torch does: views of those parameters (t, view, detach, expand: what
+    F.linear on a 3-d input decomposes into) are normal tensors as in plain torch, computed
+    results are inference tensors, and the values are the single-process ones. Uneven rows (9)
+    leave an empty shard at 4 ranks on the [3, 9, 6] input's dim 1 split."""
+    import torch.nn.functional as F
+
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    torch.manual_seed(3)
+    a, w1, b1, w2 = torch.randn(3, 9, 6), torch.randn(16, 6), torch.randn(16), torch.randn(6, 16)
+    x = st.distribute_tensor(a, mesh, [st.Shard(1)])
+    p1 = torch.nn.Parameter(st.distribute_tensor(w1, mesh, [st.Shard(0)]))
+    q1 = torch.nn.Parameter(st.distribute_tensor(b1, mesh, [st.Shard(0)]))
+    p2 = torch.nn.Parameter(st.distribute_tensor(w2, mesh, [st.Shard(1)]))
+    plain_p1 = torch.nn.Parameter(w1.clone())  # made outside the modes, as p1
+
+    def model(inp, first, bias, second):
+        return F.linear(F.gelu(F.linear(inp, first, bias)), second)
+
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode():
+            y = model(x, p1, q1, p2)
+            expected = model(a, w1, b1, w2)
+            assert not y.requires_grad
+            assert_close(y.full_tensor(), expected, f"{mode.__name__}: MLP on a [3, 9, 6] input")
+            for name, fn in (("t", lambda t: t.t()), ("view", lambda t: t.view(-1)), ("detach", lambda t: t.detach()),
+                             ("expand", lambda t: t.unsqueeze(0).expand(2, -1, -1)), ("relu", torch.relu)):
+                ours, plain = fn(p1), fn(plain_p1)
+                assert ours.is_inference() == plain.is_inference(), (mode.__name__, name, ours.is_inference())
+                assert_close(ours.full_tensor(), fn(w1), f"{mode.__name__}: {name} of a parameter")
+            r = y.redistribute(mesh, [st.Replicate()])
+            assert_close(r.to_local(), expected, f"{mode.__name__}: redistribute")
+    # Outside again: the parameters still train.
+    model(x, p1, q1, p2).sum().backward()
+    assert p1.grad is not None and p2.grad is not None
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_inference_mode_and_no_grad_match_plain_torch(world_size):
+    run_ranks(inference_body, world_size)
+
+
 def protocol_body(rank, world_size):
     import shardtensor as st
 
