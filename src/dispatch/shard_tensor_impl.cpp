@@ -3,6 +3,7 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <optional>
 #include <typeinfo>
 
 #include "dispatch/library.h"
@@ -123,10 +124,8 @@ at::Tensor make_shard_tensor(at::Tensor local, ShardTensorSpec spec, std::vector
   // which an inference tensor refuses ("Cannot set version_counter for inference tensor"). A
   // wrapper is what its piece is: where the piece is a normal tensor (a view of the input's
   // piece, or that piece itself), the wrapper is built as a normal tensor too.
-  if (c10::InferenceMode::is_enabled() && !local.is_inference()) {
-    c10::InferenceMode normal_tensor_construction(false);
-    return at::detail::make_tensor<ShardTensorImpl>(std::move(local), std::move(spec), std::move(global_strides));
-  }
+  std::optional<c10::InferenceMode> normal_tensor_construction;
+  if (c10::InferenceMode::is_enabled() && !local.is_inference()) normal_tensor_construction.emplace(false);
   return at::detail::make_tensor<ShardTensorImpl>(std::move(local), std::move(spec), std::move(global_strides));
 }
 
