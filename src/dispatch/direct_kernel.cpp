@@ -43,6 +43,7 @@
 #include "comm/comm_debug.h"
 #include "dispatch/kernel.h"
 #include "dispatch/propagation.h"
+#include "dispatch/propagation_key.h"
 #include "dispatch/shard_tensor_impl.h"
 
 namespace shardtensor {
@@ -110,35 +111,63 @@ const First& first_of(const First& first, const Rest&...) {
 template <class Op, class Signature = typename Op::schema>
 struct DirectKernel;
 
+// Every ShardTensor input's gradient layout is kept before its piece is used (kernel.h).
+inline void keep_leaf_layout(const at::Tensor& t) {
+  if (shard_tensor_impl(t)) keep_leaf_layout_of_input(t);
+}
+inline void keep_leaf_layout(const c10::optional<at::Tensor>& t) {
+  if (t) keep_leaf_layout(*t);
+}
+template <class T>
+void keep_leaf_layout(const T&) {}
+
 template <class Op, class... Args>
 struct DirectKernel<Op, at::Tensor(Args...)> {
+  static const c10::OperatorHandle& op() {
+    static const c10::OperatorHandle handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    return handle;
+  }
+
   static at::Tensor call(Args... args) {
-    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
-    Propagation* p = nullptr;
-    {
+    // A cache hit is found from the typed arguments (propagation_key.h); only a miss, a rule
+    // kernel run on a stack, or an output whose strides follow the arguments boxes them.
+    Propagation* p = propagation_key::find_cached(op().schema(), args...);
+    if (p && p->direct && !needs_boxed_arguments(*p)) return run_direct(*p, {}, args...);
+    if (!p || p->direct) {
       const BorrowedArguments<sizeof...(Args)> borrowed(args...);
-      p = &propagate(op, borrowed.view());
-      if (p->direct) {
-        // Below ADInplaceOrView too: the local piece of a view needs no autograd view record of
-        // its own (pieces never require grad; the wrapper's view record, made above this kernel,
-        // is the one autograd reads), and making one costs an allocation per call.
-        c10::impl::ExcludeDispatchKeyGuard no_view_record(c10::DispatchKey::ADInplaceOrView);
-        CurrentOperatorScope current(&p->meta.name);
-        ++direct_calls;
-        keep_leaf_layouts_of_inputs(borrowed.view());
-        if (p->result.local_kernel) {
-          if constexpr (first_is_tensor<Args...>)
-            if (p->piece_kernel) return wrap_direct_output(*p, borrowed.view(), p->piece_kernel(local_of(first_of(args...))));
-          return run_rule_kernel_direct(op, *p, borrowed.view());
-        }
-        return wrap_direct_output(*p, borrowed.view(), Op::call(local_of(args)...));
-      }
+      if (!p) p = &propagate(op(), borrowed.view());
+      if (p->direct) return run_direct(*p, borrowed.view(), args...);
     }
     // The cache entry stays put (entries are owned by pointer) while nothing else dispatches.
     torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
-    run_propagated(op, &stack, *p);
+    run_propagated(op(), &stack, *p);
     return std::move(stack.back()).toTensor();
+  }
+
+  // A rule kernel other than a function of the first piece runs on a stack; t, transpose and
+  // permute read their dims to give the output its global strides.
+  static bool needs_boxed_arguments(const Propagation& p) {
+    bool piece_kernel = false;
+    if constexpr (first_is_tensor<Args...>) piece_kernel = static_cast<bool>(p.piece_kernel);
+    return p.permutes_dims || (p.result.local_kernel && !piece_kernel);
+  }
+
+  // The call on the local pieces alone; `boxed` holds the arguments where needs_boxed_arguments.
+  static at::Tensor run_direct(Propagation& p, c10::ArrayRef<c10::IValue> boxed, const Args&... args) {
+    // Below ADInplaceOrView too: the local piece of a view needs no autograd view record of
+    // its own (pieces never require grad; the wrapper's view record, made above this kernel,
+    // is the one autograd reads), and making one costs an allocation per call.
+    c10::impl::ExcludeDispatchKeyGuard no_view_record(c10::DispatchKey::ADInplaceOrView);
+    CurrentOperatorScope current(&p.meta.name);
+    ++direct_calls;
+    (keep_leaf_layout(args), ...);
+    if (p.result.local_kernel) {
+      if constexpr (first_is_tensor<Args...>)
+        if (p.piece_kernel) return wrap_direct_output(p, boxed, p.piece_kernel(local_of(first_of(args...))));
+      return run_rule_kernel_direct(op(), p, boxed);
+    }
+    return wrap_direct_output(p, boxed, Op::call(local_of(args)...));
   }
 };
 

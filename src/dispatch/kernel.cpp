@@ -143,16 +143,11 @@ void check_kernel_can_run_on_meta(const Propagation& p) {
               "initialise them.");
 }
 
-// Called for every ShardTensor input before its local piece is used (both paths).
-void keep_leaf_layout_if_trained(const at::Tensor& t) {
-  if (t.requires_grad() && t.is_leaf()) keep_leaf_gradient_layout(t);
-}
-
 }  // namespace
 
-void keep_leaf_layouts_of_inputs(c10::ArrayRef<c10::IValue> args) {
-  for (const c10::IValue& arg : args)
-    if (arg.isTensor() && shard_tensor_impl(arg.toTensor())) keep_leaf_layout_if_trained(arg.toTensor());
+// Called for every ShardTensor input before its local piece is used (both paths).
+void keep_leaf_layout_of_input(const at::Tensor& input) {
+  if (input.requires_grad() && input.is_leaf()) keep_leaf_gradient_layout(input);
 }
 
 at::Tensor run_rule_kernel_direct(const c10::OperatorHandle& op, Propagation& p, c10::ArrayRef<c10::IValue> args) {
@@ -205,7 +200,7 @@ void run_propagated(const c10::OperatorHandle& op, torch::jit::Stack* stack, Pro
   auto unwrap_input = [&](const at::Tensor& t) -> at::Tensor {
     const size_t input = k++;
     ShardTensorImpl* impl = shard_tensor_impl(t);
-    if (impl) keep_leaf_layout_if_trained(t);
+    if (impl) keep_leaf_layout_of_input(t);
     if (outside_mesh) return meta_stand_in(t);
     const at::Tensor& local = impl ? impl->local() : t;
     meta_pieces = meta_pieces || local.is_meta();

@@ -24,13 +24,14 @@ void run_propagated(const c10::OperatorHandle& op, torch::jit::Stack* stack, Pro
 
 // The direct path's step for every ShardTensor input before its local piece is used, as the
 // boxed kernel's: a trained leaf gets its gradient kept in its own layout.
-void keep_leaf_layouts_of_inputs(c10::ArrayRef<c10::IValue> args);
+void keep_leaf_layout_of_input(const at::Tensor& input);
 
 // The direct path where the rule has a kernel that moves nothing: that kernel on a stack of
 // the local pieces and the other arguments; the result wrapped.
 at::Tensor run_rule_kernel_direct(const c10::OperatorHandle& op, Propagation& p, c10::ArrayRef<c10::IValue> args);
 
 // The direct path's result: `local` wrapped exactly as the boxed kernel wraps its one output.
+// `args` (boxed) are read only where the op permutes dims (Propagation::permutes_dims).
 at::Tensor wrap_direct_output(Propagation& p, c10::ArrayRef<c10::IValue> args, const at::Tensor& local);
 
 // "aten::add.Tensor": the name rules are registered under.

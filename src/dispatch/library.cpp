@@ -15,7 +15,6 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 
 #include "dispatch/decompositions.h"
 #include "dispatch/direct_kernel.h"
@@ -101,8 +100,10 @@ void register_everything() {
 }  // namespace
 
 void ensure_dispatch_registered() {
-  static std::once_flag once;
-  std::call_once(once, register_everything);
+  // Asked on every wrapper made: a function-local static's guard is one inline check, where
+  // std::call_once is a library call each time.
+  static const bool registered = (register_everything(), true);
+  (void)registered;
 }
 
 void register_kernels() { ensure_dispatch_registered(); }

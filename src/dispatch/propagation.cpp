@@ -1,6 +1,7 @@
 // See propagation.h. The cache is per thread (no lock on the hot path); the autograd engine
 // runs CPU backward on the calling thread, so forward and backward share it.
 #include "dispatch/propagation.h"
+#include "dispatch/propagation_key.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -18,32 +19,21 @@
 #include "util/strings.h"
 
 namespace shardtensor {
-namespace {
+namespace propagation_key {
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  v += 0x9e3779b97f4a7c15ULL + h;
-  v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  v = (v ^ (v >> 27)) * 0x94d049bb133111ebULL;
-  return v ^ (v >> 31);
-}
-
-uint64_t hash_plain_tensor(const at::Tensor& t) {
+uint64_t hash_tensor(const at::Tensor& t) {
+  if (!t.defined()) return 5;
+  if (ShardTensorImpl* impl = shard_tensor_impl(t)) return mix(6, impl->spec().hash());
   uint64_t h = mix(7, static_cast<uint64_t>(t.scalar_type()));
   for (int64_t s : t.sizes()) h = mix(h, static_cast<uint64_t>(s));
   return h;
 }
 
-uint64_t hash_tensor(const at::Tensor& t) {
-  if (!t.defined()) return 5;
-  if (ShardTensorImpl* impl = shard_tensor_impl(t)) return mix(6, impl->spec().hash());
-  return hash_plain_tensor(t);
-}
-
 // Hash of an argument; tensors contribute their spec (or plain shape), not their data.
 uint64_t hash_argument(const c10::IValue& v) {
-  if (v.isTensor()) return hash_tensor(v.toTensor());
-  if (v.isNone()) return 1;
-  if (v.isInt()) return mix(2, static_cast<uint64_t>(v.toInt()));
+  if (v.isTensor()) return propagation_key::hash_tensor(v.toTensor());  // qualified: torch 2.x has an at::hash_tensor
+  if (v.isNone()) return kNoneHash;
+  if (v.isInt()) return mix(kIntTag, static_cast<uint64_t>(v.toInt()));
   if (v.isBool()) return mix(3, v.toBool());
   if (v.isDouble()) {
     const double d = v.toDouble();
@@ -51,38 +41,14 @@ uint64_t hash_argument(const c10::IValue& v) {
     std::memcpy(&bits, &d, sizeof bits);
     return mix(4, bits);
   }
-  if (v.isString()) return mix(8, std::hash<std::string>()(v.toStringRef()));
+  if (v.isString()) return mix(kStringTag, std::hash<std::string>()(v.toStringRef()));
   if (v.isDevice()) return mix(9, static_cast<uint64_t>(v.toDevice().type()) * 1000 + v.toDevice().index() + 1);
   if (v.isList()) {
-    uint64_t h = 10;
+    uint64_t h = kListSeed;
     for (const c10::IValue& e : v.toListRef()) h = mix(h, hash_argument(e));
     return h;
   }
   return mix(11, static_cast<uint64_t>(v.tagKind().size()));  // other kinds: none that rules read
-}
-
-// Calls `visit(tensor, arg_index)` for every tensor argument that is a rule input, lists
-// flattened, out= arguments and undefined optionals skipped.
-template <typename Visit>
-void for_each_input_tensor(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, Visit&& visit) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (is_out_argument(schema, i)) continue;
-    const c10::IValue& arg = args[i];
-    if (arg.isTensor()) {
-      if (arg.toTensor().defined()) visit(arg.toTensor(), i);
-    } else if (arg.isList()) {
-      for (const c10::IValue& e : arg.toListRef())
-        if (e.isTensor() && e.toTensor().defined()) visit(e.toTensor(), i);
-    }
-  }
-}
-
-bool is_tensor_argument(const c10::IValue& v) {
-  if (v.isTensor()) return true;
-  if (!v.isList()) return false;
-  for (const c10::IValue& e : v.toListRef())
-    if (e.isTensor()) return true;
-  return false;
 }
 
 // Equality of two non-tensor arguments, of the kinds rules read; other kinds compare by
@@ -110,6 +76,43 @@ bool same_argument(const c10::IValue& a, const c10::IValue& b) {
   return a.isSameIdentity(b);
 }
 
+bool same_input_spec(const at::Tensor& t, const ShardTensorSpec& built_for) {
+  if (ShardTensorImpl* impl = shard_tensor_impl(t)) return impl->spec() == built_for;
+  return t.sizes().equals(built_for.shape()) && t.scalar_type() == built_for.dtype();
+}
+
+}  // namespace propagation_key
+
+namespace {
+
+using propagation_key::hash_argument;
+using propagation_key::same_argument;
+using propagation_key::same_input_spec;
+
+// Calls `visit(tensor, arg_index)` for every tensor argument that is a rule input, lists
+// flattened, out= arguments and undefined optionals skipped.
+template <typename Visit>
+void for_each_input_tensor(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args, Visit&& visit) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (is_out_argument(schema, i)) continue;
+    const c10::IValue& arg = args[i];
+    if (arg.isTensor()) {
+      if (arg.toTensor().defined()) visit(arg.toTensor(), i);
+    } else if (arg.isList()) {
+      for (const c10::IValue& e : arg.toListRef())
+        if (e.isTensor() && e.toTensor().defined()) visit(e.toTensor(), i);
+    }
+  }
+}
+
+bool is_tensor_argument(const c10::IValue& v) {
+  if (v.isTensor()) return true;
+  if (!v.isList()) return false;
+  for (const c10::IValue& e : v.toListRef())
+    if (e.isTensor()) return true;
+  return false;
+}
+
 bool matches(const Propagation& p, const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   if (args.size() != p.arguments.size()) return false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -124,12 +127,7 @@ bool matches(const Propagation& p, const c10::FunctionSchema& schema, c10::Array
       same = false;
       return;
     }
-    const ShardTensorSpec& cached = p.meta.inputs[k++].spec;
-    if (ShardTensorImpl* impl = shard_tensor_impl(t)) {
-      same = impl->spec() == cached;
-    } else {
-      same = t.sizes().equals(cached.shape()) && t.scalar_type() == cached.dtype();
-    }
+    same = same_input_spec(t, p.meta.inputs[k++].spec);
   });
   return same && k == p.meta.inputs.size();
 }
@@ -263,22 +261,37 @@ bool is_out_argument(const c10::FunctionSchema& schema, size_t i) {
   return alias && alias->isWrite();
 }
 
-Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+namespace propagation_key {
+
+uint64_t seed(const c10::FunctionSchema& schema) {
+  return mix(reinterpret_cast<uintptr_t>(&schema), implicit_replication_active() * 2 + is_strict());
+}
+
+Propagation* entry_for(uint64_t key) {
   Cache& c = cache();
-  if (c.generation != rule_registry().generation() || c.order_generation != sequence_order_generation()) {
+  const uint64_t generation = rule_registry().generation();
+  if (c.generation != generation || c.order_generation != sequence_order_generation()) {
     c.entries.clear();
-    c.generation = rule_registry().generation();
+    c.generation = generation;
     c.order_generation = sequence_order_generation();
   }
-  const c10::FunctionSchema& schema = op.schema();
-  uint64_t key = mix(reinterpret_cast<uintptr_t>(&schema), implicit_replication_active() * 2 + is_strict());
-  for (size_t i = 0; i < args.size(); ++i) key = mix(key, is_out_argument(schema, i) ? 12 : hash_argument(args[i]));
-
   auto it = c.entries.find(key);
-  if (it != c.entries.end() && matches(*it->second, schema, args)) return *it->second;
+  return it == c.entries.end() ? nullptr : it->second.get();
+}
+
+}  // namespace propagation_key
+
+Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  const c10::FunctionSchema& schema = op.schema();
+  uint64_t key = propagation_key::seed(schema);
+  for (size_t i = 0; i < args.size(); ++i)
+    key = propagation_key::mix(key, is_out_argument(schema, i) ? 12 : hash_argument(args[i]));
+
+  Propagation* cached = propagation_key::entry_for(key);
+  if (cached && matches(*cached, schema, args)) return *cached;
   std::unique_ptr<Propagation> built = build(op, args);
   Propagation& ref = *built;
-  c.entries[key] = std::move(built);
+  cache().entries[key] = std::move(built);
   return ref;
 }
 

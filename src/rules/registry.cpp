@@ -5,7 +5,6 @@
 #include <ATen/core/function_schema.h>
 
 #include <algorithm>
-#include <mutex>
 
 namespace shardtensor {
 
@@ -96,9 +95,13 @@ void register_all_rules(RuleRegistry& registry) {
 }  // namespace
 
 RuleRegistry& rule_registry() {
-  static RuleRegistry registry;
-  static std::once_flag once;
-  std::call_once(once, [] { register_all_rules(registry); });
+  // A function-local static: every propagation lookup asks for the generation, and the static's
+  // guard is one inline check where std::call_once was a library call each time.
+  static RuleRegistry registry = [] {
+    RuleRegistry filled;
+    register_all_rules(filled);
+    return filled;
+  }();
   return registry;
 }
 
