@@ -5,7 +5,8 @@
 // and the output specs once known. It is built once per (operator, input specs, non-tensor
 // arguments) and reused: a cache hit costs a hash over the arguments, then a comparison of
 // every input spec and every non-tensor argument with the ones it was built for (a hash alone
-// could let two calls collide and run one with the other's layouts).
+// could let two calls collide and run one with the other's layouts). The direct kernels look
+// their hits up from the unboxed arguments with the same key (propagation_key.h).
 #pragma once
 
 #include <ATen/core/stack.h>
