@@ -175,6 +175,9 @@ template <class Op>
 void register_direct(torch::Library& library) {
   const auto op = c10::Dispatcher::singleton().findOp({Op::name, Op::overload_name});
   if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return;
+  // propagation_key::TypedCall takes every tensor for an input, as no out= argument is one.
+  for (size_t i = 0; i < op->schema().arguments().size(); ++i)
+    TORCH_INTERNAL_ASSERT(!is_out_argument(op->schema(), i), Op::name, " has an out= argument: no direct kernel for it");
   const std::string name = std::string(Op::name).substr(6) + (*Op::overload_name ? std::string(".") + Op::overload_name : "");
   library.impl(name.c_str(), TORCH_FN(DirectKernel<Op>::call));
 }
