@@ -17,6 +17,8 @@ Three sections, each a Markdown table printed by rank 0 (--sections 1,2,3 picks 
    functions entered per op beyond the plain op (sys.setprofile; 0 = shardtensor dispatches
    in C++ only), and the C++ overhead of the same op from build-torch2/bench/dispatch_bench,
    which rank 0 runs under shardrun at the same world size while the other ranks wait.
+   --device cuda times it on CUDA pieces (a cuda mesh over NCCL: one GPU per rank; the host
+   cost of launching each op, the GPU queue drained between timeit loops).
 2. redistribute from Python on 16 MiB float32 tensors ([2048, 2048] even, [2047, 2049]
    uneven: torch.chunk splits it unevenly at 2 and 4 ranks; shardtensor gets those sizes as
    explicit sharding_shapes, DTensor its torch.chunk layout), next to the raw torch.distributed
@@ -87,8 +89,10 @@ def keep_freed_memory():
 class Ctx:
     def __init__(self, args):
         self.args = args
-        # init_device_mesh initialises torch.distributed (Gloo) from the launcher's environment.
-        self.mesh = st.init_device_mesh("cpu", (int(os.environ.get("WORLD_SIZE", "1")),))
+        # init_device_mesh initialises torch.distributed (Gloo, or NCCL for cuda) from the
+        # launcher's environment.
+        self.device = args.device
+        self.mesh = st.init_device_mesh(args.device, (int(os.environ.get("WORLD_SIZE", "1")),))
         self.tmesh = self.mesh.to_torch()
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
@@ -154,7 +158,7 @@ def section_ops(ctx: Ctx):
     rows = []
     for n in (8, 64):
         torch.manual_seed(0)
-        a, wt, bias = torch.randn(n * w, n), torch.randn(n, n), torch.randn(n)
+        a, wt, bias = (t.to(ctx.device) for t in (torch.randn(n * w, n), torch.randn(n, n), torch.randn(n)))
         sa = st.distribute_tensor(a, ctx.mesh, [st.Shard(0)])
         sw = st.distribute_tensor(wt, ctx.mesh, [st.Replicate()])
         sbias = st.distribute_tensor(bias, ctx.mesh, [st.Replicate()])
@@ -197,6 +201,8 @@ def section_ops(ctx: Ctx):
                 for _ in range(rounds):
                     for k, t in timers.items():
                         samples[k].append(t.timeit(number) / number * 1e6)
+                        if ctx.device == "cuda":
+                            torch.cuda.synchronize()  # outside the timed loop: each loop starts on an empty queue
                 med = {k: statistics.median(v) for k, v in samples.items()}
                 # Python frames entered per op beyond the plain op's (the exec'd statement itself is one).
                 base = python_calls_per_op(code, envs["plain"])
@@ -614,8 +620,12 @@ def parse_args():
                    help="section 2: raw S(0)->R even is all_gather_into_tensor (default all_to_all_single)")
     p.add_argument("--cxx-timeout", type=int, default=240)
     p.add_argument("--show-cxx", action="store_true", help="print the C++ program's table too")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where the pieces live (cuda: section 1 only, one GPU per rank)")
     a = p.parse_args()
     a.sections = {int(s) for s in a.sections.split(",") if s}
+    if a.device == "cuda" and a.sections != {1}:
+        p.error("--device cuda times section 1 only: pass --sections 1")
     a.tp_sizes = [tuple(int(v) for v in s.split("x")) for s in a.tp_sizes.split(",") if s]
     return a
 
@@ -628,7 +638,8 @@ def main():
     ctx.log(f"shardtensor {st.__version__} on torch {torch.__version__}, Python {platform.python_version()}, "
             f"{ctx.world} ranks over {dist.get_backend()}, {os.cpu_count()} cores, "
             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, torch threads {torch.get_num_threads()}, "
-            f"freed memory kept: {kept}, {time.strftime('%Y-%m-%d %H:%M')}")
+            f"freed memory kept: {kept}, pieces on {args.device}"
+            f"{' (' + torch.cuda.get_device_name() + ')' if args.device == 'cuda' else ''}, {time.strftime('%Y-%m-%d %H:%M')}")
     t0 = time.time()
     if 1 in args.sections:
         section_ops(ctx)

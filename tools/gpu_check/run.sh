@@ -111,6 +111,10 @@ if [ "${python_args[0]}" = -DSHARDTENSOR_PYTHON=ON ]; then
   # other than the 2-core development VM. Timing only: it does not change the status.
   step python_per_op env PYTHONPATH="$PWD/build-gpu/pkg" OMP_NUM_THREADS=1 timeout 150 \
     build-gpu/tools/shardrun/shardrun -n 2 python3 bench/python_bench.py --sections 1 --cxx none --cxx-dispatch none
+  # The same on CUDA pieces: one rank, a cuda mesh over NCCL (one GPU per rank), the host cost of
+  # each op's launch for plain torch, shardtensor and DTensor.
+  step python_per_op_cuda env PYTHONPATH="$PWD/build-gpu/pkg" OMP_NUM_THREADS=1 timeout 150 \
+    build-gpu/tools/shardrun/shardrun -n 1 python3 bench/python_bench.py --sections 1 --device cuda --cxx none --cxx-dispatch none
 else
   echo "gpu_check/run.sh: python3 has no Python.h here; the Python CUDA tests did not run" | tee -a "$out/environment.txt"
 fi
