@@ -106,15 +106,15 @@ if [ "${python_args[0]}" = -DSHARDTENSOR_PYTHON=ON ]; then
     resolve_frames "$out/python_smoke.txt" > "$out/python_smoke_stack.txt"
     echo "== native stack (python_smoke_stack.txt)"; head -60 "$out/python_smoke_stack.txt"
   }
-  # Per-op overhead from Python on this machine's CPU (section 1 of bench/python_bench.py: plain
-  # torch, shardtensor and torch's DTensor on CPU tensors at 2 ranks), a figure from a machine
-  # other than the 2-core development VM. Timing only: it does not change the status.
-  step python_per_op env PYTHONPATH="$PWD/build-gpu/pkg" OMP_NUM_THREADS=1 timeout 150 \
-    build-gpu/tools/shardrun/shardrun -n 2 python3 bench/python_bench.py --sections 1 --cxx none --cxx-dispatch none
-  # The same on CUDA pieces: one rank, a cuda mesh over NCCL (one GPU per rank), the host cost of
-  # each op's launch for plain torch, shardtensor and DTensor.
-  step python_per_op_cuda env PYTHONPATH="$PWD/build-gpu/pkg" OMP_NUM_THREADS=1 timeout 150 \
-    build-gpu/tools/shardrun/shardrun -n 1 python3 bench/python_bench.py --sections 1 --device cuda --cxx none --cxx-dispatch none
+  # Per-op overhead from Python (section 1 of bench/python_bench.py: plain torch, shardtensor and
+  # torch's DTensor), a figure from a machine other than the 2-core development VM: on this
+  # machine's CPU at 2 ranks, then on CUDA pieces at one rank (a cuda mesh over NCCL wants one
+  # GPU per rank), the host cost of each op's launch. One file for both: the device tool brings
+  # back a limited number of files. Timing only: it does not change the status.
+  step python_per_op env PYTHONPATH="$PWD/build-gpu/pkg" OMP_NUM_THREADS=1 bash -c '
+    bench=(bench/python_bench.py --sections 1 --cxx none --cxx-dispatch none)
+    timeout 150 build-gpu/tools/shardrun/shardrun -n 2 python3 "${bench[@]}"
+    timeout 150 build-gpu/tools/shardrun/shardrun -n 1 python3 "${bench[@]}" --device cuda'
 else
   echo "gpu_check/run.sh: python3 has no Python.h here; the Python CUDA tests did not run" | tee -a "$out/environment.txt"
 fi
