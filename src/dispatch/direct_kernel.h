@@ -4,10 +4,11 @@
 // copies each argument onto a stack of IValues, and in torch 2.x the first C++ copy of a
 // tensor that Python owns takes the GIL to incref its Python object (and the kernel's
 // overwrite of that stack entry takes it again to decref it); then the local operator is
-// boxed and unboxed once more. An unboxed kernel borrows its arguments as IValues for
-// propagate(), and where the cached propagation is direct (propagation.h: nothing to move,
-// nothing written, no rule kernel but one that moves nothing) calls the operator (or that
-// kernel) on the local pieces itself. Every other call goes on to the boxed kernel with the
+// boxed and unboxed once more. An unboxed kernel looks its cached propagation up from the
+// typed arguments (propagation_key.h; on a miss it borrows them as IValues for propagate()),
+// and where that propagation is direct (propagation.h: nothing to move, nothing written, no
+// rule kernel but one that moves nothing) calls the operator (or that kernel) on the local
+// pieces itself. Every other call goes on to the boxed kernel with the
 // propagation it looked up, so the two paths cannot disagree on anything but the cost.
 #pragma once
 
