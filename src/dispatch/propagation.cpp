@@ -22,9 +22,9 @@ namespace shardtensor {
 namespace propagation_key {
 
 uint64_t hash_tensor(const at::Tensor& t) {
-  if (!t.defined()) return 5;
-  if (ShardTensorImpl* impl = shard_tensor_impl(t)) return mix(6, impl->spec().hash());
-  uint64_t h = mix(7, static_cast<uint64_t>(t.scalar_type()));
+  if (!t.defined()) return kUndefinedTensorHash;
+  if (ShardTensorImpl* impl = shard_tensor_impl(t)) return mix(kShardTensorTag, impl->spec().hash());
+  uint64_t h = mix(kPlainTensorTag, static_cast<uint64_t>(t.scalar_type()));
   for (int64_t s : t.sizes()) h = mix(h, static_cast<uint64_t>(s));
   return h;
 }
@@ -34,21 +34,21 @@ uint64_t hash_argument(const c10::IValue& v) {
   if (v.isTensor()) return propagation_key::hash_tensor(v.toTensor());  // qualified: torch 2.x has an at::hash_tensor
   if (v.isNone()) return kNoneHash;
   if (v.isInt()) return mix(kIntTag, static_cast<uint64_t>(v.toInt()));
-  if (v.isBool()) return mix(3, v.toBool());
+  if (v.isBool()) return mix(kBoolTag, v.toBool());
   if (v.isDouble()) {
     const double d = v.toDouble();
     uint64_t bits;
     std::memcpy(&bits, &d, sizeof bits);
-    return mix(4, bits);
+    return mix(kDoubleTag, bits);
   }
   if (v.isString()) return mix(kStringTag, std::hash<std::string>()(v.toStringRef()));
-  if (v.isDevice()) return mix(9, static_cast<uint64_t>(v.toDevice().type()) * 1000 + v.toDevice().index() + 1);
+  if (v.isDevice()) return mix(kDeviceTag, static_cast<uint64_t>(v.toDevice().type()) * 1000 + v.toDevice().index() + 1);
   if (v.isList()) {
     uint64_t h = kListSeed;
     for (const c10::IValue& e : v.toListRef()) h = mix(h, hash_argument(e));
     return h;
   }
-  return mix(11, static_cast<uint64_t>(v.tagKind().size()));  // other kinds: none that rules read
+  return mix(kOtherTag, static_cast<uint64_t>(v.tagKind().size()));  // other kinds: none that rules read
 }
 
 // Equality of two non-tensor arguments, of the kinds rules read; other kinds compare by
@@ -285,7 +285,7 @@ Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
   const c10::FunctionSchema& schema = op.schema();
   uint64_t key = propagation_key::seed(schema);
   for (size_t i = 0; i < args.size(); ++i)
-    key = propagation_key::mix(key, is_out_argument(schema, i) ? 12 : hash_argument(args[i]));
+    key = propagation_key::mix(key, is_out_argument(schema, i) ? propagation_key::kOutArgumentHash : hash_argument(args[i]));
 
   Propagation* cached = propagation_key::entry_for(key);
   if (cached && matches(*cached, schema, args)) return *cached;

@@ -40,8 +40,10 @@ uint64_t seed(const c10::FunctionSchema& schema);     // the operator and the di
 // The entry under `key`, after dropping the cache if rules changed; nullptr when none.
 Propagation* entry_for(uint64_t key);
 
-inline constexpr uint64_t kNoneHash = 1;
-inline constexpr uint64_t kIntTag = 2, kStringTag = 8, kListSeed = 10;
+// The first word mixed into each kind of argument's hash, so that kinds never collide.
+inline constexpr uint64_t kNoneHash = 1, kIntTag = 2, kBoolTag = 3, kDoubleTag = 4, kUndefinedTensorHash = 5,
+                          kShardTensorTag = 6, kPlainTensorTag = 7, kStringTag = 8, kDeviceTag = 9, kListSeed = 10,
+                          kOtherTag = 11, kOutArgumentHash = 12;
 
 // A non-tensor argument, as its boxed IValue hashes and compares. The general case boxes it
 // (cheap for numbers, scalars and dtypes, which allocate nothing); lists and strings, which
