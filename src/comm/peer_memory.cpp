@@ -204,7 +204,8 @@ void PeerMemory::wait_for_everyone(const char* what, uint64_t k, Ready&& ready) 
   }
 }
 
-PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers)
+PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers,
+                               const std::function<void()>& while_peers_post)
     : memory_(memory), operation_(operation), k_(++memory.exchange_), offers_(memory.comm_.size()) {
   TORCH_CHECK(!memory.closed_, "shardtensor: internal error: an exchange started on a closed peer memory");
   Mailbox& box = *memory.mailbox_;
@@ -214,6 +215,14 @@ PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation,
   std::strncpy(box.description, operation.description.c_str(), kDescriptionBytes - 1);
   box.posted.store(k_, std::memory_order_release);
   fault_point("peer_memory:posted");
+  if (while_peers_post) {
+    try {
+      while_peers_post();
+    } catch (...) {
+      memory.close(k_);  // the destructor does not run for a constructor that throws
+      throw;
+    }
+  }
   memory.wait_for_everyone("every member to post the same exchange", k_, [&](int64_t p, const Header& polled) {
     if (polled.posted < k_) return false;
     Header header;

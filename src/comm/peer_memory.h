@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,8 +66,10 @@ class PeerMemory {
   class Exchange {
    public:
     // `offers` (words whose meaning the caller defines) must stay alive, with every buffer they
-    // point at, until finish().
-    Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers);
+    // point at, until finish(). `while_peers_post`, when given, runs between this member's post
+    // and its wait for the others (step 2): local work that then overlaps the peers' posting.
+    Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers,
+             const std::function<void()>& while_peers_post = {});
     ~Exchange();
     Exchange(const Exchange&) = delete;
     Exchange& operator=(const Exchange&) = delete;

@@ -289,7 +289,6 @@ bool exchange_through_memory(PeerMemory& memory, const at::Tensor& local, const 
   const Box held = box_of(current, me), wanted = box_of(next, me);
   const at::Tensor source = local.contiguous();  // peers compute its layout from `held`
   const Box own = part_for(current, next, me, me);
-  if (!own.empty()) view_of(out, wanted, own).copy_(view_of(source, held, own));
   const int64_t self = group.position_of(me);
   std::vector<PeerPart> parts;
   for (size_t p = 0; p < group.members.size(); ++p) {
@@ -299,7 +298,10 @@ bool exchange_through_memory(PeerMemory& memory, const at::Tensor& local, const 
     parts.push_back({other, self, part_for(current, next, peer, me), box_of(current, peer), wanted});
     parts.push_back({self, other, part_for(current, next, me, peer), held, box_of(next, peer)});
   }
-  return copy_through_memory(group.comm, memory, source, out, parts, counted_as);
+  // This rank's own part is copied while the peers post their offers.
+  return copy_through_memory(group.comm, memory, source, out, parts, counted_as, /*counts=*/true, [&] {
+    if (!own.empty()) view_of(out, wanted, own).copy_(view_of(source, held, own));
+  });
 }
 
 // One all-to-all over `group`; see boxes.h. On a same-host group the parts are copied straight

@@ -213,7 +213,8 @@ bool take_injected_copy_failure(std::string& error) {
 }
 
 bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, const at::Tensor& destination,
-                         const std::vector<PeerPart>& parts, const char* counted_as, bool counts) {
+                         const std::vector<PeerPart>& parts, const char* counted_as, bool counts,
+                         const std::function<void()>& local_work) {
   TORCH_INTERNAL_ASSERT(source.is_contiguous() && destination.is_contiguous());
   const int64_t me = comm.rank();
   std::vector<at::Tensor> packed;
@@ -225,7 +226,7 @@ bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& sourc
     append_offer(offers, offer_for(p, source, packed));
   }
   PeerMemory::Exchange exchange(memory, fingerprint_of(std::string(counted_as) + " of " + std::string(c10::toString(source.scalar_type()))),
-                                offers);
+                                offers, local_work);
   bool ok = true;
   std::string error;
   for (const PeerPart& p : parts) {

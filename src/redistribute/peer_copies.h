@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,11 +47,13 @@ bool take_injected_copy_failure(std::string& error);
 // Moves every part this rank holds or receives (`parts` lists them; parts this rank keeps are
 // copied by the caller): this rank offers `source` (which covers p.holder_holds of each part it
 // holds) and reads into `destination` (which covers p.receiver_holds of each part it receives).
-// Counted as one `counted_as` that sent what this rank holds. False, on every member alike,
+// Counted as one `counted_as` that sent what this rank holds. `local_work` (the caller's own
+// part, say) runs once this rank's offers are posted, while the peers post theirs. False, on every member alike,
 // when a copy failed: the group has then gone back to messages for good, and the caller moves
 // the data that way. Raises on every member when the ranks disagree on the operation or the
 // parts, or when a member is gone or gave up (see PeerMemory::Exchange).
 bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, const at::Tensor& destination,
-                         const std::vector<PeerPart>& parts, const char* counted_as, bool counts = true);
+                         const std::vector<PeerPart>& parts, const char* counted_as, bool counts = true,
+                         const std::function<void()>& local_work = {});
 
 }  // namespace shardtensor
