@@ -114,9 +114,7 @@ ResolvedTransportOptions resolve(const TransportOptions& options) {
 StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to,
                             const ResolvedTransportOptions& options) {
   const DeviceMesh& mesh = from.mesh();
-  // A rank outside the mesh holds nothing and moves nothing (plans are made there too: the
-  // dispatcher propagates every op on every rank).
-  if (!mesh.includes_this_rank() || group_size(step, mesh) == 1) return {Transport::None, "", ""};
+  if (group_size(step, mesh) == 1) return {Transport::None, "", ""};
   if (std::holds_alternative<AllReduceStep>(step) && box_of(from, mesh.coordinate()).empty()) return {Transport::None, "", ""};
   const char* counted = counted_as(step);
   const TransportPreference preference = options.preference;
