@@ -12,6 +12,7 @@
 #include "shardtensor/device_mesh.h"
 #include "shardtensor/placement.h"
 #include "shardtensor/spec.h"
+#include "shardtensor/transport_options.h"
 
 namespace shardtensor {
 
@@ -22,6 +23,11 @@ at::Tensor redistribute(const at::Tensor& t, const Placements& placements, const
 // As above, naming the mesh: it must be the tensor's own mesh (moving between meshes is not
 // supported and raises).
 at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
+                        const std::optional<ShardSizes>& sizes = std::nullopt, const TransportOptions& options = {});
+
+// As above, with plan options (transport_options.h) in place of this process's defaults: the
+// move and its gradient's move use them.
+at::Tensor redistribute(const at::Tensor& t, const Placements& placements, const TransportOptions& options,
                         const std::optional<ShardSizes>& sizes = std::nullopt);
 
 // The whole tensor on every rank, as a plain tensor. Its gradient is laid out as
@@ -50,5 +56,6 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
 // "[S(0)] -[AllGather(mesh_dim=0, tensor_dim=0) by all_gather (c10d collective)]-> [R] (...)".
 // Needs no communication.
 std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target);
+std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, const TransportOptions& options);
 
 }  // namespace shardtensor

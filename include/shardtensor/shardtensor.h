@@ -11,3 +11,4 @@
 #include "shardtensor/shard_tensor.h"
 #include "shardtensor/sharding_rule.h"
 #include "shardtensor/spec.h"
+#include "shardtensor/transport_options.h"

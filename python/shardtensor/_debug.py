@@ -98,15 +98,17 @@ def layout_table(x) -> str:
     return _C.layout_table(x)
 
 
-def explain_redistribute(x, placements, sharding_shapes=None) -> str:
-    """The plan that x.redistribute(placements) would run, without running it."""
+def explain_redistribute(x, placements, sharding_shapes=None, *, transport=None, peer_memory=None) -> str:
+    """The plan that x.redistribute(placements, transport=..., peer_memory=...) would run, with
+    the transport of each step, without running it."""
     from ._tensor import _encode_sizes
     from ._mesh import mesh_of_cpp
 
     _require(x, "explain_redistribute")
     mesh = mesh_of_cpp(_C.mesh(x))
     encoded = _placements.encode(placements, mesh.ndim)
-    return _C.explain_redistribute(x, encoded, _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh))
+    return _C.explain_redistribute(x, encoded, _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh),
+                                   transport, peer_memory)
 
 
 def local_map(func=None, out_placements=None, in_placements=None, device_mesh=None, *, redistribute_inputs=True):

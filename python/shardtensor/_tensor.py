@@ -164,13 +164,18 @@ def _full_tensor(self, *, grad_placements=None):
     return _C.full_tensor(self, None if grad_placements is None else _placements.encode(grad_placements))
 
 
-def _redistribute(self, device_mesh=None, placements=None, *, async_op=False, sharding_shapes=None):
+def _redistribute(self, device_mesh=None, placements=None, *, async_op=False, sharding_shapes=None, transport=None,
+                  peer_memory=None):
+    # transport: "auto", "collectives" or "messages"; peer_memory: whether same-host CPU ranks may
+    # copy through each other's memory. None takes this process's default (SHARDTENSOR_TRANSPORT,
+    # SHARDTENSOR_PEER_MEMORY). Every rank must pass the same.
     _require(self, "redistribute")
     mesh = mesh_of_cpp(_C.mesh(self)) if device_mesh is None else _mesh_or_current(device_mesh, "redistribute")
     if placements is None:
         placements = _placements_of(self)
     encoded = _placements.encode(placements, mesh.ndim)
-    return _C.redistribute(self, mesh._cpp, encoded, _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh))
+    return _C.redistribute(self, mesh._cpp, encoded, _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh),
+                           transport, peer_memory)
 
 
 def _local_shape(self):

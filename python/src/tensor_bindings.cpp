@@ -25,6 +25,14 @@ std::optional<ShardSizes> decode_optional(const std::optional<EncodedSizes>& enc
   return decode_sizes(*encoded);
 }
 
+// Python's transport= and peer_memory= keywords (None: this process's default).
+TransportOptions transport_options(const std::optional<std::string>& transport, std::optional<bool> peer_memory) {
+  TransportOptions options;
+  if (transport) options.transport = parse_transport_preference(*transport, "transport");
+  options.peer_memory = peer_memory;
+  return options;
+}
+
 c10::ScalarType dtype_from(const py::handle& dtype) {
   TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "dtype must be a torch.dtype, got ",
                    std::string(py::str(py::type::of(dtype).attr("__name__"))));
@@ -76,10 +84,11 @@ void bind_tensor(py::module_& m) {
   m.def(
       "redistribute",
       [](const at::Tensor& t, const DeviceMesh& mesh, const EncodedPlacements& placements,
-         const std::optional<EncodedSizes>& sizes) {
-        return redistribute(t, mesh, decode_placements(placements), decode_optional(sizes));
+         const std::optional<EncodedSizes>& sizes, const std::optional<std::string>& transport, std::optional<bool> peer_memory) {
+        return redistribute(t, mesh, decode_placements(placements), decode_optional(sizes), transport_options(transport, peer_memory));
       },
-      py::arg("t"), py::arg("mesh"), py::arg("placements"), py::arg("sizes"), py::call_guard<py::gil_scoped_release>());
+      py::arg("t"), py::arg("mesh"), py::arg("placements"), py::arg("sizes"), py::arg("transport") = py::none(),
+      py::arg("peer_memory") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def(
       "distribute_tensor",
       [](const at::Tensor& global, const DeviceMesh& mesh, const EncodedPlacements& placements,
@@ -119,13 +128,14 @@ void bind_tensor(py::module_& m) {
   m.def("visualize_sharding", [](const at::Tensor& t) { return visualize_sharding(spec(t)); }, py::arg("t"));
   m.def(
       "explain_redistribute",
-      [](const at::Tensor& t, const EncodedPlacements& placements, const std::optional<EncodedSizes>& sizes) {
+      [](const at::Tensor& t, const EncodedPlacements& placements, const std::optional<EncodedSizes>& sizes,
+         const std::optional<std::string>& transport, std::optional<bool> peer_memory) {
         const ShardTensorSpec& source = spec(t);
         ShardTensorSpec target(source.mesh(), decode_placements(placements), source.shape(), source.dtype(),
                                sizes ? decode_sizes(*sizes) : ShardSizes{});
-        return explain_redistribute(source, target);
+        return explain_redistribute(source, target, transport_options(transport, peer_memory));
       },
-      py::arg("t"), py::arg("placements"), py::arg("sizes"));
+      py::arg("t"), py::arg("placements"), py::arg("sizes"), py::arg("transport") = py::none(), py::arg("peer_memory") = py::none());
 
   // Factories: each rank allocates only its piece.
   m.def(

@@ -50,8 +50,13 @@ at::Tensor redistribute(const at::Tensor& t, const Placements& placements, const
 }
 
 at::Tensor redistribute(const at::Tensor& t, const DeviceMesh& mesh, const Placements& placements,
+                        const std::optional<ShardSizes>& sizes, const TransportOptions& options) {
+  return move_to(t, checked_target(t, &mesh, placements, sizes ? &*sizes : nullptr), options);
+}
+
+at::Tensor redistribute(const at::Tensor& t, const Placements& placements, const TransportOptions& options,
                         const std::optional<ShardSizes>& sizes) {
-  return move_to(t, checked_target(t, &mesh, placements, sizes ? &*sizes : nullptr));
+  return move_to(t, checked_target(t, nullptr, placements, sizes ? &*sizes : nullptr), options);
 }
 
 at::Tensor to_local(const at::Tensor& t, const std::optional<Placements>& grad_placements) {

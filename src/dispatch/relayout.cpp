@@ -13,13 +13,16 @@ namespace shardtensor {
 
 ShardTensorSpec gradient_layout(const ShardTensorSpec& spec) { return without_partial(spec); }
 
-at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target) {
+at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target, const TransportOptions& options) {
   const ShardTensorSpec& source = shard_tensor_impl(t)->spec();
-  const RedistributePlan& plan = plan_redistribute(source, target);
-  at::Tensor local = execute_redistribute(shard_tensor_impl(t)->local(), source, plan);
+  // Resolved at each call (not kept in the backward): unset fields follow this process's
+  // defaults as they are when each move runs.
+  const ResolvedTransportOptions resolved = resolve(options);
+  const RedistributePlan& plan = plan_redistribute(source, target, default_planner(), resolved);
+  at::Tensor local = execute_redistribute(shard_tensor_impl(t)->local(), source, plan, resolved);
   at::Tensor out = make_shard_tensor(std::move(local), target);
   const ShardTensorSpec grad_target = gradient_layout(source);
-  return attach_grad_fn(out, t, [grad_target](const at::Tensor& grad) { return move_to(grad, grad_target); },
+  return attach_grad_fn(out, t, [grad_target, options](const at::Tensor& grad) { return move_to(grad, grad_target, options); },
                         "RedistributeBackward");
 }
 

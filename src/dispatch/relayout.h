@@ -5,12 +5,14 @@
 #include <ATen/core/Tensor.h>
 
 #include "shardtensor/spec.h"
+#include "shardtensor/transport_options.h"
 
 namespace shardtensor {
 
 // Differentiable move of a ShardTensor to `target` (same mesh, shape and dtype): its gradient
 // goes back to the source's layout, with Partial made Replicate (gradient_layout).
-at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target);
+// `options` (transport_options.h) choose the transports of both moves.
+at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target, const TransportOptions& options = {});
 
 // The layout of the gradient of a tensor laid out as `spec`: Partial becomes Replicate (the
 // gradient of a pending reduction reaches every term whole), everything else stays.

@@ -424,7 +424,8 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
   return local;
 }
 
-at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan) {
+at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
+                                const ResolvedTransportOptions& options) {
   if (plan.empty()) return fresh_copy(local);
   // Outside the mesh a piece is empty in every layout: nothing to move, nobody to move it with.
   if (!source.mesh().includes_this_rank()) return piece_outside_mesh(plan.steps.back().after, local.options());
@@ -439,7 +440,7 @@ at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& 
     // different redistributes get an error that names both.
     const Step named{*current, planned.after};
     const TransferScope transfer(describe_step, &named);
-    const StepTransport how = transport_for(step, *current, planned.after);
+    const StepTransport how = plan.lowered_with == options ? planned.transport : transport_for(step, *current, planned.after, options);
     if (auto* s = std::get_if<AllReduceStep>(&step)) {
       current_local = all_reduce(current_local, source.mesh(), *s, how);
     } else if (auto* s = std::get_if<ReduceScatterStep>(&step)) {

@@ -20,8 +20,11 @@ void set_message_bytes(int64_t bytes);
 
 // `local` holds this rank's piece under `source`; returns its piece under the plan's last
 // layout, always a fresh tensor (never a view of `local`). Every rank of the mesh must call
-// this with the same source spec and plan.
-at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan);
+// this with the same source spec, plan and options. The steps go by the transports the plan
+// was lowered with where `options` are those; by transports chosen afresh where they are not
+// (a plan a propagation cached before this process's defaults changed).
+at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
+                                const ResolvedTransportOptions& options = resolve());
 
 // This rank's box under `spec` of `global` (a tensor of spec's global shape), as a view: what
 // the rank holds of a tensor every rank has whole. No communication.

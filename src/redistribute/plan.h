@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "shardtensor/spec.h"
+#include "shardtensor/transport_options.h"
 
 namespace shardtensor {
 
@@ -50,14 +51,51 @@ struct ExchangeStep {};
 using RedistributeStep =
     std::variant<AllReduceStep, ReduceScatterStep, AllGatherStep, AllToAllStep, LocalChunkStep, ExchangeStep>;
 
+// Which transport carries a step (chosen in transport.cpp, from metadata only):
+//   - Collective: one native c10d collective;
+//   - PeerMemory: same-host copies between the ranks' memory (comm/peer_memory.h);
+//   - Messages: point-to-point messages;
+//   - None: no byte crosses ranks (a local slice, a one-rank group).
+enum class Transport { None, Collective, PeerMemory, Messages };
+
+struct StepTransport {
+  Transport transport = Transport::None;
+  // The c10d collective that carries a Collective step ("all_gather", "reduce_scatter",
+  // "all_reduce", "all_to_all"); for the other transports, the collective it stands in for.
+  const char* collective = "";
+  // What CommDebugMode calls the step, whichever transport runs it, as DTensor's does: a
+  // gather "all_gather", a reduce-scatter "reduce_scatter" (even an uneven one that runs as a
+  // c10d all_to_all).
+  const char* counted_as = "";
+};
+
+// TransportOptions with every field decided (this process's defaults fill the unset ones): what
+// a plan is lowered with, and part of its cache key.
+struct ResolvedTransportOptions {
+  TransportPreference preference = TransportPreference::Auto;
+  bool peer_memory = true;
+  int64_t peer_copy_bytes = 0;
+
+  bool operator==(const ResolvedTransportOptions& o) const {
+    return preference == o.preference && peer_memory == o.peer_memory && peer_copy_bytes == o.peer_copy_bytes;
+  }
+  bool operator!=(const ResolvedTransportOptions& o) const { return !(*this == o); }
+};
+// `options` over this process's defaults (transport.h: the environment and the setters).
+ResolvedTransportOptions resolve(const TransportOptions& options = {});
+
 struct PlannedStep {
   RedistributeStep step;
   ShardTensorSpec after;  // the layout once this step ran
   double cost;            // the cost model's estimate (see redistribute/moves.h)
+  // This rank's transport for the step under the plan's `lowered_with`, chosen once when the
+  // plan is made (see plan_redistribute).
+  StepTransport transport{};
 };
 
 struct RedistributePlan {
   std::vector<PlannedStep> steps;
+  ResolvedTransportOptions lowered_with;
 
   bool empty() const { return steps.empty(); }
   double cost() const;
@@ -79,18 +117,23 @@ void set_default_planner(Planner planner);
 // answer on every rank. Source and target must share mesh, shape and dtype.
 // Drops every cached plan (and the meshes their specs hold); only while no plan is in use.
 void clear_plan_cache();
+// Plans are cached by (source, target, planner, options), and lowered when made: each step gets
+// this rank's transport under `options` (a pure function of the specs and the options, so every
+// rank makes the same choice without communicating).
 const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target,
-                                          Planner planner = default_planner());
+                                          Planner planner = default_planner(), const ResolvedTransportOptions& options = resolve());
 
 // The same plan computed afresh, bypassing the cache (for benchmarks and tests of the planner).
 RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target,
-                                            Planner planner = Planner::GraphSearch);
+                                            Planner planner = Planner::GraphSearch,
+                                            const ResolvedTransportOptions& options = resolve());
 
 // The chain of layouts a plan walks through, with the transport of each step on this rank
 // (transport.h): "[S(0), S(0)] -[AllGather(mesh_dim=1, tensor_dim=0) by peer memory]-> [S(0), R]
 // -> ... (graph search, modelled cost 1.2 MB)".
 // (The public two-argument form in shardtensor/redistribute.h uses the default planner.)
-std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner);
+std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner,
+                                 const ResolvedTransportOptions& options = resolve());
 
 // `placements` (already normalised) over `source`'s mesh, shape and dtype: `given` sizes win,
 // tensor dims sharded by the same mesh dims as before keep their sizes, the others take

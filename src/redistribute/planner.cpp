@@ -110,10 +110,13 @@ RedistributePlan make_plan(const ShardTensorSpec& source, const ShardTensorSpec&
   return plan;
 }
 
-using PlanKey = std::tuple<ShardTensorSpec, ShardTensorSpec, Planner>;
+using PlanKey = std::tuple<ShardTensorSpec, ShardTensorSpec, Planner, ResolvedTransportOptions>;
 struct PlanKeyHash {
   size_t operator()(const PlanKey& k) const {
-    return hash_combine(hash_combine(std::get<0>(k).hash(), std::get<1>(k).hash()), static_cast<size_t>(std::get<2>(k)));
+    const ResolvedTransportOptions& o = std::get<3>(k);
+    size_t h = hash_combine(hash_combine(std::get<0>(k).hash(), std::get<1>(k).hash()), static_cast<size_t>(std::get<2>(k)));
+    h = hash_combine(h, static_cast<size_t>(o.preference) * 2 + (o.peer_memory ? 1 : 0));
+    return hash_combine(h, static_cast<size_t>(o.peer_copy_bytes));
   }
 };
 
@@ -182,13 +185,14 @@ PlanCache& plan_cache() {
 
 }  // namespace
 
-const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
+const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner,
+                                          const ResolvedTransportOptions& options) {
   PlanCache& cache = plan_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
-  PlanKey key{source, target, planner};
+  PlanKey key{source, target, planner, options};
   auto it = cache.plans.find(key);
   if (it == cache.plans.end())
-    it = cache.plans.emplace(std::move(key), plan_redistribute_uncached(source, target, planner)).first;
+    it = cache.plans.emplace(std::move(key), plan_redistribute_uncached(source, target, planner, options)).first;
   return it->second;  // unordered_map never moves its values, so the reference stays valid
 }
 
@@ -198,7 +202,8 @@ void clear_plan_cache() {
   cache.plans.clear();
 }
 
-RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
+RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner,
+                                            const ResolvedTransportOptions& options) {
   TORCH_CHECK(source.mesh() == target.mesh(), "redistribute: source is on ", source.mesh(), " and target on ",
               target.mesh(), "; redistributing to another mesh is not supported.");
   TORCH_CHECK(source.shape() == target.shape() && source.dtype() == target.dtype(), "redistribute: source ", source,
@@ -207,17 +212,23 @@ RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const
     const Placement& p = source.placements()[m];
     if (p.is_partial() && p != target.placements()[m]) check_reducible(source.dtype(), p.reduce_op);
   }
-  return make_plan(source, target, planner);
-}
-
-std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
-  const RedistributePlan& plan = plan_redistribute(source, target, planner);
-  std::string out = to_string(source.placements());
+  RedistributePlan plan = make_plan(source, target, planner);
+  // Lowered once: each step's transport on this rank, which the executor and explain read.
+  plan.lowered_with = options;
   const ShardTensorSpec* before = &source;
-  for (const PlannedStep& s : plan.steps) {
-    out += " -[" + to_string(s.step) + " by " + to_string(transport_for(s.step, *before, s.after)) + "]-> " + to_string(s.after.placements());
+  for (PlannedStep& s : plan.steps) {
+    s.transport = transport_for(s.step, *before, s.after, options);
     before = &s.after;
   }
+  return plan;
+}
+
+std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner,
+                                 const ResolvedTransportOptions& options) {
+  const RedistributePlan& plan = plan_redistribute(source, target, planner, options);
+  std::string out = to_string(source.placements());
+  for (const PlannedStep& s : plan.steps)
+    out += " -[" + to_string(s.step) + " by " + to_string(s.transport) + "]-> " + to_string(s.after.placements());
   if (plan.empty()) return out + " (no work)";
   std::ostringstream cost;
   cost << " (" << to_string(planner) << ", modelled cost " << plan.cost() / 1e6 << " MB)";
@@ -226,6 +237,10 @@ std::string explain_redistribute(const ShardTensorSpec& source, const ShardTenso
 
 std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target) {
   return explain_redistribute(source, target, default_planner());
+}
+
+std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, const TransportOptions& options) {
+  return explain_redistribute(source, target, default_planner(), resolve(options));
 }
 
 ShardTensorSpec redistribute_target(const ShardTensorSpec& source, const Placements& requested, const ShardSizes* sizes) {

@@ -17,12 +17,7 @@ namespace {
 
 TransportPreference preference_from_environment() {
   const char* v = std::getenv("SHARDTENSOR_TRANSPORT");
-  const std::string name = v ? v : "";
-  if (name.empty() || name == "auto") return TransportPreference::Auto;
-  if (name == "collectives") return TransportPreference::Collectives;
-  TORCH_CHECK(name == "messages", "SHARDTENSOR_TRANSPORT is '", name,
-              "'; use 'auto' (the default), 'collectives' (native c10d collectives) or 'messages' (point-to-point, no peer memory).");
-  return TransportPreference::Messages;
+  return v && *v ? parse_transport_preference(v, "SHARDTENSOR_TRANSPORT") : TransportPreference::Auto;
 }
 
 std::atomic<TransportPreference>& chosen_preference() {
@@ -71,6 +66,14 @@ int64_t group_size(const RedistributeStep& step, const DeviceMesh& mesh) {
 
 }  // namespace
 
+TransportPreference parse_transport_preference(const std::string& name, const char* what) {
+  if (name == "auto") return TransportPreference::Auto;
+  if (name == "collectives") return TransportPreference::Collectives;
+  TORCH_CHECK(name == "messages", what, " is '", name,
+              "'; use 'auto' (the default), 'collectives' (native c10d collectives) or 'messages' (point-to-point, no peer memory).");
+  return TransportPreference::Messages;
+}
+
 TransportPreference transport_preference() { return chosen_preference().load(std::memory_order_relaxed); }
 void set_transport_preference(TransportPreference preference) { chosen_preference().store(preference); }
 
@@ -103,16 +106,24 @@ bool pieces_are_equal(const RedistributeStep& step, const ShardTensorSpec& from,
   return false;
 }
 
-StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to) {
+ResolvedTransportOptions resolve(const TransportOptions& options) {
+  return {options.transport.value_or(transport_preference()), options.peer_memory.value_or(peer_memory_enabled()),
+          options.peer_copy_bytes.value_or(peer_copy_bytes())};
+}
+
+StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to,
+                            const ResolvedTransportOptions& options) {
   const DeviceMesh& mesh = from.mesh();
-  if (group_size(step, mesh) == 1) return {Transport::None, "", ""};
+  // A rank outside the mesh holds nothing and moves nothing (plans are made there too: the
+  // dispatcher propagates every op on every rank).
+  if (!mesh.includes_this_rank() || group_size(step, mesh) == 1) return {Transport::None, "", ""};
   if (std::holds_alternative<AllReduceStep>(step) && box_of(from, mesh.coordinate()).empty()) return {Transport::None, "", ""};
   const char* counted = counted_as(step);
-  const TransportPreference preference = transport_preference();
+  const TransportPreference preference = options.preference;
   if (mesh.device_type() != "cpu" || preference == TransportPreference::Collectives)
     return {Transport::Collective, native_collective(step, from, to), counted};
   const int64_t bytes = bytes_moved(step, from);
-  if (preference == TransportPreference::Auto && peer_memory_enabled() && bytes >= peer_copy_bytes())
+  if (preference == TransportPreference::Auto && options.peer_memory && bytes >= options.peer_copy_bytes)
     return {Transport::PeerMemory, counted, counted};
   if (std::holds_alternative<AllReduceStep>(step) && bytes < kMessagesAllReduceBytes)
     return {Transport::Collective, "all_reduce", counted};

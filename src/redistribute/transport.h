@@ -1,8 +1,9 @@
 // Which transport carries each step of a redistribute plan, chosen before any byte moves.
 //
-// The choice is a pure function of the step, its two layouts, the mesh's device and this
-// process's transport options, so every rank makes the same one without communicating, and
-// explain_redistribute prints the one the executor runs:
+// The choice is a pure function of the step, its two layouts, the mesh's device and the plan's
+// transport options (shardtensor/transport_options.h), so every rank makes the same one without
+// communicating. It is made once, when a plan is made (plan.h), and explain_redistribute
+// prints the one the executor runs:
 //   - Collective: one native c10d collective per step: all_gather where the gathered pieces
 //     are equal, reduce_scatter where the scattered pieces are, all_reduce, and all_to_all
 //     with split sizes otherwise (uneven pieces travel unpadded). What NCCL needs, and what
@@ -21,41 +22,30 @@
 
 namespace shardtensor {
 
-enum class Transport { None, Collective, PeerMemory, Messages };
-
-struct StepTransport {
-  Transport transport = Transport::None;
-  // The c10d collective that carries a Collective step ("all_gather", "reduce_scatter",
-  // "all_reduce", "all_to_all"); for the other transports, the collective it stands in for.
-  const char* collective = "";
-  // What CommDebugMode calls the step, whichever transport runs it, as DTensor's does: a
-  // gather "all_gather", a reduce-scatter "reduce_scatter" (even an uneven one that runs as a
-  // c10d all_to_all).
-  const char* counted_as = "";
-};
-
 // Below this a CPU all-reduce that does not go through memory is c10d's own (one round);
 // above it, a reduce-scatter and an all-gather of messages (the bytes of a ring, no copy of
 // the input first): as messages, two rounds cost more latency than the copy c10d's needs.
 constexpr int64_t kMessagesAllReduceBytes = 2 << 20;
 
-// What this process prefers; every rank must hold the same. From SHARDTENSOR_TRANSPORT
-// ("auto", the default; "collectives"; "messages"), or set_transport_preference():
+// What this process prefers by default (plans take it where their TransportOptions leave the
+// transport unset); every rank must hold the same. From SHARDTENSOR_TRANSPORT ("auto", the
+// default; "collectives"; "messages"), or set_transport_preference():
 //   Auto:        CUDA meshes: collectives. CPU: peer memory for large transfers, messages
 //                otherwise, c10d's all_reduce for small reductions.
 //   Collectives: native collectives on every device.
 //   Messages:    CPU transfers as point-to-point messages, never peer memory (the two-phase
 //                all-reduce included); CUDA meshes still use collectives (NCCL gets no
 //                point-to-point batches here).
-// SHARDTENSOR_PEER_MEMORY=0 and set_peer_copy_bytes() refine Auto as before.
-enum class TransportPreference { Auto, Collectives, Messages };
+// SHARDTENSOR_PEER_MEMORY=0 (set_peer_memory_enabled) and set_peer_copy_bytes() refine Auto, as
+// the default of TransportOptions::peer_memory and ::peer_copy_bytes.
 TransportPreference transport_preference();
 void set_transport_preference(TransportPreference preference);
 std::string to_string(TransportPreference preference);
 
 // The transport of `step`, which turns `from` into `to`, on this rank (whose mesh coordinate
-// is from.mesh().coordinate()). Equal on the members of the step's group.
-StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to);
+// is from.mesh().coordinate()) under `options`. Equal on the members of the step's group.
+StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to,
+                            const ResolvedTransportOptions& options);
 
 // "all_gather (c10d collective)", "peer memory", "messages", "local".
 std::string to_string(const StepTransport& transport);

@@ -395,6 +395,41 @@ TEST(Redistribute, ReplicateToShardNeedsNoCommunicationAndSameSpecNoWork) {
   EXPECT_EQ(explain_redistribute(spec(x), spec(y)).rfind("[R] -[LocalChunk(mesh_dim=0, tensor_dim=1) by local]-> [S(1)] (graph search", 0), 0u);
 }
 
+TEST(Redistribute, PerCallTransportOptionsMoveTheSameValuesAndGradients) {
+  // Uneven rows (7 over up to 4 ranks, empty pieces at 4) to columns and back, forward and
+  // backward, under each per-call transport; the plan each call runs is the one explain shows.
+  struct Choice {
+    TransportOptions options;
+    const char* transport;  // what explain_redistribute names for the gather-free exchange
+  };
+  const bool memory = peer_memory_enabled();
+  const std::vector<Choice> choices = {
+      {TransportOptions{}, memory ? "by peer memory" : "by messages"},
+      {TransportOptions{TransportPreference::Messages}, "by messages"},
+      {TransportOptions{TransportPreference::Collectives}, "by all_to_all (c10d collective)"},
+      {TransportOptions{TransportPreference::Auto, /*peer_memory=*/false}, "by messages"},
+  };
+  const std::vector<int64_t> shape = {7, 5};
+  for (const DeviceMesh& mesh : test_meshes()) {
+    if (mesh.ndim() != 1) continue;
+    for (const Choice& c : choices) {
+      SCOPED_TRACE(mesh.to_string() + " " + c.transport);
+      at::Tensor local = reference_piece(iota(shape), mesh.shape(), {Shard(0)}, {}, mesh.coordinate()).requires_grad_(true);
+      at::Tensor x = from_local(local, mesh, {Shard(0)}, ShardSizing::chunk(shape));
+      if (mesh.size() > 1) {
+        const std::string plan = explain_redistribute(spec(x), relayout(spec(x), {Shard(1)}, {}), c.options);
+        EXPECT_NE(plan.find(c.transport), std::string::npos) << plan;
+      }
+      at::Tensor y = redistribute(x, {Shard(1)}, c.options);
+      expect_holds_reference(y, shape);
+      at::Tensor g = iota(shape) * 3 + 1;
+      at::Tensor g_piece = reference_piece(g, mesh.shape(), {Shard(1)}, {}, mesh.coordinate());
+      at::Tensor grad = torch::autograd::grad({to_local(y, std::nullopt)}, {local}, {g_piece})[0];
+      EXPECT_TRUE(at::equal(grad, reference_piece(g, mesh.shape(), {Shard(0)}, {}, mesh.coordinate())));
+    }
+  }
+}
+
 TEST(Redistribute, FullTensorGathersAndIsDifferentiable) {
   for (const DeviceMesh& mesh : test_meshes()) {
     Placements ps(mesh.ndim(), Replicate());

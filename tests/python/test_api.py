@@ -118,6 +118,16 @@ def layouts_body(rank, world_size):
     y = x.redistribute(mesh, [st.Shard(0)], sharding_shapes={0: explicit})
     assert y.sharding_shapes() == {0: explicit} and y.local_shape == torch.Size([explicit[rank], 5])
     assert_close(y.to_local(), local_of(g, [rank], [world_size], [st.Shard(0)], {0: explicit}), "to explicit sizes")
+    # Per-call transports (plan options): the same values whichever moves the bytes, the plan
+    # explain shows names it, and a bad name is an error naming the ones allowed.
+    for transport, peer_memory, named in [("messages", None, "by messages"), ("collectives", None, "c10d collective"),
+                                          ("auto", False, "by messages"), (None, None, "")]:
+        y = x.redistribute(mesh, [st.Shard(1)], transport=transport, peer_memory=peer_memory)
+        assert_close(y.to_local(), local_of(g, [rank], [world_size], [st.Shard(1)], None), f"transport={transport}")
+        plan = st.explain_redistribute(x, [st.Shard(1)], transport=transport, peer_memory=peer_memory)
+        assert world_size == 1 or named in plan, plan
+    with pytest.raises(RuntimeError, match="'auto'.*'collectives'.*'messages'"):
+        x.redistribute(mesh, [st.Shard(1)], transport="nccl")
     # src_data_rank (DTensor's): the last rank's tensor is the source; None: each rank's own.
     mine = g + 100 * rank
     last = world_size - 1

@@ -261,3 +261,33 @@ TEST(TransportChoice, CpuMeshesCopyThroughPeerMemoryAtEverySizeAndMessageBelowAR
   set_transport_preference(TransportPreference::Auto);
   EXPECT_NE(collective.find("by all_gather (c10d collective)"), std::string::npos) << collective;
 }
+
+TEST(TransportChoice, PerCallOptionsOverrideTheProcessDefaultsAndGetTheirOwnLoweredPlan) {
+  const ShardTensorSpec from = on("cpu", {4}, {Shard(0)}, {1024, 6}), to = on("cpu", {4}, {Replicate()}, {1024, 6});
+  const ResolvedTransportOptions defaults = resolve();
+  const ResolvedTransportOptions messages = resolve({TransportPreference::Messages});
+  const ResolvedTransportOptions collectives = resolve({TransportPreference::Collectives});
+  const ResolvedTransportOptions no_memory = resolve({TransportPreference::Auto, /*peer_memory=*/false});
+  EXPECT_EQ(messages.peer_memory, defaults.peer_memory);  // unset fields follow the defaults
+  EXPECT_EQ(explain_redistribute(from, to, Planner::GraphSearch, messages).find("by peer memory"), std::string::npos);
+  EXPECT_NE(explain_redistribute(from, to, Planner::GraphSearch, messages).find("by messages"), std::string::npos);
+  EXPECT_NE(explain_redistribute(from, to, Planner::GraphSearch, collectives).find("by all_gather (c10d collective)"), std::string::npos);
+  EXPECT_NE(explain_redistribute(from, to, Planner::GraphSearch, no_memory).find("by messages"), std::string::npos);
+  // The public form takes unresolved options.
+  EXPECT_EQ(explain_redistribute(from, to, TransportOptions{TransportPreference::Collectives}),
+            explain_redistribute(from, to, Planner::GraphSearch, collectives));
+  // One cached plan per options, each lowered with its own, and the same plan again for the same.
+  const RedistributePlan& by_default = plan_redistribute(from, to, Planner::GraphSearch, defaults);
+  const RedistributePlan& by_messages = plan_redistribute(from, to, Planner::GraphSearch, messages);
+  EXPECT_NE(&by_default, &by_messages);
+  EXPECT_EQ(&by_messages, &plan_redistribute(from, to, Planner::GraphSearch, messages));
+  EXPECT_TRUE(by_messages.lowered_with == messages);
+  ASSERT_EQ(by_messages.steps.size(), 1u);
+  EXPECT_EQ(by_messages.steps[0].transport.transport, Transport::Messages);
+  EXPECT_EQ(std::string(by_messages.steps[0].transport.counted_as), "all_gather");
+  // Changing a process default makes a new plan for default options: no stale lowering.
+  set_transport_preference(TransportPreference::Collectives);
+  const RedistributePlan& after_change = plan_redistribute(from, to, Planner::GraphSearch);
+  set_transport_preference(TransportPreference::Auto);
+  EXPECT_EQ(after_change.steps[0].transport.transport, Transport::Collective);
+}

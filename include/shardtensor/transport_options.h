@@ -1,0 +1,31 @@
+// How a redistribution may move bytes between ranks: per-call plan options. Each unset field
+// takes this process's default, which the environment sets (SHARDTENSOR_TRANSPORT,
+// SHARDTENSOR_PEER_MEMORY, SHARDTENSOR_PEER_COPY_BYTES). Plans are cached and lowered per
+// options, so a call with other options gets its own plan, and `explain_redistribute` shows
+// the transport of each step. Every rank must pass the same options: ranks that choose
+// different transports never meet, and time out with an error.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace shardtensor {
+
+enum class TransportPreference {
+  Auto,         // CPU: same-host peer memory, else point-to-point messages; accelerators: collectives
+  Collectives,  // native c10d collectives on every device (what NCCL needs)
+  Messages,     // CPU: point-to-point messages, never peer memory
+};
+
+struct TransportOptions {
+  std::optional<TransportPreference> transport;
+  std::optional<bool> peer_memory;         // whether same-host CPU ranks may copy through memory
+  std::optional<int64_t> peer_copy_bytes;  // the smallest transfer per rank that may use it
+};
+
+// "auto", "collectives" or "messages" as a TransportPreference; anything else raises, naming
+// `what` (where the name came from) and the names allowed.
+TransportPreference parse_transport_preference(const std::string& name, const char* what);
+
+}  // namespace shardtensor
