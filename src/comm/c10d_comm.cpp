@@ -181,6 +181,7 @@ class C10dComm final : public Comm {
     // Unwaited messages (an error unwound past wait()) must not outlive their tensors.
     ~PostedMessages() override {
       abort_all(works_);
+      abort_all(record_sends_);
       std::vector<c10::intrusive_ptr<WorkType>> unread;
       for (size_t p = 0; p < record_works_.size(); ++p)
         if (record_works_[p] && !confirmed_[p]) unread.push_back(record_works_[p]);
@@ -245,6 +246,7 @@ class C10dComm final : public Comm {
       for (const Receive& r : receives_)
         post(r.into, [&](std::vector<at::Tensor>& t) { return comm_.group()->recv(t, r.peer, kMessageTag); });
       try {
+        for (auto& work : record_sends_) work->wait(comm_.timeout_);
         for (auto& work : works_) work->wait(comm_.timeout_);
       } catch (const std::exception& e) {
         comm_.broken_ = e.what();
@@ -252,6 +254,7 @@ class C10dComm final : public Comm {
                     comm_.timeout_.count() / 1000.0, " s; another rank may have stopped before this collective): ", e.what());
       }
       works_.clear();
+      record_sends_.clear();
     }
 
    private:
@@ -280,21 +283,38 @@ class C10dComm final : public Comm {
         check_record(theirs_[peer], mine_, sequence_, announced_->second[peer], comm_.group_name(), comm_.rank(), peer);
       } catch (const std::exception& e) {
         comm_.broken_ = e.what();
+        deliver_own_records();
         throw;
       }
       confirmed_[peer] = true;
+    }
+
+    // Before raising on a peer whose record differs: this rank's own records must still reach
+    // the others, each of which raises on it in turn. Gloo sends a message only once its
+    // receiver has posted the receive; aborted at once (by the destructor), a record could be
+    // withdrawn before a slower peer asked for it, and that peer, finding no record, waited out
+    // the whole timeout (seen at 3 ranks: two raised at once, the third 10 s later). Every
+    // member posts its record receives when it starts a batch or a check, so this wait is short;
+    // a peer that never asks (one that stopped) costs the timeout, as it does without a mismatch.
+    void deliver_own_records() noexcept {
+      for (auto& work : record_sends_) {
+        try {
+          work->wait(comm_.timeout_);
+        } catch (const std::exception&) {
+        }
+      }
     }
 
     template <typename Launch>
     void post_record(int64_t peer, Launch&& launch, c10::intrusive_ptr<WorkType>* keep) {
       try {
         auto work = launch();
-        // A receive is waited on once, by confirm(): Gloo's wait() on a finished receive would
-        // wait for another message.
+        // A receive is waited on once, by confirm(), and a send once, by wait() or
+        // deliver_own_records(): Gloo's wait() on a finished one would wait for another message.
         if (keep)
           *keep = std::move(work);
         else
-          works_.push_back(std::move(work));
+          record_sends_.push_back(std::move(work));
       } catch (const std::exception& e) {
         comm_.broken_ = e.what();
         TORCH_CHECK(false, "shardtensor: \"", mine_.description, "\" on ", comm_.group_name(), " failed: the record for group rank ", peer,
@@ -329,7 +349,8 @@ class C10dComm final : public Comm {
     int64_t sequence_ = 0;
     std::vector<at::Tensor> records_;
     at::Tensor theirs_;
-    std::vector<c10::intrusive_ptr<WorkType>> record_works_;
+    std::vector<c10::intrusive_ptr<WorkType>> record_works_;   // their records, by group rank
+    std::vector<c10::intrusive_ptr<WorkType>> record_sends_;  // ours, to each checked peer
     std::vector<bool> confirmed_;
   };
 
