@@ -1,9 +1,11 @@
 // explain_operator (shardtensor/dispatch.h): a propagation printed, without running the op.
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <limits>
 #include <sstream>
 
 #include "dispatch/propagation.h"
+#include "redistribute/transport.h"
 #include "rules/kernel_plan.h"
 #include "shardtensor/dispatch.h"
 #include "util/strings.h"
@@ -15,6 +17,17 @@ std::string sizes_of(const ShardSizes& sizes) {
   std::string out;
   for (const DimShardSizes& entry : sizes) out += " dim " + std::to_string(entry.tensor_dim) + " sizes [" + join(entry.sizes, ", ") + "]";
   return out;
+}
+
+// How a kernel's halo moves travel under this process's options (redistribute/transport.h).
+// Whether the group's ranks share a host is known only once they have compared notes, which
+// explain does not do: both cases are named.
+std::string halo_transport(const DeviceMesh& mesh) {
+  const ResolvedTransportOptions options = resolve();
+  if (!uses_peer_memory(mesh, std::numeric_limits<int64_t>::max(), options)) return "one all_to_all";
+  std::string how = "peer memory where the ranks share a host, else one all_to_all";
+  if (options.peer_copy_bytes > 0) how += " (peer memory from " + std::to_string(options.peer_copy_bytes) + " bytes per rank)";
+  return how;
 }
 
 }  // namespace
@@ -49,7 +62,10 @@ std::string explain_operator(const std::string& op_name, std::vector<c10::IValue
     os << "  kernel: " << p.result.kernel_plan->name() << "\n";
     const std::vector<DeclaredMove> moves = p.result.kernel_plan->moves();
     if (moves.empty()) os << "    moves nothing between ranks\n";
-    for (const DeclaredMove& m : moves) os << "    " << m.to_string() << "\n";
+    for (const DeclaredMove& m : moves) {
+      const bool halo = m.kind == DeclaredMove::Kind::HaloGather || m.kind == DeclaredMove::Kind::HaloScatterAdd;
+      os << "    " << m.to_string() << (halo && !p.meta.inputs.empty() ? ", by " + halo_transport(p.meta.inputs[0].spec.mesh()) : "") << "\n";
+    }
   } else {
     os << "  kernel: the operator on the local pieces\n";
   }

@@ -5,6 +5,9 @@
 #include <algorithm>
 
 #include "comm/comm.h"
+#include "redistribute/boxes.h"
+#include "redistribute/peer_copies.h"
+#include "redistribute/transport.h"
 
 namespace shardtensor {
 namespace {
@@ -28,36 +31,96 @@ at::Tensor slab(const at::Tensor& t, int64_t dim, Range covers, Range part) {
   return t.narrow(dim, part.begin - covers.begin, part.size());
 }
 
-// One all-to-all on the axis's group: to every other group rank q the tensors send(q) (shaped
-// like `like` but for `dim`), concatenated; from q, parts of the lengths recv(q), in order.
-template <typename Send, typename Recv>
-std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& like, const HaloAxis& axis, const DeviceMesh& mesh, Send send,
-                                              Recv recv) {
+Range shifted(Range r, int64_t by) { return {r.begin + by, r.end + by}; }
+
+// Where the field positions `part` of `run` lie in the window that `run` belongs to.
+Range in_window(const InField& run, Range part) { return shifted(part, run.offset - run.field.begin); }
+
+// The stretches of positions an exchange moves along the axis's tensor dim, each counted from
+// the start of the tensor that holds it.
+using Stretches = std::vector<Range>;
+
+// The box of a tensor shaped like `like` that covers `along` on `dim` and all of the other dims:
+// the coordinates in which a holder offers a stretch and its receiver asks for it.
+Box box_along(const at::Tensor& like, int64_t dim, Range along) {
+  Box box{std::vector<int64_t>(like.dim(), 0), like.sizes().vec()};
+  box.offsets[dim] = along.begin;
+  box.shape[dim] = along.size();
+  return box;
+}
+
+// Through the peers' memory: each receiver reads its stretches straight from the holders'
+// `source` into `into` (stretch k of q at `landing[q][k]` along dim). False, on every member alike,
+// when a copy failed (the group then uses messages for good).
+bool read_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, int64_t dim, const std::vector<Stretches>& sends,
+                         const std::vector<Stretches>& receives, const std::vector<std::vector<int64_t>>& landing, const at::Tensor& into) {
+  const int64_t me = comm.rank();
+  const Box holds = box_along(source, dim, {0, source.size(dim)});
+  std::vector<PeerPart> parts;
+  for (int64_t q = 0; q < static_cast<int64_t>(sends.size()); ++q) {
+    for (const Range& r : sends[q]) parts.push_back({me, q, box_along(source, dim, r), holds, {}});
+    for (size_t k = 0; k < receives[q].size(); ++k) {
+      const Range r = receives[q][k];
+      // `into` seen in the holder's coordinates: it holds this stretch at landing[q][k].
+      const Box part = box_along(into, dim, r);
+      parts.push_back({q, me, part, part, box_along(into, dim, {r.begin - landing[q][k], r.begin - landing[q][k] + into.size(dim)})});
+    }
+  }
+  return copy_through_memory(comm, memory, source, into, parts, "all_to_all");
+}
+
+// One exchange on the axis's group: every other group rank q gets the stretches sends(q) of
+// `source` (in order), and this rank gets the stretches receives(q) of q's source. Returns
+// what arrived from each q, in order, each shaped like `source` but along the dim. Through
+// peer memory where the mesh's transport options choose it, else one all-to-all with split
+// sizes.
+template <typename Sends, typename Receives>
+std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& source, const HaloAxis& axis, const DeviceMesh& mesh,
+                                              Sends sends_to, Receives receives_from) {
   const int64_t dim = axis.tensor_dim, me = axis.me(mesh), peers = static_cast<int64_t>(axis.owned.size());
-  const int64_t slab_size = slab_elements(like, dim);
-  std::vector<int64_t> send_splits(peers, 0), recv_splits(peers, 0);
-  std::vector<std::vector<int64_t>> recv_lengths(peers);
-  std::vector<at::Tensor> to_send;
+  std::vector<Stretches> sends(peers), receives(peers);
+  std::vector<std::vector<int64_t>> landing(peers);  // where each received stretch lands along dim
+  int64_t arrived = 0;
   for (int64_t q = 0; q < peers; ++q) {
     if (q == me) continue;
-    for (const at::Tensor& part : send(q)) {
-      send_splits[q] += part.numel();
-      to_send.push_back(part.reshape({-1}));
+    sends[q] = sends_to(q);
+    receives[q] = receives_from(q);
+    for (const Range& r : receives[q]) {
+      landing[q].push_back(arrived);
+      arrived += r.size();
     }
-    recv_lengths[q] = recv(q);
-    for (int64_t n : recv_lengths[q]) recv_splits[q] += n * slab_size;
   }
-  int64_t recv_total = 0;
-  for (int64_t n : recv_splits) recv_total += n;
-  const at::Tensor sent = to_send.empty() ? at::empty({0}, like.options()) : at::cat(to_send);
-  const at::Tensor received = at::empty({recv_total}, like.options());
-  mesh.comm(axis.mesh_dim).all_to_all(received, sent, recv_splits, send_splits);
+  Comm& comm = mesh.comm(axis.mesh_dim);
   std::vector<std::vector<at::Tensor>> parts(peers);
-  int64_t offset = 0;
-  for (int64_t q = 0; q < peers; ++q)
-    for (int64_t n : recv_lengths[q]) {  // (a part may hold 0 elements when another dim is empty)
-      parts[q].push_back(received.narrow(0, offset, n * slab_size).view(with_dim(like, dim, n)));
-      offset += n * slab_size;
+  // Equal on every member: the widest window's bytes (the layout's, not this rank's).
+  int64_t widest = 0;
+  for (const Range& w : axis.window) widest = std::max(widest, w.size());
+  const int64_t slab_size = slab_elements(source, dim);
+  const int64_t bytes = slab_size * widest * static_cast<int64_t>(source.element_size());
+  if (PeerMemory* memory = source.is_cpu() && uses_peer_memory(mesh, bytes) ? comm.peer_memory() : nullptr) {
+    const at::Tensor into = at::empty(with_dim(source, dim, arrived), source.options());
+    if (read_through_memory(comm, *memory, source.contiguous(), dim, sends, receives, landing, into)) {
+      for (int64_t q = 0; q < peers; ++q)
+        for (size_t k = 0; k < receives[q].size(); ++k) parts[q].push_back(into.narrow(dim, landing[q][k], receives[q][k].size()));
+      return parts;
+    }
+  }
+  std::vector<int64_t> send_splits(peers, 0), recv_splits(peers, 0);
+  std::vector<at::Tensor> to_send;
+  for (int64_t q = 0; q < peers; ++q) {
+    for (const Range& r : sends[q]) {
+      send_splits[q] += r.size() * slab_size;
+      to_send.push_back(source.narrow(dim, r.begin, r.size()).reshape({-1}));
+    }
+    for (const Range& r : receives[q]) recv_splits[q] += r.size() * slab_size;
+  }
+  const at::Tensor sent = to_send.empty() ? at::empty({0}, source.options()) : at::cat(to_send);
+  const at::Tensor received = at::empty({arrived * slab_size}, source.options());
+  comm.all_to_all(received, sent, recv_splits, send_splits);
+  for (int64_t q = 0; q < peers; ++q)  // stretch after stretch, each contiguous
+    for (size_t k = 0; k < receives[q].size(); ++k) {
+      const int64_t n = receives[q][k].size();
+      parts[q].push_back(received.narrow(0, landing[q][k] * slab_size, n * slab_size).view(with_dim(source, dim, n)));
     }
   return parts;
 }
@@ -78,16 +141,17 @@ at::Tensor gather_window(const at::Tensor& owned_piece, const HaloAxis& axis, co
     received = exchange(
         owned_piece, axis, mesh,
         [&](int64_t q) {  // what q's window needs from my rows
-          std::vector<at::Tensor> parts;
+          Stretches stretches;
           for (const InField& run : in_field_runs(axis.window[q], axis.length, axis.periodic))
-            if (intersect(run.field, mine).size()) parts.push_back(slab(owned_piece, dim, mine, intersect(run.field, mine)));
-          return parts;
+            if (intersect(run.field, mine).size()) stretches.push_back(shifted(intersect(run.field, mine), -mine.begin));
+          return stretches;
         },
         [&](int64_t q) {  // what my window needs from q's rows
-          std::vector<int64_t> lengths;
+          Stretches stretches;
           for (const InField& run : runs)
-            if (intersect(run.field, axis.owned[q]).size()) lengths.push_back(intersect(run.field, axis.owned[q]).size());
-          return lengths;
+            if (intersect(run.field, axis.owned[q]).size())
+              stretches.push_back(shifted(intersect(run.field, axis.owned[q]), -axis.owned[q].begin));
+          return stretches;
         });
   }
 
@@ -120,7 +184,8 @@ at::Tensor scatter_add_window(const at::Tensor& window_piece, const HaloAxis& ax
   at::Tensor result = at::zeros(with_dim(window_piece, dim, mine.size()), window_piece.options());
   // The window piece's values at the field positions `part` of `run`.
   auto values_at = [&](const InField& run, Range part) {
-    return window_piece.narrow(dim, run.offset + part.begin - run.field.begin, part.size());
+    const Range stretch = in_window(run, part);
+    return window_piece.narrow(dim, stretch.begin, stretch.size());
   };
   const std::vector<InField> runs = in_field_runs(have, axis.length, axis.periodic);
   for (const InField& run : runs) {
@@ -131,16 +196,16 @@ at::Tensor scatter_add_window(const at::Tensor& window_piece, const HaloAxis& ax
     const std::vector<std::vector<at::Tensor>> received = exchange(
         window_piece, axis, mesh,
         [&](int64_t q) {  // my window's values that q owns
-          std::vector<at::Tensor> parts;
+          Stretches stretches;
           for (const InField& run : runs)
-            if (intersect(run.field, axis.owned[q]).size()) parts.push_back(values_at(run, intersect(run.field, axis.owned[q])));
-          return parts;
+            if (intersect(run.field, axis.owned[q]).size()) stretches.push_back(in_window(run, intersect(run.field, axis.owned[q])));
+          return stretches;
         },
         [&](int64_t q) {  // q's window values that I own
-          std::vector<int64_t> lengths;
+          Stretches stretches;
           for (const InField& run : in_field_runs(axis.window[q], axis.length, axis.periodic))
-            if (intersect(run.field, mine).size()) lengths.push_back(intersect(run.field, mine).size());
-          return lengths;
+            if (intersect(run.field, mine).size()) stretches.push_back(in_window(run, intersect(run.field, mine)));
+          return stretches;
         });
     for (size_t q = 0; q < received.size(); ++q) {
       if (static_cast<int64_t>(q) == me) continue;

@@ -4,10 +4,12 @@
 // from a *window* of its input that reaches past its own shard. Along one tensor dim split
 // over the group of one mesh dim, every rank knows, for every group rank, the range it owns
 // and the window it needs (pure functions of the layout, computed by the rules), so each
-// rank can send exactly the intersections others need: one all-to-all with split sizes, no
-// padding to the largest shard, any shard size (a window may span several neighbours, so
-// shards smaller than the halo work), and no collective at all when no window crosses a
-// boundary. The adjoint, scatter_add_window, sends window pieces back to their owners and
+// rank can send exactly the intersections others need, no padding to the largest shard, any
+// shard size (a window may span several neighbours, so shards smaller than the halo work), and
+// no exchange at all when no window crosses a boundary. The transport is a redistribute step's
+// (redistribute/transport.h, under this process's options): on local CPU ranks each rank reads
+// its stretches straight from its neighbours' memory (no pack, no socket); elsewhere one
+// all-to-all with split sizes. The adjoint, scatter_add_window, sends window pieces back to their owners and
 // adds them: the backward of a gather, and the forward of a transposed convolution.
 #pragma once
 
@@ -21,7 +23,7 @@
 namespace shardtensor {
 
 // This rank's window of `owned_piece` along axis.tensor_dim: the neighbours' pieces arrive by
-// one all-to-all on the axis's mesh-dim group; positions outside [0, length) are `fill`, or,
+// one exchange on the axis's mesh-dim group; positions outside [0, length) are `fill`, or,
 // on a periodic axis, the positions they wrap around to.
 at::Tensor gather_window(const at::Tensor& owned_piece, const HaloAxis& axis, const DeviceMesh& mesh, double fill);
 

@@ -111,6 +111,11 @@ ResolvedTransportOptions resolve(const TransportOptions& options) {
           options.peer_copy_bytes.value_or(peer_copy_bytes())};
 }
 
+bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const ResolvedTransportOptions& options) {
+  return mesh.device_type() == "cpu" && options.preference == TransportPreference::Auto && options.peer_memory &&
+         bytes_per_rank >= options.peer_copy_bytes;
+}
+
 StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to,
                             const ResolvedTransportOptions& options) {
   const DeviceMesh& mesh = from.mesh();
@@ -123,8 +128,7 @@ StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec&
   if (mesh.device_type() != "cpu" || preference == TransportPreference::Collectives)
     return {Transport::Collective, native_collective(step, from, to), counted};
   const int64_t bytes = bytes_moved(step, from);
-  if (preference == TransportPreference::Auto && options.peer_memory && bytes >= options.peer_copy_bytes)
-    return {Transport::PeerMemory, counted, counted};
+  if (uses_peer_memory(mesh, bytes, options)) return {Transport::PeerMemory, counted, counted};
   if (std::holds_alternative<AllReduceStep>(step) && bytes < kMessagesAllReduceBytes)
     return {Transport::Collective, "all_reduce", counted};
   return {Transport::Messages, counted, counted};

@@ -47,6 +47,12 @@ std::string to_string(TransportPreference preference);
 StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to,
                             const ResolvedTransportOptions& options);
 
+// Whether a transfer in which each member of a group on `mesh` moves `bytes_per_rank` goes
+// through peer memory under `options` (where the group has it: Comm::peer_memory()): a
+// redistribute step's choice, and a halo exchange's (domain/halo.h). Every member must pass
+// the same `bytes_per_rank`.
+bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const ResolvedTransportOptions& options = resolve());
+
 // "all_gather (c10d collective)", "peer memory", "messages", "local".
 std::string to_string(const StepTransport& transport);
 

@@ -5,7 +5,9 @@
 
 #include <numeric>
 
+#include "comm/comm.h"
 #include "dist/dist_fixture.h"
+#include "redistribute/peer_copies.h"
 
 using namespace shardtensor;
 using namespace shardtensor::testing;
@@ -87,7 +89,7 @@ TEST(Halo, ExplainShowsTheKernelsHaloMovesWithoutCommunicating) {
   const std::string text = explain_operator("aten::convolution", conv_args(sw, 1));
   EXPECT_EQ(comms.total(), 0) << comms.table();
   EXPECT_NE(text.find("kernel: halo convolution (forward)"), std::string::npos) << text;
-  EXPECT_EQ(text.find("halo gather of dim 2 over mesh dim 0") != std::string::npos, ranks > 1) << text;
+  EXPECT_EQ(text.find("halo gather of dim 2 over mesh dim 0, by ") != std::string::npos, ranks > 1) << text;
   EXPECT_NE(text.find("input 'weight' [R]: used as it is"), std::string::npos) << text;
   EXPECT_NE(text.find("output 0: [S(2)] dim 2 sizes"), std::string::npos) << text;
   const std::string one_by_one = explain_operator("aten::convolution",
@@ -148,4 +150,63 @@ TEST(Halo, CircularPaddingWrapsAroundThroughTheHalo) {
   expect_matches(out, expected.detach(), "forward");
   (out * distribute_tensor(weights, mesh_1d(), {Replicate()})).sum().backward();
   expect_matches(sx.grad(), ref_x.grad(), "input gradient");
+}
+
+// Every transport gives the same windows, forward and backward, and moves the same bytes:
+// thin and empty-free uneven shards, a wrap-around (circular) axis, and a halo wider than a
+// shard. Peer memory reads its stretches from the neighbours' pieces; the others send them.
+TEST(Halo, EveryTransportGivesTheSameWindowsAndBytes) {
+  const int64_t ranks = mesh_1d().size(0);
+  std::vector<int64_t> sizes(ranks, 1);  // kernel 5: a halo of 2 rows, shards of 1 row
+  sizes.back() = 4;
+  const at::Tensor x = draw({2, 3, total(sizes), 6}, 12), weight = draw({2, 3, 5, 3}, 13);
+  const at::Tensor ref_x = x.clone().requires_grad_();
+  const at::Tensor expected = at::conv2d(at::pad(ref_x, {1, 1, 2, 2}, "circular"), weight);
+  const at::Tensor grad_out = draw(expected.sizes().vec(), 14);
+  (expected * grad_out).sum().backward();
+  std::vector<int64_t> bytes_by_transport;
+  for (UseTransport::Kind kind : {UseTransport::kMemory, UseTransport::kMessages, UseTransport::kCollectives}) {
+    SCOPED_TRACE("transport " + std::to_string(kind));
+    const UseTransport transport(kind);
+    at::Tensor sx = distribute_tensor(x, mesh_1d(), {Shard(2)}, ShardSizes{{2, sizes}}).requires_grad_();
+    const at::Tensor sweight = distribute_tensor(weight, mesh_1d(), {Replicate()});
+    at::Tensor out;
+    int64_t bytes = 0;
+    {
+      CommDebugMode comms;
+      out = at::conv2d(at::pad(sx, {1, 1, 2, 2}, "circular"), sweight);
+      EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
+      bytes += comms.bytes();
+    }
+    const at::Tensor sgrad = distribute_tensor(grad_out, mesh_1d(), {Shard(2)}, ShardSizes{{2, spec(out).sharding_of(2)->sizes}});
+    {
+      CommDebugMode comms;
+      (out * sgrad).sum().backward();
+      EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
+      bytes += comms.bytes();
+    }
+    bytes_by_transport.push_back(bytes);
+    expect_matches(out, expected.detach(), "forward");
+    expect_matches(sx.grad(), ref_x.grad(), "input gradient");
+  }
+  EXPECT_EQ(bytes_by_transport[0], bytes_by_transport[1]);
+  EXPECT_EQ(bytes_by_transport[0], bytes_by_transport[2]);
+}
+
+TEST(Halo, AFailedPeerCopyFallsBackToMessagesOnEveryRank) {
+  if (world_size() == 1) GTEST_SKIP() << "one rank copies from no peer";
+  if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
+  const DeviceMesh mesh = DeviceMesh::create({world_size()});  // its own groups: they stop copying through memory for good
+  const UseTransport transport(UseTransport::kMemory);
+  if (kernel_forbids_peer_memory(mesh.comm(0))) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory";
+  const at::Tensor x = draw({1, 2, 4 * world_size(), 5}, 15), weight = draw({2, 2, 3, 3}, 16);
+  const at::Tensor expected = at::conv2d(x, weight, {}, 1, 1);
+  const at::Tensor sweight = distribute_tensor(weight, mesh, {Replicate()});
+  const at::Tensor sx = distribute_tensor(x, mesh, {Shard(2)});
+  expect_matches(at::conv2d(sx, sweight, {}, 1, 1), expected, "through memory");
+  ASSERT_NE(mesh.comm(0).peer_memory(), nullptr) << mesh.comm(0).why_no_peer_memory();
+  if (world_rank() == 0) fail_next_peer_copies(1);
+  expect_matches(at::conv2d(sx, sweight, {}, 1, 1), expected, "after a failed copy, by messages");
+  EXPECT_EQ(mesh.comm(0).peer_memory(), nullptr);
+  expect_matches(at::conv2d(sx, sweight, {}, 1, 1), expected, "by messages from then on");
 }

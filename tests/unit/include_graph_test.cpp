@@ -28,7 +28,7 @@ const std::map<std::string, std::set<std::string>>& allowed() {
       {"comm", {"mesh"}},
       {"redistribute", {"mesh", "spec", "comm"}},  // the planner's files: not comm (below)
       {"rules", {"mesh", "spec", "redistribute"}},  // the planner's headers only (below)
-      {"domain", {"mesh", "spec", "comm"}},
+      {"domain", {"mesh", "spec", "comm", "redistribute"}},  // the transports' seam: peer copies, the choice
       {"kernels", {"mesh", "spec", "comm", "redistribute", "rules", "domain"}},
       {"autograd", {"mesh", "spec"}},
       {"debug", {"mesh", "spec", "redistribute", "rules"}},
