@@ -25,9 +25,4 @@ at::Tensor all_gather_over_mesh(const DeviceMesh& mesh, const at::Tensor& input)
   return block.reshape(flat_shape);
 }
 
-void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op) {
-  if (tensor.numel() == 0) return;
-  for (int64_t m : mesh_dims) mesh.comm(m).all_reduce(tensor, op);
-}
-
 }  // namespace shardtensor

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "comm/mesh_collectives.h"
+#include "redistribute/executor.h"
 #include "kernels/stack.h"
 #include "rules/normalization.h"
 

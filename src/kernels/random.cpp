@@ -6,9 +6,8 @@
 #include <cmath>
 
 #include "comm/agreement.h"
-#include "comm/mesh_collectives.h"
-#include "kernels/stack.h"
 #include "redistribute/executor.h"
+#include "kernels/stack.h"
 #include "rules/random.h"
 #include "util/counter_random.h"
 

@@ -424,6 +424,19 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
   return local;
 }
 
+void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op) {
+  if (tensor.numel() == 0) return;
+  for (int64_t m : mesh_dims) {
+    const AllReduceStep step{m, op};
+    const StepTransport how = reduction_transport(mesh, m, static_cast<int64_t>(tensor.nbytes()));
+    if (how.transport == Transport::None) continue;
+    if (how.transport == Transport::Collective)
+      mesh.comm(m).all_reduce(tensor, op);  // in place: no copy in or out
+    else
+      tensor.copy_(all_reduce(tensor, mesh, step, how));
+  }
+}
+
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
                                 const ResolvedTransportOptions& options) {
   if (plan.empty()) return fresh_copy(local);

@@ -26,6 +26,13 @@ void set_message_bytes(int64_t bytes);
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
                                 const ResolvedTransportOptions& options = resolve());
 
+// In place: `tensor` reduced over the groups of `mesh_dims`, one all-reduce per mesh dim, by
+// the transport a redistribute's AllReduce step of its bytes takes (transport.h): the mid-op
+// reductions of norms, losses and reductions go as a Partial's do, through peer memory on
+// local CPU ranks. The ranks of each group hold the same shape, so an empty tensor is empty
+// across its group and is skipped there without communicating.
+void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op);
+
 // This rank's box under `spec` of `global` (a tensor of spec's global shape), as a view: what
 // the rank holds of a tensor every rank has whole. No communication.
 at::Tensor local_box_of(const at::Tensor& global, const ShardTensorSpec& spec);

@@ -53,6 +53,11 @@ StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec&
 // the same `bytes_per_rank`.
 bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const ResolvedTransportOptions& options = resolve());
 
+// The transport of an all-reduce of `bytes_per_rank` over the group of `mesh_dim`: an AllReduce
+// step's, and a kernel's mid-op reduction's (executor.h: all_reduce_over).
+StepTransport reduction_transport(const DeviceMesh& mesh, int64_t mesh_dim, int64_t bytes_per_rank,
+                                  const ResolvedTransportOptions& options = resolve());
+
 // "all_gather (c10d collective)", "peer memory", "messages", "local".
 std::string to_string(const StepTransport& transport);
 

@@ -13,7 +13,7 @@
 
 #include "checkpoint/checksum.h"
 #include "checkpoint/format.h"
-#include "comm/mesh_collectives.h"
+#include "redistribute/executor.h"
 #include "dist/dist_fixture.h"
 #include "shardtensor/checkpoint.h"
 
