@@ -23,6 +23,13 @@ std::vector<int64_t> uneven_rows(int64_t ranks, int64_t min_rows) {
   return sizes;
 }
 
+// Shards thinner than a halo: one row on every rank but the last, which holds `last_rows`.
+std::vector<int64_t> one_row_each_but_the_last(int64_t ranks, int64_t last_rows) {
+  std::vector<int64_t> sizes(ranks, 1);
+  sizes.back() = last_rows;
+  return sizes;
+}
+
 int64_t total(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
 at::Tensor draw(std::vector<int64_t> shape, uint64_t seed) {
@@ -100,8 +107,7 @@ TEST(Halo, ExplainShowsTheKernelsHaloMovesWithoutCommunicating) {
 
 TEST(Halo, ShardsThinnerThanTheHaloReachPastTheirNeighbours) {
   const int64_t ranks = mesh_1d().size(0);
-  std::vector<int64_t> sizes(ranks, 1);  // kernel 7: a halo of 3 rows, shards of 1 row
-  sizes.back() = 6;
+  const std::vector<int64_t> sizes = one_row_each_but_the_last(ranks, 6);  // kernel 7: a halo of 3 rows
   const at::Tensor x = draw({1, 2, total(sizes), 5}, 5), weight = draw({3, 2, 7, 3}, 6);
   const at::Tensor ref_x = x.clone().requires_grad_();
   const at::Tensor expected = at::conv2d(ref_x, weight, {}, 1, {3, 1});
@@ -157,8 +163,7 @@ TEST(Halo, CircularPaddingWrapsAroundThroughTheHalo) {
 // shard. Peer memory reads its stretches from the neighbours' pieces; the others send them.
 TEST(Halo, EveryTransportGivesTheSameWindowsAndBytes) {
   const int64_t ranks = mesh_1d().size(0);
-  std::vector<int64_t> sizes(ranks, 1);  // kernel 5: a halo of 2 rows, shards of 1 row
-  sizes.back() = 4;
+  const std::vector<int64_t> sizes = one_row_each_but_the_last(ranks, 4);  // kernel 5: a halo of 2 rows
   const at::Tensor x = draw({2, 3, total(sizes), 6}, 12), weight = draw({2, 3, 5, 3}, 13);
   const at::Tensor ref_x = x.clone().requires_grad_();
   const at::Tensor expected = at::conv2d(at::pad(ref_x, {1, 1, 2, 2}, "circular"), weight);
