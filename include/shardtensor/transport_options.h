@@ -24,6 +24,28 @@ struct TransportOptions {
   std::optional<int64_t> peer_copy_bytes;  // the smallest transfer per rank that may use it
 };
 
+// The options every movement on this thread takes where its call passes none, while the scope
+// lives: the redistributes an operator makes, its halo exchanges and its mid-op reductions, as
+// well as redistribute() and explain calls (whose own set fields still win). A scope's set
+// fields override an outer scope's; its unset ones keep them. Every rank must open the same
+// scope around the same calls. Autograd runs a CPU backward on the thread that calls
+// backward(): open the scope around that call too.
+//   { TransportOptionsScope by_messages(TransportOptions{TransportPreference::Messages});
+//     y = at::conv2d(x, w); }   // its halo and any redistribute go as messages
+class TransportOptionsScope {
+ public:
+  explicit TransportOptionsScope(const TransportOptions& options);
+  ~TransportOptionsScope();
+  TransportOptionsScope(const TransportOptionsScope&) = delete;
+  TransportOptionsScope& operator=(const TransportOptionsScope&) = delete;
+
+  // What a scope opened now on this thread holds: the fields set by the open scopes.
+  static const TransportOptions& current();
+
+ private:
+  TransportOptions outer_;
+};
+
 // "auto", "collectives" or "messages" as a TransportPreference; anything else raises, naming
 // `what` (where the name came from) and the names allowed.
 TransportPreference parse_transport_preference(const std::string& name, const char* what);

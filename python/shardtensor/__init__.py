@@ -42,6 +42,7 @@ from ._debug import (
     propagated_operators,
     set_strict,
     strict,
+    transport_options,
     visualize_sharding,
 )
 
@@ -60,6 +61,6 @@ __all__ = [
     "built_with_nccl", "describe", "distribute_tensor", "empty", "explain_redistribute", "fallback_operators",
     "from_dtensor", "from_local", "full", "implicit_replication", "init_device_mesh", "is_shard_tensor",
     "is_strict", "layout_table", "local_map", "manual_seed", "ones", "propagated_operators", "rand", "randn",
-    "scatter_tensor", "set_strict", "set_zigzag_causal", "strict", "to_dtensor", "visualize_sharding", "zeros",
+    "scatter_tensor", "set_strict", "set_zigzag_causal", "strict", "to_dtensor", "transport_options", "visualize_sharding", "zeros",
     "zigzag_causal", "zigzag_shard", "zigzag_shard_sizes", "zigzag_unshard",
 ]

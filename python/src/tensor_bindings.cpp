@@ -33,6 +33,17 @@ TransportOptions transport_options(const std::optional<std::string>& transport, 
   return options;
 }
 
+// `with shardtensor.transport_options(...)`: the C++ scope lives between enter() and exit().
+struct TransportScope {
+  TransportOptions options;
+  std::optional<TransportOptionsScope> scope;
+  void enter() {
+    TORCH_CHECK(!scope, "this transport_options scope is already active; `with` it once at a time.");
+    scope.emplace(options);
+  }
+  void exit() { scope.reset(); }
+};
+
 c10::ScalarType dtype_from(const py::handle& dtype) {
   TORCH_CHECK_TYPE(THPDtype_Check(dtype.ptr()), "dtype must be a torch.dtype, got ",
                    std::string(py::str(py::type::of(dtype).attr("__name__"))));
@@ -81,6 +92,15 @@ void bind_tensor(py::module_& m) {
         return full_tensor(t, decode_optional(grad_placements));
       },
       py::arg("t"), py::arg("grad_placements"), py::call_guard<py::gil_scoped_release>());
+  py::class_<TransportScope>(m, "TransportOptionsScope")
+      .def(py::init([](const std::optional<std::string>& transport, std::optional<bool> peer_memory, std::optional<int64_t> peer_copy_bytes) {
+             auto* scope = new TransportScope{transport_options(transport, peer_memory), std::nullopt};
+             scope->options.peer_copy_bytes = peer_copy_bytes;
+             return scope;
+           }),
+           py::arg("transport"), py::arg("peer_memory"), py::arg("peer_copy_bytes"))
+      .def("enter", &TransportScope::enter)
+      .def("exit", &TransportScope::exit);
   m.def(
       "redistribute",
       [](const at::Tensor& t, const DeviceMesh& mesh, const EncodedPlacements& placements,

@@ -6,8 +6,8 @@
 
 #include "comm/comm.h"
 #include "redistribute/boxes.h"
-#include "redistribute/peer_copies.h"
 #include "redistribute/transport.h"
+#include "redistribute/transports/part_transport.h"
 
 namespace shardtensor {
 namespace {
@@ -49,80 +49,48 @@ Box box_along(const at::Tensor& like, int64_t dim, Range along) {
   return box;
 }
 
-// Through the peers' memory: each receiver reads its stretches straight from the holders'
-// `source` into `into` (stretch k of q at `landing[q][k]` along dim). False, on every member alike,
-// when a copy failed (the group then uses messages for good).
-bool read_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, int64_t dim, const std::vector<Stretches>& sends,
-                         const std::vector<Stretches>& receives, const std::vector<std::vector<int64_t>>& landing, const at::Tensor& into) {
-  const int64_t me = comm.rank();
-  const Box holds = box_along(source, dim, {0, source.size(dim)});
-  std::vector<PeerPart> parts;
-  for (int64_t q = 0; q < static_cast<int64_t>(sends.size()); ++q) {
-    for (const Range& r : sends[q]) parts.push_back({me, q, box_along(source, dim, r), holds, {}});
-    for (size_t k = 0; k < receives[q].size(); ++k) {
-      const Range r = receives[q][k];
-      // `into` seen in the holder's coordinates: it holds this stretch at landing[q][k].
-      const Box part = box_along(into, dim, r);
-      parts.push_back({q, me, part, part, box_along(into, dim, {r.begin - landing[q][k], r.begin - landing[q][k] + into.size(dim)})});
-    }
-  }
-  return copy_through_memory(comm, memory, source, into, parts, "all_to_all");
-}
-
 // One exchange on the axis's group: every other group rank q gets the stretches sends(q) of
 // `source` (in order), and this rank gets the stretches receives(q) of q's source. Returns
 // what arrived from each q, in order, each shaped like `source` but along the dim. Through
 // peer memory where the mesh's transport options choose it, else one all-to-all with split
-// sizes.
+// sizes (redistribute/transports/part_transport.h).
 template <typename Sends, typename Receives>
 std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& source, const HaloAxis& axis, const DeviceMesh& mesh,
                                               Sends sends_to, Receives receives_from) {
   const int64_t dim = axis.tensor_dim, me = axis.me(mesh), peers = static_cast<int64_t>(axis.owned.size());
-  std::vector<Stretches> sends(peers), receives(peers);
+  std::vector<Stretches> receives(peers);
   std::vector<std::vector<int64_t>> landing(peers);  // where each received stretch lands along dim
+  std::vector<PeerPart> parts;
+  const Box holds = box_along(source, dim, {0, source.size(dim)});
   int64_t arrived = 0;
   for (int64_t q = 0; q < peers; ++q) {
     if (q == me) continue;
-    sends[q] = sends_to(q);
+    for (const Range& r : sends_to(q)) parts.push_back({me, q, box_along(source, dim, r), holds, {}});
     receives[q] = receives_from(q);
     for (const Range& r : receives[q]) {
       landing[q].push_back(arrived);
       arrived += r.size();
     }
   }
-  Comm& comm = mesh.comm(axis.mesh_dim);
-  std::vector<std::vector<at::Tensor>> parts(peers);
+  const at::Tensor into = at::empty(with_dim(source, dim, arrived), source.options());
+  for (int64_t q = 0; q < peers; ++q)
+    for (size_t k = 0; k < receives[q].size(); ++k) {
+      // `into` seen in the holder's coordinates: it holds this stretch at landing[q][k].
+      const Range r = receives[q][k];
+      const Box part = box_along(into, dim, r);
+      parts.push_back({q, me, part, part, box_along(into, dim, {r.begin - landing[q][k], r.begin - landing[q][k] + into.size(dim)})});
+    }
   // Equal on every member: the widest window's bytes (the layout's, not this rank's).
   int64_t widest = 0;
   for (const Range& w : axis.window) widest = std::max(widest, w.size());
-  const int64_t slab_size = slab_elements(source, dim);
-  const int64_t bytes = slab_size * widest * static_cast<int64_t>(source.element_size());
-  if (PeerMemory* memory = source.is_cpu() && uses_peer_memory(mesh, bytes) ? comm.peer_memory() : nullptr) {
-    const at::Tensor into = at::empty(with_dim(source, dim, arrived), source.options());
-    if (read_through_memory(comm, *memory, source.contiguous(), dim, sends, receives, landing, into)) {
-      for (int64_t q = 0; q < peers; ++q)
-        for (size_t k = 0; k < receives[q].size(); ++k) parts[q].push_back(into.narrow(dim, landing[q][k], receives[q][k].size()));
-      return parts;
-    }
-  }
-  std::vector<int64_t> send_splits(peers, 0), recv_splits(peers, 0);
-  std::vector<at::Tensor> to_send;
-  for (int64_t q = 0; q < peers; ++q) {
-    for (const Range& r : sends[q]) {
-      send_splits[q] += r.size() * slab_size;
-      to_send.push_back(source.narrow(dim, r.begin, r.size()).reshape({-1}));
-    }
-    for (const Range& r : receives[q]) recv_splits[q] += r.size() * slab_size;
-  }
-  const at::Tensor sent = to_send.empty() ? at::empty({0}, source.options()) : at::cat(to_send);
-  const at::Tensor received = at::empty({arrived * slab_size}, source.options());
-  comm.all_to_all(received, sent, recv_splits, send_splits);
-  for (int64_t q = 0; q < peers; ++q)  // stretch after stretch, each contiguous
-    for (size_t k = 0; k < receives[q].size(); ++k) {
-      const int64_t n = receives[q][k].size();
-      parts[q].push_back(received.narrow(0, landing[q][k] * slab_size, n * slab_size).view(with_dim(source, dim, n)));
-    }
-  return parts;
+  const int64_t bytes = slab_elements(source, dim) * widest * static_cast<int64_t>(source.element_size());
+  const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes);
+  move_parts(mesh.comm(axis.mesh_dim), {through_memory ? Transport::PeerMemory : Transport::Collective, "all_to_all", "all_to_all"},
+             PartExchange{parts, source, into});
+  std::vector<std::vector<at::Tensor>> arrived_from(peers);
+  for (int64_t q = 0; q < peers; ++q)
+    for (size_t k = 0; k < receives[q].size(); ++k) arrived_from[q].push_back(into.narrow(dim, landing[q][k], receives[q][k].size()));
+  return arrived_from;
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The executor: walks a plan's steps over the mesh's communicators. See plan.h for what each
 // step means and boxes.h for who sends what: AllGather, AllToAll and Exchange are all box
-// exchanges, over one mesh dim's group or over the whole mesh.
+// exchanges, over one mesh dim's group or over the whole mesh. Each step is described as a
+// PartExchange and moved by the transport the plan chose (transports/part_transport.h); only
+// the equal-piece collectives (transports/collective_transport.h) bypass the description.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "redistribute/executor.h"
 
@@ -13,96 +15,19 @@
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
-#include <atomic>
 #include <functional>
 #include <numeric>
 
 #include "comm/comm.h"
 #include "comm/fingerprint.h"
 #include "redistribute/boxes.h"
-#include "redistribute/collective_steps.h"
-#include "redistribute/peer_copies.h"
 #include "redistribute/transport.h"
+#include "redistribute/transports/collective_transport.h"
+#include "redistribute/transports/part_transport.h"
 #include "util/strings.h"
 
 namespace shardtensor {
 namespace {
-
-// The part of `local` (which holds `held`) that covers `part`, as a view.
-at::Tensor view_of(const at::Tensor& local, const Box& held, const Box& part) {
-  at::Tensor v = local;
-  for (int64_t d = 0; d < local.dim(); ++d) v = v.narrow(d, part.offsets[d] - held.offsets[d], part.shape[d]);
-  return v;
-}
-
-// A part travels as messages of about this many bytes, cut along its first dim, so that
-// packing one overlaps sending the one before. Sender and receiver see the same part shape,
-// so they cut it the same way.
-std::atomic<int64_t> message_bytes{4 << 20};  // smaller messages measured slower on loopback Gloo
-
-std::vector<at::Tensor> message_pieces(const at::Tensor& part) {
-  if (part.dim() == 0 || part.size(0) <= 1) return {part};
-  const int64_t row_bytes = std::max<int64_t>(1, part.numel() / part.size(0) * static_cast<int64_t>(part.element_size()));
-  const int64_t rows = std::max<int64_t>(1, message_bytes.load(std::memory_order_relaxed) / row_bytes);
-  std::vector<at::Tensor> pieces;
-  for (int64_t begin = 0; begin < part.size(0); begin += rows) pieces.push_back(part.narrow(0, begin, std::min(rows, part.size(0) - begin)));
-  return pieces;
-}
-
-// Posts receives into `destination` (a view of the result): straight into it where a piece
-// is contiguous, else into a staging buffer that `to_unpack` copies in after the wait.
-void receive_into(Messages& messages, int64_t peer, const at::Tensor& destination,
-                  std::vector<std::pair<at::Tensor, at::Tensor>>& to_unpack) {
-  for (const at::Tensor& piece : message_pieces(destination)) {
-    if (piece.is_contiguous()) {
-      messages.receive(peer, piece);
-    } else {
-      at::Tensor staging = at::empty(piece.sizes(), piece.options());
-      messages.receive(peer, staging);
-      to_unpack.emplace_back(staging, piece);
-    }
-  }
-}
-
-void send_from(Messages& messages, int64_t peer, const at::Tensor& source) {
-  for (const at::Tensor& piece : message_pieces(source)) messages.send(peer, piece.contiguous());  // no copy for row blocks
-}
-
-// The messages of a step not copied through memory: Gloo's posted point-to-point batch, or
-// one all_to_all with split sizes where the step's transport is a collective.
-std::unique_ptr<Messages> start_step_messages(Comm& comm, const StepTransport& how, const char* counted_as, bool counts = true) {
-  return how.transport == Transport::Collective ? comm.start_all_to_all(counted_as, counts) : comm.start_messages(counted_as, counts);
-}
-
-// The group's peer memory where the step's transport is peer memory. The first use probes (every
-// member together); where the members turn out not to share memory, or a copy failed earlier,
-// the step goes as messages instead, on every member alike.
-PeerMemory* memory_for(Comm& comm, StepTransport& how) {
-  if (how.transport != Transport::PeerMemory) return nullptr;
-  PeerMemory* memory = comm.peer_memory();
-  if (!memory) how.transport = Transport::Messages;
-  return memory;
-}
-
-// Announces a batch (Messages::announce) whose part to peer p has elements_to(p) elements and
-// whose part from p has elements_from(p); this rank (`self`) sends itself nothing.
-template <class To, class From>
-void announce_parts(Messages& messages, int64_t self, int64_t n, int64_t element_size, To&& elements_to, From&& elements_from) {
-  std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0);
-  for (int64_t p = 0; p < n; ++p)
-    if (p != self) {
-      bytes_to[p] = elements_to(p) * element_size;
-      bytes_from[p] = elements_from(p) * element_size;
-    }
-  messages.announce(bytes_to, bytes_from);
-}
-
-// The other members of a group of n, starting after `self`: every rank sends in this order, so
-// that they do not all send to the same peer first.
-template <class Visit>
-void for_each_peer_after(int64_t self, int64_t n, Visit&& visit) {
-  for (int64_t k = 1; k < n; ++k) visit((self + k) % n);
-}
 
 at::Tensor fresh_copy(const at::Tensor& t) { return t.clone(at::MemoryFormat::Contiguous); }
 
@@ -137,43 +62,27 @@ Box with_leading(const Box& box, int64_t offset, int64_t extent) {
 // The reduce-scatter of uneven pieces (and Gloo's, which lacks one), with the bytes a ring
 // moves. `local` holds `held` (the same box on every member: the data is Partial along this
 // group); member p ends with the reduction of `targets[p]` over the group. Each member gets the
-// other members' copies of its target (through `memory` where the step's transport is peer
-// memory, else as `how`'s messages) into a stack of n-1 slots and reduces them with its own,
+// other members' copies of its target into a stack of n-1 slots and reduces them with its own,
 // read in place, into `out`.
-void reduce_scatter_boxes(Comm& comm, int64_t self, const at::Tensor& local, const Box& held, const std::vector<Box>& targets,
-                          const at::Tensor& out, ReduceOp op, const char* counted_as, PeerMemory* memory, const StepTransport& how) {
-  const int64_t n = static_cast<int64_t>(targets.size());
+void reduce_scatter_boxes(Comm& comm, const at::Tensor& local, const Box& held, const std::vector<Box>& targets, const at::Tensor& out,
+                          ReduceOp op, const char* counted_as, const StepTransport& how) {
+  const int64_t n = static_cast<int64_t>(targets.size()), self = comm.rank();
   std::vector<int64_t> incoming_shape = out.sizes().vec();
   incoming_shape.insert(incoming_shape.begin(), n - 1);
-  at::Tensor incoming = at::empty(incoming_shape, out.options());
-  if (memory) {
-    const at::Tensor source = local.contiguous();
-    // Holder h's copy lands in receiver r's slot h (h < r) or h - 1: a leading slot dim makes
-    // that a box like any other.
-    auto part = [&](int64_t h, int64_t r) {
-      const int64_t slot = h < r ? h : h - 1;
-      return PeerPart{h, r, with_leading(targets[r], slot, 1), with_leading(held, slot, 1), with_leading(targets[r], 0, n - 1)};
-    };
-    std::vector<PeerPart> parts;
-    for (int64_t p = 0; p < n; ++p) {
-      if (p == self) continue;
-      parts.push_back(part(p, self));
-      parts.push_back(part(self, p));
-    }
-    if (copy_through_memory(comm, *memory, source, incoming, parts, counted_as)) {
-      reduce_pieces_into(out, view_of(source, held, targets[self]), incoming, op, n);
-      return;
-    }
+  PartExchange exchange{{}, local, at::empty(incoming_shape, out.options()), counted_as};
+  // Holder h's copy lands in receiver r's slot h (h < r) or h - 1: a leading slot dim makes
+  // that a box like any other.
+  auto part = [&](int64_t h, int64_t r) {
+    const int64_t slot = h < r ? h : h - 1;
+    return PeerPart{h, r, with_leading(targets[r], slot, 1), with_leading(held, slot, 1), with_leading(targets[r], 0, n - 1)};
+  };
+  for (int64_t p = 0; p < n; ++p) {
+    if (p == self) continue;
+    exchange.parts.push_back(part(p, self));
+    exchange.parts.push_back(part(self, p));
   }
-  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: the slots are contiguous
-  auto messages = start_step_messages(comm, how, counted_as);
-  announce_parts(*messages, self, n, static_cast<int64_t>(local.element_size()), [&](int64_t p) { return targets[p].numel(); },
-                 [&](int64_t) { return targets[self].numel(); });
-  for (int64_t p = 0, slot = 0; p < n; ++p)
-    if (p != self) receive_into(*messages, p, incoming[slot++], to_unpack);
-  for_each_peer_after(self, n, [&](int64_t p) { send_from(*messages, p, view_of(local, held, targets[p])); });
-  messages->wait();
-  reduce_pieces_into(out, view_of(local, held, targets[self]), incoming, op, n);
+  move_parts(comm, how, exchange);
+  reduce_pieces_into(out, view_of_part(local, held, targets[self]), exchange.destination, op, n);
 }
 
 // A reduction over a group: c10d's all_reduce where the step's transport is a collective;
@@ -184,7 +93,7 @@ at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const All
   if (how.transport == Transport::None) return fresh_copy(local);
   Comm& comm = mesh.comm(step.mesh_dim);
   const int64_t n = comm.size(), me = comm.rank();
-  PeerMemory* memory = memory_for(comm, how);
+  how = available_on(comm, how);
   // Peer memory turned out unavailable: small reductions go to c10d, as transport_for sends them
   // when peer memory is off.
   if (how.transport == Transport::Messages && static_cast<int64_t>(local.nbytes()) < kMessagesAllReduceBytes)
@@ -201,27 +110,16 @@ at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const All
   std::vector<Box> chunks;
   for (int64_t size : chunk_sizes(flat.numel(), n))
     chunks.push_back(Box{{chunks.empty() ? 0 : chunks.back().offsets[0] + chunks.back().shape[0]}, {size}});
-  auto chunk = [&](const at::Tensor& t, int64_t p) { return view_of(t, whole, chunks[p]); };
-  reduce_scatter_boxes(comm, me, flat, whole, chunks, chunk(out_flat, me), step.op, "all_reduce", memory, how);
+  reduce_scatter_boxes(comm, flat, whole, chunks, view_of_part(out_flat, whole, chunks[me]), step.op, "all_reduce", how);
 
-  if (memory) memory = comm.peer_memory();  // null now if the reduce-scatter's copies failed
-  if (memory) {
-    std::vector<PeerPart> parts;
-    for (int64_t p = 0; p < n; ++p) {
-      if (p == me) continue;
-      parts.push_back({p, me, chunks[p], whole, whole});
-      parts.push_back({me, p, chunks[me], whole, whole});
-    }
-    if (copy_through_memory(comm, *memory, out_flat, out_flat, parts, "all_reduce", /*counts=*/false)) return out;
+  // The reduced chunks to every member; peer memory may have gone back to messages meanwhile.
+  PartExchange gather{{}, out_flat, out_flat, "all_reduce", /*counts=*/false};
+  for (int64_t p = 0; p < n; ++p) {
+    if (p == me) continue;
+    gather.parts.push_back({p, me, chunks[p], whole, whole});
+    gather.parts.push_back({me, p, chunks[me], whole, whole});
   }
-  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: 1-D pieces are contiguous
-  auto gather = start_step_messages(comm, how, "all_reduce", /*counts=*/false);
-  announce_parts(*gather, me, n, static_cast<int64_t>(local.element_size()), [&](int64_t) { return chunks[me].numel(); },
-                 [&](int64_t p) { return chunks[p].numel(); });
-  for (int64_t p = 0; p < n; ++p)
-    if (p != me) receive_into(*gather, p, chunk(out_flat, p), to_unpack);
-  for_each_peer_after(me, n, [&](int64_t p) { send_from(*gather, p, chunk(out_flat, me)); });
-  gather->wait();
+  move_parts(comm, how, gather);
   return out;
 }
 
@@ -244,7 +142,7 @@ Group whole_mesh(const DeviceMesh& mesh) {
 }
 
 at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next,
-                          const ReduceScatterStep& step, StepTransport how) {
+                          const ReduceScatterStep& step, const StepTransport& how) {
   const DeviceMesh& mesh = current.mesh();
   const Box held = box_of(current, mesh.coordinate());
   const Box mine = box_of(next, mesh.coordinate());
@@ -255,8 +153,7 @@ at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& curren
   std::vector<Box> targets;
   for (const std::vector<int64_t>& member : group.members) targets.push_back(box_of(next, member));
   at::Tensor out = at::empty(mine.shape, local.options());
-  PeerMemory* memory = memory_for(group.comm, how);
-  reduce_scatter_boxes(group.comm, group.position_of(mesh.coordinate()), local, held, targets, out, step.op, how.counted_as, memory, how);
+  reduce_scatter_boxes(group.comm, local, held, targets, out, step.op, how.counted_as, how);
   return out;
 }
 
@@ -266,11 +163,11 @@ at::Tensor local_slice(const at::Tensor& local, const ShardTensorSpec& current, 
   const auto& coord = current.mesh().coordinate();
   const Box wanted = box_of(next, coord);
   if (wanted.empty()) return at::empty(wanted.shape, local.options());
-  return fresh_copy(view_of(local, box_of(current, coord), wanted));
+  return fresh_copy(view_of_part(local, box_of(current, coord), wanted));
 }
 
 // The size of `spec`'s tensor over its ranks: the same on every rank, so whether a transfer
-// goes through peer memory (peer_copies.h) can be decided on it.
+// goes through peer memory can be decided on it.
 int64_t bytes_per_rank(const ShardTensorSpec& spec) {
   const int64_t numel = std::accumulate(spec.shape().begin(), spec.shape().end(), int64_t{1}, std::multiplies<>());
   return numel * static_cast<int64_t>(c10::elementSize(spec.dtype())) / spec.mesh().size();
@@ -282,68 +179,28 @@ Box part_for(const ShardTensorSpec& current, const ShardTensorSpec& next, const 
   return feeds(current, member, receiver) ? intersect(box_of(current, member), box_of(next, receiver)) : Box::none();
 }
 
-// The exchange on a same-host group: every part goes straight from holder to receiver.
-bool exchange_through_memory(PeerMemory& memory, const at::Tensor& local, const at::Tensor& out, const ShardTensorSpec& current,
-                             const ShardTensorSpec& next, const Group& group, const char* counted_as) {
+// One all-to-all over `group`; see boxes.h. Every part goes from its holder's local tensor to
+// its receiver's result, by the step's transport; this rank's own part is copied locally while
+// the others travel, and never travels.
+at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next, const Group& group,
+                    const StepTransport& how) {
   const std::vector<int64_t>& me = current.mesh().coordinate();
   const Box held = box_of(current, me), wanted = box_of(next, me);
-  const at::Tensor source = local.contiguous();  // peers compute its layout from `held`
   const Box own = part_for(current, next, me, me);
   const int64_t self = group.position_of(me);
-  std::vector<PeerPart> parts;
+  at::Tensor out = at::empty(wanted.shape, local.options());
+  PartExchange parts{{}, local, out, how.counted_as};
   for (size_t p = 0; p < group.members.size(); ++p) {
     const std::vector<int64_t>& peer = group.members[p];
     if (peer == me) continue;
     const int64_t other = static_cast<int64_t>(p);
-    parts.push_back({other, self, part_for(current, next, peer, me), box_of(current, peer), wanted});
-    parts.push_back({self, other, part_for(current, next, me, peer), held, box_of(next, peer)});
+    parts.parts.push_back({other, self, part_for(current, next, peer, me), box_of(current, peer), wanted});
+    parts.parts.push_back({self, other, part_for(current, next, me, peer), held, box_of(next, peer)});
   }
-  // This rank's own part is copied while the peers post their offers.
-  return copy_through_memory(group.comm, memory, source, out, parts, counted_as, /*counts=*/true, [&] {
-    if (!own.empty()) view_of(out, wanted, own).copy_(view_of(source, held, own));
-  });
-}
-
-// One all-to-all over `group`; see boxes.h. On a same-host group the parts are copied straight
-// between the ranks' memory; elsewhere they travel as messages: parts that are row blocks
-// (contiguous views) are sent straight from the local tensor and received straight into the
-// result, other parts go through a staging copy. This rank's own part is copied locally and
-// never travels.
-at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next, const Group& group,
-                    StepTransport how) {
-  const std::vector<int64_t>& me = current.mesh().coordinate();
-  const Box held = box_of(current, me);
-  const Box wanted = box_of(next, me);
-  at::Tensor out = at::empty(wanted.shape, local.options());
-
-  if (PeerMemory* memory = memory_for(group.comm, how))
-    if (exchange_through_memory(*memory, local, out, current, next, group, how.counted_as)) return out;
-
-  // Sends first, then receives; this rank's own part is copied while the messages travel.
-  // The order matters with Gloo: a send posted after the peer's receive is written out by the
-  // posting thread, which holds up the own-part copy; posted before it, Gloo's own I/O thread
-  // writes it when the receive is announced (measured 10-15% faster for S(0)->S(1)).
-  const int64_t n = static_cast<int64_t>(group.members.size());
-  const int64_t self = group.position_of(me);
-  std::vector<Box> outgoing(n, Box::none()), incoming(n, Box::none());
-  for (int64_t p = 0; p < n; ++p) {
-    if (p == self) continue;
-    outgoing[p] = part_for(current, next, me, group.members[p]);
-    incoming[p] = part_for(current, next, group.members[p], me);
-  }
-  auto messages = start_step_messages(group.comm, how, how.counted_as);
-  announce_parts(*messages, self, n, static_cast<int64_t>(local.element_size()), [&](int64_t p) { return outgoing[p].numel(); },
-                 [&](int64_t p) { return incoming[p].numel(); });
-  for_each_peer_after(self, n, [&](int64_t p) {
-    if (!outgoing[p].empty()) send_from(*messages, p, view_of(local, held, outgoing[p]));
-  });
-  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;
-  for (int64_t p = 0; p < n; ++p)
-    if (p != self && !incoming[p].empty()) receive_into(*messages, p, view_of(out, wanted, incoming[p]), to_unpack);
-  const Box own = part_for(current, next, me, me);
-  if (!own.empty()) view_of(out, wanted, own).copy_(view_of(local, held, own));
-  messages->wait();
-  for (auto& [staging, destination] : to_unpack) destination.copy_(staging);
+  parts.local_work = [&] {
+    if (!own.empty()) view_of_part(out, wanted, own).copy_(view_of_part(local, held, own));
+  };
+  move_parts(group.comm, how, parts);
   return out;
 }
 
@@ -376,14 +233,9 @@ std::string describe_scatter(const void* context) {
 
 }  // namespace
 
-void set_message_bytes(int64_t bytes) {
-  TORCH_CHECK(bytes > 0, "set_message_bytes: ", bytes, " is not a positive size");
-  message_bytes = bytes;
-}
-
 at::Tensor local_box_of(const at::Tensor& global, const ShardTensorSpec& spec) {
   const Box whole{std::vector<int64_t>(spec.ndim(), 0), spec.shape()};
-  return view_of(global, whole, box_of(spec, spec.mesh().coordinate()));
+  return view_of_part(global, whole, box_of(spec, spec.mesh().coordinate()));
 }
 
 at::Tensor piece_outside_mesh(const ShardTensorSpec& spec, const c10::TensorOptions& options) {
@@ -400,27 +252,17 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
   const Box whole{std::vector<int64_t>(target.ndim(), 0), target.shape()};
   const Box mine = box_of(target, mesh.coordinate());
   at::Tensor local = at::empty(mine.shape, source.options().dtype(target.dtype()));
-  if (self == from && !mine.empty()) local.copy_(view_of(source, whole, mine));
+  if (self == from && !mine.empty()) local.copy_(view_of_part(source, whole, mine));
   if (n == 1) return local;
-  auto box_of_member = [&](int64_t p) { return box_of(target, group.members[p]); };
-
-  if (PeerMemory* memory = peer_memory_for(group.comm, local, bytes_per_rank(target))) {
-    std::vector<PeerPart> parts;  // the root's to everyone, or this rank's from the root
-    for (int64_t p = 0; p < n; ++p)
-      if (p != from && (self == from || p == self)) parts.push_back({from, p, box_of_member(p), whole, box_of_member(p)});
-    if (copy_through_memory(group.comm, *memory, self == from ? source.contiguous() : local, local, parts, "scatter")) return local;
-  }
-  auto messages = group.comm.start_messages("scatter");
-  std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // stays empty: `local` is contiguous
-  if (self == from) {
-    for_each_peer_after(from, n, [&](int64_t p) {
-      const Box box = box_of_member(p);
-      if (!box.empty()) send_from(*messages, p, view_of(source, whole, box));
-    });
-  } else if (!mine.empty()) {
-    receive_into(*messages, from, local, to_unpack);
-  }
-  messages->wait();
+  // The root's parts to everyone, or this rank's from the root.
+  PartExchange parts{{}, self == from ? source : local, local, "scatter"};
+  for (int64_t p = 0; p < n; ++p)
+    if (p != from && (self == from || p == self)) {
+      const Box box = box_of(target, group.members[p]);
+      parts.parts.push_back({from, p, box, whole, box});
+    }
+  const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes_per_rank(target));
+  move_parts(group.comm, {through_memory ? Transport::PeerMemory : Transport::Messages, "scatter", "scatter"}, parts);
   return local;
 }
 

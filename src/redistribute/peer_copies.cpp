@@ -191,11 +191,6 @@ bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& o
 
 }  // namespace
 
-PeerMemory* peer_memory_for(Comm& comm, const at::Tensor& local, int64_t bytes_per_rank) {
-  if (!local.is_cpu() || bytes_per_rank < peer_copy_bytes()) return nullptr;
-  return comm.peer_memory();
-}
-
 void set_peer_copy_bytes(int64_t bytes) {
   TORCH_CHECK(bytes >= 0, "set_peer_copy_bytes: ", bytes, " is not a size");
   copy_bytes_per_rank() = bytes;

@@ -26,11 +26,8 @@ struct PeerPart {
   Box part, holder_holds, receiver_holds;
 };
 
-// The group's PeerMemory when a transfer in which each rank moves `bytes_per_rank` should go
-// through memory: CPU tensors, a same-host group, and at least peer_copy_bytes(). Every member
-// must pass the same `bytes_per_rank`: they all take the same path.
-PeerMemory* peer_memory_for(Comm& comm, const at::Tensor& local, int64_t bytes_per_rank);
-// That threshold: 0 by default, since the mailbox handshake (two polled rounds, no socket) beats
+// The size per rank from which a transfer goes through peer memory (transport.h:
+// uses_peer_memory): 0 by default, since the mailbox handshake (two polled rounds, no socket) beats
 // Gloo at every size measured, from 4 bytes up (bench/RESULTS.md, "stop 37": a small all-reduce
 // 3-10x, small all-gathers and all-to-alls 2-8x, at 2 and 4 ranks), where the Gloo path pays a
 // fingerprint round of messages and then the collective. SHARDTENSOR_PEER_COPY_BYTES or

@@ -106,9 +106,29 @@ bool pieces_are_equal(const RedistributeStep& step, const ShardTensorSpec& from,
   return false;
 }
 
+namespace {
+thread_local TransportOptions scoped_options;  // what the open TransportOptionsScopes set
+}  // namespace
+
+TransportOptionsScope::TransportOptionsScope(const TransportOptions& options) : outer_(scoped_options) {
+  if (options.transport) scoped_options.transport = options.transport;
+  if (options.peer_memory) scoped_options.peer_memory = options.peer_memory;
+  if (options.peer_copy_bytes) {
+    TORCH_CHECK(*options.peer_copy_bytes >= 0, "TransportOptions: peer_copy_bytes ", *options.peer_copy_bytes, " is not a size");
+    scoped_options.peer_copy_bytes = options.peer_copy_bytes;
+  }
+}
+
+TransportOptionsScope::~TransportOptionsScope() { scoped_options = outer_; }
+
+const TransportOptions& TransportOptionsScope::current() { return scoped_options; }
+
+// A call's own fields, then the open scopes', then this process's defaults.
 ResolvedTransportOptions resolve(const TransportOptions& options) {
-  return {options.transport.value_or(transport_preference()), options.peer_memory.value_or(peer_memory_enabled()),
-          options.peer_copy_bytes.value_or(peer_copy_bytes())};
+  const TransportOptions& scoped = scoped_options;
+  return {options.transport.value_or(scoped.transport.value_or(transport_preference())),
+          options.peer_memory.value_or(scoped.peer_memory.value_or(peer_memory_enabled())),
+          options.peer_copy_bytes.value_or(scoped.peer_copy_bytes.value_or(peer_copy_bytes()))};
 }
 
 bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const ResolvedTransportOptions& options) {

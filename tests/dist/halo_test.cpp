@@ -215,3 +215,42 @@ TEST(Halo, AFailedPeerCopyFallsBackToMessagesOnEveryRank) {
   EXPECT_EQ(mesh.comm(0).peer_memory(), nullptr);
   expect_matches(at::conv2d(sx, sweight, {}, 1, 1), expected, "by messages from then on");
 }
+
+// A TransportOptionsScope sets the transport of what operators move: under messages no halo,
+// mid-op reduction or redistribute copies through memory (a copy failure injected first
+// stays unused, and the group keeps its peer memory), explain says so, and the values match.
+TEST(Halo, ATransportScopeSetsTheTransportOfOperators) {
+  if (world_size() == 1) GTEST_SKIP() << "one rank copies from no peer";
+  if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
+  const DeviceMesh mesh = DeviceMesh::create({world_size()});  // its own groups: a failed copy would stop them for good
+  const UseTransport transport(UseTransport::kMemory);
+  if (kernel_forbids_peer_memory(mesh.comm(0))) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory";
+  const at::Tensor x = draw({1, 2, 4 * world_size(), 5}, 17), weight = draw({2, 2, 3, 3}, 18);
+  const at::Tensor sweight = distribute_tensor(weight, mesh, {Replicate()});
+  const at::Tensor sx = distribute_tensor(x, mesh, {Shard(2)});
+  const ShardTensorSpec by_columns(mesh, {Shard(3)}, x.sizes().vec(), c10::kDouble);
+  const std::string outside = explain_redistribute(spec(sx), by_columns);
+  ASSERT_NE(mesh.comm(0).peer_memory(), nullptr) << mesh.comm(0).why_no_peer_memory();
+  if (world_rank() == 0) fail_next_peer_copies(1);
+  {
+    const TransportOptionsScope by_messages(TransportOptions{TransportPreference::Messages, std::nullopt, std::nullopt});
+    const std::string inside = explain_redistribute(spec(sx), by_columns);
+    EXPECT_NE(outside.find("peer memory"), std::string::npos) << outside;
+    EXPECT_EQ(inside.find("peer memory"), std::string::npos) << inside;
+    {
+      // An inner scope overrides only what it sets.
+      const TransportOptionsScope inner(TransportOptions{std::nullopt, false, std::nullopt});
+      EXPECT_EQ(TransportOptionsScope::current().transport, TransportPreference::Messages);
+      EXPECT_EQ(TransportOptionsScope::current().peer_memory, false);
+    }
+    EXPECT_EQ(TransportOptionsScope::current().peer_memory, std::nullopt);
+    expect_matches(at::conv2d(sx, sweight, {}, 1, 1), at::conv2d(x, weight, {}, 1, 1), "a halo by messages");
+    expect_matches(redistribute(sx, {Shard(3)}), x, "a redistribute by messages");
+    // Normalised over the split dim: the statistics are reduced over the ranks mid-op.
+    const std::vector<int64_t> rows_and_columns{4 * world_size(), 5};
+    expect_matches(at::layer_norm(sx, rows_and_columns), at::layer_norm(x, rows_and_columns), "a norm's reduction by messages");
+  }
+  EXPECT_EQ(TransportOptionsScope::current().transport, std::nullopt);
+  EXPECT_NE(mesh.comm(0).peer_memory(), nullptr) << "something copied through memory under the messages scope";
+  if (world_rank() == 0) fail_next_peer_copies(0);
+}

@@ -128,6 +128,20 @@ def layouts_body(rank, world_size):
         assert world_size == 1 or named in plan, plan
     with pytest.raises(RuntimeError, match="'auto'.*'collectives'.*'messages'"):
         x.redistribute(mesh, [st.Shard(1)], transport="nccl")
+    # A transport_options block sets what calls without options take (operators' moves too);
+    # a call's own keywords still win, and the block ends with its `with`.
+    with st.transport_options(transport="collectives"):
+        assert world_size == 1 or "c10d collective" in st.explain_redistribute(x, [st.Shard(1)])
+        assert world_size == 1 or "by messages" in st.explain_redistribute(x, [st.Shard(1)], transport="messages")
+        with st.transport_options(peer_memory=False):  # nested: keeps the outer transport
+            assert world_size == 1 or "c10d collective" in st.explain_redistribute(x, [st.Shard(1)])
+        y = x.redistribute(mesh, [st.Shard(1)])
+        assert_close(y.to_local(), local_of(g, [rank], [world_size], [st.Shard(1)], None), "in a transport_options block")
+        assert_close((x * 2).sum(0).full_tensor(), (g * 2).sum(0), "an operator in a transport_options block")
+    assert world_size == 1 or "c10d collective" not in st.explain_redistribute(x, [st.Shard(1)])
+    with pytest.raises(RuntimeError, match="'auto'.*'collectives'.*'messages'"):
+        with st.transport_options(transport="gloo"):
+            pass
     # src_data_rank (DTensor's): the last rank's tensor is the source; None: each rank's own.
     mine = g + 100 * rank
     last = world_size - 1

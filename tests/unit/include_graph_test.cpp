@@ -42,7 +42,7 @@ const std::map<std::string, std::set<std::string>>& allowed() {
 // Files of redistribute/ that run plans (and so talk to comm/), or choose their transport from
 // the process's communication options; the rest is the pure planner.
 bool is_executor(const std::string& file) {
-  for (const char* runs : {"redistribute/executor", "redistribute/peer_copies", "redistribute/peer_messages", "redistribute/collective_steps", "redistribute/transport"})
+  for (const char* runs : {"redistribute/executor", "redistribute/peer_copies", "redistribute/peer_messages", "redistribute/transport"})
     if (file.rfind(runs, 0) == 0) return true;
   return false;
 }

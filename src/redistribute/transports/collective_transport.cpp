@@ -1,12 +1,13 @@
-// Equal-piece steps as native collectives: one all_gather or reduce_scatter, with no copy
-// where the gathered or scattered dim is the outermost one that is not 1.
+// See collective_transport.h. Equal-piece steps go with no copy where the gathered or
+// scattered dim is the outermost one that is not 1.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-#include "redistribute/collective_steps.h"
+#include "redistribute/transports/collective_transport.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
 #include "comm/comm.h"
+#include "redistribute/transports/posted_parts.h"
 
 namespace shardtensor {
 namespace {
@@ -27,7 +28,22 @@ std::vector<int64_t> split_dim(c10::IntArrayRef shape, int64_t dim, int64_t n) {
   return split;
 }
 
+// The parts posted on a batch that one all_to_all with split sizes carries at wait(): what
+// NCCL needs, and what SHARDTENSOR_TRANSPORT=collectives asks for on Gloo.
+class AllToAllTransport final : public PartTransport {
+ public:
+  bool move(Comm& comm, const PartExchange& exchange) const override {
+    post_parts(comm, *comm.start_all_to_all(exchange.counted_as, exchange.counts), exchange);
+    return true;
+  }
+};
+
 }  // namespace
+
+const PartTransport& all_to_all_transport() {
+  static const AllToAllTransport transport;
+  return transport;
+}
 
 at::Tensor gather_equal_pieces(Comm& comm, const at::Tensor& local, int64_t tensor_dim) {
   const int64_t n = comm.size();

@@ -1,5 +1,7 @@
-// Plan steps whose pieces are equal over their group, run as one native collective each
-// (transport.h: Collective). The gathered or scattered dim need not be the outermost: the
+// Collective: steps run as native c10d collectives. Exchanges of parts go as one all_to_all
+// with split sizes (part_transport.h: all_to_all_transport); plan steps whose pieces are equal
+// over their group as one all_gather or reduce_scatter each (transport.h: Collective), and
+// all-reduces as c10d's own. The gathered or scattered dim need not be the outermost: the
 // pieces then go through a stack of size() blocks, one copy, as DTensor does.
 #pragma once
 

@@ -1,0 +1,34 @@
+// See part_transport.h: the choice among the transports, and what they share.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "redistribute/transports/part_transport.h"
+
+#include "comm/comm.h"
+
+namespace shardtensor {
+
+at::Tensor view_of_part(const at::Tensor& t, const Box& holds, const Box& part) {
+  at::Tensor v = t.dim() == static_cast<int64_t>(holds.shape.size()) ? t : t.view(holds.shape);
+  for (int64_t d = 0; d < v.dim(); ++d) v = v.narrow(d, part.offsets[d] - holds.offsets[d], part.shape[d]);
+  return v;
+}
+
+StepTransport available_on(Comm& comm, StepTransport how) {
+  if (how.transport == Transport::PeerMemory && !comm.peer_memory()) how.transport = Transport::Messages;
+  return how;
+}
+
+void move_parts(Comm& comm, const StepTransport& how, const PartExchange& exchange) {
+  switch (available_on(comm, how).transport) {
+    case Transport::PeerMemory:
+      if (peer_memory_transport().move(comm, exchange)) return;
+      break;  // the group has gone back to messages for good
+    case Transport::Collective:
+      all_to_all_transport().move(comm, exchange);
+      return;
+    case Transport::None:
+    case Transport::Messages: break;
+  }
+  messages_transport().move(comm, exchange);
+}
+
+}  // namespace shardtensor

@@ -1,0 +1,29 @@
+// PeerMemory: on a group whose members share this host, each part is read once, straight from
+// its holder's tensor into its receiver's (redistribute/peer_copies.h: the offers, the checks
+// of fingerprints and extents, the revocation after a timeout).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+#include "comm/comm.h"
+#include "redistribute/transports/part_transport.h"
+
+namespace shardtensor {
+namespace {
+
+class PeerMemoryTransport final : public PartTransport {
+ public:
+  bool move(Comm& comm, const PartExchange& exchange) const override {
+    PeerMemory* memory = comm.peer_memory();
+    if (!memory) return false;
+    // Peers compute where a part lies in the holder's tensor from its box: it must be contiguous.
+    return copy_through_memory(comm, *memory, exchange.source.contiguous(), exchange.destination, exchange.parts,
+                               exchange.counted_as, exchange.counts, exchange.local_work);
+  }
+};
+
+}  // namespace
+
+const PartTransport& peer_memory_transport() {
+  static const PeerMemoryTransport transport;
+  return transport;
+}
+
+}  // namespace shardtensor
