@@ -73,7 +73,10 @@ TEST(PartTransport, EveryTransportLandsTheSamePartsAndBytes) {
     SCOPED_TRACE(t.name);
     const bool has_memory = comm.peer_memory() != nullptr;  // the same on every member
     if (&t.transport == &peer_memory_transport() && !has_memory) {
-      std::printf("PartTransport: peer memory skipped: %s\n", n == 1 ? "a one-rank group copies from no peer" : comm.why_no_peer_memory().c_str());
+      const std::string why = n == 1                  ? "a one-rank group copies from no peer"
+                              : !peer_memory_enabled() ? "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off"
+                                                       : comm.why_no_peer_memory();
+      std::printf("PartTransport: peer memory skipped: %s\n", why.c_str());
       continue;
     }
     const at::Tensor destination = at::full({3, height, columns[me]}, std::nan(""), at::kDouble);
