@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "comm/comm.h"
 #include "redistribute/boxes.h"
@@ -86,7 +87,7 @@ std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& source, const Ha
   const int64_t bytes = slab_elements(source, dim) * widest * static_cast<int64_t>(source.element_size());
   const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes);
   move_parts(mesh.comm(axis.mesh_dim), {through_memory ? Transport::PeerMemory : Transport::Collective, "all_to_all", "all_to_all"},
-             PartExchange{parts, source, into});
+             PartExchange{std::move(parts), source, into});
   std::vector<std::vector<at::Tensor>> arrived_from(peers);
   for (int64_t q = 0; q < peers; ++q)
     for (size_t k = 0; k < receives[q].size(); ++k) arrived_from[q].push_back(into.narrow(dim, landing[q][k], receives[q][k].size()));

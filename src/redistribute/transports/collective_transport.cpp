@@ -28,20 +28,12 @@ std::vector<int64_t> split_dim(c10::IntArrayRef shape, int64_t dim, int64_t n) {
   return split;
 }
 
-// The parts posted on a batch that one all_to_all with split sizes carries at wait(): what
-// NCCL needs, and what SHARDTENSOR_TRANSPORT=collectives asks for on Gloo.
-class AllToAllTransport final : public PartTransport {
- public:
-  bool move(Comm& comm, const PartExchange& exchange) const override {
-    post_parts(comm, *comm.start_all_to_all(exchange.counted_as, exchange.counts), exchange);
-    return true;
-  }
-};
-
 }  // namespace
 
+// The parts posted on a batch that one all_to_all with split sizes carries at wait(): what
+// NCCL needs, and what SHARDTENSOR_TRANSPORT=collectives asks for on Gloo.
 const PartTransport& all_to_all_transport() {
-  static const AllToAllTransport transport;
+  static const PostedPartsTransport transport(&Comm::start_all_to_all);
   return transport;
 }
 

@@ -84,4 +84,9 @@ void post_parts(Comm& comm, Messages& batch, const PartExchange& exchange) {
   for (auto& [staging, destination] : to_unpack) destination.copy_(staging);
 }
 
+bool PostedPartsTransport::move(Comm& comm, const PartExchange& exchange) const {
+  post_parts(comm, *(comm.*start_)(exchange.counted_as, exchange.counts), exchange);
+  return true;
+}
+
 }  // namespace shardtensor
