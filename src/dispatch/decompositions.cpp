@@ -82,7 +82,8 @@ class PeriodicHaloPad : public torch::autograd::Function<PeriodicHaloPad> {
     const ShardTensorSpec& in = shard_tensor_impl(self)->spec();
     const PeriodicPad plan = periodic_pad(in, pad);
     at::Tensor local = shard_tensor_impl(self)->local();
-    for (const HaloAxis& axis : plan.axes) local = gather_window(local, axis, in.mesh(), 0.0);
+    // A decomposition, not a cached kernel: its halo is lowered per call.
+    local = gather_windows(LoweredHalo(HaloPlan{in.mesh(), plan.axes}), local, 0.0);
     ctx->saved_data["pad"] = pad;
     ctx->saved_data["spec"] = c10::IValue::make_capsule(c10::make_intrusive<SpecHolder>(in));
     return make_shard_tensor(local.contiguous(), plan.out);
@@ -95,7 +96,7 @@ class PeriodicHaloPad : public torch::autograd::Function<PeriodicHaloPad> {
     TORCH_CHECK(grad, "circular padding: the gradient of a ShardTensor output is a plain tensor");
     at::Tensor local = grad->local();
     if (grad->spec() != plan.out) local = execute_redistribute(local, grad->spec(), plan_redistribute(grad->spec(), plan.out));
-    for (auto it = plan.axes.rbegin(); it != plan.axes.rend(); ++it) local = scatter_add_window(local, *it, in.mesh());
+    local = scatter_add_windows(LoweredHalo(HaloPlan{in.mesh(), plan.axes}), local);
     return {make_shard_tensor(local, in), at::Tensor()};
   }
 };

@@ -6,11 +6,13 @@
 // and the window it needs (pure functions of the layout, computed by the rules), so each
 // rank can send exactly the intersections others need, no padding to the largest shard, any
 // shard size (a window may span several neighbours, so shards smaller than the halo work), and
-// no exchange at all when no window crosses a boundary. The transport is a redistribute step's
-// (redistribute/transport.h, under this process's options): on local CPU ranks each rank reads
-// its stretches straight from its neighbours' memory (no pack, no socket); elsewhere one
-// all-to-all with split sizes. The adjoint, scatter_add_window, sends window pieces back to their owners and
-// adds them: the backward of a gather, and the forward of a transposed convolution.
+// no exchange at all when no window crosses a boundary. Which stretches move is lowered once
+// per cached kernel (LoweredHalo below). The transport is chosen per call as a redistribute
+// step's is (redistribute/transport.h, under the transport options in force): on local CPU
+// ranks each rank reads its stretches straight from its neighbours' memory (no pack, no
+// socket); elsewhere one all-to-all with split sizes. The adjoint, scatter_add_window, sends
+// window pieces back to their owners and adds them: the backward of a gather, and the forward
+// of a transposed convolution.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,19 +24,40 @@
 
 namespace shardtensor {
 
+// A halo axis lowered for this rank: both of its exchanges (spec/halo_geometry.h), computed
+// once, when the kernel that uses it is lowered (its propagation cached), so that a call only
+// chooses the transport (under the options then in force) and moves bytes.
+struct LoweredHaloAxis {
+  LoweredHaloAxis(HaloAxis axis, const DeviceMesh& mesh);
+
+  HaloAxis axis;
+  int64_t me;                        // this rank's index in axis.owned and axis.window
+  bool exchanges;                    // a window crosses shards on a split dim (else nothing moves)
+  int64_t widest_window;             // over all ranks: the same on every member (sizes the transport)
+  HaloExchange gather, scatter_add;  // as this rank runs them
+};
+
+// Every axis of a HaloPlan, lowered, in the plan's order.
+struct LoweredHalo {
+  explicit LoweredHalo(const HaloPlan& plan);
+
+  DeviceMesh mesh;
+  std::vector<LoweredHaloAxis> axes;
+};
+
 // This rank's window of `owned_piece` along axis.tensor_dim: the neighbours' pieces arrive by
 // one exchange on the axis's mesh-dim group; positions outside [0, length) are `fill`, or,
 // on a periodic axis, the positions they wrap around to.
-at::Tensor gather_window(const at::Tensor& owned_piece, const HaloAxis& axis, const DeviceMesh& mesh, double fill);
+at::Tensor gather_window(const at::Tensor& owned_piece, const LoweredHaloAxis& axis, const DeviceMesh& mesh, double fill);
 
 // The adjoint: `window_piece` covers this rank's window; every position is added to the rank
 // that owns it (positions outside [0, length) are dropped, or wrap around on a periodic axis).
 // Returns this rank's owned piece.
-at::Tensor scatter_add_window(const at::Tensor& window_piece, const HaloAxis& axis, const DeviceMesh& mesh);
+at::Tensor scatter_add_window(const at::Tensor& window_piece, const LoweredHaloAxis& axis, const DeviceMesh& mesh);
 
-// Every axis of `plan` in turn: the window of `owned` (gather_window per axis, in order), and
-// its adjoint (scatter_add_window per axis, in reverse).
-at::Tensor gather_windows(const HaloPlan& plan, at::Tensor owned, double fill);
-at::Tensor scatter_add_windows(const HaloPlan& plan, at::Tensor window);
+// Every axis in turn: the window of `owned` (gather_window per axis, in order), and its
+// adjoint (scatter_add_window per axis, in reverse).
+at::Tensor gather_windows(const LoweredHalo& halo, at::Tensor owned, double fill);
+at::Tensor scatter_add_windows(const LoweredHalo& halo, at::Tensor window);
 
 }  // namespace shardtensor

@@ -39,9 +39,9 @@ std::vector<int64_t> local_result_shape(const ConvolutionPlan& plan, const at::T
 
 // Regular convolution on this rank's window.
 LocalKernel regular_forward(const ConvolutionPlan& plan) {
-  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor window = gather_windows(plan.halo, args[0].toTensor(), 0.0);
+    const at::Tensor window = gather_windows(halo, args[0].toTensor(), 0.0);
     const at::Tensor weight = args[1].toTensor();
     if (empty_here(plan, window)) {  // no outputs on this rank
       stack->push_back(at::zeros(local_result_shape(plan, window, weight.size(0)), window.options()));
@@ -57,10 +57,10 @@ LocalKernel regular_forward(const ConvolutionPlan& plan) {
 // convolution_backward for a regular convolution: the input window again, then its gradient
 // scattered back to the owners.
 LocalKernel regular_backward(const ConvolutionPlan& plan) {
-  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<c10::IValue> args = pop_arguments(op, stack);
     const at::Tensor grad = args[0].toTensor(), weight = args[2].toTensor();
-    const at::Tensor window = gather_windows(plan.halo, args[1].toTensor(), 0.0);
+    const at::Tensor window = gather_windows(halo, args[1].toTensor(), 0.0);
     const std::vector<bool> mask = {args[10].toBoolList().get(0), args[10].toBoolList().get(1), args[10].toBoolList().get(2)};
     at::Tensor grad_window, grad_weight, grad_bias;
     if (grad.numel() == 0 || window.numel() == 0) {
@@ -79,7 +79,7 @@ LocalKernel regular_backward(const ConvolutionPlan& plan) {
       grad_window = stack->back().toTensor();
       stack->pop_back();
     }
-    stack->push_back(mask[0] ? scatter_add_windows(plan.halo, grad_window) : at::Tensor());
+    stack->push_back(mask[0] ? scatter_add_windows(halo, grad_window) : at::Tensor());
     stack->push_back(mask[1] ? grad_weight : at::Tensor());
     stack->push_back(mask[2] ? grad_bias : at::Tensor());
   };
@@ -87,7 +87,7 @@ LocalKernel regular_backward(const ConvolutionPlan& plan) {
 
 // Transposed convolution: this rank's rows' contributions, added where they land.
 LocalKernel transposed_forward(const ConvolutionPlan& plan) {
-  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<c10::IValue> args = pop_arguments(op, stack);
     const at::Tensor input = args[0].toTensor(), weight = args[1].toTensor();
     const c10::optional<at::Tensor> bias = args[2].toOptional<at::Tensor>();
@@ -98,7 +98,7 @@ LocalKernel transposed_forward(const ConvolutionPlan& plan) {
       contributions = at::convolution(input, weight, c10::nullopt, plan.params.stride, plan.local_padding, plan.params.dilation,
                                       true, plan.local_output_padding, plan.params.groups);
     }
-    at::Tensor output = scatter_add_windows(plan.halo, contributions);
+    at::Tensor output = scatter_add_windows(halo, contributions);
     if (bias && bias->defined()) {
       std::vector<int64_t> shape(output.dim(), 1);
       shape[1] = bias->numel();
@@ -109,11 +109,11 @@ LocalKernel transposed_forward(const ConvolutionPlan& plan) {
 }
 
 LocalKernel transposed_backward(const ConvolutionPlan& plan) {
-  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<c10::IValue> args = pop_arguments(op, stack);
     const at::Tensor grad = args[0].toTensor(), input = args[1].toTensor(), weight = args[2].toTensor();
     const std::vector<bool> mask = {args[10].toBoolList().get(0), args[10].toBoolList().get(1), args[10].toBoolList().get(2)};
-    const at::Tensor grad_window = gather_windows(plan.halo, grad, 0.0);
+    const at::Tensor grad_window = gather_windows(halo, grad, 0.0);
     at::Tensor grad_input, grad_weight;
     if (empty_here(plan, input) || grad_window.numel() == 0) {
       grad_input = at::zeros_like(input);

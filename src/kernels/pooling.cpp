@@ -66,10 +66,10 @@ at::Tensor global_to_window(const PoolPlan& plan, at::Tensor idx, const std::vec
 // lets `adjust` rewrite the arguments for it, runs the op and `finish`es its outputs. A rank
 // with nothing to pool returns zeros of its (empty) output shape, indices as long.
 template <typename Adjust, typename Finish>
-void forward_on_window(const PoolPlan& plan, const c10::OperatorHandle& op, torch::jit::Stack* stack, double fill,
-                       Adjust adjust, Finish finish) {
+void forward_on_window(const PoolPlan& plan, const LoweredHalo& halo, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                       double fill, Adjust adjust, Finish finish) {
   std::vector<c10::IValue> args = pop_arguments(op, stack);
-  const at::Tensor window = gather_windows(plan.halo, args[0].toTensor(), fill);
+  const at::Tensor window = gather_windows(halo, args[0].toTensor(), fill);
   adjust(args, window);
   if (window.numel() == 0) {
     // Sliding pools have an axis per spatial dim; adaptive pooling only for the sharded ones,
@@ -93,7 +93,8 @@ void forward_on_window(const PoolPlan& plan, const c10::OperatorHandle& op, torc
 // ranks that own it. The op reads only self's shape, so an empty tensor of the window's shape
 // stands in for it (no input halo moves); `adjust` rewrites the other arguments.
 template <typename Adjust>
-void backward_on_window(const PoolPlan& plan, const c10::OperatorHandle& op, torch::jit::Stack* stack, Adjust adjust) {
+void backward_on_window(const PoolPlan& plan, const LoweredHalo& halo, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                        Adjust adjust) {
   std::vector<c10::IValue> args = pop_arguments(op, stack);
   const at::Tensor self = args[1].toTensor();
   const std::vector<int64_t> window_shape = plan.halo.window_shape(self.sizes().vec());
@@ -106,16 +107,16 @@ void backward_on_window(const PoolPlan& plan, const c10::OperatorHandle& op, tor
     grad_window = stack->back().toTensor();
     stack->pop_back();
   }
-  stack->push_back(scatter_add_windows(plan.halo, grad_window));
+  stack->push_back(scatter_add_windows(halo, grad_window));
 }
 
 using Args = std::vector<c10::IValue>;
 
 // max_poolNd_with_indices(self, kernel, stride, padding, dilation, ceil_mode) -> (out, indices)
 LocalKernel max_pool_forward(const PoolPlan& plan) {
-  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     forward_on_window(
-        plan, op, stack, -std::numeric_limits<double>::infinity(),
+        plan, halo, op, stack, -std::numeric_limits<double>::infinity(),
         [&](Args& args, const at::Tensor&) {
           args[3] = zero_list(plan.spatial);  // padding: in the window already
           args[5] = false;                    // ceil_mode: likewise
@@ -126,8 +127,8 @@ LocalKernel max_pool_forward(const PoolPlan& plan) {
 
 // max_poolNd_with_indices_backward(grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices)
 LocalKernel max_pool_backward(const PoolPlan& plan) {
-  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    backward_on_window(plan, op, stack, [&](Args& args, const std::vector<int64_t>& window_shape) {
+  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    backward_on_window(plan, halo, op, stack, [&](Args& args, const std::vector<int64_t>& window_shape) {
       args[4] = zero_list(plan.spatial);
       args[6] = false;
       args[7] = global_to_window(plan, args[7].toTensor(), window_shape);
@@ -138,9 +139,9 @@ LocalKernel max_pool_backward(const PoolPlan& plan) {
 // avg_poolNd(self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
 // the window sum (divisor 1), divided by libtorch's divisor for each output.
 LocalKernel avg_pool_forward(const PoolPlan& plan, const at::Tensor& divisor) {
-  return [plan = plan, divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [plan = plan, halo = LoweredHalo(plan.halo), divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     forward_on_window(
-        plan, op, stack, 0.0,
+        plan, halo, op, stack, 0.0,
         [&](Args& args, const at::Tensor&) {
           args[3] = zero_list(plan.spatial);
           args[4] = false;
@@ -153,8 +154,8 @@ LocalKernel avg_pool_forward(const PoolPlan& plan, const at::Tensor& divisor) {
 
 // avg_poolNd_backward(grad_output, self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
 LocalKernel avg_pool_backward(const PoolPlan& plan, const at::Tensor& divisor) {
-  return [plan = plan, divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    backward_on_window(plan, op, stack, [&](Args& args, const std::vector<int64_t>&) {
+  return [plan = plan, halo = LoweredHalo(plan.halo), divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    backward_on_window(plan, halo, op, stack, [&](Args& args, const std::vector<int64_t>&) {
       args[0] = divided(divisor, args[0].toTensor());
       args[4] = zero_list(plan.spatial);
       args[5] = false;
@@ -167,9 +168,9 @@ LocalKernel avg_pool_backward(const PoolPlan& plan, const at::Tensor& divisor) {
 // _adaptive_avg_poolNd(self, output_size): the local op on the window, sharded dims' output
 // sizes made local.
 LocalKernel adaptive_forward(const PoolPlan& plan) {
-  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     forward_on_window(
-        plan, op, stack, 0.0,
+        plan, halo, op, stack, 0.0,
         [&](Args& args, const at::Tensor& window) {
           std::vector<int64_t> out_size = args[1].toIntVector();
           for (size_t k = 0; k < plan.halo.axes.size(); ++k)
@@ -182,8 +183,8 @@ LocalKernel adaptive_forward(const PoolPlan& plan) {
 
 // _adaptive_avg_poolNd_backward(grad_output, self)
 LocalKernel adaptive_backward(const PoolPlan& plan) {
-  return [plan = plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    backward_on_window(plan, op, stack, [](Args&, const std::vector<int64_t>&) {});
+  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    backward_on_window(plan, halo, op, stack, [](Args&, const std::vector<int64_t>&) {});
   };
 }
 

@@ -11,12 +11,12 @@
 namespace shardtensor {
 namespace {
 
-// One map axis as this rank applies it: its slice of the map, relative to its window, built
-// once when the plan is lowered: per tap, the sources of its outputs and their weights (shaped
-// to broadcast along the dim; none for one-tap maps). On the mesh's device, where the pieces
-// they index live.
+// One map axis as this rank applies it, built once when the plan is lowered: its halo axis,
+// lowered, and its slice of the map, relative to its window: per tap, the sources of its
+// outputs and their weights (shaped to broadcast along the dim; none for one-tap maps). On the
+// mesh's device, where the pieces they index live.
 struct LocalMap {
-  const MapAxis* axis;
+  LoweredHaloAxis halo;
   std::vector<at::Tensor> sources, weights;
 };
 
@@ -27,7 +27,7 @@ at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t wi
 }
 
 LocalMap slice_for_this_rank(const MapAxis& a, const DeviceMesh& mesh, int64_t ndim) {
-  LocalMap local{&a, {}, {}};
+  LocalMap local{LoweredHaloAxis(a.halo, mesh), {}, {}};
   const int64_t me = a.halo.me(mesh);
   const Range mine = a.outputs[me];
   std::vector<int64_t> shape(ndim, 1);
@@ -45,8 +45,8 @@ LocalMap slice_for_this_rank(const MapAxis& a, const DeviceMesh& mesh, int64_t n
 
 at::Tensor apply_forward(const DeviceMesh& mesh, const std::vector<LocalMap>& maps, at::Tensor x) {
   for (const LocalMap& a : maps) {
-    const int64_t d = a.axis->halo.tensor_dim;
-    x = gather_window(x, a.axis->halo, mesh, 0.0);
+    const int64_t d = a.halo.axis.tensor_dim;
+    x = gather_window(x, a.halo, mesh, 0.0);
     if (a.weights.empty()) {
       x = x.index_select(d, a.sources[0].to(x.device()));
       continue;
@@ -64,14 +64,13 @@ at::Tensor apply_forward(const DeviceMesh& mesh, const std::vector<LocalMap>& ma
 at::Tensor apply_backward(const DeviceMesh& mesh, const std::vector<LocalMap>& maps, at::Tensor grad) {
   for (auto it = maps.rbegin(); it != maps.rend(); ++it) {
     const LocalMap& a = *it;
-    const HaloAxis& halo = a.axis->halo;
-    const int64_t d = halo.tensor_dim;
+    const int64_t d = a.halo.axis.tensor_dim;
     std::vector<int64_t> shape = grad.sizes().vec();
-    shape[d] = halo.window[halo.me(mesh)].size();
+    shape[d] = a.halo.axis.window[a.halo.me].size();
     at::Tensor g = at::zeros(shape, grad.options());
     for (size_t k = 0; k < a.sources.size(); ++k)
       g.index_add_(d, a.sources[k].to(grad.device()), a.weights.empty() ? grad : grad * a.weights[k].to(grad.options()));
-    grad = scatter_add_window(g, halo, mesh);
+    grad = scatter_add_window(g, a.halo, mesh);
   }
   return grad;
 }
@@ -79,14 +78,11 @@ at::Tensor apply_backward(const DeviceMesh& mesh, const std::vector<LocalMap>& m
 }  // namespace
 
 LocalKernel IndexMapPlan::lower() const {
-  // The kernel keeps its own copy of the plan: the LocalMaps point into it.
-  auto plan = std::make_shared<const IndexMapPlan>(*this);
   std::vector<LocalMap> maps;
-  for (const MapAxis& a : plan->axes) maps.push_back(slice_for_this_rank(a, plan->mesh, plan->ndim));
-  return [plan, maps](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  for (const MapAxis& a : axes) maps.push_back(slice_for_this_rank(a, mesh, ndim));
+  return [mesh = mesh, backward = backward, maps](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    stack->push_back(plan->backward ? apply_backward(plan->mesh, maps, args[0].toTensor())
-                                    : apply_forward(plan->mesh, maps, args[0].toTensor()));
+    stack->push_back(backward ? apply_backward(mesh, maps, args[0].toTensor()) : apply_forward(mesh, maps, args[0].toTensor()));
   };
 }
 
@@ -103,7 +99,7 @@ LocalKernel LocalInputSizePlan::lower() const {
 
 LocalKernel ConstantPadPlan::lower() const {
   const LocalKernel pad_locally = EmptySafePlan().lower();
-  return [halo = halo, local_pad = local_pad, pad_locally](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [halo = LoweredHalo(halo), local_pad = local_pad, pad_locally](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<c10::IValue> args = pop_arguments(op, stack);
     const at::Scalar value = args[2].toScalar();
     args[0] = gather_windows(halo, args[0].toTensor(), value.toDouble());

@@ -56,6 +56,59 @@ bool HaloAxis::crosses_shards() const {
   return false;
 }
 
+namespace {
+
+Range shifted(Range r, int64_t by) { return {r.begin + by, r.end + by}; }
+
+// Where the field positions `part` of `run` lie in the window that `run` belongs to.
+Range in_window(const InField& run, Range part) { return shifted(part, run.offset - run.field.begin); }
+
+// The exchange in which every window's field positions that another rank owns move between
+// the window's rank and the owner; `to_owner` says which way. A stretch is listed by its
+// sender and its receiver alike: in the order of the window's runs.
+HaloExchange window_exchange(const HaloAxis& axis, int64_t me, bool to_owner) {
+  const size_t n = axis.owned.size();
+  HaloExchange x{std::vector<std::vector<Range>>(n), std::vector<std::vector<Range>>(n), std::vector<std::vector<Range>>(n)};
+  const Range mine = axis.owned[me];
+  for (size_t q = 0; q < n; ++q) {
+    if (static_cast<int64_t>(q) == me) continue;
+    // q's window, and the positions of it that this rank owns.
+    for (const InField& run : in_field_runs(axis.window[q], axis.length, axis.periodic)) {
+      const Range part = intersect(run.field, mine);
+      if (!part.size()) continue;
+      if (to_owner) {
+        x.receives[q].push_back(in_window(run, part));
+        x.received_fields[q].push_back(part);
+      } else {
+        x.sends[q].push_back(shifted(part, -mine.begin));
+      }
+    }
+    // This rank's window, and the positions of it that q owns.
+    for (const InField& run : in_field_runs(axis.window[me], axis.length, axis.periodic)) {
+      const Range part = intersect(run.field, axis.owned[q]);
+      if (!part.size()) continue;
+      if (to_owner) {
+        x.sends[q].push_back(in_window(run, part));
+      } else {
+        x.receives[q].push_back(shifted(part, -axis.owned[q].begin));
+        x.received_fields[q].push_back(part);
+      }
+    }
+  }
+  return x;
+}
+
+}  // namespace
+
+bool HaloExchange::moves_nothing() const {
+  for (size_t q = 0; q < sends.size(); ++q)
+    if (!sends[q].empty() || !receives[q].empty()) return false;
+  return true;
+}
+
+HaloExchange gather_exchange(const HaloAxis& axis, int64_t me) { return window_exchange(axis, me, false); }
+HaloExchange scatter_add_exchange(const HaloAxis& axis, int64_t me) { return window_exchange(axis, me, true); }
+
 std::vector<int64_t> HaloPlan::window_shape(std::vector<int64_t> shape) const {
   for (const HaloAxis& axis : axes) shape[axis.tensor_dim] = axis.window[axis.me(mesh)].size();
   return shape;

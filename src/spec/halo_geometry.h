@@ -56,6 +56,28 @@ struct InField {
 // one run per wrap.
 std::vector<InField> in_field_runs(Range window, int64_t length, bool periodic);
 
+// One exchange along a halo axis as group rank `me` runs it. For every group rank q: the
+// stretches of this rank's tensor that q gets, and the stretches of q's tensor that this rank
+// gets, in the order both sides list them, each counted in positions from the start of the
+// tensor that holds it; with the field positions each received stretch holds. Pure metadata:
+// a kernel lowers its axes once, when its propagation is cached (domain/halo.h), so a call
+// only moves bytes; and a test can check in one process that what one rank sends is what its
+// peer expects (tests/unit/halo_geometry_test.cpp).
+struct HaloExchange {
+  std::vector<std::vector<Range>> sends;            // per group rank q: of this rank's tensor
+  std::vector<std::vector<Range>> receives;         // per group rank q: of q's tensor
+  std::vector<std::vector<Range>> received_fields;  // per group rank q: the field positions of each received stretch
+
+  bool moves_nothing() const;
+};
+
+// The gather: every position of a window that another rank owns, sent by its owner from its
+// owned piece, received into the window.
+HaloExchange gather_exchange(const HaloAxis& axis, int64_t me);
+// Its adjoint: every position of a window that another rank owns, sent from the window back to
+// the owner, which adds it into its owned piece.
+HaloExchange scatter_add_exchange(const HaloAxis& axis, int64_t me);
+
 // The halo axes of one op, in exchange order (gathers run first to last, their adjoint
 // scatter-adds last to first), and the mesh they exchange on.
 struct HaloPlan {
