@@ -81,8 +81,13 @@ std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& source, const Lo
 
 
 
+// Every rank lowers the kernels of the ops it runs, a rank outside the mesh too (which then
+// runs none, dispatch/kernel.cpp): it has no place in the axis, and nothing to lower.
 LoweredHaloAxis::LoweredHaloAxis(HaloAxis halo_axis, const DeviceMesh& mesh)
-    : axis(std::move(halo_axis)), me(axis.me(mesh)), exchanges(axis.mesh_dim >= 0 && axis.crosses_shards()), widest_window(0) {
+    : axis(std::move(halo_axis)),
+      me(mesh.includes_this_rank() ? axis.me(mesh) : -1),
+      exchanges(me >= 0 && axis.mesh_dim >= 0 && axis.crosses_shards()),
+      widest_window(0) {
   for (const Range& w : axis.window) widest_window = std::max(widest_window, w.size());
   if (!exchanges) return;
   gather = gather_exchange(axis, me);

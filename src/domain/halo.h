@@ -31,7 +31,7 @@ struct LoweredHaloAxis {
   LoweredHaloAxis(HaloAxis axis, const DeviceMesh& mesh);
 
   HaloAxis axis;
-  int64_t me;                        // this rank's index in axis.owned and axis.window
+  int64_t me;                        // this rank's index in axis.owned and axis.window (-1 outside the mesh)
   bool exchanges;                    // a window crosses shards on a split dim (else nothing moves)
   int64_t widest_window;             // over all ranks: the same on every member (sizes the transport)
   HaloExchange gather, scatter_add;  // as this rank runs them

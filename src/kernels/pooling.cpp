@@ -196,7 +196,8 @@ LocalKernel PoolPlan::lower() const {
       return backward ? max_pool_backward(*this) : max_pool_forward(*this);
     case PoolKind::Avg: {
       const int64_t ndim = halo.axes.empty() ? 0 : static_cast<int64_t>(halo.axes.front().tensor_dim) + spatial;
-      const at::Tensor divisor = divisor_of(*this, ndim);
+      // A rank outside the mesh runs no kernel (dispatch/kernel.cpp) and has no divisor.
+      const at::Tensor divisor = halo.mesh.includes_this_rank() ? divisor_of(*this, ndim) : at::Tensor();
       return backward ? avg_pool_backward(*this, divisor) : avg_pool_forward(*this, divisor);
     }
     case PoolKind::AdaptiveAvg:

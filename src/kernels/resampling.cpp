@@ -28,6 +28,7 @@ at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t wi
 
 LocalMap slice_for_this_rank(const MapAxis& a, const DeviceMesh& mesh, int64_t ndim) {
   LocalMap local{LoweredHaloAxis(a.halo, mesh), {}, {}};
+  if (!mesh.includes_this_rank()) return local;  // it runs no kernel (dispatch/kernel.cpp)
   const int64_t me = a.halo.me(mesh);
   const Range mine = a.outputs[me];
   std::vector<int64_t> shape(ndim, 1);

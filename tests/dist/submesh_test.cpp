@@ -82,6 +82,39 @@ TEST(SubMesh, MembersMatchOneProcessAndOutsidersHoldEmptyPiecesWithoutCommunicat
   }
 }
 
+// Spatial ops lower their halo exchanges when their propagation is cached, on every rank:
+// outsiders too, which have no place in the halo and must neither raise nor communicate.
+TEST(SubMesh, SpatialOpsMatchOneProcessOnMembersAndLowerNothingOutside) {
+  at::manual_seed(17);
+  const DeviceMesh& mesh = sub_mesh_1d();
+  const bool member = mesh.includes_this_rank();
+  // Ops whose global shapes torch 1.13 can work out on the meta device (outsiders do), each
+  // with a halo: its convolution has no meta kernel there.
+  const at::Tensor g = at::randn({1, 2, 9, 6}, at::kDouble);
+  const auto net = [](const at::Tensor& x) {
+    return at::upsample_nearest2d(at::max_pool2d(at::avg_pool2d(x, {3, 3}, {1, 1}, {1, 1}), {3, 3}, {1, 1}, {1, 1}), {18, 12});
+  };
+  const at::Tensor gr = g.clone().requires_grad_(true);
+  const at::Tensor reference = net(gr);
+  reference.pow(2).sum().backward();
+
+  ShardSizes rows = uneven_rows(mesh, 9);
+  rows[0].tensor_dim = 2;  // split the height, the last member's piece empty
+  CommDebugMode comms;
+  const at::Tensor x = distribute_tensor(g.clone().requires_grad_(true), mesh, {Shard(2)}, rows);
+  const at::Tensor y = net(x);
+  y.pow(2).sum().backward();
+  EXPECT_EQ(y.sizes(), reference.sizes());
+  ASSERT_TRUE(x.grad().defined());
+  if (member) {
+    EXPECT_TRUE(at::allclose(full_tensor(y), reference.detach())) << mesh;
+    EXPECT_TRUE(at::allclose(full_tensor(x.grad()), gr.grad())) << mesh;
+  } else {
+    EXPECT_TRUE(is_empty_piece(y) && is_empty_piece(x.grad())) << mesh;
+    EXPECT_EQ(comms.total(), 0) << "a rank outside " << mesh << " communicated";
+  }
+}
+
 TEST(SubMesh, RedistributesFactoriesAndFromLocalWorkOnMembersAndMoveNothingOutside) {
   const DeviceMesh& mesh = sub_mesh_2d();
   const bool member = mesh.includes_this_rank();
