@@ -71,7 +71,7 @@ std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& source, const Lo
   const int64_t bytes = slab_elements(source, dim) * lowered.widest_window * static_cast<int64_t>(source.element_size());
   const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes);
   move_parts(mesh.comm(lowered.axis.mesh_dim),
-             {through_memory ? Transport::PeerMemory : Transport::Collective, "all_to_all", "all_to_all"},
+             {through_memory ? TransportKind::PeerMemory : TransportKind::Collective, "all_to_all", "all_to_all"},
              PartExchange{std::move(parts), source, into});
   return arrived_from;
 }

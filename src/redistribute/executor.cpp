@@ -90,15 +90,15 @@ void reduce_scatter_boxes(Comm& comm, const at::Tensor& local, const Box& held, 
 // reduced chunks, both copied through the peers' memory or sent as messages: the bytes of a
 // ring all-reduce, with no copy of the input first.
 at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const AllReduceStep& step, StepTransport how) {
-  if (how.transport == Transport::None) return fresh_copy(local);
+  if (how.kind == TransportKind::None) return fresh_copy(local);
   Comm& comm = mesh.comm(step.mesh_dim);
   const int64_t n = comm.size(), me = comm.rank();
   how = available_on(comm, how);
   // Peer memory turned out unavailable: small reductions go to c10d, as transport_for sends them
   // when peer memory is off.
-  if (how.transport == Transport::Messages && static_cast<int64_t>(local.nbytes()) < kMessagesAllReduceBytes)
-    how.transport = Transport::Collective;
-  if (how.transport == Transport::Collective) {
+  if (how.kind == TransportKind::Messages && static_cast<int64_t>(local.nbytes()) < kMessagesAllReduceBytes)
+    how.kind = TransportKind::Collective;
+  if (how.kind == TransportKind::Collective) {
     at::Tensor out = fresh_copy(local);
     comm.all_reduce(out, step.op);
     return out;
@@ -148,7 +148,7 @@ at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& curren
   const Box mine = box_of(next, mesh.coordinate());
   if (held.empty()) return at::empty(mine.shape, local.options());
   const Group group = group_along(mesh, step.mesh_dim);
-  if (how.transport == Transport::Collective && how.collective == std::string("reduce_scatter"))
+  if (how.kind == TransportKind::Collective && how.collective == std::string("reduce_scatter"))
     return reduce_scatter_equal_pieces(group.comm, local, step.tensor_dim, step.op);
   std::vector<Box> targets;
   for (const std::vector<int64_t>& member : group.members) targets.push_back(box_of(next, member));
@@ -262,7 +262,7 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
       parts.parts.push_back({from, p, box, whole, box});
     }
   const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes_per_rank(target));
-  move_parts(group.comm, {through_memory ? Transport::PeerMemory : Transport::Messages, "scatter", "scatter"}, parts);
+  move_parts(group.comm, {through_memory ? TransportKind::PeerMemory : TransportKind::Messages, "scatter", "scatter"}, parts);
   return local;
 }
 
@@ -271,8 +271,8 @@ void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_di
   for (int64_t m : mesh_dims) {
     const AllReduceStep step{m, op};
     const StepTransport how = reduction_transport(mesh, m, static_cast<int64_t>(tensor.nbytes()));
-    if (how.transport == Transport::None) continue;
-    if (how.transport == Transport::Collective)
+    if (how.kind == TransportKind::None) continue;
+    if (how.kind == TransportKind::Collective)
       mesh.comm(m).all_reduce(tensor, op);  // in place: no copy in or out
     else
       tensor.copy_(all_reduce(tensor, mesh, step, how));
@@ -302,7 +302,7 @@ at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& 
       current_local = reduce_scatter(current_local, *current, planned.after, *s, how);
     } else if (auto* s = std::get_if<AllGatherStep>(&step)) {
       const Group group = group_along(source.mesh(), s->mesh_dim);
-      current_local = how.transport == Transport::Collective && how.collective == std::string("all_gather")
+      current_local = how.kind == TransportKind::Collective && how.collective == std::string("all_gather")
                           ? gather_equal_pieces(group.comm, current_local, s->tensor_dim)
                           : exchange(current_local, *current, planned.after, group, how);
     } else if (auto* s = std::get_if<AllToAllStep>(&step)) {

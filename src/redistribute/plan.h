@@ -56,10 +56,10 @@ using RedistributeStep =
 //   - PeerMemory: same-host copies between the ranks' memory (comm/peer_memory.h);
 //   - Messages: point-to-point messages;
 //   - None: no byte crosses ranks (a local slice, a one-rank group).
-enum class Transport { None, Collective, PeerMemory, Messages };
+enum class TransportKind { None, Collective, PeerMemory, Messages };
 
 struct StepTransport {
-  Transport transport = Transport::None;
+  TransportKind kind = TransportKind::None;
   // The c10d collective that carries a Collective step ("all_gather", "reduce_scatter",
   // "all_reduce", "all_to_all"); for the other transports, the collective it stands in for.
   const char* collective = "";

@@ -141,36 +141,36 @@ StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec&
   const DeviceMesh& mesh = from.mesh();
   // A rank outside the mesh holds nothing and moves nothing (plans are made there too: the
   // dispatcher propagates every op on every rank).
-  if (!mesh.includes_this_rank() || group_size(step, mesh) == 1) return {Transport::None, "", ""};
-  if (std::holds_alternative<AllReduceStep>(step) && box_of(from, mesh.coordinate()).empty()) return {Transport::None, "", ""};
+  if (!mesh.includes_this_rank() || group_size(step, mesh) == 1) return {TransportKind::None, "", ""};
+  if (std::holds_alternative<AllReduceStep>(step) && box_of(from, mesh.coordinate()).empty()) return {TransportKind::None, "", ""};
   if (auto* s = std::get_if<AllReduceStep>(&step)) return reduction_transport(mesh, s->mesh_dim, bytes_moved(step, from), options);
   const char* counted = counted_as(step);
   const TransportPreference preference = options.preference;
   if (mesh.device_type() != "cpu" || preference == TransportPreference::Collectives)
-    return {Transport::Collective, native_collective(step, from, to), counted};
+    return {TransportKind::Collective, native_collective(step, from, to), counted};
   const int64_t bytes = bytes_moved(step, from);
-  if (uses_peer_memory(mesh, bytes, options)) return {Transport::PeerMemory, counted, counted};
-  return {Transport::Messages, counted, counted};
+  if (uses_peer_memory(mesh, bytes, options)) return {TransportKind::PeerMemory, counted, counted};
+  return {TransportKind::Messages, counted, counted};
 }
 
 StepTransport reduction_transport(const DeviceMesh& mesh, int64_t mesh_dim, int64_t bytes_per_rank,
                                   const ResolvedTransportOptions& options) {
-  if (mesh.size(mesh_dim) == 1) return {Transport::None, "", ""};
+  if (mesh.size(mesh_dim) == 1) return {TransportKind::None, "", ""};
   if (mesh.device_type() != "cpu" || options.preference == TransportPreference::Collectives)
-    return {Transport::Collective, "all_reduce", "all_reduce"};
-  if (uses_peer_memory(mesh, bytes_per_rank, options)) return {Transport::PeerMemory, "all_reduce", "all_reduce"};
-  if (bytes_per_rank < kMessagesAllReduceBytes) return {Transport::Collective, "all_reduce", "all_reduce"};
-  return {Transport::Messages, "all_reduce", "all_reduce"};
+    return {TransportKind::Collective, "all_reduce", "all_reduce"};
+  if (uses_peer_memory(mesh, bytes_per_rank, options)) return {TransportKind::PeerMemory, "all_reduce", "all_reduce"};
+  if (bytes_per_rank < kMessagesAllReduceBytes) return {TransportKind::Collective, "all_reduce", "all_reduce"};
+  return {TransportKind::Messages, "all_reduce", "all_reduce"};
 }
 
 std::string to_string(const StepTransport& transport) {
-  switch (transport.transport) {
-    case Transport::None: return "local";
-    case Transport::Collective: return std::string(transport.collective) + " (c10d collective)";
-    case Transport::PeerMemory: return "peer memory";
-    case Transport::Messages: return "messages";
+  switch (transport.kind) {
+    case TransportKind::None: return "local";
+    case TransportKind::Collective: return std::string(transport.collective) + " (c10d collective)";
+    case TransportKind::PeerMemory: return "peer memory";
+    case TransportKind::Messages: return "messages";
   }
-  TORCH_INTERNAL_ASSERT(false, "unknown Transport");
+  TORCH_INTERNAL_ASSERT(false, "unknown TransportKind");
 }
 
 }  // namespace shardtensor

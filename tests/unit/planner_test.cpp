@@ -283,11 +283,11 @@ TEST(TransportChoice, PerCallOptionsOverrideTheProcessDefaultsAndGetTheirOwnLowe
   EXPECT_EQ(&by_messages, &plan_redistribute(from, to, Planner::GraphSearch, messages));
   EXPECT_TRUE(by_messages.lowered_with == messages);
   ASSERT_EQ(by_messages.steps.size(), 1u);
-  EXPECT_EQ(by_messages.steps[0].transport.transport, Transport::Messages);
+  EXPECT_EQ(by_messages.steps[0].transport.kind, TransportKind::Messages);
   EXPECT_EQ(std::string(by_messages.steps[0].transport.counted_as), "all_gather");
   // Changing a process default makes a new plan for default options: no stale lowering.
   set_transport_preference(TransportPreference::Collectives);
   const RedistributePlan& after_change = plan_redistribute(from, to, Planner::GraphSearch);
   set_transport_preference(TransportPreference::Auto);
-  EXPECT_EQ(after_change.steps[0].transport.transport, Transport::Collective);
+  EXPECT_EQ(after_change.steps[0].transport.kind, TransportKind::Collective);
 }

@@ -13,20 +13,20 @@ at::Tensor view_of_part(const at::Tensor& t, const Box& holds, const Box& part) 
 }
 
 StepTransport available_on(Comm& comm, StepTransport how) {
-  if (how.transport == Transport::PeerMemory && !comm.peer_memory()) how.transport = Transport::Messages;
+  if (how.kind == TransportKind::PeerMemory && !comm.peer_memory()) how.kind = TransportKind::Messages;
   return how;
 }
 
 void move_parts(Comm& comm, const StepTransport& how, const PartExchange& exchange) {
-  switch (available_on(comm, how).transport) {
-    case Transport::PeerMemory:
+  switch (available_on(comm, how).kind) {
+    case TransportKind::PeerMemory:
       if (peer_memory_transport().move(comm, exchange)) return;
       break;  // the group has gone back to messages for good
-    case Transport::Collective:
+    case TransportKind::Collective:
       all_to_all_transport().move(comm, exchange);
       return;
-    case Transport::None:
-    case Transport::Messages: break;
+    case TransportKind::None:
+    case TransportKind::Messages: break;
   }
   messages_transport().move(comm, exchange);
 }
