@@ -3,8 +3,8 @@
 Times, with raw torch.distributed over Gloo (no shardtensor), the all_to_all of S(0)->S(1) on
 [2048, 2048] float32 with its buffers prepared, the pack of this rank's strided parts alone,
 and the two back to back, plus a busy loop as long as the pack before the same all_to_all.
-On the 2-core development VM with 4 ranks the pair costs about 1.6 ms more than the sum of
-its parts, whether the work before is a pack or a busy loop touching no memory: the ranks'
+On the 2-core development VM with 4 ranks the pair cost 0.7-1.7 ms more than the sum of its
+parts (stop 44), whether the work before is a pack or a busy loop touching no memory: the ranks'
 Gloo I/O threads wait for cores the others' copies hold (bench/RESULTS.md, stop 44).
 
     MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456 \

@@ -83,10 +83,12 @@ struct Row {
 
 std::string only;  // --only SUBSTRING: just the transitions whose name contains it
 
-// What this rank sends each peer and receives from each (by group rank; Box::none() where
-// nothing moves, its own part at its own index), in the source's coordinates.
+// What this rank sends each peer and receives from each (in mesh.ranks() order, the order of
+// the all_to_all's splits; Box::none() where nothing moves), in the source's coordinates.
+// Its own part sits at index `own` of both.
 struct PartsOfThisRank {
   std::vector<Box> sends, receives;
+  size_t own = 0;
 };
 
 PartsOfThisRank parts_of_this_rank(const ShardTensorSpec& src, const ShardTensorSpec& dst) {
@@ -95,6 +97,7 @@ PartsOfThisRank parts_of_this_rank(const ShardTensorSpec& src, const ShardTensor
   PartsOfThisRank parts;
   for (int64_t r : mesh.ranks()) {
     const auto peer = mesh.coordinate_of(r);
+    if (peer == me) parts.own = parts.sends.size();
     parts.sends.push_back(feeds(src, me, peer) ? intersect(box_of(src, me), box_of(dst, peer)) : Box::none());
     parts.receives.push_back(feeds(src, peer, me) ? intersect(box_of(src, peer), box_of(dst, me)) : Box::none());
   }
@@ -154,20 +157,19 @@ std::function<void()> copies_alone(const at::Tensor& x, const ShardTensorSpec& s
   const auto me = src.mesh().coordinate();
   const at::Tensor local = to_local(x);
   const PartsOfThisRank parts = parts_of_this_rank(src, dst);
-  const int64_t self = src.mesh().mesh_comm().rank();
   std::vector<at::Tensor> arrived(parts.receives.size());  // what a strided part's message holds
   for (size_t r = 0; r < parts.receives.size(); ++r)
     if (!moves_nothing(parts.receives[r])) arrived[r] = at::rand(parts.receives[r].shape);
   return [=] {
     const at::Tensor out = at::empty(dst.local_shape());
     for (size_t r = 0; r < parts.sends.size(); ++r) {
-      if (moves_nothing(parts.sends[r]) || static_cast<int64_t>(r) == self) continue;
+      if (moves_nothing(parts.sends[r]) || r == parts.own) continue;
       (void)view_of_part(local, box_of(src, me), parts.sends[r]).contiguous();  // a no-op for row blocks
     }
     for (size_t r = 0; r < parts.receives.size(); ++r) {
       if (moves_nothing(parts.receives[r])) continue;
       const at::Tensor where = view_of_part(out, box_of(dst, me), parts.receives[r]);
-      if (static_cast<int64_t>(r) == self)
+      if (r == parts.own)
         where.copy_(view_of_part(local, box_of(src, me), parts.receives[r]));
       else if (!where.is_contiguous())
         where.copy_(arrived[r]);
@@ -180,13 +182,11 @@ Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const 
   const DeviceMesh& mesh = src.mesh();
   at::Tensor x = from_local(at::rand(src.local_shape()), mesh, src.placements(), ShardSizing::given(src.shard_sizes()));
   // Minimal bytes: what each receiver lacks, from the rank that holds it (boxes.h).
+  const PartsOfThisRank parts = parts_of_this_rank(src, dst);
   std::vector<int64_t> send_splits, recv_splits;
-  const auto me = mesh.coordinate();
-  for (int64_t r : mesh.ranks()) {
-    const auto peer = mesh.coordinate_of(r);
-    const bool self = peer == me;
-    send_splits.push_back(!self && feeds(src, me, peer) ? intersect(box_of(src, me), box_of(dst, peer)).numel() : 0);
-    recv_splits.push_back(!self && feeds(src, peer, me) ? intersect(box_of(src, peer), box_of(dst, me)).numel() : 0);
+  for (size_t i = 0; i < parts.sends.size(); ++i) {
+    send_splits.push_back(i == parts.own || moves_nothing(parts.sends[i]) ? 0 : parts.sends[i].numel());
+    recv_splits.push_back(i == parts.own || moves_nothing(parts.receives[i]) ? 0 : parts.receives[i].numel());
   }
   int64_t s = 0, r = 0;
   for (int64_t v : send_splits) s += v;
@@ -194,10 +194,10 @@ Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const 
   at::Tensor send = at::rand({s}), recv = at::empty({r});
   // The same bytes on the wire, with this rank's own part in the buffers too, so that the
   // output is the whole result, as redistribute's is: the own part is a local copy in Gloo.
+  const auto me = mesh.coordinate();
   const int64_t own = intersect(box_of(src, me), box_of(dst, me)).numel();
-  const int64_t self_index = mesh.mesh_comm().rank();
   std::vector<int64_t> send_splits_all = send_splits, recv_splits_all = recv_splits;
-  send_splits_all[self_index] = recv_splits_all[self_index] = own;
+  send_splits_all[parts.own] = recv_splits_all[parts.own] = own;
   at::Tensor send_all = at::rand({s + own}), recv_all = at::empty({r + own});
   // The raw collectives: all_to_alls with exactly those sizes, buffers prepared in advance.
   const std::vector<double> ms = time_ms(mesh, {[&] { redistribute(x, dst.placements(), dst.shard_sizes()); },
