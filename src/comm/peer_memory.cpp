@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -92,6 +93,17 @@ void iovecs_of(const std::vector<PeerMemory::Run>& runs, size_t begin, size_t en
   }
 }
 
+// Buffers that members offered for writing in exchanges they left by an error. A peer that
+// checked the offer before this member gave up may have been stopped since, and may write at
+// any time after it resumes: such a buffer is never freed. A group uses messages after a
+// failure, so this keeps at most one exchange's buffer per group.
+void keep_for_late_writers(at::Tensor buffer) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<at::Tensor>;  // never destroyed: a late write may come during exit
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(std::move(buffer));
+}
+
 }  // namespace
 
 bool peer_memory_enabled() { return enabled_flag().load(std::memory_order_relaxed); }
@@ -162,6 +174,7 @@ std::string PeerMemory::name_of(int64_t peer) const {
 void PeerMemory::close(uint64_t k) {
   mailbox_->closed.store(k, std::memory_order_release);
   closed_ = true;
+  if (open_to_writes_.defined()) keep_for_late_writers(std::move(open_to_writes_));
 }
 
 void PeerMemory::give_up(uint64_t k, const std::string& why) {
@@ -205,9 +218,10 @@ void PeerMemory::wait_for_everyone(const char* what, uint64_t k, Ready&& ready) 
 }
 
 PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers,
-                               const std::function<void()>& while_peers_post)
+                               const std::function<void()>& while_peers_post, const at::Tensor& open_to_writes)
     : memory_(memory), operation_(operation), k_(++memory.exchange_), offers_(memory.comm_.size()) {
   TORCH_CHECK(!memory.closed_, "shardtensor: internal error: an exchange started on a closed peer memory");
+  memory.open_to_writes_ = open_to_writes;  // before the post: from then on a peer may write
   Mailbox& box = *memory.mailbox_;
   box.operation.store(operation.hash, std::memory_order_relaxed);
   box.table.store(reinterpret_cast<uintptr_t>(offers.data()), std::memory_order_relaxed);
@@ -252,6 +266,20 @@ bool PeerMemory::Exchange::read(int64_t peer, const std::vector<Run>& runs, std:
   return memory_.copy(peer, runs, error);
 }
 
+bool PeerMemory::Exchange::write(int64_t peer, const std::vector<Run>& runs, std::string& error) {
+  // Re-identified right before the write: a peer that is gone, or no longer the process that
+  // joined, is never written into; one that gave up keeps the buffer, but this exchange failed.
+  Header header;
+  std::string why;
+  if (!memory_.copy(peer, {{memory_.mailboxes_[peer], &header, kPolledBytes}}, why))
+    memory_.give_up(k_, memory_.name_of(peer) + " cannot be read any more (" + why + "): it exited or was killed");
+  if (header.cookie != memory_.cookies_[peer]) memory_.give_up(k_, memory_.name_of(peer) + " is gone: its PID now names another process");
+  if (header.closed == k_) memory_.give_up(k_, memory_.name_of(peer) + " gave up this exchange (it timed out or raised an error)");
+  // A writer stopped here writes after the peer may have given up: into the buffer it keeps.
+  fault_point("peer_memory:write");
+  return memory_.copy(peer, runs, error, Direction::Write);
+}
+
 bool PeerMemory::Exchange::finish(bool mine) {
   fault_point("peer_memory:finish");
   std::atomic_thread_fence(std::memory_order_release);  // this member's reads come before its "done"
@@ -267,10 +295,11 @@ bool PeerMemory::Exchange::finish(bool mine) {
     return true;
   });
   finished_ = true;
+  memory_.open_to_writes_ = at::Tensor();  // every writer is done
   return everyone;
 }
 
-bool PeerMemory::copy(int64_t peer, const std::vector<Run>& runs, std::string& error) const {
+bool PeerMemory::copy(int64_t peer, const std::vector<Run>& runs, std::string& error, Direction direction) const {
   std::vector<iovec> local, remote;
   // Up to IOV_MAX runs per call, so that neither side's list can exceed it.
   for (size_t begin = 0; begin < runs.size(); begin += IOV_MAX) {
@@ -278,13 +307,17 @@ bool PeerMemory::copy(int64_t peer, const std::vector<Run>& runs, std::string& e
     iovecs_of(runs, begin, end, local, remote);
     size_t wanted = 0;
     for (const iovec& v : local) wanted += v.iov_len;
-    const ssize_t done = process_vm_readv(static_cast<pid_t>(pids_[peer]), local.data(), local.size(), remote.data(), remote.size(), 0);
+    const pid_t pid = static_cast<pid_t>(pids_[peer]);
+    const bool reads = direction == Direction::Read;
+    const ssize_t done = reads ? process_vm_readv(pid, local.data(), local.size(), remote.data(), remote.size(), 0)
+                               : process_vm_writev(pid, local.data(), local.size(), remote.data(), remote.size(), 0);
+    const char* call = reads ? "process_vm_readv" : "process_vm_writev";
     if (done < 0) {
-      error = std::string("process_vm_readv: ") + std::strerror(errno);
+      error = std::string(call) + ": " + std::strerror(errno);
       return false;
     }
     if (static_cast<size_t>(done) != wanted) {
-      error = "process_vm_readv copied " + std::to_string(done) + " of " + std::to_string(wanted) + " bytes";
+      error = std::string(call) + " copied " + std::to_string(done) + " of " + std::to_string(wanted) + " bytes";
       return false;
     }
   }

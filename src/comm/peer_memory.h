@@ -6,22 +6,32 @@
 // into the receiver's, with no packing: strided parts travel as lists of runs. It is what MPI
 // libraries use within a node.
 //
-// Only receivers copy, by reading: no process ever writes into another's memory. A member that
-// gave up on an exchange (it timed out, or raised) may already have freed its buffers; a peer
-// that still reads them fills only its own memory with stale bytes, and learns at the end of
-// the exchange that it failed (see below), so stale bytes are never returned as a result.
+// Receivers copy by reading, except where the holder's side of a part lies in many stretches
+// and the receiver's in few: there the holder writes it, since the kernel pins the other
+// process's memory stretch by stretch (about 0.7 µs each, against 0.05 µs for a stretch of
+// one's own; bench/RESULTS.md, "Stop 45"), so the side with many stretches should be local.
+// Reading is safe by construction: a member that gave up an exchange (it timed out, or raised)
+// may already have freed its buffers, and a peer that still reads them fills only its own memory
+// with stale bytes and learns at the end of the exchange that it failed (see below). Writing is
+// made safe by its owner: a member offers for writing only a buffer it allocated for the
+// exchange, and when it leaves the exchange by an error it never frees that buffer (a stopped
+// writer may resume and write at any time later), so no process ever writes into memory its
+// owner no longer offers. The writer checks every run against the extent offered, and checks
+// that the receiver is still the process that joined, right before it writes.
 //
 // An exchange, through a small mailbox in each member's memory that the others read:
 //  1. every member posts the exchange's sequence number, its operation fingerprint
-//     (fingerprint.h) and a table of the parts it offers (for each receiver: the part's box and
-//     where and how it lies in the holder's memory, with the buffer's real extent);
+//     (fingerprint.h) and a table of its offers: for each part it holds, where and how it lies
+//     in its memory (to be read), and for each part it receives, where it lands (to be
+//     written), each with the buffer's real extent;
 //  2. each member waits until every peer has posted the same exchange; a peer that posted a
 //     different operation is an error naming both operations, before any byte moves;
-//  3. each receiver reads the offers meant for it, checks each against the part it expects
-//     and every run against the offered extent, and reads the bytes;
+//  3. each part is copied once, by its receiver reading or its holder writing, after the copier
+//     checked the other side's offer against the part it expects and every run against the
+//     offered extent;
 //  4. every member posts "done k" (and whether its copies succeeded) and waits for the others'.
 //     A member returns only when every member is done, so no offered buffer changes while a
-//     peer reads it.
+//     peer copies, and no written part is used before its writer is done.
 // A peer that cannot be read any more (it exited), that is not the process that joined (its
 // random cookie is gone: a reused PID), or that closed its mailbox (it gave up) is an error on
 // every member, at whatever step it is found: never a success. A member that leaves an exchange
@@ -39,6 +49,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <ATen/core/Tensor.h>
 
 #include "comm/fingerprint.h"
 
@@ -68,8 +80,11 @@ class PeerMemory {
     // `offers` (words whose meaning the caller defines) must stay alive, with every buffer they
     // point at, until finish(). `while_peers_post`, when given, runs between this member's post
     // and its wait for the others (step 2): local work that then overlaps the peers' posting.
+    // `open_to_writes`, when defined, is the buffer the offers let peers write into: one this
+    // member allocated for the exchange and returns to no one else. Should the exchange fail,
+    // it is kept for good instead of freed (see above).
     Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers,
-             const std::function<void()>& while_peers_post = {});
+             const std::function<void()>& while_peers_post = {}, const at::Tensor& open_to_writes = {});
     ~Exchange();
     Exchange(const Exchange&) = delete;
     Exchange& operator=(const Exchange&) = delete;
@@ -78,6 +93,9 @@ class PeerMemory {
     const std::vector<uint64_t>& offers_of(int64_t peer) const { return offers_[peer]; }
     // Reads every run from `peer`; false (and why in `error`) when a copy failed.
     bool read(int64_t peer, const std::vector<Run>& runs, std::string& error);
+    // Writes every run into `peer`, whose offer the caller checked them against; false (and
+    // why in `error`) when a copy failed. Raises when `peer` is gone or gave up this exchange.
+    bool write(int64_t peer, const std::vector<Run>& runs, std::string& error);
     // Step 4. True when every member's copies succeeded, false when one failed (every member
     // gets the same answer; the group then moves its data as messages). Raises when a peer is
     // gone or gave up.
@@ -101,7 +119,8 @@ class PeerMemory {
   explicit PeerMemory(Comm& comm);
   // Reads `peer`'s mailbox words [0, words); false (and why) when it cannot.
   bool read_mailbox(int64_t peer, Header& header, std::string& error) const;
-  bool copy(int64_t peer, const std::vector<Run>& runs, std::string& error) const;
+  enum class Direction { Read, Write };
+  bool copy(int64_t peer, const std::vector<Run>& runs, std::string& error, Direction direction = Direction::Read) const;
   std::string name_of(int64_t peer) const;
   // Polls every peer's mailbox until `ready(peer, header)`; raises when a peer is gone or
   // closed, or after the group's timeout.
@@ -118,6 +137,7 @@ class PeerMemory {
   std::vector<uint64_t> cookies_;     // each member's random identity, by group rank
   std::vector<uint64_t> mailboxes_;   // their addresses, by group rank
   uint64_t exchange_ = 0;             // exchanges started on this group
+  at::Tensor open_to_writes_;         // what the current exchange lets peers write into
   bool closed_ = false;
 };
 

@@ -36,6 +36,7 @@ std::atomic<int64_t>& copy_bytes_per_rank() {
   return bytes;
 }
 std::atomic<int> copies_to_fail{0};
+std::atomic<int64_t> parts_written{0};
 
 // Row-major strides, in elements, of a contiguous tensor that covers `holds`.
 std::vector<int64_t> strides_of(const Box& holds) {
@@ -101,11 +102,14 @@ bool in_short_stretches(const Box& part, const Box& holds, int64_t element) {
   return part.numel() * element < kShortStretchBytes * stretches(part, holds);
 }
 
-// What a holder offers a receiver (see PeerMemory::Exchange): the part, and the contiguous
-// buffer at `base` (of `extent` bytes) that covers `holds`, with its element size. As words:
-// receiver, base, extent, element, ndim, then part's and holds' offsets and shapes.
+// What a member offers a peer for one part (see PeerMemory::Exchange), in a contiguous buffer
+// at `base` (of `extent` bytes) that covers `holds`, with its element size: a holder offers its
+// part to be read, a receiver the place its part lands in, to be written. As words: kind, peer,
+// base, extent, element, ndim, then part's and holds' offsets and shapes.
+enum class OfferKind : uint64_t { ToRead = 0, ToWrite = 1 };
 struct Offer {
-  int64_t receiver = -1;
+  OfferKind kind = OfferKind::ToRead;
+  int64_t peer = -1;  // the receiver that may read, or the holder that may write
   uint64_t base = 0, extent = 0;
   int64_t element = 0;
   Box part, holds;
@@ -113,18 +117,19 @@ struct Offer {
 
 void append_offer(std::vector<uint64_t>& words, const Offer& o) {
   const size_t ndim = o.part.shape.size();
-  for (uint64_t w : {static_cast<uint64_t>(o.receiver), o.base, o.extent, static_cast<uint64_t>(o.element), static_cast<uint64_t>(ndim)})
+  for (uint64_t w : {static_cast<uint64_t>(o.kind), static_cast<uint64_t>(o.peer), o.base, o.extent, static_cast<uint64_t>(o.element),
+                     static_cast<uint64_t>(ndim)})
     words.push_back(w);
   for (const std::vector<int64_t>* v : {&o.part.offsets, &o.part.shape, &o.holds.offsets, &o.holds.shape})
     for (int64_t x : *v) words.push_back(static_cast<uint64_t>(x));
 }
 
-// The offer `words` makes to `receiver` for `part`; false when there is none. Offers come from
-// another process: every length is checked before it is used.
-bool find_offer(const std::vector<uint64_t>& words, int64_t receiver, const Box& part, Offer& found) {
-  constexpr size_t kFixed = 5;
+// The offer of `kind` that `words` makes to `peer` for `part`; false when there is none. Offers
+// come from another process: every length is checked before it is used.
+bool find_offer(const std::vector<uint64_t>& words, OfferKind kind, int64_t peer, const Box& part, Offer& found) {
+  constexpr size_t kFixed = 6;
   for (size_t at = 0; at + kFixed <= words.size();) {
-    const size_t ndim = words[at + 4];
+    const size_t ndim = words[at + 5];
     if (ndim > 64 || at + kFixed + 4 * ndim > words.size()) return false;
     auto box = [&](size_t first) {
       Box b;
@@ -132,10 +137,10 @@ bool find_offer(const std::vector<uint64_t>& words, int64_t receiver, const Box&
       for (size_t d = 0; d < ndim; ++d) b.shape.push_back(static_cast<int64_t>(words[first + ndim + d]));
       return b;
     };
-    Offer o{static_cast<int64_t>(words[at]), words[at + 1], words[at + 2], static_cast<int64_t>(words[at + 3]), box(at + kFixed),
-            box(at + kFixed + 2 * ndim)};
+    Offer o{static_cast<OfferKind>(words[at]), static_cast<int64_t>(words[at + 1]), words[at + 2], words[at + 3],
+            static_cast<int64_t>(words[at + 4]), box(at + kFixed), box(at + kFixed + 2 * ndim)};
     at += kFixed + 4 * ndim;
-    if (o.receiver == receiver && o.part.offsets == part.offsets && o.part.shape == part.shape) {
+    if (o.kind == kind && o.peer == peer && o.part.offsets == part.offsets && o.part.shape == part.shape) {
       found = std::move(o);
       return true;
     }
@@ -151,15 +156,45 @@ bool contains(const Box& outer, const Box& inner) {
 
 std::string describe(const Box& b) { return "offsets [" + join(b.offsets, ", ") + "] shape [" + join(b.shape, ", ") + "]"; }
 
+// Whether part `from` offers is written by its holder into the place `into` offers, instead of
+// read by its receiver: where the holder's side lies in more stretches than the receiver's.
+// The kernel pins the other process's memory stretch by stretch, about 0.7 µs each, while a
+// stretch of one's own costs 0.05 µs (bench/RESULTS.md, "Stop 45"): the copier should be the
+// side with many stretches. Holder and receiver decide alike, from the same two offers.
+bool holder_writes(const Offer& from, const Offer& into) { return stretches(from.part, from.holds) > stretches(into.part, into.holds); }
+
 // This rank's offer of part `p` to its receiver: straight from `source`, or, where the part
 // lies in short stretches of it, from a packed copy added to `packed` (kept until the end).
 Offer offer_for(const PeerPart& p, const at::Tensor& source, std::vector<at::Tensor>& packed) {
   const int64_t element = static_cast<int64_t>(source.element_size());
   if (!in_short_stretches(p.part, p.holder_holds, element))
-    return {p.receiver, reinterpret_cast<uintptr_t>(source.data_ptr()), source.nbytes(), element, p.part, p.holder_holds};
+    return {OfferKind::ToRead, p.receiver, reinterpret_cast<uintptr_t>(source.data_ptr()), source.nbytes(), element, p.part, p.holder_holds};
   packed.push_back(at::empty(p.part.shape, source.options()));
   packed.back().copy_(view_in(source, p.holder_holds, p.part));
-  return {p.receiver, reinterpret_cast<uintptr_t>(packed.back().data_ptr()), packed.back().nbytes(), element, p.part, p.part};
+  return {OfferKind::ToRead, p.receiver, reinterpret_cast<uintptr_t>(packed.back().data_ptr()), packed.back().nbytes(), element, p.part,
+          p.part};
+}
+
+// The place part `p` lands in `destination` (which covers p.receiver_holds), offered to its
+// holder for writing; none where this rank's side lies in short stretches (it is read into a
+// staging buffer then).
+bool landing_for(const PeerPart& p, const at::Tensor& destination, Offer& into) {
+  const int64_t element = static_cast<int64_t>(destination.element_size());
+  if (in_short_stretches(p.part, p.receiver_holds, element)) return false;
+  into = {OfferKind::ToWrite, p.holder, reinterpret_cast<uintptr_t>(destination.data_ptr()), destination.nbytes(), element, p.part,
+          p.receiver_holds};
+  return true;
+}
+
+// Checks `peer`'s offer of part `p` against what this rank copies: the same element size, and
+// a buffer whose extent holds the box it claims to cover, which covers the part.
+void check_offer(const PeerMemory::Exchange& exchange, int64_t peer, const PeerPart& p, const Offer& offer, int64_t element) {
+  const bool consistent = offer.element == element && contains(offer.holds, p.part) &&
+                          offer.extent >= static_cast<uint64_t>(offer.holds.numel() * element);
+  TORCH_CHECK(consistent, "shardtensor: exchange through peer memory failed: group rank ", peer, " offers part ", describe(p.part),
+              offer.kind == OfferKind::ToRead ? " from" : " into", " a buffer that cannot hold it (it holds ", describe(offer.holds), " in ",
+              offer.extent, " bytes of ", offer.element, "-byte elements; this rank copies ", element, "-byte elements) in \"",
+              exchange.operation().description, "\"");
 }
 
 // Reads part `p` (this rank is its receiver) as `offer` describes it, into `destination`,
@@ -167,11 +202,7 @@ Offer offer_for(const PeerPart& p, const at::Tensor& source, std::vector<at::Ten
 // through a contiguous staging buffer. The offer is checked against the part first.
 bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& offer, const at::Tensor& destination, std::string& error) {
   const int64_t element = static_cast<int64_t>(destination.element_size());
-  const bool consistent = offer.element == element && contains(offer.holds, p.part) &&
-                          offer.extent >= static_cast<uint64_t>(offer.holds.numel() * element);
-  TORCH_CHECK(consistent, "shardtensor: exchange through peer memory failed: group rank ", p.holder, " offers part ", describe(p.part),
-                " from a buffer that cannot hold it (it holds ", describe(offer.holds), " in ", offer.extent, " bytes of ", offer.element,
-                "-byte elements; this rank reads ", element, "-byte elements) in \"", exchange.operation().description, "\"");
+  check_offer(exchange, p.holder, p, offer, element);
   TORCH_INTERNAL_ASSERT(contains(p.receiver_holds, p.part) && destination.nbytes() >= static_cast<size_t>(p.receiver_holds.numel() * element));
   if (take_injected_copy_failure(error)) return false;
   PeerPart layout{p.holder, p.receiver, p.part, offer.holds, p.receiver_holds};
@@ -189,6 +220,21 @@ bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& o
   return ok;
 }
 
+// Writes part `p` (this rank is its holder) from `source`, which covers p.holder_holds, into
+// the place its receiver offered. The offer is checked against the part first.
+bool write_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& into, const at::Tensor& source, std::string& error) {
+  const int64_t element = static_cast<int64_t>(source.element_size());
+  check_offer(exchange, p.receiver, p, into, element);
+  if (take_injected_copy_failure(error)) return false;
+  char* const here = static_cast<char*>(source.data_ptr());
+  std::vector<PeerMemory::Run> runs;
+  for (const ElementRun& r : runs_of({p.holder, p.receiver, p.part, p.holder_holds, into.holds}))
+    runs.push_back({into.base + static_cast<uint64_t>(r.receiver * element), here + r.holder * element, static_cast<size_t>(r.length * element)});
+  if (!exchange.write(p.receiver, runs, error)) return false;
+  ++parts_written;
+  return true;
+}
+
 }  // namespace
 
 void set_peer_copy_bytes(int64_t bytes) {
@@ -199,6 +245,8 @@ void set_peer_copy_bytes(int64_t bytes) {
 int64_t peer_copy_bytes() { return copy_bytes_per_rank().load(std::memory_order_relaxed); }
 
 void fail_next_peer_copies(int count) { copies_to_fail = count; }
+
+int64_t peer_parts_written() { return parts_written.load(); }
 
 bool take_injected_copy_failure(std::string& error) {
   if (copies_to_fail.load(std::memory_order_relaxed) <= 0) return false;
@@ -214,23 +262,39 @@ bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& sourc
   const int64_t me = comm.rank();
   std::vector<at::Tensor> packed;
   std::vector<uint64_t> offers;
+  std::vector<std::pair<const PeerPart*, Offer>> held, received;  // this rank's offers, part by part
+  bool open_to_writes = false;
   int64_t bytes_sent = 0;
   for (const PeerPart& p : parts) {
-    if (p.holder != me || p.part.empty()) continue;
-    bytes_sent += p.part.numel() * static_cast<int64_t>(source.element_size());
-    append_offer(offers, offer_for(p, source, packed));
+    if (p.part.empty()) continue;
+    if (p.holder == me) {
+      bytes_sent += p.part.numel() * static_cast<int64_t>(source.element_size());
+      held.emplace_back(&p, offer_for(p, source, packed));
+      append_offer(offers, held.back().second);
+    } else if (p.receiver == me) {
+      received.emplace_back(&p, Offer{});
+      if (!landing_for(p, destination, received.back().second)) continue;
+      append_offer(offers, received.back().second);
+      open_to_writes = true;
+    }
   }
   PeerMemory::Exchange exchange(memory, fingerprint_of(std::string(counted_as) + " of " + std::string(c10::toString(source.scalar_type()))),
-                                offers, local_work);
+                                offers, local_work, open_to_writes ? destination : at::Tensor());
   bool ok = true;
   std::string error;
-  for (const PeerPart& p : parts) {
-    if (!ok || p.receiver != me || p.part.empty()) continue;
-    Offer offer;
-    TORCH_CHECK(find_offer(exchange.offers_of(p.holder), me, p.part, offer), "shardtensor: exchange through peer memory failed: group rank ",
-                p.holder, " offers no part ", describe(p.part), " to this rank (group rank ", me, ") in \"", exchange.operation().description,
+  for (const auto& [p, from] : held) {
+    Offer into;
+    if (ok && find_offer(exchange.offers_of(p->receiver), OfferKind::ToWrite, me, p->part, into) && holder_writes(from, into))
+      ok = write_part(exchange, *p, into, source, error);
+  }
+  for (const auto& [p, into] : received) {
+    Offer from;
+    TORCH_CHECK(find_offer(exchange.offers_of(p->holder), OfferKind::ToRead, me, p->part, from),
+                "shardtensor: exchange through peer memory failed: group rank ", p->holder, " offers no part ", describe(p->part),
+                " to this rank (group rank ", me, ") in \"", exchange.operation().description,
                 "\": the ranks disagree on the layout (sizes or placements differ between ranks)");
-    ok = read_part(exchange, p, offer, destination, error);
+    const bool written = into.kind == OfferKind::ToWrite && holder_writes(from, into);
+    if (ok && !written) ok = read_part(exchange, *p, from, destination, error);
   }
   record_collective(counted_as, bytes_sent, counts);
   if (!ok) TORCH_WARN("shardtensor: copying through a peer's memory failed (", error, "); the group goes back to messages.");

@@ -1,7 +1,9 @@
 // Transfers through the peers' memory (comm/peer_memory.h) instead of messages: on a group
-// whose members share this host, each part is read once by its receiver, straight from the
-// holder's local tensor into the receiver's result, with no packing and no socket. Each holder
-// offers its parts with their boxes; a receiver checks the offer against the part it expects.
+// whose members share this host, each part is copied once, straight from the holder's local
+// tensor into the receiver's result, with no packing and no socket. The receiver reads it, or,
+// where the holder's side lies in more stretches than the receiver's, the holder writes it.
+// Each side offers its buffer with the boxes it covers; the copier checks the offer against the
+// part it expects.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,10 +42,15 @@ int64_t peer_copy_bytes();
 void fail_next_peer_copies(int count);
 // Whether this copy is one of those (then `error` says so); each call uses one up.
 bool take_injected_copy_failure(std::string& error);
+// How many parts this process has written into its peers' memory as their holder (the rest
+// were read by their receivers); tests check which side copied.
+int64_t peer_parts_written();
 
 // Moves every part this rank holds or receives (`parts` lists them; parts this rank keeps are
 // copied by the caller): this rank offers `source` (which covers p.holder_holds of each part it
-// holds) and reads into `destination` (which covers p.receiver_holds of each part it receives).
+// holds) and `destination` (which covers p.receiver_holds of each part it receives, and which
+// the caller allocated for this exchange and shares with no one: should the exchange fail, a
+// late peer may still write into it, and it is then kept, never freed).
 // Counted as one `counted_as` that sent what this rank holds. `local_work` (the caller's own
 // part, say) runs once this rank's offers are posted, while the peers post theirs. False, on every member alike,
 // when a copy failed: the group has then gone back to messages for good, and the caller moves

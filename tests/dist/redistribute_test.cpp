@@ -320,9 +320,17 @@ TEST(Redistribute, SameHostGroupsCopyThroughPeerMemory) {
     // Rows of 2000 floats: parts in long stretches go without staging, written by their holder
     // (contiguous in the receiver) one way and read by their receiver the other way.
     const std::vector<int64_t> wide = {40, 2000};
-    at::Tensor w = redistribute(distributed(mesh, wide, rows), cols);
+    const at::Tensor wide_rows = distributed(mesh, wide, rows);
+    const int64_t written_before = peer_parts_written();
+    at::Tensor w = redistribute(wide_rows, cols);
     expect_holds_reference(w, wide);
+    const int64_t written_there = peer_parts_written() - written_before;
     expect_holds_reference(redistribute(w, rows), wide);
+    if (mesh.ndim() == 1) {
+      // Every rank holds rows: it writes its part into each peer, and reads every part back.
+      EXPECT_EQ(written_there, mesh.size() - 1);
+      EXPECT_EQ(peer_parts_written() - written_before, mesh.size() - 1);
+    }
     for (int64_t m = 0; m < mesh.ndim(); ++m)
       if (mesh.size(m) > 1) EXPECT_NE(mesh.comm(m).peer_memory(), nullptr) << mesh.comm(m).why_no_peer_memory();
     if (mesh.size() > 1) EXPECT_NE(mesh.mesh_comm().peer_memory(), nullptr) << mesh.mesh_comm().why_no_peer_memory();

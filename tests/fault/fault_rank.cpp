@@ -62,7 +62,8 @@ void check(const at::Tensor& result, const at::Tensor& expected, const std::stri
 }
 
 // The tensors of a round, by step name; "A" and "B" move the same bytes ([13, 10] and [10, 13]
-// from S(0) to S(1)), "C" more of them. Every rank distributes all three in the same order
+// from S(0) to S(1)), "C" more of them, and "D"'s rows are long enough that through peer
+// memory its holders write its parts (peer_copies.h). Every rank distributes all four in the same order
 // (distribute_tensor compares what the ranks pass, and would catch a skip itself), so that a
 // skipped or reordered step is left to the transports to catch.
 struct Step {
@@ -70,8 +71,9 @@ struct Step {
 };
 std::map<char, Step> distribute_round(const DeviceMesh& mesh, int64_t round) {
   std::map<char, Step> steps;
-  for (char step : {'A', 'B', 'C'}) {
-    const int64_t rows = step == 'A' ? 13 : step == 'B' ? 10 : 29, cols = step == 'A' ? 10 : 13;
+  for (char step : {'A', 'B', 'C', 'D'}) {
+    const int64_t rows = step == 'A' ? 13 : step == 'B' ? 10 : step == 'C' ? 29 : 24;
+    const int64_t cols = step == 'A' ? 10 : step == 'D' ? 3000 : 13;
     const at::Tensor global = global_tensor(rows, cols, round, step);
     steps[step] = {global, distribute_tensor(global, mesh, {Shard(0)})};
   }
@@ -117,11 +119,11 @@ int main(int argc, char** argv) {
           if (action == "late_at") std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s + 2));
         });
       }
-      std::string steps = "ABC";
+      std::string steps = "ABCD";
       if (is_victim && round == fault_round) {
-        if (scenario == "skip") steps = "BC";
-        if (scenario == "reorder_same") steps = "BAC";
-        if (scenario == "reorder_sizes") steps = "CAB";
+        if (scenario == "skip") steps = "BCD";
+        if (scenario == "reorder_same") steps = "BACD";
+        if (scenario == "reorder_sizes") steps = "CABD";
       }
       const std::map<char, Step> tensors = distribute_round(mesh, round);
       for (char step : steps) run_step(tensors.at(step), step, round);
@@ -144,7 +146,19 @@ int main(int argc, char** argv) {
         at::Tensor junk = at::full({1 << 12}, static_cast<float>(i));
         if (junk[7].item<float>() != static_cast<float>(i)) std::_Exit(4);
       }
+      // Buffers the size of step D's results, which its holders write into (malloc hands back
+      // the freed ones), hold a known value while the late peer wakes and writes: a write into
+      // memory its owner freed shows as a changed value.
+      std::vector<at::Tensor> held;
+      for (int i = 0; i < 8; ++i) held.push_back(at::full({24, 3000 / world_size() + 1}, -7.0f));
+      for (int i = 0; i < 8; ++i) held.push_back(at::full({24, 3000 / world_size()}, -7.0f));
       std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s + 3));
+      for (const at::Tensor& t : held)
+        if (!t.eq(-7.0f).all().item<bool>()) {
+          report("wrong: a late peer wrote into memory this rank had freed");
+          std::cerr << "rank " << world_rank() << ": a late peer wrote into freed memory\n";
+          std::_Exit(3);
+        }
       for (int i = 0; i < 200; ++i) at::Tensor junk = at::full({1 << 12}, static_cast<float>(i));
     }
   }

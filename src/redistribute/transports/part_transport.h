@@ -39,7 +39,8 @@ struct PartExchange {
   // Covers p.holder_holds of every part this member holds: any strides, and it may lack the
   // leading extent-1 dims of holder_holds (a stack slot).
   at::Tensor source;
-  // Covers p.receiver_holds of every part this member receives; contiguous.
+  // Covers p.receiver_holds of every part this member receives; contiguous, allocated for this
+  // exchange and shared with no one (peers may write into it: peer_copies.h).
   at::Tensor destination;
   // What CommDebugMode counts the exchange as; with `counts` false, only its bytes (the second
   // phase of one collective).

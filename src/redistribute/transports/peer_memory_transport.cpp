@@ -1,6 +1,6 @@
-// PeerMemory: on a group whose members share this host, each part is read once, straight from
-// its holder's tensor into its receiver's (redistribute/peer_copies.h: the offers, the checks
-// of fingerprints and extents, the revocation after a timeout).
+// PeerMemory: on a group whose members share this host, each part is copied once, straight from
+// its holder's tensor into its receiver's (redistribute/peer_copies.h: the offers, who copies,
+// the checks of fingerprints and extents; comm/peer_memory.h: what a timeout leaves safe).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "comm/comm.h"
 #include "redistribute/transports/part_transport.h"
