@@ -1,4 +1,4 @@
-// PeerMemory: the probe, the mailbox protocol and the reads (see peer_memory.h).
+// PeerMemory: the probe, the mailbox protocol and the copies (see peer_memory.h).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "comm/peer_memory.h"
 
@@ -17,7 +17,6 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <thread>
 
@@ -40,6 +39,7 @@ struct alignas(64) Mailbox {
   std::atomic<uint64_t> table{0};  // address of the offers
   std::atomic<uint64_t> table_words{0};
   char description[kDescriptionBytes] = {0};
+  std::atomic<uint64_t> written{0};  // what the probe writes, to learn whether peers may write here
 };
 
 // A reader's copy of a mailbox: the same layout, as plain words.
@@ -93,16 +93,18 @@ void iovecs_of(const std::vector<PeerMemory::Run>& runs, size_t begin, size_t en
   }
 }
 
-// Buffers that members offered for writing in exchanges they left by an error. A peer that
+// A buffer that this member offered for writing in an exchange it left by an error. A peer that
 // checked the offer before this member gave up may have been stopped since, and may write at
-// any time after it resumes: such a buffer is never freed. A group uses messages after a
-// failure, so this keeps at most one exchange's buffer per group.
-void keep_for_late_writers(at::Tensor buffer) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<at::Tensor>;  // never destroyed: a late write may come during exit
-  std::lock_guard<std::mutex> lock(mutex);
-  kept->push_back(std::move(buffer));
+// any time after it resumes: the buffer is never freed. Its storage keeps one reference that
+// nothing drops (taking it allocates nothing, so it cannot fail on an error path). A group uses
+// messages after a failure, so this keeps at most one exchange's buffer per group.
+void keep_for_late_writers(const at::Tensor& buffer) {
+  c10::raw::intrusive_ptr::incref(buffer.storage().unsafeGetStorageImpl());
 }
+
+// The most offer words a member reads from a peer: far above any exchange's (a few words per
+// part), and a bound on what a corrupt or hostile table could make this member allocate.
+constexpr uint64_t kMaxOfferWords = uint64_t{1} << 20;
 
 }  // namespace
 
@@ -113,7 +115,9 @@ void set_peer_memory_enabled(bool enabled) { enabled_flag() = enabled; }
 // exchange (it saw every "done", the peer has not yet seen this one's), and a freed mailbox could
 // hold anything by then. It is 256 bytes per communicator.
 PeerMemory::PeerMemory(Comm& comm) : comm_(comm), mailbox_(new Mailbox) { mailbox_->cookie.store(random_cookie()); }
-PeerMemory::~PeerMemory() = default;
+PeerMemory::~PeerMemory() {
+  if (open_to_writes_.defined()) keep_for_late_writers(open_to_writes_);  // an exchange was never closed: keep what it offered
+}
 
 std::unique_ptr<PeerMemory> PeerMemory::probe(Comm& comm, std::string& why_not) {
   CommDebugPause pause;  // set-up traffic, not a collective the user asked for
@@ -142,13 +146,16 @@ std::unique_ptr<PeerMemory> PeerMemory::probe(Comm& comm, std::string& why_not) 
     }
     Header header;
     std::string error;
-    if (!candidate->read_mailbox(p, header, error) || header.cookie != candidate->cookies_[p]) {
-      why_not = "cannot read the memory of group rank " + std::to_string(p) + " (pid " + std::to_string(row[0]) +
+    uint64_t written = cookie;
+    const bool writes = candidate->read_mailbox(p, header, error) && header.cookie == candidate->cookies_[p] &&
+                        candidate->copy(p, {{row[3] + offsetof(Mailbox, written), &written, sizeof(written)}}, error, Direction::Write);
+    if (!writes) {
+      why_not = "cannot read and write the memory of group rank " + std::to_string(p) + " (pid " + std::to_string(row[0]) +
                 "): " + (error.empty() ? "another value is there" : error);
       // Same host, yet no access: worth saying once, since the fix is the machine's.
       TORCH_WARN_ONCE("shardtensor: ranks on this host ", why_not,
                       "; redistribution goes over Gloo messages instead. Ranks of one user may read each other's memory "
-                      "unless Yama's ptrace_scope or a container's seccomp profile forbids process_vm_readv; "
+                      "unless Yama's ptrace_scope or a container's seccomp profile forbids process_vm_readv or process_vm_writev; "
                       "SHARDTENSOR_PEER_MEMORY=0 skips the attempt.");
       ok = false;
     }
@@ -174,7 +181,8 @@ std::string PeerMemory::name_of(int64_t peer) const {
 void PeerMemory::close(uint64_t k) {
   mailbox_->closed.store(k, std::memory_order_release);
   closed_ = true;
-  if (open_to_writes_.defined()) keep_for_late_writers(std::move(open_to_writes_));
+  if (open_to_writes_.defined()) keep_for_late_writers(open_to_writes_);
+  open_to_writes_ = at::Tensor();
 }
 
 void PeerMemory::give_up(uint64_t k, const std::string& why) {
@@ -221,6 +229,7 @@ PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation,
                                const std::function<void()>& while_peers_post, const at::Tensor& open_to_writes)
     : memory_(memory), operation_(operation), k_(++memory.exchange_), offers_(memory.comm_.size()) {
   TORCH_CHECK(!memory.closed_, "shardtensor: internal error: an exchange started on a closed peer memory");
+  TORCH_INTERNAL_ASSERT(!memory.open_to_writes_.defined(), "an exchange started while the last one still offers a buffer");
   memory.open_to_writes_ = open_to_writes;  // before the post: from then on a peer may write
   Mailbox& box = *memory.mailbox_;
   box.operation.store(operation.hash, std::memory_order_relaxed);
@@ -228,33 +237,36 @@ PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation,
   box.table_words.store(offers.size(), std::memory_order_relaxed);
   std::strncpy(box.description, operation.description.c_str(), kDescriptionBytes - 1);
   box.posted.store(k_, std::memory_order_release);
-  fault_point("peer_memory:posted");
-  if (while_peers_post) {
-    try {
-      while_peers_post();
-    } catch (...) {
-      memory.close(k_);  // the destructor does not run for a constructor that throws
-      throw;
-    }
+  // The destructor does not run for a constructor that throws: whatever raises from here on
+  // (a peer's error, local work, an allocation) closes this member's mailbox first.
+  try {
+    fault_point("peer_memory:posted");
+    if (while_peers_post) while_peers_post();
+    memory.wait_for_everyone("every member to post the same exchange", k_, [&](int64_t p, const Header& polled) {
+      if (polled.posted < k_) return false;
+      Header header;
+      std::string error;
+      if (!memory.read_mailbox(p, header, error)) memory.give_up(k_, memory.name_of(p) + " cannot be read any more (" + error + ")");
+      if (header.posted != k_)
+        memory.give_up(k_, memory.name_of(p) + " is at exchange #" + std::to_string(header.posted) + " where this rank is at #" +
+                               std::to_string(k_) + ": the ranks ran different sequences of collectives");
+      if (header.operation != operation_.hash)
+        memory.give_up(k_, different_operations(memory.comm_.group_name(), memory.comm_.rank(), operation_.description, k_, memory.name_of(p),
+                                                std::string(header.description, strnlen(header.description, kDescriptionBytes)), header.posted));
+      // Posted, then gave up: its offers may be freed already, and must not be read.
+      if (header.closed == k_) memory.give_up(k_, memory.name_of(p) + " gave up this exchange (it timed out or raised an error)");
+      if (header.table_words > kMaxOfferWords)
+        memory.give_up(k_, memory.name_of(p) + " posts " + std::to_string(header.table_words) + " offer words, more than the " +
+                               std::to_string(kMaxOfferWords) + " any exchange makes: its mailbox is corrupt");
+      offers_[p].resize(header.table_words);
+      if (header.table_words > 0 && !memory.copy(p, {{header.table, offers_[p].data(), header.table_words * sizeof(uint64_t)}}, error))
+        memory.give_up(k_, "cannot read the offers of " + memory.name_of(p) + " (" + error + ")");
+      return true;
+    });
+  } catch (...) {
+    memory.close(k_);  // give_up closed it already where it raised; closing twice is harmless
+    throw;
   }
-  memory.wait_for_everyone("every member to post the same exchange", k_, [&](int64_t p, const Header& polled) {
-    if (polled.posted < k_) return false;
-    Header header;
-    std::string error;
-    if (!memory.read_mailbox(p, header, error)) memory.give_up(k_, memory.name_of(p) + " cannot be read any more (" + error + ")");
-    if (header.posted != k_)
-      memory.give_up(k_, memory.name_of(p) + " is at exchange #" + std::to_string(header.posted) + " where this rank is at #" + std::to_string(k_) +
-           ": the ranks ran different sequences of collectives");
-    if (header.operation != operation_.hash)
-      memory.give_up(k_, different_operations(memory.comm_.group_name(), memory.comm_.rank(), operation_.description, k_, memory.name_of(p),
-                                              std::string(header.description, strnlen(header.description, kDescriptionBytes)), header.posted));
-    // Posted, then gave up: its offers may be freed already, and must not be read.
-    if (header.closed == k_) memory.give_up(k_, memory.name_of(p) + " gave up this exchange (it timed out or raised an error)");
-    offers_[p].resize(header.table_words);
-    if (header.table_words > 0 && !memory.copy(p, {{header.table, offers_[p].data(), header.table_words * sizeof(uint64_t)}}, error))
-      memory.give_up(k_, "cannot read the offers of " + memory.name_of(p) + " (" + error + ")");
-    return true;
-  });
 }
 
 PeerMemory::Exchange::~Exchange() {
@@ -282,18 +294,20 @@ bool PeerMemory::Exchange::write(int64_t peer, const std::vector<Run>& runs, std
 
 bool PeerMemory::Exchange::finish(bool mine) {
   fault_point("peer_memory:finish");
-  std::atomic_thread_fence(std::memory_order_release);  // this member's reads come before its "done"
+  std::atomic_thread_fence(std::memory_order_release);  // this member's copies come before its "done"
   memory_.mailbox_->done.store(2 * k_ + (mine ? 0 : 1), std::memory_order_release);
   bool everyone = mine;
   memory_.wait_for_everyone("every member to finish copying", k_, [&](int64_t p, const Header& polled) {
     // A peer that marked itself done and then gave up this exchange left it while this member
-    // may still have been reading its buffers: what was read cannot be trusted. Read after this
-    // member's reads, "not closed" means the peer was still waiting here, its buffers alive.
+    // may still have been copying from or into its buffers: what was copied cannot be trusted.
+    // Read after this member's copies, "not closed" means the peer was still waiting here, its
+    // buffers alive.
     if (polled.closed == k_) memory_.give_up(k_, memory_.name_of(p) + " gave up this exchange while it was being read");
     if (polled.done / 2 < k_) return false;
     if (polled.done / 2 == k_ && polled.done % 2 == 1) everyone = false;
     return true;
   });
+  std::atomic_thread_fence(std::memory_order_acquire);  // the peers' writes come before their "done"
   finished_ = true;
   memory_.open_to_writes_ = at::Tensor();  // every writer is done
   return everyone;

@@ -2,7 +2,7 @@
 //
 // Over Gloo, bytes between two processes on one host cross a loopback socket: the sender packs
 // them into a contiguous message, the kernel copies them into the socket and out again. Linux's
-// cross-memory attach (process_vm_readv) copies them once, straight from the holder's tensor
+// cross-memory attach (process_vm_readv/writev) copies them once, straight from the holder's tensor
 // into the receiver's, with no packing: strided parts travel as lists of runs. It is what MPI
 // libraries use within a node.
 //
@@ -15,9 +15,11 @@
 // with stale bytes and learns at the end of the exchange that it failed (see below). Writing is
 // made safe by its owner: a member offers for writing only a buffer it allocated for the
 // exchange, and when it leaves the exchange by an error it never frees that buffer (a stopped
-// writer may resume and write at any time later), so no process ever writes into memory its
-// owner no longer offers. The writer checks every run against the extent offered, and checks
-// that the receiver is still the process that joined, right before it writes.
+// writer may resume and write at any time later), so no process writes into memory its owner
+// no longer offers while that owner lives. The writer checks every run against the extent
+// offered, and checks that the receiver is still the process that joined right before it
+// writes. One window is left, as in MPI's same-host copies: a receiver that exits between that
+// check and the write, its PID taken by a new process of the same user within that moment.
 //
 // An exchange, through a small mailbox in each member's memory that the others read:
 //  1. every member posts the exchange's sequence number, its operation fingerprint
@@ -39,8 +41,8 @@
 // timeout, and it uses messages from then on.
 //
 // Whether a group may use it is probed collectively (over c10d), once per communicator: every
-// member must run on this host, in this PID namespace, and be allowed to read the others (same
-// user, no seccomp or Yama rule against it). SHARDTENSOR_PEER_MEMORY=0 turns it off.
+// member must run on this host, in this PID namespace, and be allowed to read and write the
+// others (same user, no seccomp or Yama rule against it). SHARDTENSOR_PEER_MEMORY=0 turns it off.
 #pragma once
 
 #include <cstddef>

@@ -186,11 +186,32 @@ bool landing_for(const PeerPart& p, const at::Tensor& destination, Offer& into) 
   return true;
 }
 
+// The bytes a buffer covering `holds` spans; false where a size is negative or the product
+// overflows (an offer from another process is checked before it is trusted).
+bool bytes_of(const Box& holds, int64_t element, uint64_t& bytes) {
+  bytes = static_cast<uint64_t>(element);
+  for (int64_t size : holds.shape)
+    if (size < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(size), &bytes)) return false;
+  return element > 0;
+}
+
+// Whether `parts` lists the part `p` moves more than once between the same two members (a halo
+// window that wraps around an axis more than once could). Such parts are read, never written:
+// a holder could not tell which landing each of its copies is for.
+bool listed_twice(const std::vector<PeerPart>& parts, const PeerPart& p) {
+  int count = 0;
+  for (const PeerPart& q : parts)
+    count += q.holder == p.holder && q.receiver == p.receiver && q.part.offsets == p.part.offsets && q.part.shape == p.part.shape;
+  return count > 1;
+}
+
 // Checks `peer`'s offer of part `p` against what this rank copies: the same element size, and
-// a buffer whose extent holds the box it claims to cover, which covers the part.
+// a buffer whose extent holds the box it claims to cover, which covers the part. Every run of
+// the copy then lies inside the offered extent.
 void check_offer(const PeerMemory::Exchange& exchange, int64_t peer, const PeerPart& p, const Offer& offer, int64_t element) {
-  const bool consistent = offer.element == element && contains(offer.holds, p.part) &&
-                          offer.extent >= static_cast<uint64_t>(offer.holds.numel() * element);
+  uint64_t spans = 0;
+  const bool consistent = offer.element == element && contains(offer.holds, p.part) && bytes_of(offer.holds, element, spans) &&
+                          offer.extent >= spans;
   TORCH_CHECK(consistent, "shardtensor: exchange through peer memory failed: group rank ", peer, " offers part ", describe(p.part),
               offer.kind == OfferKind::ToRead ? " from" : " into", " a buffer that cannot hold it (it holds ", describe(offer.holds), " in ",
               offer.extent, " bytes of ", offer.element, "-byte elements; this rank copies ", element, "-byte elements) in \"",
@@ -225,6 +246,7 @@ bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& o
 bool write_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& into, const at::Tensor& source, std::string& error) {
   const int64_t element = static_cast<int64_t>(source.element_size());
   check_offer(exchange, p.receiver, p, into, element);
+  TORCH_INTERNAL_ASSERT(contains(p.holder_holds, p.part) && source.nbytes() >= static_cast<size_t>(p.holder_holds.numel() * element));
   if (take_injected_copy_failure(error)) return false;
   char* const here = static_cast<char*>(source.data_ptr());
   std::vector<PeerMemory::Run> runs;
@@ -273,7 +295,7 @@ bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& sourc
       append_offer(offers, held.back().second);
     } else if (p.receiver == me) {
       received.emplace_back(&p, Offer{});
-      if (!landing_for(p, destination, received.back().second)) continue;
+      if (listed_twice(parts, p) || !landing_for(p, destination, received.back().second)) continue;
       append_offer(offers, received.back().second);
       open_to_writes = true;
     }

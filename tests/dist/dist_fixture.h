@@ -43,8 +43,8 @@ inline const std::vector<DeviceMesh>& test_meshes() {
   return meshes;
 }
 
-// Whether this machine's kernel forbids the ranks of `comm` to read each other's memory (a
-// seccomp profile or Yama rule refusing process_vm_readv): peer memory is then unavailable by
+// Whether this machine's kernel forbids the ranks of `comm` to read or write each other's memory
+// (a seccomp profile or Yama rule refusing process_vm_readv/writev): peer memory is then unavailable by
 // the machine's choice, not by a bug, and tests of it skip, saying so. Collective over `comm`
 // (it may run the probe), so every rank decides alike.
 inline bool kernel_forbids_peer_memory(Comm& comm) {

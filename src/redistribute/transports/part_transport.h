@@ -26,10 +26,11 @@ namespace shardtensor {
 class Comm;
 
 // One exchange over a group, as this member sees it. Every part of `parts` moves from its
-// holder to its receiver (group ranks), at most one part per ordered pair of members, and
-// this member is one of the two; a member's part to itself is not listed (`local_work` copies
-// it). All members describe the same exchange: each part is listed, with the same boxes, by its
-// holder and by its receiver.
+// holder to its receiver (group ranks), and this member is one of the two (a halo lists several
+// parts for one pair, one per stretch); a member's part to itself is not listed (`local_work` copies
+// it). All members describe the same exchange: each part is listed, with the same part box, by
+// its holder and by its receiver (each side's holds may be its own only: a halo's receiver does
+// not know how its holder lays out what it sends).
 struct PartExchange {
   PartExchange(std::vector<PeerPart> parts, at::Tensor source, at::Tensor destination, const char* counted_as = "all_to_all",
                bool counts = true)
