@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The project's entry point (the README's two commands use it):
-#   ./dev.sh demo [RANKS] [OPTIONS]  build, then run the main demo (a U-Net on a spatially
-#                           sharded heat field) on RANKS local ranks (default 4); OPTIONS go to
-#                           the demo: --mesh 2x2, --steps N, --out DIR, --device cuda
-#   ./dev.sh test           build and run every test (unit, 1-4 ranks, failure, launcher,
-#                           package, demo) on each torch line in turn, then the Python
-#                           package's pytest suite on the wheel line
+#   ./dev.sh demo [RANKS] [OPTIONS]  the main demo (examples/heat_unet_demo.py: a torch.nn U-Net
+#                           on a spatially sharded heat field) on RANKS local ranks (default 4),
+#                           on torch==2.15.0 in .venv; OPTIONS go to the demo: --mesh 2x2,
+#                           --steps N, --out DIR
+#   ./dev.sh test           CI's plan, each stage timed: the whole suite (unit, 1-4 ranks, faults,
+#                           launcher, package, demos) on the wheel line, the Python package's
+#                           pytest suite (docs code blocks included), then the build, the unit
+#                           tests and a multi-rank smoke set on the Debian line
+#   TORCH_LINE=debian|wheel ./dev.sh test   the whole ctest suite on that line only
 #   ./dev.sh build          configure and build only
-#   ./dev.sh pydemo [RANKS] [OPTIONS]  the Python package's demo (examples/heat_unet_demo.py)
-#                           on RANKS local ranks, on torch==2.15.0 in .venv
+#   ./dev.sh cdemo [RANKS] [OPTIONS]  the C++ demo (examples/heat_unet_demo.cpp), same options
 #   ./dev.sh python         build and install the Python package (pip install .) into .venv
+#   ./dev.sh bench [ARGS]   run the benchmarks and rewrite bench/RESULTS.md and bench/figures/
 #
-# Torch lines (TORCH_LINE, default "all" for test and "debian" for demo and build):
+# Torch lines (TORCH_LINE, default "debian" for cdemo and build):
 #   debian  Debian 12's libtorch-dev 1.13.1, built in build/
 #   wheel   torch==2.15.0 from PyPI (a CUDA build), installed into .venv/ in this checkout and
 #           built in build-torch2/; its libtorch is what the C++ build uses, with NCCL on
@@ -27,7 +30,8 @@ cd "$(dirname "$0")"
 TORCH_WHEEL_VERSION=2.15.0
 WHEELHOUSE=${SHARDTENSOR_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/shardtensor/wheels}
 VENV=.venv
-PACKAGES=(cmake make g++ ccache libtorch-dev libgloo-dev libgtest-dev libbenchmark-dev libopenblas0 python3-venv python3-dev libpng-dev)
+PACKAGES=(cmake make g++ ccache libtorch-dev libgloo-dev libgtest-dev libbenchmark-dev libopenblas0 python3-venv python3-dev libpng-dev
+          nlohmann-json3-dev libxxhash-dev)
 
 install_missing_packages() {
   local missing=()
@@ -106,10 +110,16 @@ install_python_package() {
   CXX=$cxx CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL=2 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-build-isolation --no-deps .
 }
 
-test_python() {
-  install_python_package || { echo "dev.sh: building the Python package failed" >&2; return 1; }
+# The installed package's pytest suite, tests/python/test_docs.py (every code block of README.md
+# and docs/) included.
+run_pytest() {
   echo "== Python package on torch $TORCH_WHEEL_VERSION: pytest tests/python (world sizes 1-4) =="
   "$VENV/bin/python" -m pytest -q -rs tests/python   # -rs: every skip prints its reason
+}
+
+test_python() {
+  install_python_package || { echo "dev.sh: building the Python package failed" >&2; return 1; }
+  run_pytest
 }
 
 # Sets build_dir and cmake_args for line $1.
@@ -125,30 +135,87 @@ select_line() {
       cmake_args="-DTorch_DIR=$("$VENV/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)/Torch"
       ;;
     *)
-      echo "dev.sh: TORCH_LINE=$1 is not a torch line; use debian, wheel or all." >&2
+      echo "dev.sh: TORCH_LINE=$1 is not a torch line; use debian or wheel." >&2
       exit 2
       ;;
   esac
 }
 
+# $1: line; further arguments: the targets to build (default: all).
 build_line() {
   select_line "$1" || return 1
+  shift
   if [ ! -f "$build_dir/CMakeCache.txt" ]; then
     # shellcheck disable=SC2086
     cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo $cmake_args || return 1
   fi
-  cmake --build "$build_dir" -j2 || return 1
+  local targets=()
+  [ $# -gt 0 ] && targets=(--target "$@")
+  cmake --build "$build_dir" -j2 "${targets[@]}" || return 1
 }
 
-# Callers use `test_line ... || status=1`, where bash ignores `set -e` inside the function:
-# every step that can fail returns explicitly, so a failed build never tests old binaries.
-test_line() {
-  build_line "$1" || { echo "dev.sh: the build of torch line '$1' failed" >&2; return 1; }
+# Runs ctest in the tree of line $1 (extra arguments go to ctest, e.g. -L smoke). Callers use
+# `... || status=1`, where bash ignores `set -e` inside the function: every step that can fail
+# returns explicitly, so a failed build never tests old binaries.
+ctest_line() {
+  select_line "$1" || return 1
   echo "== torch line '$1': $(grep -m1 '^SHARDTENSOR_TORCH_LINE:' "$build_dir/CMakeCache.txt" | cut -d= -f2-) =="
+  shift
   local status=0
-  ctest --test-dir "$build_dir" --output-on-failure --timeout 900 || status=$?
+  ctest --test-dir "$build_dir" --output-on-failure --timeout 900 "$@" || status=$?
   # Tests that could not run here (no GPU) say why; show it, so no skip goes unseen.
   grep -ho "cuda_tests: skipped: .*" "$build_dir/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u || true
+  return $status
+}
+
+# Stages of `./dev.sh test` (and the apt step of every command): each is timed, and `test`
+# prints the table at the end, failed or not.
+stage_names=()
+stage_seconds=()
+stage_results=()
+stage() {
+  local name=$1 start=$SECONDS result=passed
+  shift
+  echo "== stage '$name' =="
+  "$@" || result=FAILED
+  stage_names+=("$name")
+  stage_seconds+=($(( SECONDS - start )))
+  stage_results+=("$result")
+  [ "$result" = passed ]
+}
+
+print_stages() {
+  local i total=0
+  echo "== stages (seconds) =="
+  for i in "${!stage_names[@]}"; do
+    printf '%-44s %6d s  %s\n' "${stage_names[$i]}" "${stage_seconds[$i]}" "${stage_results[$i]}"
+    total=$(( total + stage_seconds[i] ))
+  done
+  printf '%-44s %6d s  (%d min)\n' "total" "$total" $(( (total + 59) / 60 ))
+}
+
+# The Debian line's share of CI: the library, the unit tests and the multi-rank smoke set
+# (ctest label "smoke"); the whole suite runs on the wheel line.
+DEBIAN_SMOKE_TARGETS=(shardtensor shardrun unit_tests dist_tests)
+
+ci_plan() {
+  local status=0
+  stage "wheel: install torch $TORCH_WHEEL_VERSION into $VENV" install_torch_wheel || return 1
+  if stage "wheel: build" build_line wheel; then
+    stage "wheel: ctest (the whole suite)" ctest_line wheel -LE subset || status=1
+  else
+    status=1
+  fi
+  if stage "python: pip install ." install_python_package; then
+    stage "python: pytest (docs code blocks included)" run_pytest || status=1
+  else
+    status=1
+  fi
+  if stage "debian: build (library, unit, dist tests)" build_line debian "${DEBIAN_SMOKE_TARGETS[@]}"; then
+    stage "debian: ctest -L smoke" ctest_line debian -L smoke || status=1
+  else
+    status=1
+  fi
   return $status
 }
 
@@ -156,9 +223,15 @@ lines_of() {
   if [ "$1" = all ]; then echo debian wheel; else echo "$1"; fi
 }
 
-install_missing_packages
+stage "apt: Debian packages" install_missing_packages
 case "${1:-}" in
   demo)
+    install_python_package
+    ranks=${2:-4}
+    shift $(( $# > 1 ? 2 : 1 ))
+    exec "$VENV/bin/shardrun" -n "$ranks" --timeout 1200 "$VENV/bin/python" examples/heat_unet_demo.py "$@"
+    ;;
+  cdemo)
     line=${TORCH_LINE:-debian}
     build_line "$line"
     ranks=${2:-4}
@@ -167,33 +240,44 @@ case "${1:-}" in
     ;;
   test)
     status=0
-    for line in $(lines_of "${TORCH_LINE:-all}"); do
-      start=$SECONDS
-      test_line "$line" || status=1
-      echo "== torch line '$line': built and tested in $(( SECONDS - start )) s =="
-      if [ "$line" = wheel ]; then
-        start=$SECONDS
-        test_python || status=1
-        echo "== Python package: built and tested in $(( SECONDS - start )) s =="
-      fi
-    done
+    case "${TORCH_LINE:-ci}" in
+      ci)
+        ci_plan || status=1
+        ;;
+      debian|wheel)
+        line=$TORCH_LINE
+        { stage "$line: build" build_line "$line" && stage "$line: ctest (the whole suite)" ctest_line "$line" -LE subset; } || status=1
+        if [ "$line" = wheel ]; then stage "python: pip install . and pytest" test_python || status=1; fi
+        ;;
+      *)
+        echo "dev.sh: TORCH_LINE=$TORCH_LINE is not a torch line; use debian or wheel (or leave it unset for CI's plan)." >&2
+        exit 2
+        ;;
+    esac
+    print_stages
     exit $status
     ;;
-  pydemo)
-    install_python_package
-    ranks=${2:-4}
-    shift $(( $# > 1 ? 2 : 1 ))
-    exec "$VENV/bin/shardrun" -n "$ranks" --timeout 1200 "$VENV/bin/python" examples/heat_unet_demo.py "$@"
+  pydemo)  # the old name of demo
+    shift
+    exec "$0" demo "$@"
     ;;
   python)
     install_python_package
+    ;;
+  bench)
+    shift
+    build_line wheel
+    install_python_package
+    exec "$VENV/bin/python" bench/regenerate.py --build-dir build-torch2 "$@"
     ;;
   build)
     for line in $(lines_of "${TORCH_LINE:-debian}"); do build_line "$line"; done
     ;;
   *)
-    echo "usage: [TORCH_LINE=debian|wheel|all] ./dev.sh demo [RANKS] [--mesh AxB] [--steps N] [--out DIR] | test | build" >&2
-    echo "       ./dev.sh pydemo [RANKS] [--mesh AxB] [--steps N] [--out DIR] | python   (the Python package, torch $TORCH_WHEEL_VERSION)" >&2
+    echo "usage: ./dev.sh demo [RANKS] [--mesh AxB] [--steps N] [--out DIR]   (the Python demo, torch $TORCH_WHEEL_VERSION)" >&2
+    echo "       ./dev.sh test | build | python | bench [ARGS]" >&2
+    echo "       [TORCH_LINE=debian|wheel] ./dev.sh cdemo [RANKS] [OPTIONS]   (the C++ demo)" >&2
+    echo "       TORCH_LINE=debian|wheel ./dev.sh test   (the whole ctest suite on one line)" >&2
     exit 2
     ;;
 esac

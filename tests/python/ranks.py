@@ -7,6 +7,11 @@ Each rank gets the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_
 MASTER_PORT on a free port), and SHARDTENSOR_TIMEOUT_S so that a collective that a broken test
 leaves waiting raises within seconds. The parent waits at most `timeout` seconds, kills what is
 left and fails, so a broken test never hangs CI.
+
+The port is free when the parent picks it, and rank 0's store binds it a moment later; another
+job on the machine can take it in between. A run whose rank 0 could not serve the store on it
+(the store's "already listens on that port" error) is started again on a new port, at most
+`PORT_ATTEMPTS` times in all, so a busy machine does not fail a test.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ import socket
 import traceback
 
 COLLECTIVE_TIMEOUT_S = "20"
+PORT_ATTEMPTS = 3
+# What rank 0 raises when its store cannot bind the port (src/comm/c10d_mesh.cpp), and what a
+# rank that reached another job's store instead raises.
+_PORT_TAKEN = ("Another process already listens on that port", "is a second job using the same", "EADDRINUSE")
 
 
 def _free_port() -> int:
@@ -48,6 +57,16 @@ def _rank_main(body, rank, world_size, port, extra_env, args, errors):
 
 
 def run_ranks(body, world_size: int, *args, timeout: float = 180.0, env: dict | None = None) -> None:
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port_taken = _run_once(body, world_size, args, timeout, env, last_attempt=attempt == PORT_ATTEMPTS)
+        if not port_taken:
+            return
+        print(f"run_ranks: the store's port was taken by another process (attempt {attempt}); "
+              "starting the ranks again on a new port")
+
+
+def _run_once(body, world_size, args, timeout, env, last_attempt) -> bool:
+    """Runs the ranks once; True when they must run again because the port was taken."""
     ctx = multiprocessing.get_context("spawn")
     errors = ctx.Queue()
     port = _free_port()
@@ -73,5 +92,8 @@ def run_ranks(body, world_size: int, *args, timeout: float = 180.0, env: dict | 
     if hung:
         message += f"\nranks {hung} still ran after {timeout} s and were killed"
     codes = [p.exitcode for p in procs]
+    if not last_attempt and any(marker in message for marker in _PORT_TAKEN):
+        return True
     if message or any(c != 0 for c in codes):
         raise AssertionError(f"{body.__name__} on {world_size} ranks failed (exit codes {codes}):{message}")
+    return False

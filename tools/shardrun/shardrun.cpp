@@ -90,22 +90,26 @@ Options parse_options(int argc, char** argv) {
   return o;
 }
 
-// A port that was free a moment ago. Rank 0's store binds it right after; the race with other
-// programs is the same one torchrun accepts.
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+// A free port, held for the whole job: the socket stays bound (never listening) with
+// SO_REUSEADDR, so rank 0's store, which sets SO_REUSEADDR too, can bind the port, while a
+// program that asks the kernel for a free port meanwhile is never given this one (a port that
+// was only free a moment ago could be taken before rank 0 binds it; with other jobs on the
+// machine, it was). Closed when shardrun exits; not inherited by the ranks.
+int reserve_free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int on = 1;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
   socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     std::perror("shardrun: finding a free port");
     std::exit(2);
   }
-  close(fd);
-  return ntohs(addr.sin_port);
+  return ntohs(addr.sin_port);  // fd stays open until exit
 }
 
 // One output stream of one rank: bytes in, whole prefixed lines out.
@@ -295,7 +299,7 @@ int exit_code_of(int status) {
 
 int main(int argc, char** argv) {
   const Options o = parse_options(argc, argv);
-  const int port = o.port > 0 ? o.port : free_port();
+  const int port = o.port > 0 ? o.port : reserve_free_port();
   const LauncherSignals signals = install_signal_handlers();
   const std::string job_id = random_job_id();
 
