@@ -1,7 +1,6 @@
-// The checksum of checkpoint data: XXH64 (seed 0), written here from its public specification
-// (github.com/Cyan4973/xxHash, doc/xxhash_spec.md) so that no dependency is added. It runs at
-// memory speed (four 64-bit lanes), and any reader can recompute it with the xxhash tools:
-// `xxh64sum` over the bytes of a chunk gives the hex string stored in metadata.json.
+// The checksum of checkpoint data: XXH64 with seed 0, computed by libxxhash, and its text form
+// in metadata.json (16 lowercase hex digits, most significant first: the canonical form the
+// xxhash tools print, so `xxh64sum` over the bytes of a chunk gives the string stored there).
 #pragma once
 
 #include <cstddef>
@@ -10,10 +9,10 @@
 
 namespace shardtensor::checkpoint {
 
-uint64_t xxh64(const void* data, size_t size, uint64_t seed = 0);
+uint64_t xxh64(const void* data, size_t size);
 
 std::string to_hex(uint64_t v);  // 16 lowercase hex digits
-// Raises naming `what` unless `hex` is 16 hex digits.
+// Raises naming `what` unless `hex` is 16 lowercase hex digits.
 uint64_t from_hex(const std::string& hex, const std::string& what);
 
 }  // namespace shardtensor::checkpoint

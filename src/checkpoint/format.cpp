@@ -7,6 +7,7 @@
 #include <set>
 
 #include "checkpoint/checksum.h"
+#include "checkpoint/json.h"
 #include "shardtensor/placement.h"
 #include "util/strings.h"
 
@@ -23,16 +24,18 @@ constexpr DtypeName kDtypeNames[] = {
     {c10::kByte, "U8"},    {c10::kBool, "BOOL"},
 };
 
+// The members in the order they are set: that order is part of the text (Note [Version 1 JSON
+// text] in json.h).
 Json box_to_json(const SavedBox& b) {
   Json j = Json::object();
-  j.set("offsets", Json::int_array(b.box.offsets));
-  j.set("shape", Json::int_array(b.box.shape));
-  j.set("file", Json::string(b.file));
-  j.set("byte_range", Json::int_array({b.begin, b.end}));
-  j.set("rows_per_chunk", Json::integer(b.rows_per_chunk));
+  j["offsets"] = b.box.offsets;
+  j["shape"] = b.box.shape;
+  j["file"] = b.file;
+  j["byte_range"] = std::vector<int64_t>{b.begin, b.end};
+  j["rows_per_chunk"] = b.rows_per_chunk;
   Json sums = Json::array();
-  for (uint64_t s : b.chunk_checksums) sums.push(Json::string(to_hex(s)));
-  j.set("chunk_xxh64", std::move(sums));
+  for (uint64_t s : b.chunk_checksums) sums.push_back(to_hex(s));
+  j["chunk_xxh64"] = std::move(sums);
   return j;
 }
 
@@ -44,17 +47,17 @@ void check_file_name(const std::string& file, const std::string& what) {
 
 SavedBox box_from_json(const Json& j, const SavedTensor& t, int64_t element_size, const std::string& what) {
   SavedBox b;
-  b.box.offsets = j.at("offsets", what).as_int_array(what + ".offsets");
-  b.box.shape = j.at("shape", what).as_int_array(what + ".shape");
-  b.file = j.at("file", what).as_string(what + ".file");
+  b.box.offsets = as_int_array(member(j, "offsets", what), what + ".offsets");
+  b.box.shape = as_int_array(member(j, "shape", what), what + ".shape");
+  b.file = as_string(member(j, "file", what), what + ".file");
   check_file_name(b.file, what + ".file");
-  const std::vector<int64_t> range = j.at("byte_range", what).as_int_array(what + ".byte_range");
+  const std::vector<int64_t> range = as_int_array(member(j, "byte_range", what), what + ".byte_range");
   TORCH_CHECK(range.size() == 2, "checkpoint metadata: '", what, ".byte_range' should be [begin, end].");
   b.begin = range[0];
   b.end = range[1];
-  b.rows_per_chunk = j.at("rows_per_chunk", what).as_int(what + ".rows_per_chunk");
-  for (const Json& s : j.at("chunk_xxh64", what).as_array(what + ".chunk_xxh64"))
-    b.chunk_checksums.push_back(from_hex(s.as_string(what + ".chunk_xxh64[]"), what + ".chunk_xxh64[]"));
+  b.rows_per_chunk = as_int(member(j, "rows_per_chunk", what), what + ".rows_per_chunk");
+  for (const Json& s : as_array(member(j, "chunk_xxh64", what), what + ".chunk_xxh64"))
+    b.chunk_checksums.push_back(from_hex(as_string(s, what + ".chunk_xxh64[]"), what + ".chunk_xxh64[]"));
   // The geometry must be self-consistent, or the loader would read outside the box.
   const size_t ndim = t.shape.size();
   bool inside = b.box.offsets.size() == ndim && b.box.shape.size() == ndim;
@@ -130,55 +133,64 @@ const SavedTensor* Metadata::find(const std::string& name) const {
   return nullptr;
 }
 
-Json to_json(const Metadata& m) {
+void check_tensor_name(const std::string& name, const char* api) {
+  TORCH_CHECK(!name.empty() && name != "__metadata__", api, ": \"", name, "\" cannot name a tensor in safetensors.");
+  TORCH_CHECK(is_valid_utf8(name), api, ": the tensor name \"", name, "\" is not valid UTF-8. Checkpoint names are keys in ",
+              "JSON text (metadata.json and the safetensors headers), which must be UTF-8; rename the tensor.");
+}
+
+std::string metadata_text(const Metadata& m) {
+  // The members in the order they are set: that order is part of the text.
   Json doc = Json::object();
-  doc.set("format", Json::string(kFormatName));
-  doc.set("version", Json::integer(m.version));
-  doc.set("world_size", Json::integer(m.world_size));
-  doc.set("chunk_bytes", Json::integer(m.chunk_bytes));
-  doc.set("checksum", Json::string("xxh64"));
+  doc["format"] = kFormatName;
+  doc["version"] = m.version;
+  doc["world_size"] = m.world_size;
+  doc["chunk_bytes"] = m.chunk_bytes;
+  doc["checksum"] = "xxh64";
   Json tensors = Json::object();
   for (const SavedTensor& t : m.tensors) {
     Json j = Json::object();
-    j.set("dtype", Json::string(safetensors_dtype(t.dtype, t.name)));
-    j.set("shape", Json::int_array(t.shape));
-    j.set("mesh_shape", Json::int_array(t.mesh_shape));
-    j.set("placements", Json::string(t.placements));
+    j["dtype"] = safetensors_dtype(t.dtype, t.name);
+    j["shape"] = t.shape;
+    j["mesh_shape"] = t.mesh_shape;
+    j["placements"] = t.placements;
     Json boxes = Json::array();
-    for (const SavedBox& b : t.boxes) boxes.push(box_to_json(b));
-    j.set("boxes", std::move(boxes));
-    tensors.set(t.name, std::move(j));
+    for (const SavedBox& b : t.boxes) boxes.push_back(box_to_json(b));
+    j["boxes"] = std::move(boxes);
+    TORCH_INTERNAL_ASSERT(!tensors.contains(t.name), "metadata_text: tensor ", t.name, " twice");
+    tensors[t.name] = std::move(j);
   }
-  doc.set("tensors", std::move(tensors));
-  return doc;
+  doc["tensors"] = std::move(tensors);
+  return dump_json(doc, kMetadataFile) + "\n";
 }
 
-Metadata metadata_from_json(const Json& doc, const std::string& source) {
+Metadata parse_metadata(const std::string& text, const std::string& source) {
+  const Json doc = parse_json(text, source);
   TORCH_CHECK(doc.is_object(), "checkpoint: ", source, " is not a JSON object.");
-  const Json* format = doc.find("format");
-  TORCH_CHECK(format && format->kind() == Json::Kind::String && format->as_string("format") == kFormatName, "checkpoint: ",
-              source, " is not shardtensor checkpoint metadata (its \"format\" should be \"", kFormatName, "\").");
+  const Json* format = find_member(doc, "format");
+  TORCH_CHECK(format && format->is_string() && format->get_ref<const std::string&>() == kFormatName, "checkpoint: ", source,
+              " is not shardtensor checkpoint metadata (its \"format\" should be \"", kFormatName, "\").");
   Metadata m;
-  m.version = doc.at("version", "version").as_int("version");
+  m.version = as_int(member(doc, "version", ""), "version");
   TORCH_CHECK(m.version <= kFormatVersion, "checkpoint: ", source, " has format version ", m.version,
               ", but this build of shardtensor reads versions up to ", kFormatVersion,
               ". It was written by a newer shardtensor; load it with that version or newer.");
   TORCH_CHECK(m.version >= 1, "checkpoint: ", source, " has format version ", m.version, ", which never existed.");
-  m.world_size = doc.at("world_size", "world_size").as_int("world_size");
-  m.chunk_bytes = doc.at("chunk_bytes", "chunk_bytes").as_int("chunk_bytes");
-  const std::string& checksum = doc.at("checksum", "checksum").as_string("checksum");
+  m.world_size = as_int(member(doc, "world_size", ""), "world_size");
+  m.chunk_bytes = as_int(member(doc, "chunk_bytes", ""), "chunk_bytes");
+  const std::string& checksum = as_string(member(doc, "checksum", ""), "checksum");
   TORCH_CHECK(checksum == "xxh64", "checkpoint: ", source, " uses checksum \"", checksum, "\"; this build knows \"xxh64\".");
-  for (const auto& [name, j] : doc.at("tensors", "tensors").as_object("tensors")) {
+  for (const auto& [name, j] : as_object(member(doc, "tensors", ""), "tensors")) {
     const std::string what = "tensors." + name;
     SavedTensor t;
     t.name = name;
-    t.dtype = dtype_from_safetensors(j.at("dtype", what).as_string(what + ".dtype"), what + ".dtype");
-    t.shape = j.at("shape", what).as_int_array(what + ".shape");
+    t.dtype = dtype_from_safetensors(as_string(member(j, "dtype", what), what + ".dtype"), what + ".dtype");
+    t.shape = as_int_array(member(j, "shape", what), what + ".shape");
     for (int64_t s : t.shape) TORCH_CHECK(s >= 0, "checkpoint metadata: '", what, ".shape' has a negative size.");
-    t.mesh_shape = j.at("mesh_shape", what).as_int_array(what + ".mesh_shape");
-    t.placements = j.at("placements", what).as_string(what + ".placements");
+    t.mesh_shape = as_int_array(member(j, "mesh_shape", what), what + ".mesh_shape");
+    t.placements = as_string(member(j, "placements", what), what + ".placements");
     const int64_t element_size = static_cast<int64_t>(c10::elementSize(t.dtype));
-    const std::vector<Json>& boxes = j.at("boxes", what).as_array(what + ".boxes");
+    const Json::array_t& boxes = as_array(member(j, "boxes", what), what + ".boxes");
     for (size_t i = 0; i < boxes.size(); ++i)
       t.boxes.push_back(box_from_json(boxes[i], t, element_size, what + ".boxes[" + std::to_string(i) + "]"));
     int64_t covered = 0, numel = 1;
@@ -230,24 +242,23 @@ std::vector<RankFilePlan> plan_files(const std::vector<TensorToSave>& tensors, c
     // laid out back to back in entry order.
     Json header = Json::object();
     Json meta = Json::object();
-    meta.set("format", Json::string(kFormatName));
-    meta.set("rank", Json::string(std::to_string(rank)));
-    for (const PlannedEntry& e : plan.entries)
-      meta.set("offsets:" + tensors[e.tensor].name, Json::string(join(e.box.offsets, ",")));
-    header.set("__metadata__", std::move(meta));
+    meta["format"] = kFormatName;
+    meta["rank"] = std::to_string(rank);
+    for (const PlannedEntry& e : plan.entries) meta["offsets:" + tensors[e.tensor].name] = join(e.box.offsets, ",");
+    header["__metadata__"] = std::move(meta);
     int64_t at = 0;
     for (PlannedEntry& e : plan.entries) {
       const TensorToSave& t = tensors[e.tensor];
       Json j = Json::object();
-      j.set("dtype", Json::string(safetensors_dtype(t.dtype, t.name)));
-      j.set("shape", Json::int_array(e.box.shape));
-      j.set("data_offsets", Json::int_array({at, at + e.end}));
-      header.set(t.name, std::move(j));
+      j["dtype"] = safetensors_dtype(t.dtype, t.name);
+      j["shape"] = e.box.shape;
+      j["data_offsets"] = std::vector<int64_t>{at, at + e.end};
+      header[t.name] = std::move(j);
       e.begin = at;
       at += e.end;
       e.end = at;
     }
-    plan.header = pad_header(header.dump());
+    plan.header = pad_header(dump_json(header, plan.file + "'s safetensors header"));
     const int64_t data_start = 8 + static_cast<int64_t>(plan.header.size());
     for (PlannedEntry& e : plan.entries) {
       e.begin += data_start;

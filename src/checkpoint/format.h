@@ -27,7 +27,6 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/json.h"
 #include "redistribute/boxes.h"
 #include "shardtensor/spec.h"
 
@@ -84,10 +83,16 @@ struct Metadata {
   const SavedTensor* find(const std::string& name) const;
 };
 
-Json to_json(const Metadata& metadata);
-// Validates the document: the format name, a version this build reads (a newer one raises
-// saying so), and every field's kind. `source` names the file in messages.
-Metadata metadata_from_json(const Json& doc, const std::string& source);
+// The text of metadata.json: one line of compact JSON, then a newline (Note [Version 1 JSON
+// text] in json.h: the bytes are part of the format).
+std::string metadata_text(const Metadata& metadata);
+// Parses and validates the text of metadata.json: the format name, a version this build reads
+// (a newer one raises saying so), and every field's kind. `source` names the file in messages.
+Metadata parse_metadata(const std::string& text, const std::string& source);
+
+// Raises, naming `api`, unless `name` can name a tensor in a checkpoint: not empty, not
+// safetensors' "__metadata__", and valid UTF-8 (it is a key in JSON text).
+void check_tensor_name(const std::string& name, const char* api);
 
 // ---- the plan of every rank's data file ----
 // One tensor of the state as save sees it, the same on every rank.

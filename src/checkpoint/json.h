@@ -1,65 +1,49 @@
-// A small JSON value, writer and strict parser for the checkpoint metadata and the safetensors
-// headers. It covers exactly the subset the checkpoint emits and nothing more, so that no JSON
-// dependency enters the project:
-//   - values: object (key order kept), array, string, integer (int64), true/false, null;
-//   - strings: UTF-8; the writer escapes '"', '\\' and control characters; the parser accepts
-//     the standard escapes and \uXXXX (surrogate pairs included);
-//   - numbers: integers only (no fraction, no exponent): shapes, offsets and byte ranges.
-//     Checksums are 64-bit unsigned, so they travel as hex strings.
-// The parser is strict: trailing commas, duplicate keys, leading zeros, trailing text and
-// nesting deeper than 64 raise, with the byte offset of the problem.
-// What does not live here: the meaning of any key (see checkpoint/format.h).
+// The checkpoint's JSON, on nlohmann-json (ordered_json: object keys keep their insertion
+// order). Only format.cpp includes this header; the rest of the checkpoint sees the metadata
+// as values (checkpoint/format.h). What lives here is what the library does not do for us:
+//   - dump_json writes the text format version 1 has always written (Note [Version 1 JSON
+//     text]), so a checkpoint saved today is byte for byte what an older shardtensor saved;
+//   - parse_json turns the library's errors into messages that name the file, and refuses a
+//     key repeated in one object (the library would keep the last one silently);
+//   - typed readers that name the key path ("tensors.w.shape[]") when a value has the wrong
+//     kind, is missing, or is an integer outside int64 (shapes, offsets and byte ranges are
+//     int64; checksums travel as hex strings, see checksum.h).
+// What does not live here: the meaning of any key (format.cpp).
 #pragma once
+
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace shardtensor::checkpoint {
 
-class Json {
- public:
-  enum class Kind { Null, Bool, Int, String, Array, Object };
+using Json = nlohmann::ordered_json;
 
-  Json() = default;  // null
-  static Json boolean(bool b);
-  static Json integer(int64_t v);
-  static Json string(std::string s);
-  static Json array(std::vector<Json> items = {});
-  static Json object();
-  static Json int_array(const std::vector<int64_t>& values);
+// Note [Version 1 JSON text]: compact (no whitespace), object members in insertion order,
+// integers in decimal, strings as UTF-8 with '"' and '\\' escaped and every control character
+// (below 0x20) written as \u00xx in lowercase hex; nothing else is escaped (not '/', not DEL,
+// not non-ASCII). nlohmann's compact dump is that text except for five control characters,
+// which it writes as \b \f \n \r \t; dump_json rewrites those five. Raises, naming `what`,
+// for a string that is not valid UTF-8.
+std::string dump_json(const Json& doc, const std::string& what);
 
-  Kind kind() const { return kind_; }
-  bool is_object() const { return kind_ == Kind::Object; }
+// Whether `s` can be a JSON string (valid UTF-8).
+bool is_valid_utf8(const std::string& s);
 
-  // Builders (raise on the wrong kind).
-  Json& set(const std::string& key, Json value);  // object: appends; the key must be new
-  Json& push(Json value);                         // array
-
-  // Readers: raise with `what` (a path such as "tensors.w.shape") when the kind is wrong or a
-  // key is missing, so a malformed file says where.
-  bool as_bool(const std::string& what) const;
-  int64_t as_int(const std::string& what) const;
-  const std::string& as_string(const std::string& what) const;
-  const std::vector<Json>& as_array(const std::string& what) const;
-  const std::vector<std::pair<std::string, Json>>& as_object(const std::string& what) const;
-  std::vector<int64_t> as_int_array(const std::string& what) const;
-  const Json& at(const std::string& key, const std::string& what) const;  // object member
-  const Json* find(const std::string& key) const;                         // nullptr when absent
-
-  std::string dump() const;  // compact, no whitespace
-
- private:
-  Kind kind_ = Kind::Null;
-  bool bool_ = false;
-  int64_t int_ = 0;
-  std::string string_;
-  std::vector<Json> items_;
-  std::vector<std::pair<std::string, Json>> members_;
-};
-
-// Parses one JSON document; raises c10::Error naming `source` (a file name) and the offset.
+// Parses one JSON document (surrounding whitespace allowed, nothing else after it); raises
+// c10::Error naming `source` (a file name), the byte offset and what was expected there.
 Json parse_json(const std::string& text, const std::string& source);
+
+// Readers: raise with `what` (a path such as "tensors.w.shape") when the kind is wrong or a
+// key is missing, so a malformed file says where.
+int64_t as_int(const Json& j, const std::string& what);
+const std::string& as_string(const Json& j, const std::string& what);
+const Json::array_t& as_array(const Json& j, const std::string& what);
+const Json::object_t& as_object(const Json& j, const std::string& what);
+std::vector<int64_t> as_int_array(const Json& j, const std::string& what);
+const Json& member(const Json& object, const std::string& key, const std::string& what);  // `what` names the object; "" the top level
+const Json* find_member(const Json& object, const std::string& key);  // nullptr when absent or not an object
 
 }  // namespace shardtensor::checkpoint

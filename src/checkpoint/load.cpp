@@ -190,7 +190,7 @@ std::vector<Target> validate(StateDict& state, const std::string& dir, const Loa
   const std::string path = dir + "/" + kMetadataFile;
   TORCH_CHECK(path_exists(path), kLoad, ": no checkpoint at ", dir, ": ", kMetadataFile,
               " is missing. A save that did not finish leaves none (its staged ", dir, ".tmp-* directory is not loadable).");
-  metadata = metadata_from_json(parse_json(read_small_file(path), path), path);
+  metadata = parse_metadata(read_small_file(path), path);
 
   for (const auto& [name, t] : state)
     if (!metadata.find(name)) result.missing_keys.push_back(name);

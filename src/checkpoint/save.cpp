@@ -132,7 +132,7 @@ std::unique_ptr<AsyncSave::State> prepare(const StateDict& state, const std::str
     TORCH_CHECK(!dir.empty(), kSave, ": the directory name is empty.");
     TORCH_CHECK(options.chunk_bytes > 0, kSave, ": chunk_bytes must be positive, got ", options.chunk_bytes, ".");
     for (const auto& [name, t] : state) {
-      TORCH_CHECK(!name.empty() && name != "__metadata__", kSave, ": \"", name, "\" cannot name a tensor in safetensors.");
+      check_tensor_name(name, kSave);
       TORCH_CHECK(t.defined(), kSave, ": '", name, "' is an undefined tensor.");
       TensorToSave entry;
       entry.name = name;
@@ -239,7 +239,7 @@ void commit(AsyncSave::State& s) {
           m.tensors[e.tensor].boxes.push_back(std::move(b));
         }
       }
-      const std::string text = to_json(m).dump() + "\n";
+      const std::string text = metadata_text(m);
       File meta = File::create(s.staged + "/" + kMetadataFile);
       meta.write_at(text.data(), static_cast<int64_t>(text.size()), 0);
       if (s.fsync) {

@@ -11,7 +11,6 @@
 #include <fstream>
 #include <random>
 
-#include "checkpoint/checksum.h"
 #include "checkpoint/format.h"
 #include "redistribute/executor.h"
 #include "dist/dist_fixture.h"
@@ -99,7 +98,7 @@ ckpt::Metadata read_metadata(const std::string& dir) {
   std::ifstream in(dir + "/metadata.json");
   std::stringstream text;
   text << in.rdbuf();
-  return ckpt::metadata_from_json(ckpt::parse_json(text.str(), "metadata.json"), "metadata.json");
+  return ckpt::parse_metadata(text.str(), "metadata.json");
 }
 
 // No two saved boxes of a tensor overlap (their total size already equals the tensor's, which
@@ -368,27 +367,8 @@ TEST(CheckpointCorruption, MalformedMetadataIsRefused) {
   c.expect_untouched(state);
 }
 
-// ---- the format's building blocks (no communication) ----
-TEST(CheckpointFormat, ChecksumIsXxh64) {
-  EXPECT_EQ(ckpt::to_hex(ckpt::xxh64("", 0)), "ef46db3751d8e999");  // the specification's empty-input value
-  const std::string long_text(1000, 'x');
-  EXPECT_NE(ckpt::xxh64(long_text.data(), long_text.size()), ckpt::xxh64(long_text.data(), long_text.size() - 1));
-  EXPECT_EQ(ckpt::from_hex(ckpt::to_hex(0x0123456789abcdefULL), "x"), 0x0123456789abcdefULL);
-}
-
-TEST(CheckpointFormat, JsonRoundTripsAndRejectsWhatItDoesNotEmit) {
-  ckpt::Json doc = ckpt::Json::object();
-  doc.set("name \"q\"\n\\", ckpt::Json::int_array({0, -5, INT64_MAX, INT64_MIN}));
-  doc.set("flag", ckpt::Json::boolean(true));
-  doc.set("none", ckpt::Json());
-  const ckpt::Json back = ckpt::parse_json(doc.dump(), "test");
-  EXPECT_EQ(back.dump(), doc.dump());
-  EXPECT_EQ(back.at("name \"q\"\n\\", "x").as_int_array("x")[2], INT64_MAX);
-  EXPECT_EQ(ckpt::parse_json(" {\"a\" : [1, 2] }  ", "t").at("a", "a").as_int_array("a"), (std::vector<int64_t>{1, 2}));
-  EXPECT_EQ(ckpt::parse_json("\"\\u00e9\\ud83d\\ude00\"", "t").as_string("s"), "\xc3\xa9\xf0\x9f\x98\x80");
-  for (const char* bad : {"{\"a\":1,}", "[1,]", "{\"a\":1,\"a\":2}", "1.5", "01", "[1] x", "\"\\q\"", "99999999999999999999", "{"})
-    EXPECT_ERROR_CONTAINS(ckpt::parse_json(bad, "bad.json"), "bad.json is not valid JSON at byte");
-}
+// The format's building blocks (JSON text, checksums) and the committed version-1 checkpoint:
+// checkpoint_v1_test.cpp.
 
 namespace {
 ShardSizes async_sizes(int64_t n) {
