@@ -88,13 +88,7 @@ RuleResult layer_norm_backward_rule(const OpMeta& op) {
   const LayerNormGeometry g = layer_norm_geometry(in, int_list_arg(op, "normalized_shape").size());
   const OutputLayout param = parameter_layout(in, g.axis, Replicate()), stats = row_stats_layout(in, g.axis);
   RuleResult r;
-  for (const TensorInput& input : op.inputs) {
-    const std::string& arg = arg_name(op, input);
-    if (arg == "grad_out") r.input_targets.push_back(align_to(input.spec, in));
-    else if (arg == "input") r.input_targets.push_back(in);
-    else if (arg == "mean" || arg == "rstd") r.input_targets.push_back(laid_out(input.spec, stats));
-    else r.input_targets.push_back(laid_out(input.spec, param));  // weight, bias
-  }
+  r.input_targets = norm_backward_targets(op, in, stats, [&](const ShardTensorSpec& p) { return laid_out(p, param); });
   const OutputLayout summed = parameter_layout(in, g.axis, Partial(ReduceOp::Sum));
   r.outputs = {layout_of(in), summed, summed};
   if (!g.row_mesh_dims.empty()) r.kernel_plan = declare(LayerNormPlan(LayerNormPlan::Pass::Backward, in.mesh(), g));

@@ -71,6 +71,19 @@ ShardTensorSpec laid_out(const ShardTensorSpec& spec, const OutputLayout& layout
   return ShardTensorSpec(spec.mesh(), layout.placements, spec.shape(), spec.dtype(), layout.sizes);
 }
 
+std::vector<ShardTensorSpec> norm_backward_targets(const OpMeta& op, const ShardTensorSpec& in, const OutputLayout& stats,
+                                                   const std::function<ShardTensorSpec(const ShardTensorSpec&)>& parameter_target) {
+  std::vector<ShardTensorSpec> targets;
+  for (const TensorInput& input : op.inputs) {
+    const std::string& arg = arg_name(op, input);
+    if (arg == "grad_out") targets.push_back(align_to(input.spec, in));
+    else if (arg == "input") targets.push_back(in);
+    else if (arg == "mean" || arg == "rstd") targets.push_back(laid_out(input.spec, stats));
+    else targets.push_back(parameter_target(input.spec));  // weight, bias
+  }
+  return targets;
+}
+
 std::shared_ptr<const KernelPlan> empty_safe(std::shared_ptr<const KernelPlan> inner, std::vector<Follows> follows) {
   EmptySafePlan plan;
   plan.inner = std::move(inner);

@@ -52,6 +52,13 @@ OutputLayout with_output_sizes(OutputLayout layout, int64_t tensor_dim, const st
 // `spec` (a gradient, or any operand shaped like an op's output) laid out as `layout`.
 ShardTensorSpec laid_out(const ShardTensorSpec& spec, const OutputLayout& layout);
 
+// The input targets of a normalisation's backward (native_layer_norm_backward in
+// normalization.cpp, native_group_norm_backward in spatial_norm.cpp), routed by argument name:
+// grad_out aligned with `in` (the input's target), input as `in`, mean and rstd laid out as
+// `stats`, and the parameters (weight, bias) as `parameter_target` makes them.
+std::vector<ShardTensorSpec> norm_backward_targets(const OpMeta& op, const ShardTensorSpec& in, const OutputLayout& stats,
+                                                   const std::function<ShardTensorSpec(const ShardTensorSpec&)>& parameter_target);
+
 // How an output's dims follow the first input's, for empty_safe: all of them ([N, C, *]
 // outputs), only the leading batch dim ([N, G] statistics), or none (per-channel sums).
 enum class Follows { AllDims, BatchDim, Nothing };

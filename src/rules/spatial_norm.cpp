@@ -112,13 +112,7 @@ RuleResult group_norm_backward_rule(const OpMeta& op) {
   const ShardTensorSpec in = channels_whole(op.input_named("input")->spec);
   const OutputLayout stats = stats_layout(in);
   RuleResult r;
-  for (const TensorInput& input : op.inputs) {
-    const std::string& arg = arg_name(op, input);
-    if (arg == "grad_out") r.input_targets.push_back(align_to(input.spec, in));
-    else if (arg == "input") r.input_targets.push_back(in);
-    else if (arg == "mean" || arg == "rstd") r.input_targets.push_back(laid_out(input.spec, stats));
-    else r.input_targets.push_back(replicated(input.spec));  // weight
-  }
+  r.input_targets = norm_backward_targets(op, in, stats, replicated);  // weight: replicated
   const OutputLayout summed{summed_over_shards(in), {}};
   r.outputs = {layout_of(in), summed, summed};
   if (!in.shardings().empty())

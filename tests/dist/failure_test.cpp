@@ -37,6 +37,26 @@ void on_survivors_within_30s(const DeviceMesh& healthy, const std::function<void
   healthy.comm(0).barrier();
 }
 
+// aten::scaled_dot_product_attention comes with torch 2.0: reached through the dispatcher by
+// name so that this file compiles on libtorch 1.13 too, where the ring tests skip.
+auto sdpa_op() { return c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""}); }
+
+#define SKIP_WITHOUT_SDPA() \
+  if (!sdpa_op())           \
+  GTEST_SKIP() << "aten::scaled_dot_product_attention does not exist in this libtorch (it comes with torch 2.0)"
+
+// q = k = v for a ring over `mesh`: [1, 2, 4 * world, 4], split along the sequence.
+at::Tensor sequence_sharded_query(const DeviceMesh& mesh) {
+  return distribute_tensor(at::randn({1, 2, 4 * world_size(), 4}), mesh, {Shard(2)});
+}
+
+// F.scaled_dot_product_attention(q, q, q, is_causal=), through the dispatcher.
+at::Tensor self_attention(const at::Tensor& q, bool is_causal) {
+  torch::jit::Stack stack{q, q, q, c10::IValue(), 0.0, is_causal, c10::IValue(), /*enable_gqa=*/false};
+  sdpa_op()->callBoxed(&stack);
+  return stack.back().toTensor();
+}
+
 }  // namespace
 
 TEST(Failure, RanksWaitingForARankThatFailedRaiseAfterTheTimeout) {
@@ -80,15 +100,12 @@ TEST(Failure, RanksWaitingInAPeerMemoryExchangeRaiseAfterTheTimeout) {
 // few timeouts, and none returns an output.
 TEST(Failure, RanksInARingWhoseMemberFailedRaiseAfterTheTimeout) {
   if (world_size() == 1) GTEST_SKIP() << "needs a rank that fails and one that waits";
-  const auto sdpa_op = c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""});
-  if (!sdpa_op) GTEST_SKIP() << "aten::scaled_dot_product_attention does not exist in this libtorch (it comes with torch 2.0)";
+  SKIP_WITHOUT_SDPA();
   DeviceMesh healthy = DeviceMesh::create({world_size()});
   DeviceMesh mesh = mesh_with_a_short_timeout();
-  const int64_t s = 4 * world_size();
-  const at::Tensor q = distribute_tensor(at::randn({1, 2, s, 4}), mesh, {Shard(2)});
+  const at::Tensor q = sequence_sharded_query(mesh);
   on_survivors_within_30s(healthy, [&] {  // rank 0 never joins the ring
-    torch::jit::Stack stack{q, q, q, c10::IValue(), 0.0, false, c10::IValue(), false};
-    EXPECT_ERROR_CONTAINS(sdpa_op->callBoxed(&stack), "timed out");
+    EXPECT_ERROR_CONTAINS(self_attention(q, /*is_causal=*/false), "timed out");
   });
 }
 
@@ -97,15 +114,11 @@ TEST(Failure, RanksInARingWhoseMemberFailedRaiseAfterTheTimeout) {
 // every other rank raises within the timeout instead of waiting for its gradients.
 TEST(Failure, CausalRingBackwardWhoseMemberFailedRaisesAfterTheTimeout) {
   if (world_size() == 1) GTEST_SKIP() << "needs a rank that fails and one that waits";
-  const auto sdpa_op = c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""});
-  if (!sdpa_op) GTEST_SKIP() << "aten::scaled_dot_product_attention does not exist in this libtorch (it comes with torch 2.0)";
+  SKIP_WITHOUT_SDPA();
   DeviceMesh healthy = DeviceMesh::create({world_size()});
   DeviceMesh mesh = mesh_with_a_short_timeout();
-  const int64_t s = 4 * world_size();
-  at::Tensor q = distribute_tensor(at::randn({1, 2, s, 4}), mesh, {Shard(2)}).requires_grad_();
-  torch::jit::Stack stack{q, q, q, c10::IValue(), 0.0, /*is_causal=*/true, c10::IValue(), false};
-  sdpa_op->callBoxed(&stack);  // every rank: the forward
-  const at::Tensor loss = stack.back().toTensor().sum();
+  const at::Tensor q = sequence_sharded_query(mesh).requires_grad_();
+  const at::Tensor loss = self_attention(q, /*is_causal=*/true).sum();  // every rank: the forward
   on_survivors_within_30s(healthy, [&] { EXPECT_ERROR_CONTAINS(loss.backward(), "timed out"); });
 }
 

@@ -8,6 +8,14 @@ from oracle import assert_close, local_of
 from ranks import run_ranks
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = pytest.mark.skipif(GPUS == 0, reason="no CUDA device visible (torch.cuda.is_available() is false)")
+
+
+def run_ranks_on_gpus(body, world_size):
+    """run_ranks with one GPU a rank: skips, saying so, where fewer than world_size are visible."""
+    if world_size > GPUS:
+        pytest.skip(f"{world_size} ranks need {world_size} GPUs, {GPUS} visible")
+    run_ranks(body, world_size)
 
 
 def cuda_body(rank, world_size):
@@ -28,12 +36,9 @@ def cuda_body(rank, world_size):
     assert_close(w.grad.full_tensor(), g.sum(0, keepdim=True).t().expand(5, 3), "gradient on cuda")
 
 
-@pytest.mark.skipif(GPUS == 0, reason="no CUDA device visible (torch.cuda.is_available() is false)")
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_cuda_mesh(world_size):
-    if world_size > GPUS:
-        pytest.skip(f"{world_size} ranks need {world_size} GPUs, {GPUS} visible")
-    run_ranks(cuda_body, world_size)
+    run_ranks_on_gpus(cuda_body, world_size)
 
 
 def cuda_attention_body(rank, world_size):
@@ -67,9 +72,6 @@ def cuda_attention_body(rank, world_size):
                 assert_close(s.grad.full_tensor().float(), w.grad.float(), f"{what}: {name} gradient", **close)
 
 
-@pytest.mark.skipif(GPUS == 0, reason="no CUDA device visible (torch.cuda.is_available() is false)")
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_cuda_attention_on_sequence_shards(world_size):
-    if world_size > GPUS:
-        pytest.skip(f"{world_size} ranks need {world_size} GPUs, {GPUS} visible")
-    run_ranks(cuda_attention_body, world_size)
+    run_ranks_on_gpus(cuda_attention_body, world_size)
