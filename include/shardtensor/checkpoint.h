@@ -10,7 +10,7 @@
 // Partial) mesh dim writes its box, plain tensors are written by the group's first rank, and no
 // rank gathers a tensor. Loading reads, on each rank, only the saved boxes that intersect the
 // box its tensors already hold, and communicates only to agree that every rank succeeded.
-// The format is described in README.md ("Checkpoint format").
+// The format is described in docs/checkpoint.md ("Format").
 //
 // Both calls are collective over the group of the state's ShardTensors (the mesh of the first
 // one by name, or `mesh` in the options; every ShardTensor's mesh must span the same ranks). A
@@ -34,7 +34,7 @@ using StateDict = std::map<std::string, at::Tensor>;
 
 struct SaveOptions {
   std::optional<DeviceMesh> mesh;        // the group to agree over; see the file comment
-  int64_t chunk_bytes = int64_t(4) << 20;  // checksum granularity (README: "Checkpoint format")
+  int64_t chunk_bytes = int64_t(4) << 20;  // checksum granularity (docs/checkpoint.md: "Format")
   // fsync every file and directory before the rename. Without it the save is still atomic
   // against a crash of the processes (the rename comes after every write), not against a crash
   // of the machine, as torch::save.

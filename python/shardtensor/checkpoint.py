@@ -15,8 +15,8 @@ dict or list. Tuples hold numbers that cannot be replaced (Adam's betas): they a
 to be checked against what the state holds.
 
 Both calls are collective over the ranks of the state's ShardTensors (or `mesh`). The format, the
-atomicity of a save, and what a load checks before it writes anything are in the README
-("Checkpoint format"): the same C++ code runs for C++ programs.
+atomicity of a save, and what a load checks before it writes anything are in docs/checkpoint.md
+("Format"): the same C++ code runs for C++ programs.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 // Pure: no I/O and no communication, so every rank computes the same answers (rank 0 uses the
 // plans of all ranks to write the metadata without reading their files).
 //
-// A checkpoint directory (README.md, "Checkpoint format", is the user-facing description):
+// A checkpoint directory (docs/checkpoint.md, "Format", is the user-facing description):
 //   rank-00003.safetensors  one per rank that writes a box; a standard safetensors file whose
 //                           entries are named after the tensors; each entry is the box of that
 //                           tensor this rank wrote (row-major, little-endian)
