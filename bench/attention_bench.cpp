@@ -7,7 +7,9 @@
 // With --causal: is_causal, and the ring on zigzag chunks (load-balanced, ZigzagCausal) beside
 // the ring on contiguous shards, whose last rank computes 2n - 1 times the first's share.
 // Run: shardrun -n 4 build-torch2/bench/attention_bench [--causal] (and -n 2); results in
-// bench/RESULTS.md.
+// bench/RESULTS.md. Not causal: --seq 4096,16384 picks the sequence lengths, --steps N the timed
+// steps at each (default 9, 2 above S = 8192), --json FILE makes rank 0 also write min / median
+// / max of each timing to FILE (for bench/regenerate.py).
 // On libtorch 1.13, which has no SDPA, it prints why it skips and exits 0.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -19,9 +21,11 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench_report.h"
 #include "comm/comm.h"
 #include "shardtensor/shardtensor.h"
 
@@ -61,6 +65,7 @@ int64_t reset_peak() {
 struct Timing {
   double ms = 0;
   double peak_mib = 0;  // above the RSS at the start of the window
+  bench_report::Stats stats;  // of the timed steps, ms
 };
 
 Timing measure(const std::function<void()>& step, const std::function<void()>& sync, int timed) {
@@ -74,8 +79,8 @@ Timing measure(const std::function<void()>& step, const std::function<void()>& s
     sync();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], (status_kb("VmHWM") - base) / 1024.0};
+  const bench_report::Stats stats = bench_report::stats_of(ms);
+  return {stats.median, (status_kb("VmHWM") - base) / 1024.0, stats};
 }
 
 }  // namespace
@@ -127,6 +132,14 @@ int main(int argc, char** argv) {
   const int64_t ranks = mesh.size(0), rank = mesh.coordinate()[0];
   const int64_t b = 1, h = 2, d = 32;
   const auto barrier = [&] { mesh.comm(0).barrier(); };
+  std::vector<int64_t> seqs;
+  {
+    std::stringstream list(bench_report::option(argc, argv, "--seq").empty() ? "4096,16384" : bench_report::option(argc, argv, "--seq"));
+    for (std::string item; std::getline(list, item, ',');) seqs.push_back(std::stoll(item));
+  }
+  const int steps = bench_report::int_option(argc, argv, "--steps", 0);  // 0: the default rule
+  const std::string json_path = bench_report::option(argc, argv, "--json");
+  std::vector<bench_report::Object> json_rows;
   if (is_causal) {
     if (rank == 0)
       std::printf("causal SDPA fwd+bwd, [B, H, S, D] = [%lld, %lld, S, %lld] float32, Q/K/V split over S on %lld ranks\n",
@@ -137,8 +150,8 @@ int main(int argc, char** argv) {
   if (rank == 0)
     std::printf("SDPA fwd+bwd, [B, H, S, D] = [%lld, %lld, S, %lld] float32, Q/K/V split over S on %lld ranks\n",
                 static_cast<long long>(b), static_cast<long long>(h), static_cast<long long>(d), static_cast<long long>(ranks));
-  for (int64_t s : {4096, 16384}) {
-    const int timed = s > 8192 ? 2 : 9;  // S = 4096 steps are short: more of them steady the median
+  for (int64_t s : seqs) {
+    const int timed = steps > 0 ? steps : s > 8192 ? 2 : 9;  // S = 4096 steps are short: more of them steady the median
     at::manual_seed(0);
     const at::Tensor q = at::randn({b, h, s, d}), k = at::randn({b, h, s, d}), v = at::randn({b, h, s, d}),
                      g = at::randn({b, h, s, d});
@@ -179,6 +192,24 @@ int main(int argc, char** argv) {
                   static_cast<long long>(s), single.ms, ring.ms, single.ms / ring.ms, gather.ms, ring.ms / gather.ms,
                   ring.peak_mib, gather.peak_mib, single.peak_mib, ring_fwd.peak_mib, gather_fwd.peak_mib, kv_mib,
                   3 * kv_mib / ranks, out_mib);
+    json_rows.push_back(bench_report::Object()
+                            .add("seq", s)
+                            .add("steps", timed)
+                            .add("one_process_ms", single.stats)
+                            .add("ring_ms", ring.stats)
+                            .add("gather_ms", gather.stats)
+                            .add("ring_peak_mib", ring.peak_mib)
+                            .add("gather_peak_mib", gather.peak_mib)
+                            .add("one_process_peak_mib", single.peak_mib)
+                            .add("ring_forward_peak_mib", ring_fwd.peak_mib)
+                            .add("gather_forward_peak_mib", gather_fwd.peak_mib)
+                            .add("gathered_kv_mib", kv_mib));
   }
+  if (rank == 0)
+    bench_report::write(json_path, bench_report::Object()
+                                       .add("bench", "attention_bench")
+                                       .add("world", ranks)
+                                       .add("shape", "[" + std::to_string(b) + ", " + std::to_string(h) + ", S, " + std::to_string(d) + "]")
+                                       .add("rows", json_rows));
   return 0;
 }

@@ -5,7 +5,7 @@ Times, with raw torch.distributed over Gloo (no shardtensor), the all_to_all of 
 and the two back to back, plus a busy loop as long as the pack before the same all_to_all.
 On the 2-core development VM with 4 ranks the pair cost 0.7-1.7 ms more than the sum of its
 parts (stop 44), whether the work before is a pack or a busy loop touching no memory: the ranks'
-Gloo I/O threads wait for cores the others' copies hold (bench/RESULTS.md, stop 44).
+Gloo I/O threads wait for cores the others' copies hold (stop 44 in `git show 655ea7b:bench/RESULTS.md`).
 
     MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456 \
         build-torch2/tools/shardrun/shardrun -n 4 .venv/bin/python bench/gloo_copy_then_collective.py

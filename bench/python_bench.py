@@ -41,10 +41,14 @@ Three sections, each a Markdown table printed by rank 0 (--sections 1,2,3 picks 
 
 Every case is checked once before it is timed: the shardtensor result (and the DTensor one)
 must equal the plain / raw / hand-written result, so no wrong code gets timed.
+
+--json FILE: rank 0 also writes every figure (min / median / max over the rounds, runs or steps)
+to FILE as one JSON object, for bench/regenerate.py.
 """
 import argparse
 import ctypes
 import gc
+import json
 import os
 import platform
 import re
@@ -86,6 +90,18 @@ def keep_freed_memory():
     return ok
 
 
+class Stat(float):
+    """A median that also carries the min and max of its samples (arithmetic gives plain floats)."""
+
+    def __new__(cls, samples):
+        self = super().__new__(cls, statistics.median(samples))
+        self.min, self.max = min(samples), max(samples)
+        return self
+
+    def json(self):
+        return {"min": self.min, "median": float(self), "max": self.max}
+
+
 class Ctx:
     def __init__(self, args):
         self.args = args
@@ -97,6 +113,7 @@ class Ctx:
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.notes = []
+        self.results = {}  # section -> rows, for --json
 
     def log(self, *a):
         if self.rank == 0:
@@ -203,7 +220,7 @@ def section_ops(ctx: Ctx):
                         samples[k].append(t.timeit(number) / number * 1e6)
                         if ctx.device == "cuda":
                             torch.cuda.synchronize()  # outside the timed loop: each loop starts on an empty queue
-                med = {k: statistics.median(v) for k, v in samples.items()}
+                med = {k: Stat(v) for k, v in samples.items()}
                 # Python frames entered per op beyond the plain op's (the exec'd statement itself is one).
                 base = python_calls_per_op(code, envs["plain"])
                 calls = {k: python_calls_per_op(code, envs[k]) - base for k in ("st", "dt")}
@@ -226,6 +243,9 @@ def section_ops(ctx: Ctx):
         c = cxx.get((name, n))
         ctx.log(f"| {name} | {layout} | {n} | {plain:.2f} | {s:.2f} | {d:.2f} | {so:.2f} | {do:.2f} | {ratio} "
                 f"| {cst:.0f} / {cdt:.0f} | {'n/a' if c is None else f'{c:.2f}'} |")
+        ctx.results.setdefault("ops", []).append(dict(
+            op=name, layout=layout, n=n, plain_us=plain.json(), shardtensor_us=s.json(), dtensor_us=d.json(),
+            python_calls_shardtensor=cst, python_calls_dtensor=cdt, cxx_over_us=c))
         if n == 8 and so > BAR_OVER_US:
             misses.append(f"{name}: shardtensor {so:.2f} µs over plain at 8x8 (bar {BAR_OVER_US})")
         if do < BAR_DT_RATIO * so:
@@ -296,7 +316,7 @@ def time_in_turns(fns, runs, warmup=3):
                 samples[i].append(run_ms(f))
     finally:
         gc.enable()
-    return [statistics.median(s) for s in samples]
+    return [Stat(s) for s in samples]
 
 
 def pairs(ours, theirs, raw, runs):
@@ -419,6 +439,9 @@ def section_redistribute(ctx: Ctx):
             cstr = "n/a | n/a"
         ctx.log(f"| {name} | {s:.3f} | {d:.3f} | {raw_name} | {r1:.3f} / {r2:.3f} | {s / r1:.2f} | {d / r2:.2f} "
                 f"| {d / s:.1f}x | {cstr} |")
+        ctx.results.setdefault("redistribute", []).append(dict(
+            transition=name, raw_name=raw_name, shardtensor_ms=s.json(), dtensor_ms=d.json(),
+            raw_next_to_shardtensor_ms=r1.json(), raw_next_to_dtensor_ms=r2.json(), cxx_shardtensor_ms=cs))
     ctx.log(f"\nPython-side cost of the x.redistribute() wrapper (placements encoded, mesh looked up), "
             f"over calling the extension directly: {wrapper_us:.1f} µs per call.")
     if ratios:
@@ -581,7 +604,7 @@ def section_tp(ctx: Ctx):
                         samples[j].append(ms)
         finally:
             gc.enable()
-        hand, shard, dtm = (statistics.median(s) for s in samples)
+        hand, shard, dtm = (Stat(s) for s in samples)
         rows.append((batch, dim, hidden, hand, shard, dtm, st_comms, dt_comms))
     dist.barrier()  # every rank validated (a failed check raises and shardrun stops all ranks)
     ctx.log(f"\n### 3. TP-MLP step from Python ({w} ranks; forward + MSE + backward + SGD; median ms of "
@@ -592,6 +615,9 @@ def section_tp(ctx: Ctx):
     for b, d, h, hand, shard, dtm, sc, dc in rows:
         ctx.log(f"| {b} x {d} x {h} | {hand:.3f} | {shard:.3f} | {dtm:.3f} | {shard / hand:.2f}x | {dtm / hand:.2f}x "
                 f"| {fmt_counts(sc)}; {fmt_counts(dc)} |")
+        ctx.results.setdefault("tp_mlp", []).append(dict(
+            batch=b, dim=d, hidden=h, hand_written_ms=hand.json(), shardtensor_ms=shard.json(), dtensor_ms=dtm.json(),
+            collectives_shardtensor=fmt_counts(sc), collectives_dtensor=fmt_counts(dc)))
     worst = max(r[4] / r[3] for r in rows)
     ctx.log(f"\nBar shardtensor ≤ {BAR_TP}x hand-written: {'met' if worst <= BAR_TP else 'NOT met'} (worst {worst:.2f}x).")
     return rows
@@ -620,6 +646,7 @@ def parse_args():
                    help="section 2: raw S(0)->R even is all_gather_into_tensor (default all_to_all_single)")
     p.add_argument("--cxx-timeout", type=int, default=240)
     p.add_argument("--show-cxx", action="store_true", help="print the C++ program's table too")
+    p.add_argument("--json", metavar="FILE", help="rank 0 also writes every figure (min / median / max) to FILE")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="where the pieces live (cuda: section 1 only, one GPU per rank)")
     a = p.parse_args()
@@ -653,6 +680,13 @@ def main():
     for n in ctx.notes:
         ctx.log(f"note: {n}")
     ctx.log(f"\n(total {time.time() - t0:.0f} s)")
+    if args.json and ctx.rank == 0:
+        settings = {k: getattr(args, k) for k in ("op_number", "op_rounds", "redist_runs", "tp_steps", "device")}
+        with open(args.json, "w") as f:
+            json.dump({"bench": "python_bench", "shardtensor": st.__version__, "torch": torch.__version__,
+                       "python": platform.python_version(), "world": ctx.world, "backend": dist.get_backend(),
+                       "freed_memory_kept": kept, "settings": settings, "sections": ctx.results,
+                       "notes": ctx.notes, "seconds": time.time() - t0}, f, indent=1)
 
 
 if __name__ == "__main__":

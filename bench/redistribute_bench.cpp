@@ -3,12 +3,15 @@
 //
 //   shardrun -n 4 ./build/bench/redistribute_bench        (also -n 2; --planning-only: just planning;
 //                                                        --only S(0)->R: matching transitions;
-//                                                        --small: small tensors, see small_transfers())
+//                                                        --small: small tensors, see small_transfers();
+//                                                        --runs N: timed runs per figure (61);
+//                                                        --json FILE: min / median / max as JSON)
 //
 // Tensors: 16 MiB of float ([2048, 2048], even) and an awkward [2047, 2049] (uneven). Each
 // figure is the median of 61 runs after 3 warm-ups, with a barrier before every run; the
 // slowest rank's time counts (max over ranks of each run); a transition and its raw
-// collectives run in turns. Rank 0 prints a Markdown table.
+// collectives run in turns. Rank 0 prints a Markdown table (and with --json writes every
+// figure's min, median and max over the runs to FILE, for bench/regenerate.py).
 #include <ATen/ATen.h>
 #include <malloc.h>
 
@@ -20,6 +23,7 @@
 #include <limits>
 #include <sstream>
 
+#include "bench_report.h"
 #include "comm/comm.h"
 #include "comm/fingerprint.h"
 #include "redistribute/boxes.h"
@@ -30,10 +34,12 @@
 
 using namespace shardtensor;
 using Clock = std::chrono::steady_clock;
+using bench_report::Stats;
 
 namespace {
 
-constexpr int kWarmup = 3, kRuns = 61;
+constexpr int kWarmup = 3;
+int runs = 61;  // --runs N
 
 // One run of fn: the slowest rank's time in milliseconds.
 double run_ms(const DeviceMesh& mesh, const std::function<void()>& fn) {
@@ -50,8 +56,8 @@ double run_ms(const DeviceMesh& mesh, const std::function<void()>& fn) {
 // drifted apart by up to 30%.
 // The raw collectives (fns[1...]) run as bare c10d runs them: without shardtensor's fingerprint
 // check, which shardtensor's own transfers (fns[0]) pay on messages (fingerprint.h).
-// `first_raw` says where the raw ones begin.
-std::vector<double> time_ms(const DeviceMesh& mesh, const std::vector<std::function<void()>>& given, size_t first_raw = 1) {
+// `first_raw` says where the raw ones begin. Returns min, median and max over the runs.
+std::vector<Stats> time_ms(const DeviceMesh& mesh, const std::vector<std::function<void()>>& given, size_t first_raw = 1) {
   std::vector<std::function<void()>> fns = given;
   for (size_t f = first_raw; f < fns.size(); ++f)
     fns[f] = [raw = given[f]] {
@@ -63,22 +69,26 @@ std::vector<double> time_ms(const DeviceMesh& mesh, const std::vector<std::funct
   for (int i = 0; i < kWarmup; ++i)
     for (const auto& fn : fns) fn();
   std::vector<std::vector<double>> samples(fns.size());
-  for (int i = 0; i < kRuns; ++i)
+  for (int i = 0; i < runs; ++i)
     for (size_t f = 0; f < fns.size(); ++f) samples[f].push_back(run_ms(mesh, fns[f]));
-  std::vector<double> medians;
-  for (auto& s : samples) {
-    std::nth_element(s.begin(), s.begin() + kRuns / 2, s.end());
-    medians.push_back(s[kRuns / 2]);
-  }
-  return medians;
+  std::vector<Stats> stats;
+  for (const auto& s : samples) stats.push_back(bench_report::stats_of(s));
+  return stats;
 }
 
 struct Row {
   std::string name, raw_name;
-  double ours_ms, raw_ms;
-  double raw_with_own_ms;  // the same collective also placing this rank's own part (Gloo copies it)
-  double hand_written_ms = 0;  // the program one writes by hand around that collective (hand_written())
-  double copies_ms = 0;        // the copies no program on contiguous messages avoids (copies_alone())
+  Stats ours, raw;
+  Stats raw_with_own;  // the same collective also placing this rank's own part (Gloo copies it)
+  Stats hand_written;  // the program one writes by hand around that collective (hand_written())
+  Stats copies;        // the copies no program on contiguous messages avoids (copies_alone())
+  std::string raw_with_own_name = "all_to_all (minimal bytes, own part included)";
+  bool exchange = false;  // hand_written and copies were timed
+  double ours_ms() const { return ours.median; }
+  double raw_ms() const { return raw.median; }
+  double raw_with_own_ms() const { return raw_with_own.median; }
+  double hand_written_ms() const { return hand_written.median; }
+  double copies_ms() const { return copies.median; }
 };
 
 std::string only;  // --only SUBSTRING: just the transitions whose name contains it
@@ -178,7 +188,7 @@ std::function<void()> copies_alone(const at::Tensor& x, const ShardTensorSpec& s
 }
 
 Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const ShardTensorSpec& dst) {
-  if (!only.empty() && name.find(only) == std::string::npos) return {name, "skipped", 0, 1, 1, 1};
+  if (!only.empty() && name.find(only) == std::string::npos) return {name, "skipped"};
   const DeviceMesh& mesh = src.mesh();
   at::Tensor x = from_local(at::rand(src.local_shape()), mesh, src.placements(), ShardSizing::given(src.shard_sizes()));
   // Minimal bytes: what each receiver lacks, from the rank that holds it (boxes.h).
@@ -200,18 +210,21 @@ Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const 
   send_splits_all[parts.own] = recv_splits_all[parts.own] = own;
   at::Tensor send_all = at::rand({s + own}), recv_all = at::empty({r + own});
   // The raw collectives: all_to_alls with exactly those sizes, buffers prepared in advance.
-  const std::vector<double> ms = time_ms(mesh, {[&] { redistribute(x, dst.placements(), dst.shard_sizes()); },
-                                                [&] { mesh.mesh_comm().all_to_all(recv, send, recv_splits, send_splits); },
-                                                [&] { mesh.mesh_comm().all_to_all(recv_all, send_all, recv_splits_all, send_splits_all); },
-                                                hand_written(x, src, dst), copies_alone(x, src, dst)});
-  return {name, "all_to_all (minimal bytes)", ms[0], ms[1], ms[2], ms[3], ms[4]};
+  const std::vector<Stats> ms = time_ms(mesh, {[&] { redistribute(x, dst.placements(), dst.shard_sizes()); },
+                                               [&] { mesh.mesh_comm().all_to_all(recv, send, recv_splits, send_splits); },
+                                               [&] { mesh.mesh_comm().all_to_all(recv_all, send_all, recv_splits_all, send_splits_all); },
+                                               hand_written(x, src, dst), copies_alone(x, src, dst)});
+  Row row{name, "all_to_all (minimal bytes)", ms[0], ms[1], ms[2], ms[3], ms[4]};
+  row.exchange = true;
+  return row;
 }
 
 // "hand-written ms | ours / it | copies alone ms | ours / (raw + copies) |"
 std::string hand_written_cells(const Row& r) {
   std::ostringstream cells;
-  cells << std::fixed << std::setprecision(3) << r.hand_written_ms << " | " << std::setprecision(2) << r.ours_ms / r.hand_written_ms
-        << " | " << std::setprecision(3) << r.copies_ms << " | " << std::setprecision(2) << r.ours_ms / (r.raw_ms + r.copies_ms) << " |";
+  cells << std::fixed << std::setprecision(3) << r.hand_written_ms() << " | " << std::setprecision(2) << r.ours_ms() / r.hand_written_ms()
+        << " | " << std::setprecision(3) << r.copies_ms() << " | " << std::setprecision(2) << r.ours_ms() / (r.raw_ms() + r.copies_ms())
+        << " |";
   return cells.str();
 }
 
@@ -221,14 +234,14 @@ void print(const std::vector<Row>& rows, int64_t world) {
             << "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows)
     if (r.raw_name != "skipped")
-      std::cout << "| " << r.name << " | " << std::fixed << std::setprecision(3) << r.ours_ms << " | " << r.raw_name << " | "
-              << r.raw_ms << " | " << std::setprecision(2) << r.ours_ms / r.raw_ms << " | " << std::setprecision(3)
-              << r.raw_with_own_ms << " | " << std::setprecision(2) << r.ours_ms / r.raw_with_own_ms << " | "
-              << (r.hand_written_ms > 0 ? hand_written_cells(r) : "(reduction: no hand-written program) | | | |") << "\n";
+      std::cout << "| " << r.name << " | " << std::fixed << std::setprecision(3) << r.ours_ms() << " | " << r.raw_name << " | "
+              << r.raw_ms() << " | " << std::setprecision(2) << r.ours_ms() / r.raw_ms() << " | " << std::setprecision(3)
+              << r.raw_with_own_ms() << " | " << std::setprecision(2) << r.ours_ms() / r.raw_with_own_ms() << " | "
+              << (r.exchange ? hand_written_cells(r) : "(reduction: no hand-written program) | | | |") << "\n";
 }
 
-// Median over 15 batches of the mean time per plan in a batch of `reps`.
-double plan_us(const ShardTensorSpec& a, const ShardTensorSpec& b, bool cached, int reps, Planner planner = Planner::GraphSearch) {
+// Min, median and max over 15 batches of the mean time per plan in a batch of `reps`.
+Stats plan_us(const ShardTensorSpec& a, const ShardTensorSpec& b, bool cached, int reps, Planner planner = Planner::GraphSearch) {
   plan_redistribute(a, b, planner);
   std::vector<double> batches;
   for (int batch = 0; batch < 15; ++batch) {
@@ -244,16 +257,16 @@ double plan_us(const ShardTensorSpec& a, const ShardTensorSpec& b, bool cached, 
     }
     batches.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / reps);
   }
-  std::nth_element(batches.begin(), batches.begin() + 7, batches.end());
-  return batches[7];
+  return bench_report::stats_of(batches);
 }
 
 // Small tensors (64 B to 128 KiB per rank): which transport should carry them. Peer memory (the
 // default at every size) against the same redistribute over Gloo with its fingerprint round
 // (what sizes under 256 KiB took before stop 37) and the raw c10d collective, unchecked.
-void small_transfers(const DeviceMesh& mesh) {
+void small_transfers(const DeviceMesh& mesh, const std::string& json_path) {
   const int64_t world = mesh.size(0);
   std::vector<std::string> lines;
+  std::vector<bench_report::Object> json_rows;
   for (const std::vector<int64_t>& piece : std::vector<std::vector<int64_t>>{{4, 4}, {64, 64}, {128, 256}}) {
     const std::string bytes = std::to_string(piece[0] * piece[1] * 4) + " B";
     at::Tensor s0 = from_local(at::rand(piece), mesh, {Shard(0)}, ShardSizing::infer());
@@ -267,11 +280,19 @@ void small_transfers(const DeviceMesh& mesh) {
       };
     };
     const auto add = [&](const std::string& name, const std::function<void()>& ours, const std::string& raw_name, const std::function<void()>& raw) {
-      const std::vector<double> ms = time_ms(mesh, {ours, over_gloo(ours), raw}, 2);
+      const std::vector<Stats> stats = time_ms(mesh, {ours, over_gloo(ours), raw}, 2);
+      const double ms[3] = {stats[0].median, stats[1].median, stats[2].median};
       std::ostringstream line;
       line << "| " << name << " | " << bytes << " | " << std::fixed << std::setprecision(3) << ms[0] << " | " << ms[1] << " | " << raw_name
            << " | " << ms[2] << " | " << std::setprecision(2) << ms[0] / ms[2] << " | " << ms[1] / ms[2] << " |";
       lines.push_back(line.str());
+      json_rows.push_back(bench_report::Object()
+                              .add("name", name)
+                              .add("bytes", piece[0] * piece[1] * 4)
+                              .add("raw_name", raw_name)
+                              .add("peer_memory", stats[0])
+                              .add("gloo_checked", stats[1])
+                              .add("raw", stats[2]));
     };
     add("S(0)->R", [&] { redistribute(s0, {Replicate()}); }, "all_gather", [&] { mesh.comm(0).all_gather(summed, gathered); });
     // S(0)->S(1), even pieces: each rank sends every peer its rows of that peer's columns.
@@ -286,6 +307,19 @@ void small_transfers(const DeviceMesh& mesh) {
   std::cout << "\n| transition (" << world << " ranks) | bytes per rank | peer memory ms | Gloo, checked ms | raw c10d | raw ms | "
             << "peer memory / raw | Gloo / raw |\n|---|---|---|---|---|---|---|---|\n";
   for (const std::string& line : lines) std::cout << line << "\n";
+  bench_report::write(json_path, bench_report::Object()
+                                     .add("bench", "redistribute_bench --small")
+                                     .add("world", world)
+                                     .add("runs", runs)
+                                     .add("small", json_rows));
+}
+
+bench_report::Object json_of(const Row& r) {
+  bench_report::Object o;
+  o.add("name", r.name).add("raw_name", r.raw_name).add("ours", r.ours).add("raw", r.raw);
+  if (r.raw_with_own_name != "") o.add("raw_with_own_name", r.raw_with_own_name).add("raw_with_own", r.raw_with_own);
+  if (r.exchange) o.add("hand_written", r.hand_written).add("copies", r.copies);
+  return o;
 }
 
 }  // namespace
@@ -298,12 +332,14 @@ int main(int argc, char** argv) {
   // MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ environment variables.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  const bool planning_only = argc > 1 && std::string(argv[1]) == "--planning-only";
-  if (argc > 1 && std::string(argv[1]) == "--small") {
-    small_transfers(DeviceMesh::create({world_size()}));
+  const bool planning_only = bench_report::flag(argc, argv, "--planning-only");
+  const std::string json_path = bench_report::option(argc, argv, "--json");
+  runs = bench_report::int_option(argc, argv, "--runs", runs);
+  only = bench_report::option(argc, argv, "--only");
+  if (bench_report::flag(argc, argv, "--small")) {
+    small_transfers(DeviceMesh::create({world_size()}), json_path);
     return 0;
   }
-  if (argc > 2 && std::string(argv[1]) == "--only") only = argv[2];
   const int64_t world = world_size();
   DeviceMesh mesh = DeviceMesh::create({world});
   std::vector<Row> rows;
@@ -316,9 +352,10 @@ int main(int argc, char** argv) {
     // Partial: the raw baselines are all_reduce and an all_to_all of the reduce-scatter bytes.
     at::Tensor px = from_local(at::rand(shape), mesh, {Partial()}, ShardSizing::given({}));
     at::Tensor dense = at::rand(shape);
-    const std::vector<double> to_replicate =
+    const std::vector<Stats> to_replicate =
         time_ms(mesh, {[&] { redistribute(px, {Replicate()}); }, [&] { mesh.comm(0).all_reduce(dense, ReduceOp::Sum); }});
     rows.push_back({"P(sum)->R" + tag, "all_reduce", to_replicate[0], to_replicate[1], to_replicate[1]});
+    rows.back().raw_with_own_name = "";  // the all_reduce's output is the whole result
     at::Tensor flat = at::rand({dense.numel()}), flat_out = at::empty({dense.numel()});
     std::vector<int64_t> splits;
     for (int64_t rows_of_piece : chunk_sizes(shape[0], world)) splits.push_back(rows_of_piece * shape[1]);
@@ -326,13 +363,14 @@ int main(int argc, char** argv) {
     at::Tensor recv_buf = at::empty({world * splits[mesh.coordinate()[0]]});
     // Gloo has no reduce-scatter: by hand it is this all_to_all, then a sum of the pieces
     // (the last column).
-    const std::vector<double> to_shard = time_ms(mesh, {[&] { redistribute(px, {Shard(0)}); },
+    const std::vector<Stats> to_shard = time_ms(mesh, {[&] { redistribute(px, {Shard(0)}); },
                                                         [&] { mesh.comm(0).all_to_all(recv_buf, flat, recv, splits); },
                                                         [&] {
                                                           mesh.comm(0).all_to_all(recv_buf, flat, recv, splits);
                                                           at::sum(recv_buf.view({world, -1}), 0);
                                                         }});
     rows.push_back({"P(sum)->S(0)" + tag, "all_to_all (reduce-scatter bytes)", to_shard[0], to_shard[1], to_shard[2]});
+    rows.back().raw_with_own_name = "all_to_all, then the sum of the pieces (a reduce-scatter by hand)";
   }
   if (world == 4 && !planning_only) {
     ShardTensorSpec a(mesh, {Shard(0)}, {2048, 2048}, c10::kFloat, {{0, {256, 1024, 512, 256}}});
@@ -358,19 +396,32 @@ int main(int argc, char** argv) {
     // DTensor's nested trap on a 3-D mesh: every mesh dim splits dim 0 -> only the last does.
     ShardTensorSpec n3(three, {Shard(0), Shard(0), Shard(0)}, {1000, 64, 8}, c10::kFloat);
     ShardTensorSpec m3(three, {Replicate(), Shard(1), Shard(0)}, {1000, 64, 8}, c10::kFloat);
-    std::cout << "\n| planning | µs per plan |\n|---|---|\n"
-              << "| cached lookup, 1-D mesh(8) | " << plan_us(a1, b1, true, 20000) << " |\n"
-              << "| cached lookup, 3-D mesh(2x2x2) | " << plan_us(a3, b3, true, 20000) << " |\n"
-              << "| uncached greedy, 1-D mesh(8) | " << plan_us(a1, b1, false, 500, Planner::Greedy) << " |\n"
-              << "| uncached greedy, 3-D mesh(2x2x2), plan A | " << plan_us(a3, b3, false, 500, Planner::Greedy) << " |\n"
-              << "| uncached greedy, 3-D mesh(2x2x2), plan B | " << plan_us(n3, m3, false, 500, Planner::Greedy) << " |\n"
-              << "| uncached graph search, 1-D mesh(8) | " << plan_us(a1, b1, false, 500) << " |\n"
-              << "| uncached graph search, 3-D mesh(2x2x2), plan A | " << plan_us(a3, b3, false, 200) << " |\n"
-              << "| uncached graph search, 3-D mesh(2x2x2), plan B | " << plan_us(n3, m3, false, 200) << " |\n"
-              << "\nPlan A, graph search: " << explain_redistribute(a3, b3, Planner::GraphSearch)
+    const std::vector<std::pair<std::string, Stats>> planning = {
+        {"cached lookup, 1-D mesh(8)", plan_us(a1, b1, true, 20000)},
+        {"cached lookup, 3-D mesh(2x2x2)", plan_us(a3, b3, true, 20000)},
+        {"uncached greedy, 1-D mesh(8)", plan_us(a1, b1, false, 500, Planner::Greedy)},
+        {"uncached greedy, 3-D mesh(2x2x2), plan A", plan_us(a3, b3, false, 500, Planner::Greedy)},
+        {"uncached greedy, 3-D mesh(2x2x2), plan B", plan_us(n3, m3, false, 500, Planner::Greedy)},
+        {"uncached graph search, 1-D mesh(8)", plan_us(a1, b1, false, 500)},
+        {"uncached graph search, 3-D mesh(2x2x2), plan A", plan_us(a3, b3, false, 200)},
+        {"uncached graph search, 3-D mesh(2x2x2), plan B", plan_us(n3, m3, false, 200)},
+    };
+    std::cout << "\n| planning | µs per plan |\n|---|---|\n";
+    for (const auto& [what, us] : planning) std::cout << "| " << what << " | " << us.median << " |\n";
+    std::cout << "\nPlan A, graph search: " << explain_redistribute(a3, b3, Planner::GraphSearch)
               << "\nPlan A, greedy:       " << explain_redistribute(a3, b3, Planner::Greedy)
               << "\nPlan B, graph search: " << explain_redistribute(n3, m3, Planner::GraphSearch)
               << "\nPlan B, greedy:       " << explain_redistribute(n3, m3, Planner::Greedy) << "\n";
+    std::vector<bench_report::Object> json_rows, json_planning;
+    for (const Row& r : rows)
+      if (r.raw_name != "skipped") json_rows.push_back(json_of(r));
+    for (const auto& [what, us] : planning) json_planning.push_back(bench_report::Object().add("name", what).add("us", us));
+    bench_report::write(json_path, bench_report::Object()
+                                       .add("bench", "redistribute_bench")
+                                       .add("world", world)
+                                       .add("runs", runs)
+                                       .add("rows", json_rows)
+                                       .add("planning", json_planning));
   }
   return 0;
 }

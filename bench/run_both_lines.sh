@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the dispatch, tensor-parallel MLP and redistribute benchmarks on both torch lines, one
-# line after the other (bench/RESULTS.md, "Torch lines side by side"). Builds both first.
+# line after the other ("Torch lines side by side" in `git show 655ea7b:bench/RESULTS.md`). Builds both first.
 # Usage: bench/run_both_lines.sh > bench_lines.log
 set -euo pipefail
 cd "$(dirname "$0")/.."
