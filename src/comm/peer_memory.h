@@ -9,7 +9,7 @@
 // Receivers copy by reading, except where the holder's side of a part lies in many stretches
 // and the receiver's in few: there the holder writes it, since the kernel pins the other
 // process's memory stretch by stretch (about 0.85 µs each, against 0.08 µs for a stretch of
-// one's own; bench/RESULTS.md, "Stop 45"), so the side with many stretches should be local.
+// one's own; bench/cross_memory_stretches.cpp), so the side with many stretches should be local.
 // Reading is safe by construction: a member that gave up an exchange (it timed out, or raised)
 // may already have freed its buffers, and a peer that still reads them fills only its own memory
 // with stale bytes and learns at the end of the exchange that it failed (see below). Writing is

@@ -159,7 +159,7 @@ std::string describe(const Box& b) { return "offsets [" + join(b.offsets, ", ") 
 // Whether part `from` offers is written by its holder into the place `into` offers, instead of
 // read by its receiver: where the holder's side lies in more stretches than the receiver's.
 // The kernel pins the other process's memory stretch by stretch, about 0.85 µs each, while a
-// stretch of one's own costs 0.08 µs (bench/RESULTS.md, "Stop 45"): the copier should be the
+// stretch of one's own costs 0.08 µs (bench/cross_memory_stretches.cpp measures both): the copier should be the
 // side with many stretches. Holder and receiver decide alike, from the same two offers.
 bool holder_writes(const Offer& from, const Offer& into) { return stretches(from.part, from.holds) > stretches(into.part, into.holds); }
 

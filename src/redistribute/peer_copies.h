@@ -30,7 +30,7 @@ struct PeerPart {
 
 // The size per rank from which a transfer goes through peer memory (transport.h:
 // uses_peer_memory): 0 by default, since the mailbox handshake (two polled rounds, no socket) beats
-// Gloo at every size measured, from 4 bytes up (bench/RESULTS.md, "stop 37": a small all-reduce
+// Gloo at every size measured, from 4 bytes up (bench/RESULTS.md, "Small transfers": a small all-reduce
 // 3-10x, small all-gathers and all-to-alls 2-8x, at 2 and 4 ranks), where the Gloo path pays a
 // fingerprint round of messages and then the collective. SHARDTENSOR_PEER_COPY_BYTES or
 // set_peer_copy_bytes() raise it. Every rank must hold the same value.

@@ -5,7 +5,7 @@
 // messages: two socket round trips per batch, 4-7 ms at 4 ranks on 2 cores. Through peer memory
 // the same batch is one PeerMemory::Exchange: each member offers its messages (receiver,
 // address, bytes) in its mailbox, every receiver reads what is addressed to it, and every
-// member posts "done" (bench/RESULTS.md, stop 37: small transfers 2-10x faster than the checked
+// member posts "done" (bench/RESULTS.md, "Small transfers": 2-10x faster than the checked
 // Gloo path). The bytes move inside wait(), so a batch no longer overlaps the caller's compute;
 // that overlap hid less than the round trips cost.
 //
