@@ -8,11 +8,18 @@
 //   rank_behaviour as-job RANK JOB program... every rank runs program; RANK with
 //                                             SHARDTENSOR_JOB_ID=JOB, as if of another job
 //   rank_behaviour only RANK program...       RANK runs program; the others sleep 60 s
+//   rank_behaviour port                       print how MASTER_PORT binds: "plain=<errno name>"
+//                                             for a socket without SO_REUSEADDR (another
+//                                             program), "store=ok|<errno name>" for one with it,
+//                                             listening on every address (as rank 0's store)
 // Each rank of fail/hang writes its pid to PIDDIR/<rank>.pid so the test can check it was stopped.
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +50,21 @@ int print_signal_state() {
   return 0;
 }
 
+// "ok", or the name of the error that binding (and listening on) the port gave.
+std::string bind_result(int port, bool reuse_address) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int on = 1;
+  if (reuse_address) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && listen(fd, 1) == 0;
+  const std::string result = ok ? "ok" : errno == EADDRINUSE ? "EADDRINUSE" : std::strerror(errno);
+  close(fd);
+  return result;
+}
+
 int run(char** command) {
   execvp(command[0], command);
   std::fprintf(stderr, "rank_behaviour: cannot run %s: %s\n", command[0], std::strerror(errno));
@@ -63,6 +85,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "signals") return print_signal_state();
+  if (mode == "port") {
+    const int port = std::atoi(std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0");
+    std::printf("plain=%s\nstore=%s\n", bind_result(port, false).c_str(), bind_result(port, true).c_str());
+    return 0;
+  }
   if ((mode == "as-job" && argc > 4) || (mode == "only" && argc > 3)) {
     const bool chosen = rank == std::atoi(argv[2]);
     if (mode == "as-job") {

@@ -202,6 +202,16 @@ TEST(Shardrun, GivesEveryRankTheTorchrunEnvironmentAndPrefixesItsLines) {
   EXPECT_EQ(r.output.find("MASTER_PORT=(unset)"), std::string::npos) << r.output;
 }
 
+// The port shardrun picks stays held for the whole job: another program cannot bind it between
+// the pick and rank 0's store (with other jobs on the machine, one did), and the store, which
+// binds with SO_REUSEADDR, still can.
+TEST(Shardrun, HoldsTheStorePortForTheJobAndLetsTheStoreBindIt) {
+  RunResult r = run("-n 1 " RANK_BEHAVIOUR_PATH " port");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] plain=EADDRINUSE\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] store=ok\n"), std::string::npos) << r.output;
+}
+
 TEST(Shardrun, OneFailingRankStopsTheOthersAndSetsTheExitCode) {
   const std::string dir = fresh_dir("fail");
   RunResult r = run("-n 3 " RANK_BEHAVIOUR_PATH " fail 1 7 " + dir);
