@@ -1,19 +1,18 @@
 // What the benchmark programs share for their machine-readable output (bench/regenerate.py
-// reads it): min / median / max of a list of samples, a few command-line options, and a small
-// JSON writer. Header-only, no torch.
+// reads it): min / median / max of a list of samples, a few command-line options, and JSON
+// objects written through nlohmann-json. Header-only, no torch.
 //
 //   --json FILE   rank 0 also writes its figures to FILE as one JSON object
 //   --runs N      (where a program supports it) timed runs per figure
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace bench_report {
@@ -53,77 +52,32 @@ inline int int_option(int argc, char** argv, const std::string& name, int fallba
   return n;
 }
 
-inline std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
+using Json = nlohmann::ordered_json;  // keys in the order they are added
 
-inline std::string number(double v) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream s;
-  s.precision(6);
-  s << v;
-  return s.str();
-}
-
-inline std::string json(const Stats& s) {
-  return "{\"min\": " + number(s.min) + ", \"median\": " + number(s.median) + ", \"max\": " + number(s.max) + "}";
-}
-
-// One JSON object built field by field: Object().add("a", 1.0).add("b", Object()...).str()
+// One JSON object built field by field: Object().add("a", 1.0).add("b", Object()...). Values are
+// anything nlohmann-json converts (numbers, strings, vectors), Stats and other Objects; a
+// non-finite number is written as null.
 class Object {
  public:
-  Object& raw(const std::string& key, const std::string& json_text) {
-    fields_.push_back(quoted(key) + ": " + json_text);
+  template <typename T>
+  Object& add(const std::string& key, const T& value) {
+    json_[key] = value;
     return *this;
   }
-  Object& add(const std::string& key, const std::string& value) { return raw(key, quoted(value)); }
-  Object& add(const std::string& key, const char* value) { return raw(key, quoted(value)); }
-  Object& add(const std::string& key, double value) { return raw(key, number(value)); }
-  template <typename Int, std::enable_if_t<std::is_integral_v<Int>, int> = 0>
-  Object& add(const std::string& key, Int value) {
-    return raw(key, std::to_string(value));
-  }
-  Object& add(const std::string& key, const Stats& value) { return raw(key, json(value)); }
-  Object& add(const std::string& key, const Object& value) { return raw(key, value.str()); }
-  Object& add(const std::string& key, const std::vector<Object>& values) {
-    std::string list = "[";
-    for (size_t i = 0; i < values.size(); ++i) list += (i ? ",\n  " : "\n  ") + values[i].str();
-    return raw(key, list + (values.empty() ? "]" : "\n]"));
-  }
-  template <typename Int, std::enable_if_t<std::is_integral_v<Int>, int> = 0>
-  Object& add(const std::string& key, const std::vector<Int>& values) {
-    std::string list = "[";
-    for (size_t i = 0; i < values.size(); ++i) list += (i ? ", " : "") + std::to_string(values[i]);
-    return raw(key, list + "]");
-  }
-  std::string str() const {
-    std::string out = "{";
-    for (size_t i = 0; i < fields_.size(); ++i) out += (i ? ", " : "") + fields_[i];
-    return out + "}";
-  }
+  const Json& json() const { return json_; }
 
  private:
-  std::vector<std::string> fields_;
+  Json json_ = Json::object();
 };
+
+inline void to_json(Json& j, const Stats& s) { j = Json{{"min", s.min}, {"median", s.median}, {"max", s.max}}; }
+inline void to_json(Json& j, const Object& o) { j = o.json(); }
 
 // Writes `object` to `path` (nothing when path is empty); exits non-zero when it cannot.
 inline void write(const std::string& path, const Object& object) {
   if (path.empty()) return;
   std::ofstream out(path);
-  out << object.str() << "\n";
+  out << object.json().dump() << "\n";
   if (!out) {
     std::fprintf(stderr, "cannot write %s\n", path.c_str());
     std::exit(1);
