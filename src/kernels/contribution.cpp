@@ -31,7 +31,17 @@ LocalKernel ContributedOncePlan::lower() const {
     for (const ContributedValue& v : values) {
       bool contributes = true;
       for (int64_t m : v.mesh_dims) contributes = contributes && mesh.coordinate()[m] == 0;
-      if (!contributes) (*stack)[args_begin + v.arg] = zero_like((*stack)[args_begin + v.arg]);
+      if (contributes) continue;
+      c10::IValue& arg = (*stack)[args_begin + v.arg];
+      if (v.element < 0) {
+        arg = zero_like(arg);
+        continue;
+      }
+      // One tensor of a list: a new list, so that no list the caller holds changes.
+      std::vector<at::Tensor> tensors = arg.toTensorVector();
+      at::Tensor& t = tensors[static_cast<size_t>(v.element)];
+      t = zero_like(t).toTensor();
+      arg = tensors;
     }
     op.callBoxed(stack);
   };

@@ -3,7 +3,8 @@
 //
 // A Partial(sum) result is a pending sum of one term per rank of each Partial mesh dim. A
 // replicated value that enters it (the bias of addmm, the `other` of P(sum) + R, the `value`
-// that fill_ or copy_ writes into a Partial(sum)) must be counted once, not once per term: the
+// that fill_ or copy_ writes into a Partial(sum), a Replicate operand of cat or stack next to
+// Partial(sum) ones) must be counted once, not once per term: the
 // rank at coordinate 0 of each such mesh dim contributes it, the others contribute zero. That
 // is exact (no division by the group size, so integers work) and needs no communication: the
 // output stays Partial(sum) and is resolved like any other. Partial(avg/max/min) need no rule:
@@ -15,10 +16,12 @@
 namespace shardtensor {
 
 // One replicated value: its schema position (a tensor or a scalar) and the Partial(sum) mesh
-// dims it joins. A rank off coordinate 0 of any of them passes a zero instead.
+// dims it joins. A rank off coordinate 0 of any of them passes a zero instead. `element`: the
+// value is that tensor of a Tensor[] argument (cat's and stack's operands), -1: the argument.
 struct ContributedValue {
   size_t arg;
   std::vector<int64_t> mesh_dims;
+  int64_t element = -1;
 };
 
 struct ContributedOncePlan : KernelPlan {

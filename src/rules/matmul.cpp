@@ -5,7 +5,9 @@
 // Each op is an einsum over labels (mm: "ik,kj->ij"). Per mesh dim, the operands' placements
 // must form one of these combinations:
 //   R x R -> R;   S(batch) x S(batch) -> S(batch);   S(i) x R -> S(i);   R x S(j) -> S(j);
-//   S(k) x S(k) -> P(sum)  (contraction);   P(sum) x R -> P(sum);   R x P(sum) -> P(sum).
+//   S(k) x S(k) -> P(sum)  (contraction);   P(r) x R -> P(r);   R x P(r) -> P(r)  (r: sum or avg).
+// A product is linear in each operand, so a pending sum or average of one operand stays pending
+// (mean_i(A_i) @ B == mean_i(A_i @ B)); P x P is not linear in the pair and resolves one side.
 // When they do not, the rule picks the valid combination that moves the fewest bytes
 // (R -> S is a free local slice; S -> R an all-gather; S -> S' an all-to-all; P -> R an
 // all-reduce), preferring to keep the first operand's layout. Operands sharded on the same
@@ -41,7 +43,7 @@ std::optional<Placement> combine(const Einsum& e, const Placement& pa, const Pla
   if (pa.is_partial() || pb.is_partial()) {
     const Placement& partial = pa.is_partial() ? pa : pb;
     const Placement& other = pa.is_partial() ? pb : pa;
-    if (partial.reduce_op == ReduceOp::Sum && other.is_replicate()) return partial;
+    if (is_sum_or_avg(partial.reduce_op) && other.is_replicate()) return partial;
     return std::nullopt;
   }
   if (pa.is_replicate() && pb.is_replicate()) return Replicate();
@@ -82,17 +84,17 @@ Choice choose(const Einsum& e, const ShardTensorSpec& a, const ShardTensorSpec& 
 struct Product {
   ShardTensorSpec a, b;
   OutputLayout out;
-  std::vector<int64_t> partial_mesh_dims;
+  std::vector<int64_t> summed_mesh_dims;  // where the output is Partial(sum): a bias joins once
 };
 
 Product plan_product(const Einsum& e, const ShardTensorSpec& a, const ShardTensorSpec& b) {
   const int64_t mesh_ndim = a.mesh().ndim();
   Placements qa(mesh_ndim), qb(mesh_ndim), out(mesh_ndim);
-  std::vector<int64_t> partial_dims;
+  std::vector<int64_t> summed_dims;
   for (int64_t m = 0; m < mesh_ndim; ++m) {
     const Choice c = choose(e, a, b, m);
     qa[m] = c.a, qb[m] = c.b, out[m] = c.out;
-    if (c.out.is_partial()) partial_dims.push_back(m);
+    if (c.out.is_partial() && c.out.reduce_op == ReduceOp::Sum) summed_dims.push_back(m);
   }
   ShardTensorSpec ta = with_placements(a, qa);
   ShardTensorSpec tb = with_placements(b, qb);
@@ -109,7 +111,7 @@ Product plan_product(const Einsum& e, const ShardTensorSpec& a, const ShardTenso
                                                      : tb.sharding_of(static_cast<int64_t>(e.b.find(e.out[d])));
     if (s) layout.sizes.push_back({d, s->sizes});
   }
-  return {ta, tb, layout, partial_dims};
+  return {ta, tb, layout, summed_dims};
 }
 
 RuleResult product(const OpMeta& op, const Einsum& e) {
@@ -122,7 +124,8 @@ RuleResult product(const OpMeta& op, const Einsum& e) {
 
 // The bias of addmm/baddbmm: laid out like the product where it has the dim, Replicate where
 // it broadcasts. Where the product is Partial(sum), the bias is contributed once (see
-// rules/contribution.h), or it would count once per term.
+// rules/contribution.h), or it would count once per term. Where it is Partial(avg), every term
+// adds it: mean_i(bias + A_i @ B) == bias + mean_i(A_i @ B).
 struct BiasedProduct {
   Product product;
   ShardTensorSpec bias;
@@ -144,8 +147,8 @@ BiasedProduct plan_biased_product(const Einsum& e, const ShardTensorSpec& bias, 
 
 // The kernel plan of a product whose bias (argument `bias_arg`) joins a Partial(sum) result.
 std::shared_ptr<const KernelPlan> bias_contributed_once(const Product& p, const ShardTensorSpec& bias, size_t bias_arg) {
-  if (p.partial_mesh_dims.empty()) return nullptr;
-  return declare(ContributedOncePlan(bias.mesh(), {{bias_arg, p.partial_mesh_dims}}));
+  if (p.summed_mesh_dims.empty()) return nullptr;
+  return declare(ContributedOncePlan(bias.mesh(), {{bias_arg, p.summed_mesh_dims}}));
 }
 
 RuleResult product_with_bias(const OpMeta& op, const Einsum& e) {

@@ -10,6 +10,7 @@
 
 #include <numeric>
 
+#include "rules/contribution.h"
 #include "rules/helpers.h"
 #include "rules/views.h"
 #include "util/strings.h"
@@ -268,35 +269,91 @@ std::vector<ShardTensorSpec> input_specs(const OpMeta& op) {
   return specs;
 }
 
+// `resolved` (the lead of cat or stack) with a Partial restored on every mesh dim where it is
+// Replicate and the operands of its rank hold one Partial or Replicate, at least one the Partial.
+// Joining moves values without combining them, and a Replicate operand is already a pending
+// avg, max or min of itself (every term holds it) or, counted once, a pending sum (see
+// rules/contribution.h). Not a pending product: every term would multiply it in.
+ShardTensorSpec join_partials(const ShardTensorSpec& resolved, const std::vector<ShardTensorSpec>& operands) {
+  Placements ps = resolved.placements();
+  for (size_t m = 0; m < ps.size(); ++m) {
+    if (!ps[m].is_replicate()) continue;
+    std::optional<Placement> shared;
+    bool alike = true, some_replicate = false;
+    for (const ShardTensorSpec& o : operands) {
+      if (o.ndim() != resolved.ndim()) continue;  // cat skips its legacy empty [0] inputs
+      const Placement& p = o.placements()[m];
+      some_replicate = some_replicate || p.is_replicate();
+      if (p.is_replicate()) continue;
+      alike = alike && p.is_partial() && (!shared || *shared == p);
+      shared = p;
+    }
+    if (alike && shared && !(some_replicate && shared->reduce_op == ReduceOp::Product)) ps[m] = *shared;
+  }
+  return with_placements(resolved, ps);
+}
+
+// An operand's target in `lead`'s layout: Replicate where it is Replicate and the lead keeps a
+// Partial (it joins as it is: no move can make a Partial), the lead's placements and shard sizes
+// elsewhere.
+ShardTensorSpec joining_target(const ShardTensorSpec& in, const ShardTensorSpec& lead) {
+  Placements ps = lead.placements();
+  for (size_t m = 0; m < ps.size(); ++m)
+    if (ps[m].is_partial() && in.placements()[m].is_replicate()) ps[m] = Replicate();
+  ShardTensorSpec t = with_placements(in, ps);
+  for (const DimSharding& s : lead.shardings()) t = with_dim_sizes(t, s.tensor_dim, s.sizes);
+  return t;
+}
+
+// The operands (elements of the Tensor[] argument) that join a Partial(sum) of `lead` as
+// Replicate: each counted once, on coordinate 0 of those mesh dims. Inputs are the list's
+// elements in order (cat and stack take no other tensor).
+std::shared_ptr<const KernelPlan> contributed_operands(const OpMeta& op, const ShardTensorSpec& lead) {
+  std::vector<ContributedValue> contributed;
+  for (size_t i = 0; i < op.inputs.size(); ++i) {
+    const ShardTensorSpec& in = op.inputs[i].spec;
+    if (in.ndim() != lead.ndim()) continue;
+    std::vector<int64_t> summed;
+    for (size_t m = 0; m < lead.placements().size(); ++m)
+      if (lead.placements()[m] == Partial(ReduceOp::Sum) && in.placements()[m].is_replicate())
+        summed.push_back(static_cast<int64_t>(m));
+    if (!summed.empty()) contributed.push_back({op.inputs[i].arg_index, summed, static_cast<int64_t>(i)});
+  }
+  if (contributed.empty()) return nullptr;
+  return declare(ContributedOncePlan(op.mesh(), std::move(contributed)));
+}
+
 // cat along a dim: inputs share the first input's layout elsewhere; the dim itself is gathered.
-// Operands that all hold the same Partial keep it (see keep_shared_partials); so do stack's.
+// Operands that hold one Partial, or Replicate, keep it (see join_partials); so do stack's.
 RuleResult cat_rule(const OpMeta& op) {
   const ShardTensorSpec& first = op.inputs[0].spec;
   int64_t dim = int_arg(op, "dim");
   const int64_t ndim = first.ndim();
   dim = wrap_dim(dim, ndim, op);
   RuleResult r;
-  const ShardTensorSpec lead = keep_shared_partials(without_partial(replicate_tensor_dims(first, {dim})), input_specs(op));
+  const ShardTensorSpec lead = join_partials(without_partial(replicate_tensor_dims(first, {dim})), input_specs(op));
   for (const TensorInput& in : op.inputs) {
     if (in.spec.ndim() != ndim) {  // legacy empty [0] inputs are skipped by cat
       r.input_targets.push_back(replicated(in.spec));
       continue;
     }
-    r.input_targets.push_back(align_to(in.spec, lead));
+    r.input_targets.push_back(joining_target(in.spec, lead));
   }
   r.outputs.push_back(layout_of(lead));
+  r.kernel_plan = contributed_operands(op, lead);
   return r;
 }
 
 // stack along a new dim: every input follows the first one's layout, dims from `dim` on shift.
 RuleResult stack_rule(const OpMeta& op) {
-  const ShardTensorSpec lead = keep_shared_partials(without_partial(op.inputs[0].spec), input_specs(op));
+  const ShardTensorSpec lead = join_partials(without_partial(op.inputs[0].spec), input_specs(op));
   const int64_t dim = wrap_dim(int_arg(op, "dim"), lead.ndim() + 1, op);
   RuleResult r;
-  for (const TensorInput& in : op.inputs) r.input_targets.push_back(align_to(in.spec, lead));
+  for (const TensorInput& in : op.inputs) r.input_targets.push_back(joining_target(in.spec, lead));
   std::vector<int64_t> dim_map(lead.ndim());
   for (int64_t d = 0; d < lead.ndim(); ++d) dim_map[d] = d < dim ? d : d + 1;
   r.outputs.push_back(remap_dims(lead, dim_map));
+  r.kernel_plan = contributed_operands(op, lead);
   return r;
 }
 

@@ -153,6 +153,100 @@ TEST(KeepPartial, MaxAndMinOfPendingMaximaAndMinima) {
   }
 }
 
+TEST(KeepPartial, ProductsOfAPendingAverageAndAReplicateStayPending) {
+  // A product is linear in each operand: mean_i(A_i) @ B == mean_i(A_i @ B).
+  const at::Tensor va = same_randn({4, 6}), vb = same_randn({6, 5}), vbias = same_randn({5}), vv = same_randn({6});
+  const at::Tensor vba = same_randn({2, 4, 6}), vbb = same_randn({2, 6, 5}), vw = same_randn({5, 6});
+  const Placements pavg{Partial(ReduceOp::Avg)};
+  const at::Tensor a = pending(va, ReduceOp::Avg), b = replicate(vb), bias = replicate(vbias);
+  const at::Tensor ra = replicate(va), b_pending = pending(vb, ReduceOp::Avg), v = replicate(vv), w = replicate(vw);
+  const at::Tensor ba = pending(vba, ReduceOp::Avg), bb = replicate(vbb), hi = pending(va, ReduceOp::Max);
+  Results results;
+  CommDebugMode comms;
+  results.add(at::mm(a, b), pavg, va.mm(vb), "mm(P(avg), R)");
+  results.add(at::mm(ra, b_pending), pavg, va.mm(vb), "mm(R, P(avg))");
+  results.add(at::mv(a, v), pavg, va.mv(vv), "mv(P(avg), R)");
+  results.add(at::bmm(ba, bb), pavg, vba.bmm(vbb), "bmm(P(avg), R)");
+  // Every term adds the bias: an average of (bias + term) is bias + the average.
+  results.add(at::addmm(bias, a, b), pavg, at::addmm(vbias, va, vb), "addmm(R, P(avg), R)");
+  results.add(at::addmm(bias, a, b, 0.5, 2), pavg, at::addmm(vbias, va, vb, 0.5, 2), "addmm with beta and alpha");
+  results.add(at::linear(a, w, bias), pavg, at::linear(va, vw, vbias), "linear(P(avg), R, R)");
+  EXPECT_EQ(comms.total(), 0) << comms.table();
+  {
+    CommDebugMode resolved;  // not linear in the pair: one operand is resolved
+    const at::Tensor p = at::mm(a, b_pending);
+    EXPECT_EQ(resolved.count("all_reduce"), one_if_several()) << resolved.table();
+    EXPECT_TRUE(at::allclose(full_tensor(p), va.mm(vb)));
+  }
+  {
+    Results results;
+    CommDebugMode resolved;  // a pending maximum does not distribute over a product
+    results.add(at::mm(hi, b), {Replicate()}, va.mm(vb), "mm(P(max), R)");
+    EXPECT_EQ(resolved.count("all_reduce"), one_if_several());
+  }
+}
+
+TEST(KeepPartial, ReducingPendingMaximaAlongDimsStaysPendingButMaxDimResolves) {
+  const at::Tensor va = same_randn({4, 5, 3});
+  const at::Tensor hi = pending(va, ReduceOp::Max), lo = pending(va, ReduceOp::Min);
+  const Placements pmax{Partial(ReduceOp::Max)}, pmin{Partial(ReduceOp::Min)};
+  {
+    Results results;
+    CommDebugMode comms;  // max over a dim of the ranks' maximum == the ranks' maximum of maxima over the dim
+    results.add(at::amax(hi, {0, 2}, true), pmax, at::amax(va, {0, 2}, true), "amax keepdim of P(max)");
+    results.add(at::amin(lo, {1}, false), pmin, at::amin(va, {1}), "amin of P(min)");
+    results.add(lo.min(), pmin, va.min(), "min of P(min)");
+    EXPECT_EQ(comms.total(), 0) << comms.table();
+  }
+  // max.dim also returns indices, which the ranks' terms disagree on: resolved first.
+  CommDebugMode comms;
+  const auto [values, indices] = at::max(hi, 1);
+  EXPECT_EQ(comms.count("all_reduce"), one_if_several()) << comms.table();
+  const auto [want_values, want_indices] = at::max(va, 1);
+  expect_value(values, {Replicate()}, want_values, "max.dim values of P(max)");
+  EXPECT_TRUE(at::equal(full_tensor(indices), want_indices));
+}
+
+TEST(KeepPartial, JoiningPendingValuesWithReplicatesKeepsThemPending) {
+  const at::Tensor va = same_randn({4, 5}), vr = same_randn({4, 5});
+  const at::Tensor a = pending(va), r = replicate(vr), product = pending(va, ReduceOp::Product);
+  const at::Tensor kinds[] = {pending(va, ReduceOp::Avg), pending(va, ReduceOp::Max), pending(va, ReduceOp::Min)};
+  const bool first = mesh_1d().coordinate()[0] == 0;
+  Results results;
+  CommDebugMode comms;
+  const at::Tensor joined = at::cat({a, r}, 0);
+  results.add(joined, {Partial()}, at::cat({va, vr}, 0), "cat(P(sum), R)");
+  results.add(at::cat({r, a}, 1), {Partial()}, at::cat({vr, va}, 1), "cat(R, P(sum))");
+  results.add(at::stack({a, r}, 0), {Partial()}, at::stack({va, vr}, 0), "stack(P(sum), R)");
+  results.add(at::stack({r, a, r}, 2), {Partial()}, at::stack({vr, va, vr}, 2), "stack(R, P(sum), R)");
+  // Every term holds the Replicate operand: already a pending average, maximum or minimum of it.
+  for (const at::Tensor& p : kinds) {
+    const ReduceOp op = spec(p).placements()[0].reduce_op;
+    results.add(at::cat({p, r}, 1), {Partial(op)}, at::cat({va, vr}, 1), "cat(P, R) " + std::string(to_string(op)));
+    results.add(at::stack({r, p}, 0), {Partial(op)}, at::stack({vr, va}, 0), "stack(R, P) " + std::string(to_string(op)));
+  }
+  EXPECT_EQ(comms.total(), 0) << comms.table();
+  // Counted once: coordinate 0 holds the Replicate operand, the other terms zeros.
+  EXPECT_TRUE(at::equal(to_local(joined).slice(0, 4, 8), first ? vr : at::zeros_like(vr)));
+  {
+    Results results;
+    CommDebugMode resolved;  // every term would multiply a Replicate operand in: resolved
+    results.add(at::cat({product, r}, 0), {Replicate()}, at::cat({va, vr}, 0), "cat(P(product), R)");
+    EXPECT_EQ(resolved.count("all_reduce"), one_if_several());
+  }
+}
+
+TEST(KeepPartial, GradientsThroughAJoinedReplicateMatchOneProcess) {
+  const at::Tensor va = same_randn({3, 4}), vb = same_randn({2, 4}), vw = same_randn({5, 4});
+  const at::Tensor a = pending(va), w = replicate(vw);
+  const at::Tensor b = distribute_tensor(vb.clone().requires_grad_(true), mesh_1d(), {Replicate()});
+  const at::Tensor loss = (at::cat({a, b}, 0) * w).sum();
+  EXPECT_TRUE(at::allclose(full_tensor(loss), (at::cat({va, vb}, 0) * vw).sum()));
+  loss.backward();
+  ASSERT_TRUE(b.grad().defined());
+  EXPECT_TRUE(at::allclose(full_tensor(b.grad()), vw.slice(0, 3, 5))) << full_tensor(b.grad());
+}
+
 TEST(KeepPartial, PaddingStackingAndIndexingMoveNoPendingValue) {
   const at::Tensor va = same_randn({4, 5}), vb = same_randn({4, 5}), vv = same_randn({3, 5});
   const at::Tensor a = pending(va), b = pending(vb), values = replicate(vv);
