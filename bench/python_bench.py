@@ -350,7 +350,7 @@ def section_redistribute(ctx: Ctx):
         # shardtensor: explicit sizes (the torch.chunk ones, so that DTensor can hold the same layout)
         sizes0, sizes1 = {0: rows0}, {1: cols1}
         sx = st.from_local(mine.clone(), mesh, [st.Shard(0)], sharding_shapes=sizes0)
-        check(sx.sharding_shapes() == sizes0, "shardtensor source layout")
+        check(sx.shard_sizes() == sizes0, "shardtensor source layout")
         dx = dt_distribute(g, tmesh, [DShard(0)])
         check(torch.equal(dx.to_local(), mine), "DTensor source piece")
 
@@ -393,7 +393,7 @@ def section_redistribute(ctx: Ctx):
         got = sx.redistribute(mesh, [st.Shard(1)], sharding_shapes=sizes1)
         dgot = dx.redistribute(tmesh, [DShard(1)])
         check(torch.equal(slab, want), f"raw S(0)->S(1) {tag}")
-        check(got.sharding_shapes() == sizes1 and torch.equal(got.to_local(), want), f"shardtensor S(0)->S(1) {tag}")
+        check(got.shard_sizes() == sizes1 and torch.equal(got.to_local(), want), f"shardtensor S(0)->S(1) {tag}")
         check(torch.equal(dgot.to_local(), want), f"DTensor S(0)->S(1) {tag}")
         del got, dgot
         rows.append((f"S(0)->S(1) {tag}", "all_to_all_single (splits, packed in advance)",

@@ -285,7 +285,7 @@ def main(argv=None) -> int:
                 first_table = (comms.get_comm_counts(), comms.table())
 
     # The final prediction, gathered (a collective: every rank takes part), against one process's.
-    shard_sizes = prediction.sharding_shapes()
+    shard_sizes = prediction.shard_sizes()
     full_prediction = prediction.full_tensor()
     ok = True
     if root:

@@ -43,9 +43,13 @@ void manual_seed(uint64_t seed);
 void manual_seed(uint64_t seed, const DeviceMesh& mesh);
 
 // Shards a tensor that only `src_rank` has: the other ranks learn its shape and dtype from it
-// (pass an undefined tensor there) and each receives only its own piece. With requires_grad
-// the result is a leaf that requires grad.
+// (pass an undefined tensor there) in one small broadcast, and each receives only its own
+// piece. With requires_grad the result is a leaf that requires grad. `global_shape` and
+// `dtype` (PhysicsNeMo's keywords), where a rank passes them, must be the source's: every rank
+// checks them against the broadcast and raises the same error.
 at::Tensor scatter_tensor(const at::Tensor& tensor_on_src, int64_t src_rank, const DeviceMesh& mesh,
-                          const Placements& placements, bool requires_grad = false);
+                          const Placements& placements, bool requires_grad = false,
+                          const std::optional<std::vector<int64_t>>& global_shape = std::nullopt,
+                          std::optional<c10::ScalarType> dtype = std::nullopt);
 
 }  // namespace shardtensor

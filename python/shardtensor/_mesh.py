@@ -168,6 +168,10 @@ class DeviceMesh:
 
     def _dim(self, mesh_dim: int | str) -> int:
         if isinstance(mesh_dim, str):
+            if mesh_dim not in (self.mesh_dim_names or ()):
+                # KeyError, as DTensor's DeviceMesh raises for a name it does not have.
+                raise KeyError(f"mesh dim name {mesh_dim!r} is not one of this mesh's mesh_dim_names "
+                               f"{self.mesh_dim_names}")
             return self._cpp.mesh_dim(mesh_dim)
         if not -self.ndim <= mesh_dim < self.ndim:
             raise IndexError(f"mesh dim {mesh_dim} is out of range for a {self.ndim}-d mesh")

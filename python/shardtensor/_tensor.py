@@ -15,6 +15,7 @@ import torch
 
 from . import _C, _placements
 from ._mesh import DeviceMesh, mesh_of_cpp
+from ._spec import ShardTensorSpec
 
 is_shard_tensor = _C.is_shard_tensor
 
@@ -35,8 +36,10 @@ class ShardTensor(metaclass=_ShardTensorMeta):
                         "distribute_tensor() or scatter_tensor()")
 
     @staticmethod
-    def from_local(local_tensor, device_mesh=None, placements=None, sharding_shapes="chunk", *, run_check=False):
-        return from_local(local_tensor, device_mesh, placements, run_check=run_check, sharding_shapes=sharding_shapes)
+    def from_local(local_tensor, device_mesh=None, placements=None, sharding_shapes="chunk", *, run_check=False, shape=None,
+                   stride=None):
+        return from_local(local_tensor, device_mesh, placements, run_check=run_check, shape=shape, stride=stride,
+                          sharding_shapes=sharding_shapes)
 
     @staticmethod
     def from_dtensor(dtensor):
@@ -116,7 +119,13 @@ def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=Fal
     else:
         mode, sizes = "given", _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
     global_shape = [int(s) for s in shape] if shape is not None else None
-    return _C.from_local(local_tensor, mesh._cpp, encoded, mode, global_shape, sizes, run_check)
+    out = _C.from_local(local_tensor, mesh._cpp, encoded, mode, global_shape, sizes, run_check)
+    if stride is not None and tuple(int(s) for s in stride) != out.stride():
+        # The global strides follow from the local piece's memory order; DTensor takes them on
+        # trust, so a wrong one would only surface as wrong views later.
+        raise ValueError(f"from_local: stride={tuple(stride)} does not describe the global tensor of shape "
+                         f"{tuple(out.shape)} laid out like the local piece, whose strides are {out.stride()}")
+    return out
 
 
 def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0, sharding_shapes=None):
@@ -134,10 +143,20 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
     return _C.distribute_tensor(tensor, mesh._cpp, encoded, sizes, src_data_rank)
 
 
-def scatter_tensor(tensor, global_src, mesh, placements, *, requires_grad=False):
-    """Shards a tensor that only global rank `global_src` has (PhysicsNeMo's scatter_tensor)."""
+def scatter_tensor(tensor, global_src, mesh, placements, global_shape=None, dtype=None, requires_grad=False):
+    """Shards a tensor that only global rank `global_src` has (PhysicsNeMo's scatter_tensor).
+
+    ``global_shape`` and ``dtype``, where the other ranks know them, are checked against the
+    source's tensor on every rank, and save the broadcast of its shape."""
     mesh = _mesh_or_current(mesh, "scatter_tensor")
-    return _C.scatter_tensor(tensor, int(global_src), mesh._cpp, _placements.encode(placements, mesh.ndim), requires_grad)
+    if global_shape is not None:
+        if isinstance(global_shape, torch.Tensor) or not all(isinstance(s, int) and not isinstance(s, bool) for s in global_shape):
+            raise ValueError(f"scatter_tensor: global_shape must be a sequence of ints, got {global_shape!r}")
+        global_shape = [int(s) for s in global_shape]
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise ValueError(f"scatter_tensor: dtype must be a torch.dtype, got {dtype!r}")
+    return _C.scatter_tensor(tensor, int(global_src), mesh._cpp, _placements.encode(placements, mesh.ndim), requires_grad,
+                             global_shape, dtype)
 
 
 # ---- the methods every torch.Tensor gains -----------------------------------------------
@@ -183,10 +202,29 @@ def _local_shape(self):
     return torch.Size(_C.local_shape(self))
 
 
-def _sharding_shapes(self):
-    """{tensor dim: [size of every piece]} for each sharded tensor dim."""
-    _require(self, "sharding_shapes")
+def _shard_sizes(self):
+    """{tensor dim: [size of every piece]} for each sharded tensor dim: what rebuilds the layout
+    (from_local's and redistribute's ``sharding_shapes`` take it back)."""
+    _require(self, "shard_sizes")
     return {dim: list(sizes) for dim, sizes in _C.shard_sizes(self)}
+
+
+def _sharding_shapes(self, mesh_dim=None):
+    """PhysicsNeMo's: {mesh dim: (local shape of each rank along it, ...)}; see ShardTensorSpec."""
+    _require(self, "sharding_shapes")
+    return ShardTensorSpec(self).sharding_shapes(mesh_dim)
+
+
+def _offsets(self, mesh_dim=None):
+    """PhysicsNeMo's: per mesh dim, where this rank's piece starts; see ShardTensorSpec."""
+    _require(self, "offsets")
+    return ShardTensorSpec(self).offsets(mesh_dim)
+
+
+def _spec_of(self):
+    if not _C.is_shard_tensor(self):
+        raise AttributeError("_spec: this tensor is not a ShardTensor")
+    return ShardTensorSpec(self)
 
 
 def describe(t) -> str:
@@ -224,7 +262,7 @@ def _make_reduce_ex(original):
     def __reduce_ex__(self, protocol):
         if _C.is_shard_tensor(self):
             raise TypeError("a ShardTensor cannot be pickled or torch.save()d: its data lives on many processes. "
-                            "Save x.to_local() (with x.placements and x.sharding_shapes()) on every rank, or "
+                            "Save x.to_local() (with x.placements and x.shard_sizes()) on every rank, or "
                             "x.full_tensor() on one")
         return original(self, protocol)
 
@@ -255,7 +293,10 @@ _TENSOR_ATTRIBUTES = {
     "full_tensor": _full_tensor,
     "redistribute": _redistribute,
     "local_shape": property(_local_shape),
+    "shard_sizes": _shard_sizes,
     "sharding_shapes": _sharding_shapes,
+    "offsets": _offsets,
+    "_spec": property(_spec_of),
 }
 
 

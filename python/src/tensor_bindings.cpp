@@ -120,11 +120,14 @@ void bind_tensor(py::module_& m) {
   m.def(
       "scatter_tensor",
       [](const std::optional<at::Tensor>& tensor, int64_t src, const DeviceMesh& mesh, const EncodedPlacements& placements,
-         bool requires_grad) {
-        return scatter_tensor(tensor.value_or(at::Tensor()), src, mesh, decode_placements(placements), requires_grad);
+         bool requires_grad, const std::optional<std::vector<int64_t>>& global_shape, const py::object& dtype) {
+        const std::optional<c10::ScalarType> expected = dtype.is_none() ? std::nullopt : std::optional(dtype_from(dtype));
+        py::gil_scoped_release released;
+        return scatter_tensor(tensor.value_or(at::Tensor()), src, mesh, decode_placements(placements), requires_grad,
+                              global_shape, expected);
       },
       py::arg("tensor"), py::arg("src"), py::arg("mesh"), py::arg("placements"), py::arg("requires_grad"),
-      py::call_guard<py::gil_scoped_release>());
+      py::arg("global_shape") = py::none(), py::arg("dtype") = py::none());
 
   // Load-balanced causal attention (shardtensor/context_parallel.h).
   m.def("zigzag_shard", &zigzag_shard, py::arg("t"), py::arg("mesh_dim"), py::arg("seq_dim"), py::call_guard<py::gil_scoped_release>());

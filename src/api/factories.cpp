@@ -67,29 +67,44 @@ void manual_seed(uint64_t seed) { set_random_seed(seed); }
 void manual_seed(uint64_t seed, const DeviceMesh& mesh) { seed_checked_over(mesh, seed); }
 
 at::Tensor scatter_tensor(const at::Tensor& tensor_on_src, int64_t src_rank, const DeviceMesh& mesh,
-                          const Placements& placements, bool requires_grad) {
+                          const Placements& placements, bool requires_grad, const std::optional<std::vector<int64_t>>& global_shape,
+                          std::optional<c10::ScalarType> expected_dtype) {
   const auto& ranks = mesh.ranks();
   const auto src_it = std::find(ranks.begin(), ranks.end(), src_rank);
-  TORCH_CHECK(src_it != ranks.end(), "scatter_tensor: source rank ", src_rank, " is not in ", mesh, " (ranks [",
-              join(ranks, ", "), "]).");
+  TORCH_CHECK_VALUE(src_it != ranks.end(), "scatter_tensor: source rank ", src_rank, " is not in ", mesh, " (ranks [",
+                    join(ranks, ", "), "]).");
   const int64_t root = src_it - ranks.begin();
   const bool is_src = mesh.rank() == src_rank;
   Comm& comm = mesh.mesh_comm();
   const c10::TensorOptions meta = at::TensorOptions().dtype(at::kLong).device(mesh.device());
-  // The source's header: [defined, ndim, dtype], then its shape. An undefined source tensor
-  // raises on every rank after the first broadcast.
-  at::Tensor header = at::tensor(std::vector<int64_t>{is_src && tensor_on_src.defined(), is_src ? tensor_on_src.dim() : 0,
-                                                      is_src && tensor_on_src.defined() ? static_cast<int64_t>(tensor_on_src.scalar_type()) : 0},
-                                 at::kLong).to(meta.device());
+  // The source's header in one broadcast: [defined, ndim, dtype, shape...], the shape inline up
+  // to kInlineDims dims (a second broadcast carries a longer one). An undefined source tensor,
+  // or a global_shape or dtype that is not the source's, raises on every rank that learns it.
+  constexpr int64_t kInlineDims = 8;
+  const bool defined = is_src && tensor_on_src.defined();
+  std::vector<int64_t> words{defined, defined ? tensor_on_src.dim() : 0,
+                             defined ? static_cast<int64_t>(tensor_on_src.scalar_type()) : 0};
+  words.resize(3 + kInlineDims, 0);
+  for (int64_t d = 0; defined && d < std::min<int64_t>(tensor_on_src.dim(), kInlineDims); ++d) words[3 + d] = tensor_on_src.size(d);
+  at::Tensor header = at::tensor(words, at::kLong).to(meta.device());
   comm.broadcast(header, root);
-  header = header.cpu();
-  TORCH_CHECK(header[0].item<int64_t>() == 1, "scatter_tensor: the source rank ", src_rank, " passed an undefined tensor.");
-  const int64_t ndim = header[1].item<int64_t>();
-  const auto dtype = static_cast<c10::ScalarType>(header[2].item<int64_t>());
-  at::Tensor shape_t = is_src ? at::tensor(tensor_on_src.sizes().vec(), at::kLong).to(meta.device()) : at::empty({ndim}, meta);
-  if (ndim > 0) comm.broadcast(shape_t, root);
-  shape_t = shape_t.cpu().contiguous();
-  const std::vector<int64_t> shape(shape_t.data_ptr<int64_t>(), shape_t.data_ptr<int64_t>() + ndim);
+  header = header.cpu().contiguous();
+  const int64_t* h = header.data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(h[0] == 1, "scatter_tensor: the source rank ", src_rank, " passed an undefined tensor.");
+  const int64_t ndim = h[1];
+  const auto dtype = static_cast<c10::ScalarType>(h[2]);
+  std::vector<int64_t> shape(h + 3, h + 3 + std::min(ndim, kInlineDims));
+  if (ndim > kInlineDims) {
+    at::Tensor rest = is_src ? at::tensor(tensor_on_src.sizes().slice(kInlineDims).vec(), at::kLong).to(meta.device())
+                             : at::empty({ndim - kInlineDims}, meta);
+    comm.broadcast(rest, root);
+    rest = rest.cpu().contiguous();
+    shape.insert(shape.end(), rest.data_ptr<int64_t>(), rest.data_ptr<int64_t>() + rest.numel());
+  }
+  TORCH_CHECK_VALUE(!global_shape || *global_shape == shape, "scatter_tensor: global_shape=[", join(*global_shape, ", "),
+                    "] on rank ", mesh.rank(), ", but the source rank ", src_rank, " holds a tensor of shape [", join(shape, ", "), "].");
+  TORCH_CHECK_VALUE(!expected_dtype || *expected_dtype == dtype, "scatter_tensor: dtype=", *expected_dtype, " on rank ",
+                    mesh.rank(), ", but the source rank ", src_rank, " holds a tensor of dtype ", dtype, ".");
   const ShardTensorSpec spec(mesh, normalize_placements("scatter_tensor", mesh, placements, ndim), shape, dtype);
 
   // One scatter: only the source sends, each rank exactly its box.

@@ -91,17 +91,17 @@ std::vector<int64_t> row_of(const at::Tensor& local, const std::optional<ShardTe
 void check_same_kind_of_tensor(const DeviceMesh& mesh, const AgreementRows& rows) {
   const auto& ranks = mesh.ranks();
   if (const auto r = first_row_differing(rows, kNdim)) {
-    TORCH_CHECK(false, "from_local: local tensors have different numbers of dims: global rank ", ranks[0], " has ",
+    TORCH_CHECK_VALUE(false, "from_local: local tensors have different numbers of dims: global rank ", ranks[0], " has ",
                 rows[0][kNdim], " and global rank ", ranks[*r], " has ", rows[*r][kNdim],
                 "; every rank must pass a piece of the same-rank tensor.");
   }
   if (const auto r = first_row_differing(rows, kDtype)) {
-    TORCH_CHECK(false, "from_local: local tensors have different dtypes: global rank ", ranks[0], " has ",
+    TORCH_CHECK_VALUE(false, "from_local: local tensors have different dtypes: global rank ", ranks[0], " has ",
                 c10::toString(static_cast<c10::ScalarType>(rows[0][kDtype])), " and global rank ", ranks[*r], " has ",
                 c10::toString(static_cast<c10::ScalarType>(rows[*r][kDtype])), ".");
   }
   if (const auto r = first_row_differing(rows, kDeviceType)) {
-    TORCH_CHECK(false, "from_local: local tensors are on different device types: global rank ", ranks[0], " has ",
+    TORCH_CHECK_VALUE(false, "from_local: local tensors are on different device types: global rank ", ranks[0], " has ",
                 static_cast<c10::DeviceType>(rows[0][kDeviceType]), " and global rank ", ranks[*r], " has ",
                 static_cast<c10::DeviceType>(rows[*r][kDeviceType]), ".");
   }
@@ -111,7 +111,7 @@ void check_same_kind_of_tensor(const DeviceMesh& mesh, const AgreementRows& rows
 void check_same_tensor_properties(const DeviceMesh& mesh, const AgreementRows& rows) {
   const auto& ranks = mesh.ranks();
   if (const auto r = first_row_differing(rows, kRequiresGrad)) {
-    TORCH_CHECK(false, "from_local(run_check): local tensors differ in requires_grad: global rank ", ranks[0], " has ",
+    TORCH_CHECK_VALUE(false, "from_local(run_check): local tensors differ in requires_grad: global rank ", ranks[0], " has ",
                 rows[0][kRequiresGrad] ? "True" : "False", " and global rank ", ranks[*r], " has ",
                 rows[*r][kRequiresGrad] ? "True" : "False", ".");
   }
@@ -121,7 +121,7 @@ void check_same_tensor_properties(const DeviceMesh& mesh, const AgreementRows& r
     if (first < 0) {
       first = static_cast<int64_t>(r);
     } else {
-      TORCH_CHECK(rows[r][kStrideOrder] == rows[first][kStrideOrder], "from_local(run_check): local tensors lay their dims ",
+      TORCH_CHECK_VALUE(rows[r][kStrideOrder] == rows[first][kStrideOrder], "from_local(run_check): local tensors lay their dims ",
                   "out in different orders in memory (strides): global rank ", ranks[first], " and global rank ", ranks[r],
                   " differ; call .contiguous() on every rank, or permute every piece alike.");
     }
@@ -176,7 +176,7 @@ InferredLayout infer_layout(const DeviceMesh& mesh, const Placements& placements
         first_row[piece] = r;
         continue;
       }
-      TORCH_CHECK(table[piece] == size, "from_local: local shapes do not concatenate to one tensor under ",
+      TORCH_CHECK_VALUE(table[piece] == size, "from_local: local shapes do not concatenate to one tensor under ",
                   to_string(placements), " on ", mesh, ": tensor dim ", d,
                   (sharding.mesh_dims.empty() ? " is not sharded, so every rank must have the same size there"
                                               : " must have the same size on ranks that hold the same shard"),
@@ -199,7 +199,7 @@ ShardTensorSpec spec_from_arguments(const at::Tensor& local, const DeviceMesh& m
     case ShardSizing::Mode::Chunk:
       if (sizing.global_shape()) {
         global = *sizing.global_shape();
-        TORCH_CHECK(global.size() == static_cast<size_t>(local.dim()), "from_local: global shape [", join(global, ", "),
+        TORCH_CHECK_VALUE(global.size() == static_cast<size_t>(local.dim()), "from_local: global shape [", join(global, ", "),
                     "] has ", global.size(), " dims but the local tensor has ", local.dim(), ".");
       } else {
         for (int64_t m = 0; m < mesh.ndim(); ++m)
@@ -208,7 +208,7 @@ ShardTensorSpec spec_from_arguments(const at::Tensor& local, const DeviceMesh& m
       return ShardTensorSpec(mesh, placements, global, local.scalar_type());
     case ShardSizing::Mode::Given:
       for (const DimShardSizes& dim_sizes : sizing.sizes()) {
-        TORCH_CHECK(dim_sizes.tensor_dim >= 0 && dim_sizes.tensor_dim < local.dim(), "from_local: shard sizes given for tensor dim ",
+        TORCH_CHECK_VALUE(dim_sizes.tensor_dim >= 0 && dim_sizes.tensor_dim < local.dim(), "from_local: shard sizes given for tensor dim ",
                     dim_sizes.tensor_dim, ", which a ", local.dim(), "-d tensor does not have.");
         int64_t total = 0;
         for (int64_t s : dim_sizes.sizes) total += s;
@@ -223,7 +223,7 @@ ShardTensorSpec spec_from_arguments(const at::Tensor& local, const DeviceMesh& m
 
 void check_local_matches(const ShardTensorSpec& spec, const at::Tensor& local) {
   const std::vector<int64_t> expected = spec.local_shape();
-  TORCH_CHECK(local.sizes().vec() == expected, "from_local: global rank ", spec.mesh().rank(), " at mesh coordinate (",
+  TORCH_CHECK_VALUE(local.sizes().vec() == expected, "from_local: global rank ", spec.mesh().rank(), " at mesh coordinate (",
               join(spec.mesh().coordinate(), ", "), ") passed a local tensor of shape [", join(local.sizes(), ", "),
               "] but ", spec, " gives it shape [", join(expected, ", "), "]. Pass matching shard sizes, or use ",
               "ShardSizing::infer() to take the sizes from the local tensors.");
@@ -275,7 +275,7 @@ at::Tensor with_global_strides(at::Tensor wrapper, const AgreementRows& rows) {
 // empty piece; its local tensor gets a zero gradient.
 at::Tensor from_local_outside_mesh(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
                                    const ShardSizing& sizing) {
-  TORCH_CHECK(local.defined(), "from_local: the local tensor is undefined.");
+  TORCH_CHECK_VALUE(local.defined(), "from_local: the local tensor is undefined.");
   const Placements normalized = normalize_placements("from_local", mesh, placements, local.dim());
   ShardTensorSpec spec = spec_from_arguments(local, mesh, normalized,
                                              sizing.mode() == ShardSizing::Mode::Infer ? ShardSizing::chunk() : sizing);
@@ -289,7 +289,7 @@ at::Tensor from_local_outside_mesh(const at::Tensor& local, const DeviceMesh& me
 }  // namespace
 
 void check_on_mesh_device(const char* api, const at::Tensor& t, const DeviceMesh& mesh) {
-  TORCH_CHECK(t.device() == mesh.device(), api, ": the tensor is on ", t.device(), " but this rank's pieces of ", mesh,
+  TORCH_CHECK_VALUE(t.device() == mesh.device(), api, ": the tensor is on ", t.device(), " but this rank's pieces of ", mesh,
               " (a '", mesh.device_type(), "' mesh) live on ", mesh.device(), "; move the tensor there (.to(",
               mesh.device(), ")) or build the mesh with that device type.");
 }
@@ -301,8 +301,8 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
   Placements normalized;
   std::optional<ShardTensorSpec> spec;
   const std::exception_ptr failure = failure_of([&] {
-    TORCH_CHECK(local.defined(), "from_local: the local tensor is undefined.");
-    TORCH_CHECK(!is_shard_tensor(local), "from_local: expects this rank's plain local tensor, got a ShardTensor (",
+    TORCH_CHECK_VALUE(local.defined(), "from_local: the local tensor is undefined.");
+    TORCH_CHECK_VALUE(!is_shard_tensor(local), "from_local: expects this rank's plain local tensor, got a ShardTensor (",
                 shardtensor::spec(local), "); use redistribute to change its layout.");
     check_on_mesh_device("from_local", local, mesh);
     normalized = normalize_placements("from_local", mesh, placements, local.dim());

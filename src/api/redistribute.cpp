@@ -33,7 +33,7 @@ ShardTensorSpec checked_target(const at::Tensor& t, const DeviceMesh* mesh, cons
                                const ShardSizes* sizes) {
   const ShardTensorSpec& source = spec(t);
   if (mesh) {
-    TORCH_CHECK(*mesh == source.mesh(), "redistribute: the tensor lives on ", source.mesh(), " and the target mesh is ",
+    TORCH_CHECK_NOT_IMPLEMENTED(*mesh == source.mesh(), "redistribute: the tensor lives on ", source.mesh(), " and the target mesh is ",
                 *mesh, "; redistributing to another mesh is not supported yet. Use to_local() and from_local() on the new mesh.");
   }
   return redistribute_target(source, placements, sizes);
@@ -64,7 +64,7 @@ at::Tensor to_local(const at::Tensor& t, const std::optional<Placements>& grad_p
   const at::Tensor& stored = shard_tensor_impl(t)->local();
   if (!t.requires_grad() || !at::GradMode::is_enabled()) return stored;
   const ShardTensorSpec grad_spec = grad_placements ? relaid(s, *grad_placements) : s;
-  TORCH_CHECK(grad_spec.local_shape() == s.local_shape(), "to_local: grad_placements ", to_string(*grad_placements),
+  TORCH_CHECK_VALUE(grad_spec.local_shape() == s.local_shape(), "to_local: grad_placements ", to_string(*grad_placements),
               " give this rank a gradient of shape [", join(grad_spec.local_shape(), ", "), "] but its local tensor has shape [",
               join(s.local_shape(), ", "), "].");
   return attach_grad_fn(stored.variable_data(), t,
@@ -81,12 +81,15 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
                              const std::optional<ShardSizes>& sizes, std::optional<int64_t> src_data_rank) {
   // Every rank reads its own tensor and arguments; one small all-gather makes sure they agree
   // (shape, dtype, placements, sizes, requires_grad) before the root's bytes are scattered
-  // into pieces each rank sized alone. A disagreement raises on every rank.
+  // into pieces each rank sized alone. A disagreement raises on every rank. With
+  // src_data_rank=None no byte moves, so nothing is gathered either (as DTensor): each rank
+  // raises its own argument errors, and a layout the ranks disagree on is caught by the
+  // fingerprint of the first exchange that uses it.
   std::optional<ShardTensorSpec> target;
   const std::exception_ptr failure = failure_of([&] {
-    TORCH_CHECK(global.defined() && !is_shard_tensor(global), "distribute_tensor: expects a plain tensor that every rank holds, got ",
+    TORCH_CHECK_VALUE(global.defined() && !is_shard_tensor(global), "distribute_tensor: expects a plain tensor that every rank holds, got ",
                 global.defined() ? "a ShardTensor; use redistribute" : "an undefined tensor", ".");
-    TORCH_CHECK(global.is_leaf(), "distribute_tensor: expects a leaf tensor, as DTensor's does, got a non-leaf (one ",
+    TORCH_CHECK_VALUE(global.is_leaf(), "distribute_tensor: expects a leaf tensor, as DTensor's does, got a non-leaf (one ",
                 "computed from a tensor that requires grad). Distribute the leaf it was computed from, or pass .detach() ",
                 "(the result is then a leaf of its own).");
     if (!global.is_meta()) check_on_mesh_device("distribute_tensor", global, mesh);
@@ -94,7 +97,7 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
                    global.scalar_type(), sizes ? *sizes : ShardSizes{});
     if (src_data_rank)
       for (int64_t m = 0; m < mesh.ndim(); ++m)
-        TORCH_CHECK(*src_data_rank >= 0 && *src_data_rank < mesh.size(m), "distribute_tensor: src_data_rank=", *src_data_rank,
+        TORCH_CHECK_VALUE(*src_data_rank >= 0 && *src_data_rank < mesh.size(m), "distribute_tensor: src_data_rank=", *src_data_rank,
                     " is not a rank of mesh dim ", m, " (size ", mesh.size(m), "); it names the source's rank within each mesh dim's ",
                     "group, as DTensor's does: 0 to ", mesh.size(m) - 1, ", or None for each rank's own tensor.");
   });
@@ -108,7 +111,7 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
     row[kLayout] = static_cast<int64_t>(stable_hash(target->to_string() + source_name) >> 1);
     row[kRequiresGrad] = global.requires_grad();
   }
-  if (agreement_checks_enabled() && inside) {
+  if (agreement_checks_enabled() && inside && src_data_rank) {
     const AgreementRows rows = gather_rows(mesh, row);
     raise_where_any_rank_failed(mesh, rows, kFailed, failure);
     check_rows_agree(mesh, rows, kLayout, "distribute_tensor: the ranks passed different tensors or layouts",

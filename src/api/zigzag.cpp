@@ -96,13 +96,13 @@ struct Geometry {
 // and takes torch.chunk's otherwise.
 Geometry geometry(const char* api, const ShardTensorSpec& s, int64_t mesh_dim, int64_t& seq_dim) {
   const DeviceMesh& mesh = s.mesh();
-  TORCH_CHECK(mesh_dim >= 0 && mesh_dim < mesh.ndim(), api, ": mesh_dim ", mesh_dim, " is not a dim of ", mesh, " (0 to ",
+  TORCH_CHECK_VALUE(mesh_dim >= 0 && mesh_dim < mesh.ndim(), api, ": mesh_dim ", mesh_dim, " is not a dim of ", mesh, " (0 to ",
               mesh.ndim() - 1, ").");
-  TORCH_CHECK(seq_dim >= -s.ndim() && seq_dim < s.ndim(), api, ": seq_dim ", seq_dim, " is not a dim of the ", s.ndim(),
+  TORCH_CHECK_VALUE(seq_dim >= -s.ndim() && seq_dim < s.ndim(), api, ": seq_dim ", seq_dim, " is not a dim of the ", s.ndim(),
               "-d tensor ", s, ".");
   if (seq_dim < 0) seq_dim += s.ndim();
   for (int64_t m = 0; m < mesh.ndim(); ++m)
-    TORCH_CHECK(m == mesh_dim || !s.placements()[m].is_shard(seq_dim), api, ": mesh dim ", m, " also splits the sequence (dim ",
+    TORCH_CHECK_VALUE(m == mesh_dim || !s.placements()[m].is_shard(seq_dim), api, ": mesh dim ", m, " also splits the sequence (dim ",
                 seq_dim, ") of ", s, "; only mesh dim ", mesh_dim, " may. Redistribute that mesh dim first.");
   const int64_t n = mesh.size(mesh_dim), seq_length = s.shape()[seq_dim];
   Placements ps = s.placements();
@@ -153,7 +153,7 @@ at::Tensor zigzag_shard(const at::Tensor& t, int64_t mesh_dim, int64_t seq_dim) 
 at::Tensor zigzag_unshard(const at::Tensor& t, int64_t mesh_dim, int64_t seq_dim) {
   const ShardTensorSpec& s = spec(t);
   Geometry g = geometry("zigzag_unshard", s, mesh_dim, seq_dim);
-  TORCH_CHECK(s == g.zigzagged, "zigzag_unshard: expects a tensor laid out by zigzag_shard along mesh dim ", mesh_dim,
+  TORCH_CHECK_VALUE(s == g.zigzagged, "zigzag_unshard: expects a tensor laid out by zigzag_shard along mesh dim ", mesh_dim,
               " (the sequence, dim ", seq_dim, ", split in the sizes ", join(g.zigzagged.sharding_of(seq_dim)->sizes, ","), "); got ", s,
               ".");
   const int64_t n = s.mesh().size(mesh_dim);

@@ -6,6 +6,7 @@
 #include <ATen/ops/tensor.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -39,7 +40,7 @@ CheckedSeeds& checked_seeds() {
 void check_seeds_agree(const DeviceMesh& mesh, uint64_t seed) {
   const AgreementRows rows = gather_rows(mesh, {static_cast<int64_t>(seed)});
   if (const auto r = first_row_differing(rows, 0)) {
-    TORCH_CHECK(false, "manual_seed: the ranks of ", mesh, " were given different seeds: global rank ", mesh.ranks()[0],
+    TORCH_CHECK_VALUE(false, "manual_seed: the ranks of ", mesh, " were given different seeds: global rank ", mesh.ranks()[0],
                 " has ", static_cast<uint64_t>(rows[0][0]), " and global rank ", mesh.ranks()[*r], " has ",
                 static_cast<uint64_t>(rows[*r][0]), ". A Replicate tensor would hold different values on different ranks; ",
                 "pass every rank the same seed (not one derived from its rank).");
@@ -88,7 +89,7 @@ void check_rows_agree(const DeviceMesh& mesh, const AgreementRows& rows, size_t 
   const auto r = first_row_differing(rows, column);
   if (!r) return;
   const std::vector<std::string> texts = gather_texts(mesh, what_i_read());
-  TORCH_CHECK(false, what, ": global rank ", mesh.ranks()[0], " read ", texts[0], " and global rank ", mesh.ranks()[*r], " read ",
+  TORCH_CHECK_VALUE(false, what, ": global rank ", mesh.ranks()[0], " read ", texts[0], " and global rank ", mesh.ranks()[*r], " read ",
               texts[*r], ". ", advice);
 }
 
@@ -118,6 +119,10 @@ void raise_where_any_rank_failed(const DeviceMesh& mesh, const AgreementRows& ro
   for (size_t r = 0; r < rows.size() && failed < 0; ++r)
     if (rows[r][failed_column] != kNone) failed = static_cast<int64_t>(r);
   if (failed < 0) return;
+  // Where every rank failed, each knows its own reason: raise it without fetching another's text
+  // (every rank sees the same rows, so all take this branch or none).
+  const bool all_failed = std::all_of(rows.begin(), rows.end(), [&](const std::vector<int64_t>& row) { return row[failed_column] != kNone; });
+  if (mine && all_failed) std::rethrow_exception(mine);
   std::string my_message;
   if (mine) {
     try {

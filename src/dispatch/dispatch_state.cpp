@@ -73,7 +73,7 @@ bool log_enabled() {
 }
 
 void note_fallback(const std::string& op_name, const std::string& why) {
-  TORCH_CHECK(!is_strict(), op_name, ": ", why, ", and strict mode is on (SHARDTENSOR_STRICT=1 or set_strict(true)), ",
+  TORCH_CHECK_NOT_IMPLEMENTED(!is_strict(), op_name, ": ", why, ", and strict mode is on (SHARDTENSOR_STRICT=1 or set_strict(true)), ",
               "so it does not fall back to gathering its inputs. Register a rule for '", op_name,
               "' with register_sharding_rule(), or compute on to_local() pieces.");
   bool first = false;

@@ -21,6 +21,11 @@ at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target, const Tra
   const RedistributePlan& plan = plan_redistribute(source, target, default_planner(), resolved);
   at::Tensor local = execute_redistribute(shard_tensor_impl(t)->local(), source, plan, resolved);
   at::Tensor out = make_shard_tensor(std::move(local), target);
+  // A move to the layout it came from is a copy, and so is its backward: the gradient keeps the
+  // layout it arrives in (a Partial stays pending, no collective). A copy, not the incoming
+  // tensor itself: autograd can then take it as a leaf's .grad instead of copying it into a
+  // fresh tensor of the default layout (which would reduce a Partial).
+  if (target == source) return attach_grad_fn(out, t, [](const at::Tensor& grad) { return grad.clone(); }, "RedistributeBackward");
   const ShardTensorSpec grad_target = gradient_layout(source);
   return attach_grad_fn(out, t, [grad_target, options](const at::Tensor& grad) { return move_to(grad, grad_target, options); },
                         "RedistributeBackward");

@@ -38,31 +38,31 @@ size_t layout_hash(const std::vector<int64_t>& shape, const std::vector<int64_t>
 std::shared_ptr<DeviceMesh::Impl> make_mesh_topology(std::vector<int64_t> shape, std::vector<int64_t> ranks,
                                                      std::vector<std::string> dim_names, int64_t my_rank,
                                                      int64_t world_size) {
-  TORCH_CHECK(!shape.empty(), "DeviceMesh: the mesh shape is empty; give at least one mesh dim, e.g. {",
+  TORCH_CHECK_VALUE(!shape.empty(), "DeviceMesh: the mesh shape is empty; give at least one mesh dim, e.g. {",
               world_size, "}.");
   int64_t total = 1;
   for (int64_t s : shape) {
-    TORCH_CHECK(s >= 1, "DeviceMesh: mesh shape ", join(shape, "x"), " has a dim of size ", s,
+    TORCH_CHECK_VALUE(s >= 1, "DeviceMesh: mesh shape ", join(shape, "x"), " has a dim of size ", s,
                 "; every mesh dim needs at least one rank.");
     total *= s;
   }
-  TORCH_CHECK(static_cast<int64_t>(ranks.size()) == total, "DeviceMesh: ", ranks.size(),
+  TORCH_CHECK_VALUE(static_cast<int64_t>(ranks.size()) == total, "DeviceMesh: ", ranks.size(),
               " ranks were listed for mesh shape ", join(shape, "x"), ", which needs ", total, ".");
   // A mesh may span a subset of the world (DTensor's DeviceMesh("cpu", [0, 2])); the ranks
   // outside it hold no shard of its tensors (see DeviceMesh::includes_this_rank).
   for (int64_t r : ranks)
-    TORCH_CHECK(r >= 0 && r < world_size, "DeviceMesh: the rank layout [", join(ranks, ", "), "] names rank ", r,
+    TORCH_CHECK_VALUE(r >= 0 && r < world_size, "DeviceMesh: the rank layout [", join(ranks, ", "), "] names rank ", r,
                 ", which is not in the world of ", world_size, " ranks (0..", world_size - 1, ").");
   std::vector<int64_t> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
   const auto repeated = std::adjacent_find(sorted.begin(), sorted.end());
-  TORCH_CHECK(repeated == sorted.end(), "DeviceMesh: the rank layout [", join(ranks, ", "), "] lists rank ",
+  TORCH_CHECK_VALUE(repeated == sorted.end(), "DeviceMesh: the rank layout [", join(ranks, ", "), "] lists rank ",
               *repeated, " more than once; every rank may hold one coordinate only.");
-  TORCH_CHECK(dim_names.empty() || dim_names.size() == shape.size(), "DeviceMesh: ", dim_names.size(),
+  TORCH_CHECK_VALUE(dim_names.empty() || dim_names.size() == shape.size(), "DeviceMesh: ", dim_names.size(),
               " dim names [", join(dim_names, ", "), "] given for a ", shape.size(), "-d mesh; give none or one per dim.");
   for (size_t i = 0; i < dim_names.size(); ++i)
     for (size_t j = i + 1; j < dim_names.size(); ++j)
-      TORCH_CHECK(dim_names[i] != dim_names[j], "DeviceMesh: dim name '", dim_names[i], "' is used twice.");
+      TORCH_CHECK_VALUE(dim_names[i] != dim_names[j], "DeviceMesh: dim name '", dim_names[i], "' is used twice.");
 
   auto impl = std::make_shared<DeviceMesh::Impl>();
   impl->shape = std::move(shape);
@@ -143,30 +143,30 @@ bool DeviceMesh::has_comms() const { return !impl_->comms.empty(); }
 size_t DeviceMesh::hash() const { return impl_->hash; }
 
 int64_t DeviceMesh::size(int64_t mesh_dim) const {
-  TORCH_CHECK(mesh_dim >= 0 && mesh_dim < ndim(), "DeviceMesh::size: mesh dim ", mesh_dim,
+  TORCH_CHECK_VALUE(mesh_dim >= 0 && mesh_dim < ndim(), "DeviceMesh::size: mesh dim ", mesh_dim,
               " is out of range for ", to_string(), "; valid mesh dims are [0, ", ndim(), ").");
   return impl_->shape[mesh_dim];
 }
 
 int64_t DeviceMesh::mesh_dim(const std::string& name) const {
   auto it = std::find(impl_->dim_names.begin(), impl_->dim_names.end(), name);
-  TORCH_CHECK(it != impl_->dim_names.end(), "DeviceMesh: no mesh dim is named '", name, "' in ", to_string(),
+  TORCH_CHECK_VALUE(it != impl_->dim_names.end(), "DeviceMesh: no mesh dim is named '", name, "' in ", to_string(),
               "; the names are [", join(impl_->dim_names, ", "), "].");
   return it - impl_->dim_names.begin();
 }
 
 std::vector<int64_t> DeviceMesh::coordinate_of(int64_t global_rank) const {
   auto it = std::find(impl_->ranks.begin(), impl_->ranks.end(), global_rank);
-  TORCH_CHECK(it != impl_->ranks.end(), "DeviceMesh: rank ", global_rank, " is not in ", to_string(), ".");
+  TORCH_CHECK_VALUE(it != impl_->ranks.end(), "DeviceMesh: rank ", global_rank, " is not in ", to_string(), ".");
   return coordinate_at(impl_->shape, it - impl_->ranks.begin());
 }
 
 int64_t DeviceMesh::rank_at(const std::vector<int64_t>& coordinate) const {
-  TORCH_CHECK(static_cast<int64_t>(coordinate.size()) == ndim(), "DeviceMesh::rank_at: coordinate (",
+  TORCH_CHECK_VALUE(static_cast<int64_t>(coordinate.size()) == ndim(), "DeviceMesh::rank_at: coordinate (",
               join(coordinate, ", "), ") has ", coordinate.size(), " entries for ", to_string(), ".");
   int64_t flat = 0;
   for (int64_t d = 0; d < ndim(); ++d) {
-    TORCH_CHECK(coordinate[d] >= 0 && coordinate[d] < impl_->shape[d], "DeviceMesh::rank_at: coordinate (",
+    TORCH_CHECK_VALUE(coordinate[d] >= 0 && coordinate[d] < impl_->shape[d], "DeviceMesh::rank_at: coordinate (",
                 join(coordinate, ", "), ") is outside ", to_string(), ".");
     flat = flat * impl_->shape[d] + coordinate[d];
   }

@@ -104,9 +104,23 @@ std::optional<int64_t> optional_int_arg(const OpMeta& op, const std::string& nam
   return v.isNone() ? std::nullopt : std::optional<int64_t>(v.toInt());
 }
 
+namespace {
+
+double as_number(const OpMeta& op, const std::string& name, const c10::IValue& v) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
+  TORCH_CHECK(v.isScalar(), op.name, ": argument '", name, "' is a ", v.tagKind(), ", not a number.");
+  return v.toScalar().toDouble();
+}
+
+}  // namespace
+
+double number_arg(const OpMeta& op, const std::string& name) { return as_number(op, name, op.arg(name)); }
+
 std::optional<double> optional_double_arg(const OpMeta& op, const std::string& name) {
   const c10::IValue& v = op.arg(name);
-  return v.isNone() ? std::nullopt : std::optional<double>(v.toDouble());
+  return v.isNone() ? std::nullopt : std::optional<double>(as_number(op, name, v));
 }
 
 const std::string& arg_name(const OpMeta& op, const TensorInput& in) {

@@ -57,7 +57,10 @@ int64_t int_arg(const OpMeta& op, const std::string& name);
 bool bool_arg(const OpMeta& op, const std::string& name, bool if_none = false);
 std::vector<int64_t> int_list_arg(const OpMeta& op, const std::string& name);
 std::optional<int64_t> optional_int_arg(const OpMeta& op, const std::string& name);    // int?
-std::optional<double> optional_double_arg(const OpMeta& op, const std::string& name);  // float?
+std::optional<double> optional_double_arg(const OpMeta& op, const std::string& name);  // float?, Scalar?
+// A float, int or Scalar argument as a double, whatever kind the caller passed: a Scalar holds
+// an int or a bool where Python passed one (histc(x, min=0, max=12)), so never toDouble() it.
+double number_arg(const OpMeta& op, const std::string& name);
 // Rules read arguments by name only: a position would silently read another argument of an
 // overload that orders them differently. Deleted so that int_arg(op, 3) does not compile
 // (and int_arg(op, 0) does not become a null std::string).
@@ -66,6 +69,7 @@ bool bool_arg(const OpMeta&, size_t, bool = false) = delete;
 std::vector<int64_t> int_list_arg(const OpMeta&, size_t) = delete;
 std::optional<int64_t> optional_int_arg(const OpMeta&, size_t) = delete;
 std::optional<double> optional_double_arg(const OpMeta&, size_t) = delete;
+double number_arg(const OpMeta&, size_t) = delete;
 
 // The schema name of the argument tensor input `in` came from ("grad_output", "self"): how a
 // rule that treats its inputs differently tells them apart.

@@ -23,7 +23,7 @@ void refuse_generator(const OpMeta& op) {
 // bernoulli_.float(self, p, generator?): self's piece filled in place.
 // The parameter checks torch makes on one process, made here on every rank before any draw.
 void check_parameters(const OpMeta& op, Draw kind) {
-  auto value = [&](const char* name) { return op.arg(name).toDouble(); };
+  auto value = [&](const char* name) { return number_arg(op, name); };
   switch (kind) {
     case Draw::Exponential:
       TORCH_CHECK(value("lambd") > 0, op.name, " expects lambda > 0.0, but found lambda=", value("lambd"));
@@ -115,7 +115,7 @@ RuleResult bernoulli_rule(const OpMeta& op) {
       r.kernel_plan = declare(BernoulliPlan(Form, self, false, sharding_mesh_dims(self)));
       break;
     case BernoulliPlan::Form::ScalarP: {
-      const double p = op.arg("p").toDouble();
+      const double p = number_arg(op, "p");
       TORCH_CHECK(p >= 0 && p <= 1, op.name, " expects p to be in [0, 1], but got p=", p);
       r.input_targets = {self};
       r.kernel_plan = declare(BernoulliPlan(Form, self, false, {}));

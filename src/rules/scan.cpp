@@ -40,7 +40,7 @@ RuleResult flip_rule(const OpMeta& op) {
 }
 
 RuleResult histc_rule(const OpMeta& op) {
-  const double low = op.arg("min").toDouble(), high = op.arg("max").toDouble();
+  const double low = number_arg(op, "min"), high = number_arg(op, "max");
   if (!(low < high))
     return RuleResult::unsupported("histc without an explicit range (min " + std::to_string(low) + ", max " +
                                    std::to_string(high) + ") takes the range from the whole tensor");

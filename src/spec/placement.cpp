@@ -11,7 +11,7 @@
 namespace shardtensor {
 
 void check_reducible(c10::ScalarType dtype, ReduceOp op) {
-  TORCH_CHECK(!c10::isComplexType(dtype) || op == ReduceOp::Sum || op == ReduceOp::Avg, "Partial(", to_string(op),
+  TORCH_CHECK_VALUE(!c10::isComplexType(dtype) || op == ReduceOp::Sum || op == ReduceOp::Avg, "Partial(", to_string(op),
               ") of a complex tensor (", dtype, ") cannot be reduced: only Partial(sum) and Partial(avg) are defined for ",
               "complex values.");
 }

@@ -16,8 +16,8 @@
 namespace shardtensor {
 
 std::vector<int64_t> chunk_sizes(int64_t size, int64_t num_shards) {
-  TORCH_CHECK(num_shards >= 1, "chunk_sizes: cannot split into ", num_shards, " shards.");
-  TORCH_CHECK(size >= 0, "chunk_sizes: cannot split a dim of size ", size, ".");
+  TORCH_CHECK_VALUE(num_shards >= 1, "chunk_sizes: cannot split into ", num_shards, " shards.");
+  TORCH_CHECK_VALUE(size >= 0, "chunk_sizes: cannot split a dim of size ", size, ".");
   const int64_t piece = (size + num_shards - 1) / num_shards;
   std::vector<int64_t> sizes(num_shards);
   int64_t left = size;
@@ -68,13 +68,13 @@ std::vector<int64_t> default_table(int64_t size, const std::vector<int64_t>& mes
 template <class Context>
 void check_explicit_table(const DimShardSizes& given, const DimSharding& sharding, int64_t global_size,
                           int64_t expected_entries, const Context& context) {
-  TORCH_CHECK(static_cast<int64_t>(given.sizes.size()) == expected_entries, "ShardTensorSpec: ",
+  TORCH_CHECK_VALUE(static_cast<int64_t>(given.sizes.size()) == expected_entries, "ShardTensorSpec: ",
               given.sizes.size(), " shard sizes [", join(given.sizes, ", "), "] given for tensor dim ",
               given.tensor_dim, ", which is split by mesh dims (", join(sharding.mesh_dims, ", "), ") into ",
               expected_entries, " pieces; give one size per piece (", context(), ").");
   int64_t total = 0;
   for (int64_t s : given.sizes) total += s;
-  TORCH_CHECK(total == global_size, "ShardTensorSpec: shard sizes [", join(given.sizes, ", "),
+  TORCH_CHECK_VALUE(total == global_size, "ShardTensorSpec: shard sizes [", join(given.sizes, ", "),
               "] for tensor dim ", given.tensor_dim, " add up to ", total, " but the dim has global size ",
               global_size, " (", context(), ").");
 }
@@ -82,13 +82,13 @@ void check_explicit_table(const DimShardSizes& given, const DimSharding& shardin
 }  // namespace
 
 Placements normalize_placements(const std::string& api, const DeviceMesh& mesh, Placements placements, int64_t ndim) {
-  TORCH_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), api, ": ", placements.size(), " placements ",
+  TORCH_CHECK_VALUE(static_cast<int64_t>(placements.size()) == mesh.ndim(), api, ": ", placements.size(), " placements ",
               to_string(placements), " given for the ", mesh.ndim(), "-d ", mesh.to_string(),
               "; give exactly one placement per mesh dim.");
   for (Placement& p : placements) {
     if (!p.is_shard()) continue;
     const int64_t d = p.tensor_dim;
-    TORCH_CHECK(d >= -ndim && d < ndim, api, ": Shard(", d, ") in ", to_string(placements), " is out of range for a ",
+    TORCH_CHECK_VALUE(d >= -ndim && d < ndim, api, ": Shard(", d, ") in ", to_string(placements), " is out of range for a ",
                 ndim, "-d tensor; valid tensor dims are [", -ndim, ", ", ndim, ").");
     if (d < 0) p.tensor_dim = d + ndim;
   }
@@ -107,10 +107,10 @@ ShardTensorSpec::ShardTensorSpec(DeviceMesh mesh, Placements placements, std::ve
   // Negative shard sizes first: from_local derives the global shape from them.
   for (const DimShardSizes& given : sizes)
     for (int64_t s : given.sizes)
-      TORCH_CHECK(s >= 0, "ShardTensorSpec: shard sizes [", join(given.sizes, ", "), "] for tensor dim ",
+      TORCH_CHECK_VALUE(s >= 0, "ShardTensorSpec: shard sizes [", join(given.sizes, ", "), "] for tensor dim ",
                   given.tensor_dim, " contain the negative size ", s, "; sizes must be >= 0 (", context(), ").");
   for (int64_t s : global_shape)
-    TORCH_CHECK(s >= 0, "ShardTensorSpec: global shape [", join(global_shape, ", "), "] has a negative size.");
+    TORCH_CHECK_VALUE(s >= 0, "ShardTensorSpec: global shape [", join(global_shape, ", "), "] has a negative size.");
 
   data = std::make_shared<Data>(Data{std::move(mesh), std::move(placements), std::move(global_shape), {}, dtype, {}, true, 0});
   data->stride.assign(ndim, 1);
@@ -126,11 +126,11 @@ ShardTensorSpec::ShardTensorSpec(DeviceMesh mesh, Placements placements, std::ve
   }
 
   for (const DimShardSizes& given : sizes) {
-    TORCH_CHECK(std::count_if(sizes.begin(), sizes.end(), [&](const DimShardSizes& o) { return o.tensor_dim == given.tensor_dim; }) == 1,
+    TORCH_CHECK_VALUE(std::count_if(sizes.begin(), sizes.end(), [&](const DimShardSizes& o) { return o.tensor_dim == given.tensor_dim; }) == 1,
                 "ShardTensorSpec: shard sizes for tensor dim ", given.tensor_dim, " are given more than once (", context(), ").");
     auto it = std::find_if(data->shardings.begin(), data->shardings.end(),
                            [&](const DimSharding& s) { return s.tensor_dim == given.tensor_dim; });
-    TORCH_CHECK(it != data->shardings.end(), "ShardTensorSpec: shard sizes [", join(given.sizes, ", "),
+    TORCH_CHECK_VALUE(it != data->shardings.end(), "ShardTensorSpec: shard sizes [", join(given.sizes, ", "),
                 "] given for tensor dim ", given.tensor_dim, ", which no placement shards (", context(),
                 "); give sizes only for sharded tensor dims.");
   }
@@ -194,10 +194,10 @@ bool ShardTensorSpec::has_partial() const {
 
 namespace {
 void check_coordinate(const DeviceMesh& mesh, const std::vector<int64_t>& coordinate) {
-  TORCH_CHECK(static_cast<int64_t>(coordinate.size()) == mesh.ndim(), "ShardTensorSpec: coordinate (",
+  TORCH_CHECK_VALUE(static_cast<int64_t>(coordinate.size()) == mesh.ndim(), "ShardTensorSpec: coordinate (",
               join(coordinate, ", "), ") does not match the ", mesh.ndim(), "-d ", mesh.to_string(), ".");
   for (int64_t d = 0; d < mesh.ndim(); ++d)
-    TORCH_CHECK(coordinate[d] >= 0 && coordinate[d] < mesh.shape()[d], "ShardTensorSpec: coordinate (",
+    TORCH_CHECK_VALUE(coordinate[d] >= 0 && coordinate[d] < mesh.shape()[d], "ShardTensorSpec: coordinate (",
                 join(coordinate, ", "), ") is outside ", mesh.to_string(), ".");
 }
 }  // namespace

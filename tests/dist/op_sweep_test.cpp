@@ -59,6 +59,44 @@ Case binary(const std::string& label, std::vector<int64_t> a, std::vector<int64_
   return {label, [a, b] { return Tensors{unit(a), unit(b)}; }, [f](const Tensors& x) { return f(x[0], x[1]); }};
 }
 
+// Every operator whose schema takes a Scalar, with the Scalar an int, a bool and a float: Python
+// passes an int Scalar where the user wrote an int (torch.histc(x, bins=4, min=0, max=12)), so no
+// rule or kernel may read a Scalar argument as a double.
+std::vector<Case> scalar_kind_cases() {
+  using Values = std::vector<c10::IValue>;
+  const std::vector<std::pair<std::string, std::function<Values(double, double)>>> kinds = {
+      {"int", [](double a, double b) { return Values{static_cast<int64_t>(a), static_cast<int64_t>(b)}; }},
+      {"bool", [](double a, double b) { return Values{a != 0, b != 0}; }},
+      {"float", [](double a, double b) { return Values{a, b}; }},
+  };
+  std::vector<Case> cases;
+  for (const auto& [kind, scalars] : kinds) {
+    const std::string tag = " (" + kind + " Scalars)";
+    const Values low_high = scalars(0, 1), two = scalars(2, 1);
+    cases.push_back(on("histc" + tag, [] { return Tensors{unit({5, 6}) * 3 - 1}; },
+                       [low_high](const Tensors& x) { return call("aten::histc", {x[0], int64_t{4}, low_high[0], low_high[1]}); },
+                       /*constants=*/{0}));
+    cases.push_back(on("pointwise with Scalars" + tag, [] { return Tensors{unit({5, 7})}; }, [low_high, two](const Tensors& x) {
+      const at::Tensor& v = x[0];
+      return call("aten::add.Scalar", {v, two[0], two[1]}) + call("aten::sub.Scalar", {v, two[1], two[0]}) +
+             call("aten::mul.Scalar", {v, two[0]}) + call("aten::div.Scalar", {v, two[1]}) + call("aten::rsub.Scalar", {v, two[0]}) +
+             call("aten::pow.Tensor_Scalar", {v, two[0]}) + call("aten::clamp", {v, low_high[0], low_high[1]}) +
+             call("aten::clamp_min", {v, low_high[0]}) + call("aten::clamp_max", {v, low_high[1]}) +
+             call("aten::threshold", {v, low_high[0], two[0]}) + call("aten::hardtanh", {v, low_high[0], low_high[1]}) +
+             call("aten::leaky_relu", {v, low_high[1]}) + call("aten::elu", {v, low_high[1]}) +
+             call("aten::masked_fill.Scalar", {v, v > 0.5, two[0]}) + call("aten::eq.Scalar", {v, low_high[1]}).to(at::kDouble) +
+             call("aten::remainder.Scalar", {v * 5, two[0]}) + call("aten::fmod.Scalar", {v * 5, two[0]}) +
+             call("aten::lerp.Scalar", {v, v * v, low_high[1]}) + call("aten::addcmul", {v, v, v, two[0]}) +
+             call("aten::fill_.Scalar", {v.clone(), two[0]});
+    }));
+    cases.push_back(on("norms with Scalar orders" + tag, [] { return Tensors{normal({4, 5})}; }, [two](const Tensors& x) {
+      return call("aten::linalg_vector_norm", {x[0], two[0], std::vector<int64_t>{1}}) +
+             call("aten::norm.ScalarOpt_dim", {x[0], two[0], std::vector<int64_t>{1}}) + call("aten::dist", {x[0], x[0] * x[0], two[0]});
+    }));
+  }
+  return cases;
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const char* name : {"abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan",
@@ -266,6 +304,7 @@ std::vector<Case> all_cases() {
   }
   cases.push_back(on("histc with a range", [] { return Tensors{unit({5, 6})}; },
                      [](const Tensors& x) { return at::histc(x[0], 7, 0.0, 1.0); }, /*constants=*/{0}));
+  for (Case& c : scalar_kind_cases()) cases.push_back(std::move(c));
   cases.push_back(on("layer_norm", [] { return Tensors{normal({3, 4, 6}), normal({6}), normal({6})}; },
                      [](const Tensors& x) { return at::layer_norm(x[0], {6}, x[1], x[2]) + at::layer_norm(x[0], {4, 6}); }));
   for (int64_t reduction : {0, 1, 2})

@@ -47,7 +47,7 @@ def block_body(rank, world_size, zigzag):
     sharded = [(st.distribute_tensor(x, mesh, [st.Shard(1)]), st.distribute_tensor(y, mesh, [st.Shard(1)])) for x, y in data]
     if zigzag:
         sharded = [(st.zigzag_shard(x, 0, 1), st.zigzag_shard(y, 0, 1)) for x, y in sharded]
-        assert list(sharded[0][0].sharding_shapes()[1]) == st.zigzag_shard_sizes(seq, world_size)
+        assert list(sharded[0][0].shard_sizes()[1]) == st.zigzag_shard_sizes(seq, world_size)
     scope = st.zigzag_causal(mesh, 0) if zigzag else contextlib.nullcontext()
     with scope, st.CommDebugMode() as comms:
         sharded_losses = train(model, torch.optim.Adam(model.parameters(), lr=0.02), sharded, 3, clip=0)
@@ -78,7 +78,7 @@ def layout_body(rank, world_size):
     sizes = st.zigzag_shard_sizes(s, world_size)
     assert sum(sizes) == s and len(sizes) == world_size
     z = st.zigzag_shard(st.distribute_tensor(x, mesh, [st.Shard(2)]), mesh_dim=0, seq_dim=2)
-    assert z.placements == (st.Shard(2),) and list(z.sharding_shapes()[2]) == sizes
+    assert z.placements == (st.Shard(2),) and list(z.shard_sizes()[2]) == sizes
     # Rank r holds chunk r, then chunk 2n - 1 - r (the longer chunks first).
     lengths = [s // (2 * world_size) + (i < s % (2 * world_size)) for i in range(2 * world_size)]
     starts = [sum(lengths[:i]) for i in range(2 * world_size)]
@@ -86,7 +86,7 @@ def layout_body(rank, world_size):
     expected = torch.cat([x.narrow(2, starts[early], lengths[early]), x.narrow(2, starts[late], lengths[late])], 2)
     assert torch.equal(z.to_local(), expected)
     back = st.zigzag_unshard(z, 0, 2)
-    assert list(back.sharding_shapes()[2]) == chunk_sizes(s, world_size)
+    assert list(back.shard_sizes()[2]) == chunk_sizes(s, world_size)
     assert torch.equal(back.full_tensor(), x)
     # Differentiable: the gradient comes back in the source's layout.
     leaf = st.distribute_tensor(x, mesh, [st.Replicate()]).requires_grad_()

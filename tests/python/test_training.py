@@ -127,7 +127,7 @@ def cnn_body(rank, world_size):
     xr = x.clone().requires_grad_(True)
     model(xg).sum().backward()
     single(xr).sum().backward()
-    assert xg.grad.placements == (st.Shard(2),) and xg.grad.sharding_shapes() == {2: sizes}
+    assert xg.grad.placements == (st.Shard(2),) and xg.grad.shard_sizes() == {2: sizes}
     assert_close(xg.grad.full_tensor(), xr.grad, "input gradient", rtol=1e-9, atol=1e-12)
     assert st.fallback_operators() == [], st.fallback_operators()
 
