@@ -400,3 +400,76 @@ TEST(KeepPartial, ComplexSumsAndAveragesReduceOnEveryTransport) {
     if (mesh_1d().size(0) > 1) EXPECT_THROW(full_tensor(hi), c10::Error) << "a complex maximum has no meaning";
   }
 }
+
+namespace {
+
+// 10 vocabulary rows over `pieces` shards, unevenly, piece 1 empty where there are several
+// (so an offset follows an empty piece): 4 pieces give {4, 0, 3, 3}.
+std::vector<int64_t> vocab_rows(int64_t pieces) {
+  if (pieces == 1) return {10};
+  std::vector<int64_t> sizes(pieces, 0);
+  const int64_t filled = pieces - 1;
+  for (int64_t j = 0, piece = 0; piece < pieces; ++piece) {
+    if (piece == 1) continue;
+    sizes[piece] = 10 / filled + (j < 10 % filled ? 1 : 0);
+    ++j;
+  }
+  return sizes;
+}
+
+}  // namespace
+
+// DTensor's MaskPartial: a table split by vocabulary rows is looked up where it lies, each rank
+// answering the indices in its rows, into a Partial(sum); the indices may be split on other
+// mesh dims. The table's gradient comes back in its rows, equal to one process's.
+TEST(KeepPartial, AVocabShardedEmbeddingLooksUpLocallyIntoAPendingSum) {
+  const at::Tensor table = same_randn({10, 4}), cotangent = same_randn({2, 3, 4});
+  const at::Tensor ids = at::tensor(std::vector<int64_t>{9, 0, 4, 7, 2, 5}, at::kLong).view({2, 3});
+  for (const DeviceMesh& mesh : test_meshes()) {
+    const int64_t n = mesh.ndim();
+    struct Layout {
+      Placements table, ids;
+    };
+    std::vector<Layout> layouts = {{Placements(n, Shard(0)), Placements(n, Replicate())}};  // rows over every mesh dim
+    if (n > 1) {  // rows over the last mesh dim, the indices' rows over the first
+      Layout split{Placements(n, Replicate()), Placements(n, Replicate())};
+      split.table[n - 1] = Shard(0);
+      split.ids[0] = Shard(0);
+      layouts.push_back(split);
+    }
+    for (const Layout& layout : layouts) {
+      int64_t pieces = 1;
+      Placements expected_placements = layout.ids;
+      for (int64_t m = 0; m < n; ++m) {
+        if (!layout.table[m].is_shard()) continue;
+        pieces *= mesh.size(m);
+        expected_placements[m] = Partial();
+      }
+      const std::vector<std::pair<int64_t, bool>> options = {{-1, false}, {4, true}};  // (padding_idx, scale_grad_by_freq)
+      for (const auto& [padding_idx, by_frequency] : options) {
+        const std::string what = mesh.to_string() + " table " + to_string(layout.table) + " indices " + to_string(layout.ids) +
+                                 " padding_idx " + std::to_string(padding_idx);
+        const at::Tensor w = distribute_tensor(table.clone().requires_grad_(true), mesh, layout.table, ShardSizes{{0, vocab_rows(pieces)}});
+        const at::Tensor idx = distribute_tensor(ids, mesh, layout.ids);
+        const at::Tensor cot = distribute_tensor(cotangent, mesh, Placements(n, Replicate()));
+        at::Tensor out;
+        {
+          CommDebugMode comms;
+          out = at::embedding(w, idx, padding_idx, by_frequency, /*sparse=*/false);
+          EXPECT_EQ(comms.total(), 0) << what << "\n" << comms.table();
+        }
+        expect_value(out, expected_placements, at::embedding(table, ids), what);
+        (out * cot).sum().backward();
+        const at::Tensor reference = table.clone().requires_grad_(true);
+        (at::embedding(reference, ids, padding_idx, by_frequency, false) * cotangent).sum().backward();
+        ASSERT_TRUE(w.grad().defined()) << what;
+        // In the table's rows where it is split (elsewhere a sum over split indices may stay
+        // pending, as for any Replicate leaf: dispatch/relayout.h).
+        for (int64_t m = 0; m < n; ++m)
+          if (layout.table[m].is_shard()) EXPECT_EQ(spec(w.grad()).placements()[m], Shard(0)) << what << ", mesh dim " << m;
+        EXPECT_EQ(spec(w.grad()).shard_sizes(), spec(w).shard_sizes()) << what;
+        EXPECT_TRUE(at::allclose(full_tensor(w.grad()), reference.grad())) << what << "\n" << full_tensor(w.grad());
+      }
+    }
+  }
+}

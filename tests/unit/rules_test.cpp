@@ -182,6 +182,22 @@ TEST(EmbeddingRules, ShardedIndicesGiveShardedRows) {
   EXPECT_EQ(a.moves, "none");
 }
 
+TEST(EmbeddingRules, AVocabShardedTableLooksUpItsOwnRowsIntoAPendingSum) {
+  const auto table = spec({2, 2}, {Shard(0), Replicate()}, {10, 3}, {{0, {7, 3}}});
+  const Answer a = call_rule("aten::embedding", {table, spec({2, 2}, {Replicate(), Shard(0)}, {4, 5}), int64_t{2}, false, false});
+  EXPECT_EQ(a.targets, "[S(0), R]{0: 7,3} | [R, S(0)]{0: 2,2}");  // the table is not gathered
+  EXPECT_EQ(a.outputs, "[P(sum), S(0)]{0: 2,2}");
+  EXPECT_EQ(a.moves, "none");
+  EXPECT_NE(a.kernel, "");
+  // Indices split where the table is: the table is replicated, as for a split embedding dim.
+  const Answer split = call_rule("aten::embedding", {table, spec({2, 2}, {Shard(0), Replicate()}, {4, 5}), int64_t{-1}, false, false});
+  EXPECT_EQ(split.targets, "[R, R] | [S(0), R]{0: 2,2}");
+  EXPECT_EQ(split.kernel, "");
+  const Answer columns = call_rule("aten::embedding", {spec({4}, {Shard(1)}, {10, 8}), spec({4}, {Replicate()}, {6}), int64_t{-1}, false, false});
+  EXPECT_EQ(columns.targets, "[R] | [R]");
+  EXPECT_EQ(columns.outputs, "[R]");
+}
+
 // ---- convolution ----
 
 namespace {
