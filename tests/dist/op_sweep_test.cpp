@@ -76,10 +76,13 @@ std::vector<Case> scalar_kind_cases() {
     cases.push_back(on("histc" + tag, [] { return Tensors{unit({5, 6}) * 3 - 1}; },
                        [low_high](const Tensors& x) { return call("aten::histc", {x[0], int64_t{4}, low_high[0], low_high[1]}); },
                        /*constants=*/{0}));
-    cases.push_back(on("pointwise with Scalars" + tag, [] { return Tensors{unit({5, 7})}; }, [low_high, two](const Tensors& x) {
+    const bool arithmetic = kind != "bool";  // torch refuses to subtract a bool or scale by one, on one process too
+    cases.push_back(on("pointwise with Scalars" + tag, [] { return Tensors{unit({5, 7})}; }, [low_high, two, arithmetic](const Tensors& x) {
       const at::Tensor& v = x[0];
-      return call("aten::add.Scalar", {v, two[0], two[1]}) + call("aten::sub.Scalar", {v, two[1], two[0]}) +
-             call("aten::mul.Scalar", {v, two[0]}) + call("aten::div.Scalar", {v, two[1]}) + call("aten::rsub.Scalar", {v, two[0]}) +
+      const at::Tensor differences =
+          arithmetic ? call("aten::sub.Scalar", {v, two[1], two[0]}) + call("aten::rsub.Scalar", {v, two[0]}) : v * 0;
+      return call("aten::add.Scalar", {v, two[0], arithmetic ? two[1] : c10::IValue(int64_t{1})}) + differences +
+             call("aten::mul.Scalar", {v, two[0]}) + call("aten::div.Scalar", {v, two[1]}) +
              call("aten::pow.Tensor_Scalar", {v, two[0]}) + call("aten::clamp", {v, low_high[0], low_high[1]}) +
              call("aten::clamp_min", {v, low_high[0]}) + call("aten::clamp_max", {v, low_high[1]}) +
              call("aten::threshold", {v, low_high[0], two[0]}) + call("aten::hardtanh", {v, low_high[0], low_high[1]}) +
