@@ -1,6 +1,7 @@
-// The kernel of VocabShardedLookupPlan (rules/embedding.h): a lookup in this rank's rows of a
-// vocabulary-sharded table, zeros for the indices other ranks hold. The ranks' outputs add up
-// to the lookup in the whole table, since every index falls in exactly one rank's rows.
+// The kernel of MaskedLookupPlan (rules/embedding.h): embedding, gather or index_select on this
+// rank's range of a dim split over ranks, zeros for the index entries other ranks answer. The
+// ranks' outputs add up to the lookup in the whole table, since every entry falls in exactly one
+// rank's range (see Note [Lookups along a split dim]).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -8,28 +9,57 @@
 #include "rules/embedding.h"
 
 namespace shardtensor {
+namespace {
 
-LocalKernel VocabShardedLookupPlan::lower() const {
-  return [table = table, weight_arg = weight_arg, indices_arg = indices_arg](const c10::OperatorHandle& op,
-                                                                             torch::jit::Stack* stack) {
+// The output's shape where this rank's piece of the table is empty (the op is not called).
+std::vector<int64_t> empty_piece_output_shape(const at::Tensor& piece, const at::Tensor& index, int64_t tensor_dim, LookupMask mask) {
+  if (mask == LookupMask::kTrailingDim) {  // [*index, the table's other dims]
+    std::vector<int64_t> shape = index.sizes().vec();
+    for (int64_t d = 0; d < piece.dim(); ++d)
+      if (d != tensor_dim) shape.push_back(piece.size(d));
+    return shape;
+  }
+  if (mask == LookupMask::kAlongDim) {  // the table with tensor_dim as long as the index
+    std::vector<int64_t> shape = piece.sizes().vec();
+    shape[tensor_dim] = index.numel();
+    return shape;
+  }
+  return index.sizes().vec();  // kIndexShape
+}
+
+// `elsewhere` (the index's shape) shaped to broadcast against an output of `out_ndim` dims.
+at::Tensor output_mask(const at::Tensor& elsewhere, int64_t out_ndim, int64_t tensor_dim, LookupMask mask) {
+  if (mask == LookupMask::kTrailingDim) return elsewhere.unsqueeze(-1);
+  if (mask == LookupMask::kAlongDim) {  // [k] -> [1, .., k, .., 1], k at tensor_dim
+    std::vector<int64_t> shape(out_ndim, 1);
+    shape[tensor_dim] = elsewhere.numel();
+    return elsewhere.reshape(shape);
+  }
+  return elsewhere;  // kIndexShape
+}
+
+}  // namespace
+
+LocalKernel MaskedLookupPlan::lower() const {
+  return [table = table, tensor_dim = tensor_dim, table_arg = table_arg, index_arg = index_arg, mask = mask](
+             const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor weight = args[weight_arg].toTensor(), indices = args[indices_arg].toTensor();
-    const int64_t first_row = table.local_offsets()[0], rows = weight.size(0);
-    if (rows == 0) {
-      // An empty piece holds no row to look up (not even a stand-in for the masked indices).
-      std::vector<int64_t> shape = indices.sizes().vec();
-      shape.push_back(weight.size(1));
-      stack->push_back(at::zeros(shape, weight.options()));
+    const at::Tensor piece = args[table_arg].toTensor(), index = args[index_arg].toTensor();
+    const int64_t first = table.local_offsets()[tensor_dim], size = piece.size(tensor_dim);
+    if (size == 0) {
+      // An empty piece holds nothing to look up (not even a stand-in for the masked entries).
+      stack->push_back(at::zeros(empty_piece_output_shape(piece, index, tensor_dim, mask), piece.options()));
       return;
     }
-    // Global row i is local row i - first_row; indices of other ranks' rows read local row 0
-    // and are zeroed after (masked_fill, not a product, so that an inf in row 0 leaves no NaN).
-    const at::Tensor local = indices - first_row;
-    const at::Tensor elsewhere = at::logical_or(local < 0, local >= rows);
-    args[indices_arg] = local.masked_fill(elsewhere, 0);
+    // Global position i is local position i - first; entries of other ranks' ranges read local
+    // position 0 and are zeroed after (masked_fill, not a product, so that an inf there leaves
+    // no NaN).
+    const at::Tensor local = index - first;
+    const at::Tensor elsewhere = at::logical_or(local < 0, local >= size);
+    args[index_arg] = local.masked_fill(elsewhere, 0);
     call_with(op, stack, std::move(args));
     at::Tensor out = stack->back().toTensor();
-    out.masked_fill_(elsewhere.unsqueeze(-1), 0);
+    out.masked_fill_(output_mask(elsewhere, out.dim(), tensor_dim, mask), 0);
   };
 }
 

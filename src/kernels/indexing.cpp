@@ -8,10 +8,24 @@
 namespace shardtensor {
 
 LocalKernel GatherBackwardPlan::lower() const {
-  return [dim = dim](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [dim = dim, split_self = split_self](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const std::vector<c10::IValue> args = pop_arguments(op, stack);
     const at::Tensor grad = args[0].toTensor(), self = args[1].toTensor(), index = args[3].toTensor();
-    stack->push_back(at::zeros(self.sizes(), grad.options()).scatter_add_(dim, index, grad));
+    at::Tensor result = at::zeros(self.sizes(), grad.options());
+    if (!split_self) {
+      stack->push_back(result.scatter_add_(dim, index, grad));
+      return;
+    }
+    // See Note [Lookups along a split dim]: global position i is local position i - first; the
+    // entries of other ranks' ranges add a zero at local position 0 (masked_fill, so that an inf
+    // in their gradient leaves no NaN). An empty piece takes nothing.
+    const int64_t first = split_self->local_offsets()[dim], size = self.size(dim);
+    if (size > 0) {
+      const at::Tensor local = index - first;
+      const at::Tensor elsewhere = at::logical_or(local < 0, local >= size);
+      result.scatter_add_(dim, local.masked_fill(elsewhere, 0), grad.masked_fill(elsewhere, 0));
+    }
+    stack->push_back(result);
   };
 }
 

@@ -2,7 +2,8 @@
 // A replicated table is looked up as is. A table split by vocabulary rows (Shard(0)) on some
 // mesh dims, where the indices are whole, is looked up locally instead of gathered: each rank
 // answers the indices in its own rows and zeros elsewhere, a Partial(sum) over those mesh dims
-// (VocabShardedLookupPlan, DTensor's MaskPartial). Any other table layout is replicated.
+// (MaskedLookupPlan, DTensor's MaskPartial: see Note [Lookups along a split dim] in
+// rules/embedding.h, which gather and index_select share). Any other table layout is replicated.
 //
 // The table's gradient sums rows over all indices, so it is Partial(sum) on every mesh dim
 // that shards the indices (unless gradients are scaled by global frequencies, which need every
@@ -14,38 +15,38 @@
 #include "rules/helpers.h"
 
 namespace shardtensor {
-namespace {
 
-// The mesh dims that split the table's rows, where every other mesh dim replicates it; empty
-// for any other layout (rows split nowhere, the embedding dim split, a Partial table).
-std::vector<int64_t> vocab_mesh_dims(const ShardTensorSpec& table) {
-  if (table.ndim() != 2) return {};  // not a table: the op itself raises
+std::vector<int64_t> lookup_split_mesh_dims(const ShardTensorSpec& table, int64_t tensor_dim, const ShardTensorSpec& index) {
   std::vector<int64_t> mesh_dims;
   for (int64_t m = 0; m < static_cast<int64_t>(table.placements().size()); ++m) {
     const Placement& p = table.placements()[m];
-    if (p.is_shard(0)) mesh_dims.push_back(m);
-    else if (!p.is_replicate()) return {};
+    if (p.is_replicate()) continue;
+    // Another dim split, a Partial table, or the index split where the table is: no local lookup.
+    if (!p.is_shard(tensor_dim) || index.placements()[m].is_shard()) return {};
+    mesh_dims.push_back(m);
   }
   return mesh_dims;
 }
+
+namespace {
 
 // embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse). padding_idx only
 // matters to the backward, so the forward's local lookup ignores it, as libtorch's does.
 RuleResult embedding_rule(const OpMeta& op) {
   const ShardTensorSpec& table = op.inputs[0].spec;
   const ShardTensorSpec indices = without_partial(op.inputs[1].spec);
-  const std::vector<int64_t> vocab = vocab_mesh_dims(table);
-  bool local_rows = !vocab.empty();
-  for (int64_t m : vocab) local_rows = local_rows && indices.placements()[m].is_replicate();
+  // The vocabulary rows (dim 0) split where the indices are whole; not a 2-d table: the op raises.
+  const std::vector<int64_t> vocab = table.ndim() == 2 ? lookup_split_mesh_dims(table, 0, indices) : std::vector<int64_t>{};
   RuleResult r;
   r.outputs = {layout_of(indices)};
-  if (!local_rows) {
+  if (vocab.empty()) {
     r.input_targets = {replicated(table), indices};
     return r;
   }
   r.input_targets = {table, indices};
   for (int64_t m : vocab) r.outputs[0].placements[m] = Partial(ReduceOp::Sum);
-  r.kernel_plan = declare(VocabShardedLookupPlan(table, op.arg_index("weight"), op.arg_index("indices")));
+  r.kernel_plan = declare(MaskedLookupPlan(table, /*tensor_dim=*/0, op.arg_index("weight"), op.arg_index("indices"),
+                                           LookupMask::kTrailingDim, "embedding"));
   return r;
 }
 

@@ -8,7 +8,13 @@
 // global positions along the gathered dim, so they need no rewriting. gather and indexing pick
 // values, so a Partial self stays Partial; index_put keeps one where writing distributes over
 // it (index_put_rule). scatter resolves Partial operands.
+//
+// One exception: gather from a self split along the gathered dim (and whole on every other
+// mesh dim) by an index whole where self is split answers each rank's own range locally into a
+// Partial(sum), and its backward adds into each rank's own range (see Note [Lookups along a
+// split dim] in rules/embedding.h).
 #include "rules/contribution.h"
+#include "rules/embedding.h"
 #include "rules/indexing.h"
 #include "rules/spatial.h"
 
@@ -41,27 +47,41 @@ RuleResult scatter_rule(const OpMeta& op) {
 }
 
 // gather(self, dim, index): the output has index's shape, so it follows index's layout,
-// which follows self's.
+// which follows self's. Where self splits `dim` and the index is whole there, self stays split
+// and each rank answers its own range (see Note [Lookups along a split dim]).
 RuleResult gather_rule(const OpMeta& op) {
   const ShardTensorSpec& self = op.inputs[0].spec;
-  const ShardTensorSpec layout = indexing_layout(self, wrap_dim(int_arg(op, "dim"), self.ndim(), op), op);
+  const int64_t dim = wrap_dim(int_arg(op, "dim"), self.ndim(), op);
+  const ShardTensorSpec layout = indexing_layout(self, dim, op);
   const ShardTensorSpec index = follow(op.inputs[1].spec, layout);
   RuleResult r;
-  r.input_targets = {keep_shared_partials(layout, {self}), index};
   r.outputs = {layout_of(keep_shared_partials(index, {self}))};  // picking values keeps them pending
+  const std::vector<int64_t> split = lookup_split_mesh_dims(self, dim, op.inputs[1].spec);
+  if (split.empty()) {
+    r.input_targets = {keep_shared_partials(layout, {self}), index};
+    return r;
+  }
+  // self is Shard(dim) on `split` and Replicate elsewhere, so `layout` and the index are whole.
+  r.input_targets = {self, index};
+  for (int64_t m : split) r.outputs[0].placements[m] = Partial(ReduceOp::Sum);
+  r.kernel_plan = declare(MaskedLookupPlan(self, dim, op.arg_index("self"), op.arg_index("index"), LookupMask::kIndexShape, "gather"));
   return r;
 }
 
 // gather_backward(grad, self, dim, index, sparse_grad): libtorch builds plain zeros of self's
-// size; here each rank scatters its gradient rows into zeros of its own piece.
+// size; here each rank scatters its gradient rows into zeros of its own piece. Where gather
+// answered along a split dim (lookup_split_mesh_dims), self stays split and each rank adds only
+// the entries in its own range: the gradient comes back in self's layout with no move.
 RuleResult gather_backward_rule(const OpMeta& op) {
   const ShardTensorSpec& self = op.input_named("self")->spec;
   const int64_t dim = wrap_dim(int_arg(op, "dim"), self.ndim(), op);
   const ShardTensorSpec layout = indexing_layout(self, dim, op);
+  const std::vector<int64_t> split = lookup_split_mesh_dims(self, dim, op.input_named("index")->spec);
   RuleResult r;
-  for (const TensorInput& in : op.inputs) r.input_targets.push_back(follow(in.spec, layout));
-  r.outputs = {layout_of(layout)};
-  r.kernel_plan = declare(GatherBackwardPlan(dim));
+  for (const TensorInput& in : op.inputs)
+    r.input_targets.push_back(!split.empty() && arg_name(op, in) == "self" ? self : follow(in.spec, layout));
+  r.outputs = {layout_of(split.empty() ? layout : self)};
+  r.kernel_plan = declare(GatherBackwardPlan(dim, split.empty() ? std::nullopt : std::optional<ShardTensorSpec>(self)));
   return r;
 }
 

@@ -5,12 +5,14 @@
 // dim with the whole dims after it ([B, S] with B sharded -> [B*S]), or splitting it into
 // pieces that each shard divides. Otherwise the dim is gathered first. Operators whose size
 // arguments are global (view, expand, select_backward...) run locally with those sizes
-// rewritten to the local piece's (see with_local_sizes).
+// rewritten to the local piece's (see with_local_sizes). index_select along a split dim with a
+// whole index answers locally into a Partial(sum) instead (index_select_rule).
 #include <ATen/core/function_schema.h>
 
 #include <numeric>
 
 #include "rules/contribution.h"
+#include "rules/embedding.h"
 #include "rules/helpers.h"
 #include "rules/views.h"
 #include "util/strings.h"
@@ -246,6 +248,25 @@ Rule whole_dim(bool removes_dim) {
   return [=](const OpMeta& op) { return along_whole_dim(op, removes_dim); };
 }
 
+// index_select(self, dim, index): along a whole dim, except where self splits `dim` (whole on
+// every other mesh dim) and the index is whole there: then self stays split and each rank
+// answers the entries in its own range, a Partial(sum) over the splitting mesh dims with no
+// communication (see Note [Lookups along a split dim] in rules/embedding.h). The backward
+// (index_select_backward) sees only self's sizes: it builds the whole gradient, which the
+// leaf's layout cuts into self's pieces locally.
+RuleResult index_select_rule(const OpMeta& op) {
+  const ShardTensorSpec& self = op.inputs[0].spec;
+  const int64_t dim = wrap_dim(int_arg(op, "dim"), self.ndim(), op);
+  const std::vector<int64_t> split = lookup_split_mesh_dims(self, dim, op.inputs[1].spec);
+  if (split.empty()) return along_whole_dim(op, /*removes_dim=*/false);
+  RuleResult r;
+  r.input_targets = {self, replicated(op.inputs[1].spec)};
+  r.outputs = {replicated_layout(self.mesh())};  // self is Replicate off `split`
+  for (int64_t m : split) r.outputs[0].placements[m] = Partial(ReduceOp::Sum);
+  r.kernel_plan = declare(MaskedLookupPlan(self, dim, op.arg_index("self"), op.arg_index("index"), LookupMask::kAlongDim, "index_select"));
+  return r;
+}
+
 // split / split_with_sizes / unbind: every piece keeps the layout of the other dims.
 RuleResult split_rule(const OpMeta& op) {
   const ShardTensorSpec& in = op.inputs[0].spec;
@@ -400,7 +421,7 @@ void register_view_rules(RuleRegistry& registry) {
   registry.add("aten::repeat", repeat_rule);
   registry.add("aten::select.int", whole_dim(/*removes_dim=*/true));
   registry.add("aten::slice.Tensor", whole_dim(/*removes_dim=*/false));
-  registry.add("aten::index_select", whole_dim(/*removes_dim=*/false));
+  registry.add("aten::index_select", index_select_rule);
   for (const char* name : {"aten::split.Tensor", "aten::split_with_sizes", "aten::unbind.int"}) registry.add(name, split_rule);
   registry.add("aten::cat", cat_rule);
   registry.add("aten::stack", stack_rule);

@@ -4,6 +4,9 @@
 // (partial_term), so a reduction of the terms gives the value back exactly.
 #include <ATen/ATen.h>
 
+#include <functional>
+#include <limits>
+
 #include "dist/dist_fixture.h"
 
 using namespace shardtensor;
@@ -469,6 +472,78 @@ TEST(KeepPartial, AVocabShardedEmbeddingLooksUpLocallyIntoAPendingSum) {
           if (layout.table[m].is_shard()) EXPECT_EQ(spec(w.grad()).placements()[m], Shard(0)) << what << ", mesh dim " << m;
         EXPECT_EQ(spec(w.grad()).shard_sizes(), spec(w).shard_sizes()) << what;
         EXPECT_TRUE(at::allclose(full_tensor(w.grad()), reference.grad())) << what << "\n" << full_tensor(w.grad());
+      }
+    }
+  }
+}
+
+// The same for gather and index_select along a split dim (of a 3-d self, so that index_select's
+// mask broadcasts along a middle dim): each rank answers the entries in its own range into a
+// Partial(sum), with no communication, and self's gradient comes back in its pieces, equal to
+// one process's. With an inf at position 0 of every piece, which every other rank's masked
+// entries read locally, the values still equal one process's (no 0 * inf = NaN).
+TEST(KeepPartial, GatherAndIndexSelectAlongASplitDimLookUpLocallyIntoAPendingSum) {
+  const int64_t dim = 1;
+  const at::Tensor values = same_randn({2, 10, 3});
+  struct Lookup {
+    std::string name;
+    at::Tensor ids;  // global positions along `dim`, touching every piece
+    std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> call;
+  };
+  const std::vector<Lookup> lookups = {
+      {"gather",
+       at::tensor(std::vector<int64_t>{9, 0, 4, 7, 2, 5, 3, 8, 1, 6, 4, 0, 9, 9, 2, 7, 5, 1, 0, 3}, at::kLong).view({2, 5, 2}),
+       [](const at::Tensor& self, const at::Tensor& index) { return at::gather(self, 1, index); }},
+      {"index_select", at::tensor(std::vector<int64_t>{9, 0, 4, 7, 2, 5, 4}, at::kLong),
+       [](const at::Tensor& self, const at::Tensor& index) { return at::index_select(self, -2, index); }},
+  };
+  for (const DeviceMesh& mesh : test_meshes()) {
+    const int64_t n = mesh.ndim();
+    std::vector<Placements> layouts = {Placements(n, Shard(dim))};  // the dim over every mesh dim
+    if (n > 1) {  // over the last mesh dim only
+      Placements last(n, Replicate());
+      last[n - 1] = Shard(dim);
+      layouts.push_back(last);
+    }
+    for (const Placements& layout : layouts) {
+      int64_t pieces = 1;
+      Placements expected_placements(n, Replicate());
+      for (int64_t m = 0; m < n; ++m) {
+        if (!layout[m].is_shard()) continue;
+        pieces *= mesh.size(m);
+        expected_placements[m] = Partial();
+      }
+      const ShardSizes sizes{{dim, vocab_rows(pieces)}};
+      at::Tensor with_inf = values.clone();
+      int64_t offset = 0;
+      for (int64_t size : vocab_rows(pieces)) {
+        if (size > 0) with_inf.select(dim, offset).fill_(std::numeric_limits<double>::infinity());
+        offset += size;
+      }
+      for (const Lookup& lookup : lookups) {
+        const std::string what = lookup.name + " on " + mesh.to_string() + " self " + to_string(layout);
+        const at::Tensor expected = lookup.call(values, lookup.ids);
+        const at::Tensor cotangent = same_randn(expected.sizes().vec());
+        const at::Tensor self = distribute_tensor(values.clone().requires_grad_(true), mesh, layout, sizes);
+        const at::Tensor self_with_inf = distribute_tensor(with_inf, mesh, layout, sizes);
+        const at::Tensor idx = distribute_tensor(lookup.ids, mesh, Placements(n, Replicate()));
+        const at::Tensor cot = distribute_tensor(cotangent, mesh, Placements(n, Replicate()));
+        at::Tensor out, out_with_inf;
+        {
+          CommDebugMode comms;
+          out = lookup.call(self, idx);
+          out_with_inf = lookup.call(self_with_inf, idx);
+          EXPECT_EQ(comms.total(), 0) << what << "\n" << comms.table();
+        }
+        expect_value(out, expected_placements, expected, what);
+        expect_value(out_with_inf, expected_placements, lookup.call(with_inf, lookup.ids), what + ", an inf at every piece's position 0");
+        (out * cot).sum().backward();
+        const at::Tensor reference = values.clone().requires_grad_(true);
+        (lookup.call(reference, lookup.ids) * cotangent).sum().backward();
+        ASSERT_TRUE(self.grad().defined()) << what;
+        EXPECT_EQ(spec(self.grad()).placements(), layout) << what;
+        EXPECT_EQ(spec(self.grad()).shard_sizes(), spec(self).shard_sizes()) << what;
+        EXPECT_TRUE(at::allclose(full_tensor(self.grad()), reference.grad())) << what << "\n" << full_tensor(self.grad());
       }
     }
   }

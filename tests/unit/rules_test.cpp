@@ -367,6 +367,43 @@ TEST(IndexingRules, GatherAlongAnUnshardedDimKeepsTheIndexLayout) {
   EXPECT_EQ(a.moves, "none");
 }
 
+TEST(IndexingRules, GatherAndIndexSelectAlongASplitDimAnswerTheirOwnRangeIntoAPendingSum) {
+  const auto self = spec({2, 2}, {Shard(1), Replicate()}, {4, 10, 3}, {{1, {7, 3}}});
+  const auto index = spec({2, 2}, {Replicate(), Replicate()}, {4, 6, 3});
+  const Answer gather = call_rule("aten::gather", {self, int64_t{1}, index, false});
+  EXPECT_EQ(gather.targets, "[S(1), R]{1: 7,3} | [R, R]");  // self is not gathered
+  EXPECT_EQ(gather.outputs, "[P(sum), R]");
+  EXPECT_EQ(gather.moves, "none");
+  EXPECT_NE(gather.kernel, "");
+  const Answer select = call_rule("aten::index_select", {self, int64_t{-2}, spec({2, 2}, {Replicate(), Replicate()}, {5})});
+  EXPECT_EQ(select.targets, "[S(1), R]{1: 7,3} | [R, R]");
+  EXPECT_EQ(select.outputs, "[P(sum), R]");
+  EXPECT_EQ(select.moves, "none");
+  EXPECT_NE(select.kernel, "");
+  // gather's backward adds each rank's entries into its own range: self's layout, no move.
+  const Answer back = call_rule("aten::gather_backward", {spec({2, 2}, {Replicate(), Replicate()}, {4, 6, 3}), self, int64_t{1}, index, false});
+  EXPECT_EQ(back.targets, "[R, R] | [S(1), R]{1: 7,3} | [R, R]");
+  EXPECT_EQ(back.outputs, "[S(1), R]{1: 7,3}");
+  EXPECT_EQ(back.moves, "none");
+  // An index split where self is: both are gathered, as before.
+  const Answer split = call_rule("aten::gather", {self, int64_t{1}, spec({2, 2}, {Shard(0), Replicate()}, {4, 6, 3}), false});
+  EXPECT_EQ(split.targets, "[R, R] | [R, R]");
+  EXPECT_EQ(split.outputs, "[R, R]");
+  EXPECT_EQ(split.kernel, "");
+  const Answer split_select = call_rule("aten::index_select", {self, int64_t{1}, spec({2, 2}, {Shard(0), Replicate()}, {6})});
+  EXPECT_EQ(split_select.targets, "[R, R] | [R, R]");
+  EXPECT_EQ(split_select.kernel, "");
+  // self split along another dim as well: the indexed dim is gathered, the other stays split.
+  const auto rows_too = spec({2, 2}, {Shard(1), Shard(0)}, {4, 10, 3});
+  const Answer both = call_rule("aten::gather", {rows_too, int64_t{1}, index, false});
+  EXPECT_EQ(both.targets, "[R, S(0)]{0: 2,2} | [R, S(0)]{0: 2,2}");
+  EXPECT_EQ(both.outputs, "[R, S(0)]{0: 2,2}");
+  EXPECT_EQ(both.kernel, "");
+  const Answer both_select = call_rule("aten::index_select", {rows_too, int64_t{1}, spec({2, 2}, {Replicate(), Replicate()}, {5})});
+  EXPECT_EQ(both_select.targets, "[R, S(0)]{0: 2,2} | [R, R]");
+  EXPECT_EQ(both_select.kernel, "");
+}
+
 // ---- arguments by name ----
 
 // OpMeta over aten::gather(self, dim, index, *, sparse_grad) with a sharded self and index.
