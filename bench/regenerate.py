@@ -262,6 +262,17 @@ def bench_checkpoint(r, s):
     return records
 
 
+# The "before" column: the same program run on the tree before issue 52's changes (f1b1390),
+# kept as its --json output (bench/data/), since that build is not at hand in later runs.
+COLLECTIVES_BEFORE = os.path.join("bench", "data", "collectives_per_op_f1b1390.json")
+
+
+def bench_collectives(r, s):
+    before = ["--before", COLLECTIVES_BEFORE] if os.path.exists(os.path.join(REPO, COLLECTIVES_BEFORE)) else []
+    cmd = [r.py_shardrun, "-n", "4", "--timeout", "300", r.python, "bench/collectives_per_op.py"] + before
+    return [r.run("collectives_4ranks", cmd, timeout=330)]
+
+
 BENCHES = {
     "python_ops": bench_python_ops,            # per-op overhead and the TP-MLP step from Python, 2 ranks
     "dispatch": bench_dispatch,                # per-op overhead from C++
@@ -272,6 +283,7 @@ BENCHES = {
     "halo": bench_halo,
     "attention": bench_attention,
     "checkpoint": bench_checkpoint,
+    "collectives": bench_collectives,          # collectives per op against DTensor and the minimum (counts)
 }
 
 
@@ -518,6 +530,31 @@ def render_tp(doc, records, figs):
                 f"{(d.get('settings') or {}).get('tp_steps', '?')} steps.", records, body, python_torch(records))
 
 
+def render_collectives(doc, records, figs):
+    d = next((rec["data"] for rec in records if rec.get("data")), None) or {}
+    rows_in = d.get("rows", [])
+    has_before = any("before" in r for r in rows_in)
+    rows = []
+    for r in rows_in:
+        ours = r["shardtensor"] if r.get("shardtensor") is not None else f"failed: {r.get('shardtensor_error')}"
+        theirs = r["dtensor"] if r.get("dtensor") is not None else f"fails: {r.get('dtensor_error')}"
+        rows.append([r["case"], r["minimum"]] + ([r.get("before", "n/a")] if has_before else []) +
+                    [ours, theirs, r.get("placements", ""), r["note"]])
+    header = ["case", "minimum"] + (["before (f1b1390)"] if has_before else []) + [
+        "shardtensor", "DTensor", "shardtensor's output", "why the minimum"]
+    body = table(header, rows) if rows else ""
+    doc.section("Collectives per operation",
+                f"Counts, not times: collectives one call makes (inputs made beforehand, after a warm-up call), "
+                f"shardtensor against torch's DTensor on the same program (sizes the mesh divides, so DTensor runs "
+                f"every case) and against the fewest the layout allows; {d.get('world_size', '?')} ranks, every "
+                f"result checked against one process first. \"before\": the same program on the tree before "
+                f"issue 52 (`{COLLECTIVES_BEFORE}`).", records, body, python_torch_of_collectives(d))
+
+
+def python_torch_of_collectives(d):
+    return f"{d.get('torch', 'unknown')} (shardtensor {d.get('shardtensor', '?')}, Gloo)"
+
+
 def render_halo(doc, records, figs):
     rows = []
     steps, shape = "?", "?"
@@ -743,6 +780,7 @@ def render(results, args, machine_text, cxx_torch_text, total_s, out, tree):
         ("halo", render_halo, figs),
         ("attention", render_attention, figs),
         ("checkpoint", render_checkpoint, figs),
+        ("collectives", render_collectives, figs),
     ]
     for key, fn, f in order:
         if results.get(key):

@@ -201,7 +201,7 @@ def from_local_body(rank, world_size):
         st.from_local(local, mesh, [st.Shard(0), st.Shard(1)])
     with pytest.raises(TypeError, match="torch.Tensor"):
         st.from_local([1, 2], mesh, [st.Shard(0)])
-    with pytest.raises(RuntimeError, match=r"sizes|sum"):
+    with pytest.raises(ValueError, match=r"sizes|sum"):
         st.from_local(local, mesh, [st.Shard(0)], sharding_shapes={0: [1] * world_size}, run_check=True)
 
 
