@@ -92,6 +92,12 @@ def cases(world):
         ("embedding on a vocab-sharded table S(0)", 0, "each rank looks up its own rows: a masked Partial(sum)",
          lambda lib: (lib.distribute(idx, lib.mesh, [lib.Replicate()]), lib.distribute(table, lib.mesh, [lib.Shard(0)])),
          lambda i, t: F.embedding(i, t), F.embedding(idx, table)),
+        ("gather(dim=0) on S(0) by a whole index", 0, "each rank answers its own rows: a masked Partial(sum)",
+         lambda lib: (lib.distribute(table, lib.mesh, [lib.Shard(0)]), lib.distribute(idx[:, :2].repeat(1, 2), lib.mesh, [lib.Replicate()])),
+         lambda t, i: torch.gather(t, 0, i), torch.gather(table, 0, idx[:, :2].repeat(1, 2))),
+        ("index_select(dim=0) on S(0) by a whole index", 0, "each rank answers its own rows: a masked Partial(sum)",
+         lambda lib: (lib.distribute(table, lib.mesh, [lib.Shard(0)]), lib.distribute(idx.flatten(), lib.mesh, [lib.Replicate()])),
+         lambda t, i: torch.index_select(t, 0, i), torch.index_select(table, 0, idx.flatten())),
         ("histc(min=0, max=3) of S(0) (int bounds)", 0, "local counts, a pending sum",
          lambda lib: (lib.distribute(g.abs(), lib.mesh, [lib.Shard(0)]),), lambda a: torch.histc(a, bins=4, min=0, max=3),
          torch.histc(g.abs(), bins=4, min=0, max=3)),
@@ -116,7 +122,8 @@ def main():
     before = {}
     if args.before:
         with open(args.before) as f:
-            before = {row["case"]: row["shardtensor"] for row in json.load(f)["rows"]}
+            before = {row["case"]: row["shardtensor"] if row.get("shardtensor") is not None
+                      else f"failed: {row.get('shardtensor_error')}" for row in json.load(f)["rows"]}
     from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.debug import CommDebugMode
 
