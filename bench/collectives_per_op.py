@@ -74,7 +74,9 @@ def cases(world):
     return [
         ("distribute_tensor, src_data_rank=None, [Shard(0)]", 0, "no byte moves",
          lambda lib: (lib,), lambda lib: lib.distribute(g, lib.mesh, [lib.Shard(0)], src_data_rank=None), g),
-        ("distribute_tensor, [Shard(0)] from rank 0", 1, "one scatter",
+        ("distribute_tensor, [Shard(0)] from rank 0", 1,
+         "one scatter; shardtensor adds an all-gather of 3 integers so that ranks passing different tensors raise "
+         "(README, differences from DTensor)",
          lambda lib: (lib,), lambda lib: lib.distribute(g, lib.mesh, [lib.Shard(0)]), g),
         ("P(avg) @ R (mm)", 0, "avg is linear: the product stays pending",
          lambda lib: (lib.distribute(g, lib.mesh, [lib.Partial("avg")]), lib.distribute(w, lib.mesh, [lib.Replicate()])),
@@ -123,7 +125,7 @@ def main():
     if args.before:
         with open(args.before) as f:
             before = {row["case"]: row["shardtensor"] if row.get("shardtensor") is not None
-                      else f"failed: {row.get('shardtensor_error')}" for row in json.load(f)["rows"]}
+                      else f"failed: {(row.get('shardtensor_error') or '')[:60]}" for row in json.load(f)["rows"]}
     from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.debug import CommDebugMode
 
