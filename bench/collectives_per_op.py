@@ -71,7 +71,19 @@ def cases(world):
     def layer_norm_weight_grad(x, wt, bt):
         return torch.autograd.grad(F.layer_norm(x, (6,), wt, bt).sum(), (x, wt, bt))[1]
 
+    def refused(lib):
+        # Shard(5) of a 2-d tensor: wrong on every rank alike. The count is what runs before the
+        # error; the oracle is the argument itself, returned once the error is seen.
+        try:
+            lib.distribute(g, lib.mesh, [lib.Shard(5)])
+        except Exception:  # DTensor raises an AssertionError, shardtensor a ValueError
+            return g
+        raise AssertionError("Shard(5) of a 2-d tensor was accepted")
+
     return [
+        ("distribute_tensor with Shard(5) of a 2-d tensor (raises)", 0,
+         "wrong on every rank alike; shardtensor's all-gather (one per mesh dim) lets a rank alone with a wrong "
+         "argument make every rank raise, and no text follows it when all ranks failed", lambda lib: (lib,), refused, g),
         ("distribute_tensor, src_data_rank=None, [Shard(0)]", 0, "no byte moves",
          lambda lib: (lib,), lambda lib: lib.distribute(g, lib.mesh, [lib.Shard(0)], src_data_rank=None), g),
         ("distribute_tensor, [Shard(0)] from rank 0", 1,
@@ -141,7 +153,7 @@ def main():
                 torch.testing.assert_close(full_of(result), oracle)  # a wrong answer is reported, not counted
                 row[key] = count
                 if key == "shardtensor":
-                    row["placements"] = str(tuple(result.placements))
+                    row["placements"] = str(tuple(result.placements)) if isinstance(result, st.ShardTensor) else "(raised)"
             except Exception as e:
                 row[key] = None
                 row[key + "_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"

@@ -50,30 +50,8 @@ EncodedSizes encode_sizes(const ShardSizes& sizes) {
 
 }  // namespace shardtensor::python
 
-namespace {
-
-// c10's typed errors as the Python exceptions torch and DTensor raise for them: ValueError for
-// a bad argument, IndexError, TypeError, NotImplementedError for a combination not supported.
-// pybind11 alone would make every c10::Error a RuntimeError, which users' `except` clauses miss.
-void translate_c10_errors(std::exception_ptr failure) {
-  try {
-    if (failure) std::rethrow_exception(failure);
-  } catch (const c10::ValueError& e) {
-    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
-  } catch (const c10::IndexError& e) {
-    PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
-  } catch (const c10::TypeError& e) {
-    PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
-  } catch (const c10::NotImplementedError& e) {
-    PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
-  }
-}
-
-}  // namespace
-
 PYBIND11_MODULE(_C, m) {
   m.doc() = "shardtensor's C++ core; use the shardtensor package, not this module.";
-  pybind11::register_local_exception_translator(&translate_c10_errors);
   // Now, with the GIL held, rather than inside the first call that makes a ShardTensor, which
   // releases the GIL: other Python threads could then dispatch operators while the dispatcher's
   // tables are being written (see register_kernels).

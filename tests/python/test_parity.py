@@ -195,3 +195,39 @@ def noop_redistribute_backward_body(rank, world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_noop_redistribute_backward_moves_nothing(world_size):
     run_ranks(noop_redistribute_backward_body, world_size)
+
+
+def layer_norm_row_shards_body(rank, world_size):
+    import torch.nn.functional as F
+
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    torch.manual_seed(0)
+    g = torch.randn(2 * world_size + 1, 5, 6, dtype=torch.float64)     # rows split unevenly
+    w, b = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    x = st.distribute_tensor(g.clone().requires_grad_(True), mesh, [st.Shard(0)])
+    ws = st.distribute_tensor(w.clone().requires_grad_(True), mesh, [st.Replicate()])
+    bs = st.distribute_tensor(b.clone().requires_grad_(True), mesh, [st.Replicate()])
+    with st.CommDebugMode() as comms:
+        y = F.layer_norm(x, (6,), ws, bs)
+        (y * y).sum().backward()
+    # Every row is whole on its rank: the forward and backward need no collective, and the
+    # weight and bias gradients are pending sums over the rows, reduced once when read.
+    assert comms.get_total_counts() == 0, comms.table()
+    assert ws.grad.placements == (st.Partial(),) and bs.grad.placements == (st.Partial(),)
+    gr, wr, br = (t.clone().requires_grad_(True) for t in (g, w, b))
+    (F.layer_norm(gr, (6,), wr, br) ** 2).sum().backward()
+    with st.CommDebugMode() as comms:
+        dw, db = ws.grad.full_tensor(), bs.grad.full_tensor()
+    assert comms.get_total_counts() == (2 if world_size > 1 else 0), comms.table()
+    assert_close(dw, wr.grad, "weight gradient", rtol=1e-10, atol=1e-12)
+    assert_close(db, br.grad, "bias gradient", rtol=1e-10, atol=1e-12)
+    sizes = chunk_sizes(2 * world_size + 1, world_size)
+    start = sum(sizes[:rank])
+    assert_close(x.grad.to_local(), gr.grad[start:start + sizes[rank]], "input gradient", rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_layer_norm_on_row_shards_needs_no_collective(world_size):
+    run_ranks(layer_norm_row_shards_body, world_size)
