@@ -1,5 +1,5 @@
-"""Dispatch policy and debug tools: strict mode, implicit replication, local_map,
-CommDebugMode and visualize_sharding."""
+"""Dispatch policy and debug tools: strict mode, implicit replication, local_map and
+visualize_sharding (CommDebugMode lives in _comm_debug)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import functools
 import torch
 
 from . import _C, _placements
+from ._comm_debug import CommDebugMode  # noqa: F401  (re-exported by the package)
 from ._tensor import _require
 
 set_strict = _C.set_strict
@@ -54,52 +55,6 @@ def implicit_replication():
         yield
     finally:
         scope.exit()
-
-
-class CommDebugMode:
-    """Counts the collectives shardtensor issues on this thread, as DTensor's CommDebugMode.
-
-        with CommDebugMode() as comm_mode:
-            y = x @ w
-        comm_mode.get_total_counts(), comm_mode.get_comm_counts()  # {"all_reduce": 1}
-
-    Kinds are named as c10d's collectives ("all_reduce", "all_gather", "all_to_all", ...);
-    get_comm_counts_by_operator() and table() give them per ATen operator.
-    """
-
-    def __init__(self):
-        self._counter = _C.CommCounter()
-
-    def __enter__(self):
-        self._counter.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._counter.stop()
-        return False
-
-    def _now(self):
-        self._counter.snapshot()
-        return self._counter
-
-    def get_total_counts(self) -> int:
-        return self._now().total
-
-    def get_comm_counts(self) -> dict[str, int]:
-        return dict(self._now().counts)
-
-    def get_comm_counts_by_operator(self) -> dict[str, dict[str, int]]:
-        return {op: dict(kinds) for op, kinds in self._now().by_operator.items()}
-
-    def get_bytes(self) -> int:
-        """Bytes this rank sent to other ranks."""
-        return self._now().bytes
-
-    def table(self) -> str:
-        """One row per operator and collective kind."""
-        return self._now().table
-
-    generate_comm_debug_tracing_table = table
 
 
 def visualize_sharding(x, header: str = "", use_rich: bool = False) -> str:
