@@ -11,10 +11,10 @@ for "Global" only, in the pass that is running at the next boundary.
 
 from __future__ import annotations
 
+import functools
 import json
 
 import torch
-from torch.distributed._tools.mod_tracker import ModTracker
 
 from . import _C
 
@@ -28,8 +28,17 @@ def _minus(now: dict, before: dict) -> dict:
     return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
 
 
-class _ModuleCommTracker(ModTracker):
-    """torch's ModTracker, attributing the counter's increments to the modules running."""
+@functools.lru_cache(maxsize=None)
+def _module_comm_tracker_class():
+    """The tracker class, made on first use: torch's ModTracker module imports torch._dynamo (900
+    modules), which `import shardtensor` should not pay for, nor its exit."""
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    return type("_ModuleCommTracker", (_ModuleCommTrackerMixin, ModTracker), {})
+
+
+class _ModuleCommTrackerMixin:
+    """Over torch's ModTracker: the counter's increments go to the modules running."""
 
     def __init__(self, counter):
         super().__init__()
@@ -109,7 +118,7 @@ class CommDebugMode:
 
     def __init__(self):
         self._counter = _C.CommCounter()
-        self._tracker = _ModuleCommTracker(self._counter)
+        self._tracker = _module_comm_tracker_class()(self._counter)
 
     def __enter__(self):
         self._counter.start()
