@@ -106,10 +106,8 @@ std::optional<int64_t> optional_int_arg(const OpMeta& op, const std::string& nam
 
 namespace {
 
+// A double, int or bool IValue alike: toScalar() takes each as what it is.
 double as_number(const OpMeta& op, const std::string& name, const c10::IValue& v) {
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
   TORCH_CHECK(v.isScalar(), op.name, ": argument '", name, "' is a ", v.tagKind(), ", not a number.");
   return v.toScalar().toDouble();
 }
