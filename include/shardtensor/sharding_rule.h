@@ -26,6 +26,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,29 @@ using Rule = std::function<RuleResult(const OpMeta&)>;
 // after the dot, none for the default overload). Takes effect for the next call: cached
 // propagation results are dropped.
 void register_sharding_rule(const std::string& op_name, Rule rule);
+
+// DTensor's register_sharding: instead of a rule, the shardings an operator accepts on one mesh
+// dim, and the library picks. `outputs` has a placement per tensor output; `inputs` a placement
+// per argument of the schema in order (std::nullopt for non-tensor arguments and absent optional
+// tensors), or just one per tensor input. On a propagation miss the library combines one
+// acceptable sharding per mesh dim, costs each combination by what its inputs' redistributions
+// would move (redistribute's cost model), and takes the cheapest; among equals the one listed
+// first. Output piece sizes come from the input sharded by the same mesh dims. A combination
+// that would move the written argument of an in-place operator is never taken.
+//
+//   shardtensor::register_sharding("aten::_softmax", [](const shardtensor::OpMeta& op) {
+//     const int64_t dim = op.arg("dim").toInt();
+//     std::vector<shardtensor::AcceptableSharding> ok{{{Replicate()}, {Replicate(), std::nullopt, std::nullopt}}};
+//     for (int64_t d = 0; d < op.inputs[0].spec.ndim(); ++d)
+//       if (d != dim) ok.push_back({{Shard(d)}, {Shard(d), std::nullopt, std::nullopt}});
+//     return ok;
+//   });
+struct AcceptableSharding {
+  std::vector<std::optional<Placement>> outputs;
+  std::vector<std::optional<Placement>> inputs;
+};
+using ShardingStrategy = std::function<std::vector<AcceptableSharding>(const OpMeta&)>;
+void register_sharding(const std::string& op_name, ShardingStrategy strategy);
 
 // Operators that have a rule, sorted.
 std::vector<std::string> sharding_rule_names();

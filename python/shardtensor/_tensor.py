@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _C, _placements
+from . import _C, _handlers, _placements
 from ._mesh import DeviceMesh, mesh_of_cpp
 from ._spec import ShardTensorSpec
 
@@ -23,6 +23,23 @@ is_shard_tensor = _C.is_shard_tensor
 class _ShardTensorMeta(type):
     def __instancecheck__(cls, obj):
         return isinstance(obj, torch.Tensor) and _C.is_shard_tensor(obj)
+
+    # PhysicsNeMo's class attributes: the handler registries (dicts the dispatcher follows, so
+    # that assigning a saved copy back restores the handlers it held) and the patch switch.
+    def __getattr__(cls, name):
+        if name in _handlers.REGISTRIES:
+            return _handlers.REGISTRIES[name]
+        if name == "_enable_shard_patches":
+            return _handlers.patches["enabled"]
+        raise AttributeError(f"type object 'ShardTensor' has no attribute {name!r}")
+
+    def __setattr__(cls, name, value):
+        if name in _handlers.REGISTRIES:
+            _handlers.REGISTRIES[name].replace_with(value)
+        elif name == "_enable_shard_patches":
+            _handlers.patches["enabled"] = bool(value)
+        else:
+            super().__setattr__(name, value)
 
 
 class ShardTensor(metaclass=_ShardTensorMeta):
@@ -44,6 +61,33 @@ class ShardTensor(metaclass=_ShardTensorMeta):
     @staticmethod
     def from_dtensor(dtensor):
         return from_dtensor(dtensor)
+
+    # ---- PhysicsNeMo's handler registries (see _handlers) ----
+    @classmethod
+    def register_dispatch_handler(cls, op, handler) -> None:
+        """``handler(*args, **kwargs)`` runs ``op`` (an ATen OpOverload) on ShardTensors, in place
+        of its sharding rule, below autograd; it returns ShardTensors."""
+        _handlers.REGISTRIES["_dispatch_registry"][op] = handler
+
+    @classmethod
+    def register_function_handler(cls, func, handler) -> None:
+        """``handler(func, types, args, kwargs)`` runs the Python function ``func`` (an ``F.*``
+        function, a torch function or a Tensor method) when a ShardTensor is among its arguments."""
+        _handlers.REGISTRIES["_function_registry"][func] = handler
+
+    @classmethod
+    def register_named_function_handler(cls, func_name: str, handler) -> None:
+        """Like register_function_handler, for an operator made with torch.library.custom_op
+        ("mylib.op.default") or a function by its import path ("torch.nn.functional.gelu")."""
+        _handlers.REGISTRIES["_named_function_registry"][func_name] = handler
+
+    @classmethod
+    def patches_enabled(cls) -> bool:
+        """Whether function handlers run (``ShardTensor._enable_shard_patches = False`` turns them off)."""
+        return _handlers.patches["enabled"]
+
+
+_handlers._SHARD_TYPES = (ShardTensor,)
 
 
 def _require(t, what: str):
@@ -221,6 +265,14 @@ def _offsets(self, mesh_dim=None):
     return ShardTensorSpec(self).offsets(mesh_dim)
 
 
+def _local_tensor_of(self):
+    # DTensor's and PhysicsNeMo's attribute: the local piece itself, outside autograd (to_local()
+    # is the differentiable way).
+    _require(self, "_local_tensor")
+    with torch.no_grad():
+        return _C.to_local(self, None).detach()
+
+
 def _spec_of(self):
     if not _C.is_shard_tensor(self):
         raise AttributeError("_spec: this tensor is not a ShardTensor")
@@ -297,6 +349,7 @@ _TENSOR_ATTRIBUTES = {
     "sharding_shapes": _sharding_shapes,
     "offsets": _offsets,
     "_spec": property(_spec_of),
+    "_local_tensor": property(_local_tensor_of),
 }
 
 

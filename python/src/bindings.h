@@ -29,5 +29,6 @@ void bind_mesh(py::module_& m);
 void bind_tensor(py::module_& m);
 void bind_dispatch(py::module_& m);
 void bind_checkpoint(py::module_& m);
+void bind_rules(py::module_& m);
 
 }  // namespace shardtensor::python

@@ -60,4 +60,5 @@ PYBIND11_MODULE(_C, m) {
   shardtensor::python::bind_tensor(m);
   shardtensor::python::bind_dispatch(m);
   shardtensor::python::bind_checkpoint(m);
+  shardtensor::python::bind_rules(m);
 }

@@ -27,6 +27,7 @@
 #include "rules/helpers.h"
 #include "rules/kernel_plan.h"
 #include "redistribute/executor.h"
+#include "shardtensor/log.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -97,14 +98,14 @@ void write_back_self(const at::Tensor& self, const ShardTensorSpec& target, cons
 
 void log_call(const Propagation& p) {
   std::ostringstream os;
-  os << "[shardtensor] " << p.meta.name << (p.fallback ? " (fallback)" : "") << ":";
+  os << p.meta.name << (p.fallback ? " (fallback)" : "") << ":";
   for (size_t k = 0; k < p.meta.inputs.size(); ++k) {
     os << " " << to_string(p.meta.inputs[k].spec.placements()) << "[" << join(p.meta.inputs[k].spec.shape(), ",") << "]";
     if (p.plans[k]) os << "->" << to_string(p.result.input_targets[k].placements());
   }
   os << " =>";
   for (const OutputLayout& out : p.result.outputs) os << " " << to_string(out.placements);
-  std::cerr << os.str() << "\n";
+  log_line(LogLevel::Info, os.str());
 }
 
 // t, transpose and permute report their input's global strides permuted, as a plain tensor

@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstring>
+#include <sstream>
 #include <unordered_map>
 
 #include "dispatch/dispatch_state.h"
@@ -15,6 +16,7 @@
 #include "rules/kernel_plan.h"
 #include "rules/registry.h"
 #include "shardtensor/dispatch.h"
+#include "shardtensor/log.h"
 #include "spec/sequence_order.h"
 #include "util/strings.h"
 
@@ -281,6 +283,19 @@ Propagation* entry_for(uint64_t key) {
 
 }  // namespace propagation_key
 
+// A propagation made: the operator, each input's layout and the one it runs in, the outputs'.
+static void log_miss(const Propagation& p) {
+  std::ostringstream os;
+  os << "propagation miss: " << p.meta.name << (p.fallback ? " (fallback: gathers its inputs)" : "") << ":";
+  for (size_t k = 0; k < p.meta.inputs.size(); ++k) {
+    os << " " << p.meta.inputs[k].spec.to_string();
+    if (p.plans[k]) os << " -> " << p.result.input_targets[k].to_string();
+  }
+  os << " =>";
+  for (const OutputLayout& out : p.result.outputs) os << " " << to_string(out.placements);
+  log_line(LogLevel::Debug, os.str());
+}
+
 Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const c10::FunctionSchema& schema = op.schema();
   uint64_t key = propagation_key::seed(schema);
@@ -290,6 +305,7 @@ Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
   Propagation* cached = propagation_key::entry_for(key);
   if (cached && matches(*cached, schema, args)) return *cached;
   std::unique_ptr<Propagation> built = build(op, args);
+  if (debug_log_enabled()) log_miss(*built);
   Propagation& ref = *built;
   cache().entries[key] = std::move(built);
   return ref;

@@ -12,6 +12,7 @@
 #include "redistribute/boxes.h"
 #include "redistribute/moves.h"
 #include "redistribute/plan.h"
+#include "shardtensor/log.h"
 #include "redistribute/transport.h"
 #include "shardtensor/redistribute.h"
 #include "spec/placement_checks.h"
@@ -191,8 +192,12 @@ const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const S
   std::lock_guard<std::mutex> lock(cache.mutex);
   PlanKey key{source, target, planner, options};
   auto it = cache.plans.find(key);
-  if (it == cache.plans.end())
+  if (it == cache.plans.end()) {
     it = cache.plans.emplace(std::move(key), plan_redistribute_uncached(source, target, planner, options)).first;
+    if (debug_log_enabled())
+      log_line(LogLevel::Debug, "redistribute plan: " + source.to_string() + " -> " + to_string(target.placements()) + ": " +
+                                    (it->second.empty() ? std::string("nothing moves") : it->second.to_string()));
+  }
   return it->second;  // unordered_map never moves its values, so the reference stays valid
 }
 
