@@ -3,9 +3,11 @@
 #include <c10/util/Exception.h>
 
 #include <memory>
+#include <optional>
 
 #include "bindings.h"
 #include "shardtensor/dispatch.h"
+#include "shardtensor/log.h"
 
 namespace shardtensor::python {
 namespace {
@@ -73,6 +75,34 @@ void bind_dispatch(py::module_& m) {
   m.def("fallback_operators", &fallback_operators);
   m.def("propagated_operators", &propagated_operators);
   m.def("release_cached_layouts", &release_cached_layouts);
+  // The Python logger as the C++ log's sink and filter; None restores stderr (at exit, before
+  // the interpreter that the functions need goes away).
+  m.def(
+      "set_log_sink",
+      [](std::optional<py::function> sink, std::optional<py::function> wants) {
+        if (!sink) return set_log_sink({}, {});
+        auto* write = new py::function(std::move(*sink));  // leaked: see rule_bindings.cpp
+        auto* ask = new py::function(std::move(*wants));
+        set_log_sink(
+            [write](LogLevel level, const std::string& line) {
+              py::gil_scoped_acquire gil;
+              try {
+                (*write)(static_cast<int>(level), line);
+              } catch (py::error_already_set& e) {  // a failing handler must not fail the operator
+                e.discard_as_unraisable("shardtensor log sink");
+              }
+            },
+            [ask](LogLevel level) {
+              py::gil_scoped_acquire gil;
+              try {
+                return (*ask)(static_cast<int>(level)).cast<bool>();
+              } catch (py::error_already_set& e) {
+                e.discard_as_unraisable("shardtensor log filter");
+                return false;
+              }
+            });
+      },
+      py::arg("sink"), py::arg("wants"));
 
   using Replication = Scope<ImplicitReplication>;
   py::class_<Replication>(m, "ImplicitReplication")

@@ -13,6 +13,10 @@ LogSink& sink() {
   static LogSink* s = new LogSink();  // leaked: lines may come from atexit handlers
   return *s;
 }
+LogFilter& filter() {
+  static LogFilter* f = new LogFilter();
+  return *f;
+}
 
 std::atomic<bool>& debug_flag() {
   static std::atomic<bool> flag{[] {
@@ -24,13 +28,23 @@ std::atomic<bool>& debug_flag() {
 
 }  // namespace
 
-void set_log_sink(LogSink s) {
+void set_log_sink(LogSink s, LogFilter wants) {
   std::lock_guard<std::mutex> lock(sink_mutex);
   sink() = std::move(s);
+  filter() = std::move(wants);
 }
 
 void set_debug_log(bool on) { debug_flag() = on; }
-bool debug_log_enabled() { return debug_flag().load(std::memory_order_relaxed); }
+
+bool debug_log_enabled() {
+  if (debug_flag().load(std::memory_order_relaxed)) return true;
+  LogFilter wants;
+  {
+    std::lock_guard<std::mutex> lock(sink_mutex);
+    wants = filter();
+  }
+  return wants && wants(LogLevel::Debug);
+}
 
 void log_line(LogLevel level, const std::string& line) {
   LogSink current;
