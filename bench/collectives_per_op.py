@@ -71,6 +71,19 @@ def cases(world):
     def layer_norm_weight_grad(x, wt, bt):
         return torch.autograd.grad(F.layer_norm(x, (6,), wt, bt).sum(), (x, wt, bt))[1]
 
+    grads = [torch.randn(2 * world, 3, dtype=torch.float64), torch.randn(3, world + 1, dtype=torch.float64)]
+
+    def clip_setup(lib):
+        params = []
+        for grad, placement in zip(grads, (lib.Shard(0), lib.Shard(0))):
+            p = torch.nn.Parameter(lib.distribute(torch.zeros_like(grad), lib.mesh, [placement]))
+            p.grad = lib.distribute(grad, lib.mesh, [placement])
+            params.append(p)
+        return (params,)
+
+    def clip(params):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm=0.5)
+
     def refused(lib):
         # Shard(5) of a 2-d tensor: wrong on every rank alike. The count is what runs before the
         # error; the oracle is the argument itself, returned once the error is seen.
@@ -103,6 +116,9 @@ def cases(world):
         ("vector_norm of S(0) (whole tensor)", 0, "a pending reduction of powers (DTensor's norm Partial)",
          lambda lib: (lib.distribute(g, lib.mesh, [lib.Shard(0)]),), lambda a: torch.linalg.vector_norm(a),
          torch.linalg.vector_norm(g)),
+        ("clip_grad_norm_ of two S(0) gradients", 1,
+         "the gradients' norms and their norm stay pending norms; the clipping factor reads the total once",
+         clip_setup, clip, torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in grads]))),
         ("embedding on a vocab-sharded table S(0)", 0, "each rank looks up its own rows: a masked Partial(sum)",
          lambda lib: (lib.distribute(idx, lib.mesh, [lib.Replicate()]), lib.distribute(table, lib.mesh, [lib.Shard(0)])),
          lambda i, t: F.embedding(i, t), F.embedding(idx, table)),

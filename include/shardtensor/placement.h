@@ -15,8 +15,10 @@
 
 namespace shardtensor {
 
-// The reduction a Partial placement is waiting for.
-enum class ReduceOp : uint8_t { Sum, Avg, Max, Min, Product };
+// The reduction a Partial placement is waiting for. Norm is a pending p-norm (DTensor's
+// _NormPartial): every term holds the p-norm of its part, the value is (sum of terms^p)^(1/p)
+// (Placement::norm_order holds p); it reduces as a sum of p-th powers followed by the root.
+enum class ReduceOp : uint8_t { Sum, Avg, Max, Min, Product, Norm };
 
 const char* to_string(ReduceOp op);
 
@@ -31,6 +33,7 @@ struct Placement {
   Kind kind = Kind::Replicate;
   int64_t tensor_dim = -1;               // meaningful for Shard only
   ReduceOp reduce_op = ReduceOp::Sum;    // meaningful for Partial only
+  double norm_order = 2.0;               // meaningful for Partial(Norm) only: p, finite, not 0 or 1
 
   bool is_shard() const { return kind == Kind::Shard; }
   bool is_shard(int64_t dim) const { return is_shard() && tensor_dim == dim; }
@@ -48,6 +51,9 @@ using Placements = std::vector<Placement>;
 Placement Shard(int64_t tensor_dim);
 Placement Replicate();
 Placement Partial(ReduceOp op = ReduceOp::Sum);
+// A pending p-norm, or the Partial the same pending reduction has where one exists: p = 1 and
+// p = 0 (a count) are sums, +inf a maximum and -inf a minimum of the terms' norms.
+Placement NormPartial(double p);
 
 std::string to_string(const Placement& p);     // "S(0)", "R", "P(sum)"
 std::string to_string(const Placements& ps);   // "[S(0), R]"

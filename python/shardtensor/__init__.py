@@ -15,8 +15,8 @@ import atexit
 
 import torch  # loads libtorch before the extension that links it
 
-from . import _C, _mesh
-from ._placements import Partial, Placement, Replicate, Shard
+from . import _C, _logging, _mesh
+from ._placements import NormPartial, Partial, Placement, Replicate, Shard
 from ._mesh import DeviceMesh, init_device_mesh
 from ._tensor import (
     ShardTensor,
@@ -30,7 +30,9 @@ from ._tensor import (
     to_dtensor,
 )
 from ._factories import empty, full, manual_seed, ones, rand, randn, zeros
-from .context_parallel import set_zigzag_causal, zigzag_causal, zigzag_shard, zigzag_shard_sizes, zigzag_unshard
+from ._register_sharding import register_sharding
+from .context_parallel import (context_parallel, context_parallel_unshard, set_zigzag_causal, zigzag_causal,
+                               zigzag_shard, zigzag_shard_sizes, zigzag_unshard)
 from ._debug import (
     CommDebugMode,
     explain_redistribute,
@@ -51,16 +53,19 @@ install_tensor_methods()
 
 # Caches, meshes and tensors hold c10d backends; at exit they are released while the
 # interpreter and c10d still run (_mesh.shutdown).
+_logging.install()  # the C++ log through logging.getLogger("shardtensor") (TORCH_LOGS=+shardtensor)
+atexit.register(_logging.uninstall)  # runs after shutdown (atexit runs last-in first-out)
 atexit.register(_mesh.shutdown)
 
 built_with_nccl = _C.built_with_nccl
 __version__ = "0.1.0"
 
 __all__ = [
-    "CommDebugMode", "DeviceMesh", "Partial", "Placement", "Replicate", "Shard", "ShardTensor",
-    "built_with_nccl", "describe", "distribute_tensor", "empty", "explain_redistribute", "fallback_operators",
+    "CommDebugMode", "DeviceMesh", "NormPartial", "Partial", "Placement", "Replicate", "Shard", "ShardTensor",
+    "built_with_nccl", "context_parallel", "context_parallel_unshard", "describe", "distribute_tensor", "empty",
+    "explain_redistribute", "fallback_operators",
     "from_dtensor", "from_local", "full", "implicit_replication", "init_device_mesh", "is_shard_tensor",
-    "is_strict", "layout_table", "local_map", "manual_seed", "ones", "propagated_operators", "rand", "randn",
+    "is_strict", "layout_table", "local_map", "manual_seed", "ones", "propagated_operators", "rand", "randn", "register_sharding",
     "scatter_tensor", "set_strict", "set_zigzag_causal", "strict", "to_dtensor", "transport_options", "visualize_sharding", "zeros",
     "zigzag_causal", "zigzag_shard", "zigzag_shard_sizes", "zigzag_unshard",
 ]

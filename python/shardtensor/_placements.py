@@ -6,6 +6,8 @@ Placements cross into C++ as (kind, value) pairs; see python/src/bindings.h.
 
 from __future__ import annotations
 
+import struct
+
 _REDUCE_OPS = ("sum", "avg", "max", "min", "product")
 
 
@@ -88,6 +90,39 @@ class Partial(Placement):
         return f"Partial({self.reduce_op})"
 
 
+class NormPartial(Partial):
+    """A pending p-norm (DTensor's ``_NormPartial``): every rank holds the p-norm of its part, the
+    value is the p-norm of those. What a norm over a split dim gives; it reduces as a sum of p-th
+    powers. p = 0 and 1 are Partial(sum), +-inf Partial(max) / Partial(min)."""
+
+    __slots__ = ("norm_type",)
+
+    def __init__(self, norm_type: float = 2.0):
+        self.reduce_op = "norm"
+        self.norm_type = float(norm_type)
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return reduce_op in (None, "norm")
+
+    def __eq__(self, other):
+        return isinstance(other, NormPartial) and other.norm_type == self.norm_type
+
+    def __hash__(self):
+        return hash(("norm", self.norm_type))
+
+    def __repr__(self):
+        return f"NormPartial(norm_type={self.norm_type:g})"
+
+
+# A NormPartial crosses as (3, the bits of its float p).
+def _bits_of(p: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(p)))[0]
+
+
+def _float_of(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", int(bits)))[0]
+
+
 def encode(placements, mesh_ndim: int | None = None) -> list[tuple[int, int]]:
     """Placements (ours or DTensor's) as the (kind, value) pairs the C++ layer takes."""
     if isinstance(placements, Placement) or not hasattr(placements, "__iter__"):
@@ -100,7 +135,9 @@ def encode(placements, mesh_ndim: int | None = None) -> list[tuple[int, int]]:
     for p in placements:
         if not all(hasattr(p, q) for q in ("is_shard", "is_replicate", "is_partial")):
             raise TypeError(f"{p!r} is not a placement; use Shard(dim), Replicate() or Partial(op)")
-        if p.is_shard():
+        if getattr(p, "norm_type", None) is not None and p.is_partial():  # ours, or DTensor's _NormPartial
+            out.append((3, _bits_of(p.norm_type)))
+        elif p.is_shard():
             out.append((0, int(p.dim)))
         elif p.is_replicate():
             out.append((1, 0))
@@ -120,7 +157,8 @@ def decode(encoded) -> tuple[Placement, ...]:
     key = tuple(encoded)
     cached = _DECODED.get(key)
     if cached is None:
-        cached = tuple(Shard(v) if k == 0 else Replicate() if k == 1 else Partial(_REDUCE_OPS[v]) for k, v in key)
+        cached = tuple(Shard(v) if k == 0 else Replicate() if k == 1 else Partial(_REDUCE_OPS[v]) if k == 2
+                       else NormPartial(_float_of(v)) for k, v in key)
         _DECODED[key] = cached
     return cached
 
@@ -138,5 +176,10 @@ def to_torch(placements):
         else:
             if p.reduce_op == "product":
                 raise ValueError("to_dtensor: DTensor has no Partial(product); redistribute to Replicate first")
+            if isinstance(p, NormPartial):
+                from torch.distributed.tensor._ops._math_ops import _NormPartial
+
+                out.append(_NormPartial(norm_type=p.norm_type))
+                continue
             out.append(TPartial(p.reduce_op))
     return tuple(out)

@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstring>
+
 #include "shardtensor/dispatch.h"
 
 namespace shardtensor::python {
@@ -19,7 +21,14 @@ Placements decode_placements(const EncodedPlacements& encoded) {
                           value, " is not one of sum, avg, max, min, product.");
         placements.push_back(Partial(static_cast<ReduceOp>(value)));
         break;
-      default: TORCH_CHECK_VALUE(false, "placement kind code ", kind, " is not Shard (0), Replicate (1) or Partial (2).");
+      case 3: {  // a pending norm: the bits of its order
+        double p = 0;
+        std::memcpy(&p, &value, sizeof p);
+        placements.push_back(NormPartial(p));
+        break;
+      }
+      default:
+        TORCH_CHECK_VALUE(false, "placement kind code ", kind, " is not Shard (0), Replicate (1), Partial (2) or a norm Partial (3).");
     }
   }
   return placements;
@@ -31,7 +40,11 @@ EncodedPlacements encode_placements(const Placements& placements) {
   for (const Placement& p : placements) {
     if (p.is_shard()) encoded.emplace_back(0, p.tensor_dim);
     else if (p.is_replicate()) encoded.emplace_back(1, 0);
-    else encoded.emplace_back(2, static_cast<int64_t>(p.reduce_op));
+    else if (p.reduce_op == ReduceOp::Norm) {
+      int64_t bits = 0;
+      std::memcpy(&bits, &p.norm_order, sizeof bits);
+      encoded.emplace_back(3, bits);
+    } else encoded.emplace_back(2, static_cast<int64_t>(p.reduce_op));
   }
   return encoded;
 }

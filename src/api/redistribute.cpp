@@ -138,7 +138,7 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
   for (int64_t m = 0; inside && m < mesh.ndim(); ++m) {
     const Placement& p = target->placements()[m];
     if (!p.is_partial() || mesh.coordinate()[m] == root[m]) continue;
-    if (p.reduce_op == ReduceOp::Sum) local.zero_();
+    if (p.reduce_op == ReduceOp::Sum || p.reduce_op == ReduceOp::Norm) local.zero_();
     if (p.reduce_op == ReduceOp::Product) local.fill_(1);
   }
   at::Tensor out = make_shard_tensor(local, *target);

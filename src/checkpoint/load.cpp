@@ -174,7 +174,7 @@ Target target_for(const std::string& name, const at::Tensor& t) {
     for (size_t m = 0; m < sp.placements().size(); ++m) {
       const Placement& p = sp.placements()[m];
       if (!p.is_partial() || coordinate[m] == 0) continue;
-      if (p.reduce_op == ReduceOp::Sum) target.fill = Target::Fill::Zero;
+      if (p.reduce_op == ReduceOp::Sum || p.reduce_op == ReduceOp::Norm) target.fill = Target::Fill::Zero;
       else if (p.reduce_op == ReduceOp::Product && target.fill == Target::Fill::Read) target.fill = Target::Fill::One;
     }
   } else {

@@ -27,6 +27,7 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
     case ReduceOp::Max: return c10d::ReduceOp::MAX;
     case ReduceOp::Min: return c10d::ReduceOp::MIN;
     case ReduceOp::Product: return c10d::ReduceOp::PRODUCT;
+    case ReduceOp::Norm: break;  // reaches the transports only as a sum of powers
   }
   TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
 }

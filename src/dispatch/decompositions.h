@@ -20,7 +20,7 @@ namespace shardtensor {
 at::Tensor circular_pad(const at::Tensor& self, c10::IntArrayRef pad);
 
 // dist(self, other, p) as norm(self - other, p): the difference broadcasts and keeps its
-// layout, and the norm combines local norms by one all-reduce (VectorNormPlan). Also on
+// layout, and the norm is a pending norm of the local norms (no collective). Also on
 // PrivateUse1, where autograd is off (inference mode), so it never gathers.
 at::Tensor dist_as_norm(const at::Tensor& self, const at::Tensor& other, const at::Scalar& p);
 

@@ -91,7 +91,7 @@ void write_back_self(const at::Tensor& self, const ShardTensorSpec& target, cons
   for (size_t m = 0; m < reachable.size(); ++m) {
     const Placement& p = home.placements()[m];
     if (!p.is_partial() || reachable[m].is_partial() || home.mesh().coordinate()[m] == 0) continue;
-    if (p.reduce_op == ReduceOp::Sum) local.zero_();
+    if (p.reduce_op == ReduceOp::Sum || p.reduce_op == ReduceOp::Norm) local.zero_();
     if (p.reduce_op == ReduceOp::Product) local.fill_(1);
   }
 }

@@ -1,5 +1,4 @@
-// A mean and a vector norm over sharded dims: the kernels of GlobalMeanPlan and VectorNormPlan
-// (rules/reduction.h).
+// A mean over sharded dims: the kernel of GlobalMeanPlan (rules/reduction.h).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -22,18 +21,6 @@ LocalKernel GlobalMeanPlan::lower() const {
     } else {
       out.mul_(static_cast<double>(local_count) / static_cast<double>(global_count));
     }
-  };
-}
-
-LocalKernel VectorNormPlan::lower() const {
-  const ReduceOp combine = combine_op();
-  const bool powers = combine == ReduceOp::Sum && p != 0;  // p = 0 counts: a plain sum
-  return [mesh = mesh, mesh_dims = mesh_dims, p = p, combine, powers](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    op.callBoxed(stack);
-    at::Tensor norm = stack->back().toTensor();
-    if (powers) norm.pow_(p);
-    all_reduce_over(mesh, mesh_dims, norm, combine);
-    if (powers) norm.pow_(1.0 / p);
   };
 }
 

@@ -18,6 +18,8 @@
 #include <functional>
 #include <numeric>
 
+#include <optional>
+
 #include "comm/comm.h"
 #include "comm/fingerprint.h"
 #include "redistribute/boxes.h"
@@ -39,8 +41,9 @@ void combine(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Re
     case ReduceOp::Max: at::maximum_out(const_cast<at::Tensor&>(out), a, b); return;
     case ReduceOp::Min: at::minimum_out(const_cast<at::Tensor&>(out), a, b); return;
     case ReduceOp::Product: at::mul_out(const_cast<at::Tensor&>(out), a, b); return;
+    case ReduceOp::Norm: break;  // reduced as a sum of powers (as_sum_of_powers)
   }
-  TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
+  TORCH_INTERNAL_ASSERT(false, "combine: ReduceOp ", to_string(op), " reaches the transports only as a sum");
 }
 
 // Writes the reduction of `own` and the n-1 pieces stacked in `incoming` into `out`: the first
@@ -266,6 +269,14 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
   return local;
 }
 
+// A pending p-norm on `mesh_dim` of `spec` reduces as a sum of the terms' p-th powers, whose root
+// is taken after: the p of that Partial(norm), or nullopt for any other placement.
+std::optional<double> pending_norm(const ShardTensorSpec& spec, int64_t mesh_dim) {
+  const Placement& p = spec.placements()[mesh_dim];
+  if (!p.is_partial() || p.reduce_op != ReduceOp::Norm) return std::nullopt;
+  return p.norm_order;
+}
+
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op) {
   if (tensor.numel() == 0) return;
   for (int64_t m : mesh_dims) {
@@ -297,9 +308,18 @@ at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& 
     const TransferScope transfer(describe_step, &named);
     const StepTransport how = plan.lowered_with == options ? planned.transport : transport_for(step, *current, planned.after, options);
     if (auto* s = std::get_if<AllReduceStep>(&step)) {
-      current_local = all_reduce(current_local, source.mesh(), *s, how);
+      if (const std::optional<double> p = pending_norm(*current, s->mesh_dim)) {
+        current_local = all_reduce(current_local.pow(*p), source.mesh(), AllReduceStep{s->mesh_dim, ReduceOp::Sum}, how).pow_(1.0 / *p);
+      } else {
+        current_local = all_reduce(current_local, source.mesh(), *s, how);
+      }
     } else if (auto* s = std::get_if<ReduceScatterStep>(&step)) {
-      current_local = reduce_scatter(current_local, *current, planned.after, *s, how);
+      if (const std::optional<double> p = pending_norm(*current, s->mesh_dim)) {
+        const ReduceScatterStep as_sum{s->mesh_dim, ReduceOp::Sum, s->tensor_dim};
+        current_local = reduce_scatter(current_local.pow(*p), *current, planned.after, as_sum, how).pow_(1.0 / *p);
+      } else {
+        current_local = reduce_scatter(current_local, *current, planned.after, *s, how);
+      }
     } else if (auto* s = std::get_if<AllGatherStep>(&step)) {
       const Group group = group_along(source.mesh(), s->mesh_dim);
       current_local = how.kind == TransportKind::Collective && how.collective == std::string("all_gather")

@@ -140,7 +140,8 @@ PartialOutcome partial_outcome(const OpMeta& op, PartialPolicy policy, int64_t m
       break;
     case PartialPolicy::Select:
     case PartialPolicy::Overwrite:
-      if (r == ReduceOp::Product) return o;  // a replicated value would count once per term
+      // A replicated value would count once per term of a product; a norm's terms are norms.
+      if (r == ReduceOp::Product || r == ReduceOp::Norm) return o;
       keep_all_alike();
       break;
   }

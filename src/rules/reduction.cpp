@@ -5,12 +5,13 @@
 // per-rank results combine by one collective: sum -> P(sum); mean -> P(sum) of local sums over
 // the GLOBAL count (uneven shards make an average of averages wrong); prod -> P(product);
 // amax/amin -> P(max/min) unless some shard is empty (an empty max has no value). The others
-// (indices, variances, logsumexp, boolean all/any) gather the reduced dims first. A vector
-// norm combines the local norms by one all-reduce of its output (VectorNormPlan), except a
-// negative or infinite norm over a dim with an empty shard (libtorch refuses those of an empty
-// tensor: no identity), which gathers.
+// (indices, variances, logsumexp, boolean all/any) gather the reduced dims first. A p-norm
+// becomes a pending norm of the local norms (NormPartial: P(norm p), or P(sum) for p = 0 and 1,
+// P(max) / P(min) for +-inf: DTensor's _NormPartial), except a negative or infinite norm over a
+// dim with an empty shard (libtorch refuses those of an empty tensor: no identity), which gathers.
 // A Partial input passes through the reductions that distribute over it (passes_through):
-// P(sum/avg) through sum and mean, P(max) through max and amax, P(min) through min and amin.
+// P(sum/avg) through sum and mean, P(max) through max and amax, P(min) through min and amin,
+// P(norm p) through the p-norm (the norm of pending norms: clip_grad_norm_'s norm of norms).
 #include <ATen/core/function_schema.h>
 
 #include <algorithm>
@@ -54,17 +55,19 @@ std::optional<Placement> partial_for(Combine combine, const ShardTensorSpec& spe
     case Combine::Min:
       if (has_empty_piece(spec, tensor_dim)) return std::nullopt;
       return Partial(ReduceOp::Min);
-    case Combine::Norm:  // combined in its kernel (VectorNormPlan)
+    case Combine::Norm:  // its order decides (NormPartial)
     case Combine::Gather:
       return std::nullopt;
   }
   return std::nullopt;
 }
 
-// Whether a Partial(r) input stays Partial(r) through the reduction: sums and means of pending
-// sums or averages, the maximum of pending maxima, the minimum of pending minima, the product
-// of pending products.
-bool passes_through(Combine combine, ReduceOp r) {
+// Whether a Partial input stays so through the reduction: sums and means of pending sums or
+// averages, the maximum of pending maxima, the minimum of pending minima, the product of pending
+// products, the p-norm of pending p-norms (only a real pending norm: a P(sum) input may hold
+// negative terms, whose 1-norm is no sum of theirs).
+bool passes_through(Combine combine, const Placement& partial, double norm_order) {
+  const ReduceOp r = partial.reduce_op;
   switch (combine) {
     case Combine::Sum:
     case Combine::Mean:
@@ -76,6 +79,7 @@ bool passes_through(Combine combine, ReduceOp r) {
     case Combine::Product:
       return r == ReduceOp::Product;
     case Combine::Norm:
+      return r == ReduceOp::Norm && partial.norm_order == norm_order;
     case Combine::Gather:
       return false;
   }
@@ -100,15 +104,13 @@ RuleResult reduction(const OpMeta& op, const ReductionArgs& ra) {
   Placements out_ps = in_ps;
   bool partial_over_sharded = false;
   const double norm_order = ra.combine == Combine::Norm ? norm_order_of(op) : 0;
-  std::vector<int64_t> norm_mesh_dims;  // Combine::Norm: the mesh dims its kernel all-reduces over
   for (size_t m = 0; m < in_ps.size(); ++m) {
     const Placement& p = in_ps[m];
-    if (p.is_partial() && !passes_through(ra.combine, p.reduce_op)) in_ps[m] = out_ps[m] = Replicate();
+    if (p.is_partial() && !passes_through(ra.combine, p, norm_order)) in_ps[m] = out_ps[m] = Replicate();
     if (!p.is_shard() || !reduced(p.tensor_dim)) continue;
     // libtorch refuses a negative or infinite norm of an empty piece (no identity): gathered.
     if (ra.combine == Combine::Norm && !((norm_order < 0 || std::isinf(norm_order)) && has_empty_piece(in, p.tensor_dim))) {
-      out_ps[m] = Replicate();
-      norm_mesh_dims.push_back(static_cast<int64_t>(m));
+      out_ps[m] = NormPartial(norm_order);
     } else if (std::optional<Placement> partial = partial_for(ra.combine, in, p.tensor_dim)) {
       out_ps[m] = *partial;
       partial_over_sharded = true;
@@ -137,7 +139,6 @@ RuleResult reduction(const OpMeta& op, const ReductionArgs& ra) {
     for (int64_t d : dims) count *= in.shape()[d];
     r.kernel_plan = declare(GlobalMeanPlan(dims, count));
   }
-  if (!norm_mesh_dims.empty()) r.kernel_plan = declare(VectorNormPlan(in.mesh(), norm_mesh_dims, norm_order));
   return r;
 }
 
@@ -172,10 +173,6 @@ void register_reduction_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::norm.Scalar", "aten::norm.ScalarOpt_dtype"}) registry.add(name, reduce({Over::AllDims, Combine::Norm}));
   for (const char* name : {"aten::norm.ScalarOpt_dim", "aten::norm.ScalarOpt_dim_dtype", "aten::linalg_vector_norm"})
     registry.add(name, reduce({Over::DimArg, Combine::Norm}));
-}
-
-ReduceOp VectorNormPlan::combine_op() const {
-  return std::isinf(p) ? (p > 0 ? ReduceOp::Max : ReduceOp::Min) : ReduceOp::Sum;
 }
 
 }  // namespace shardtensor

@@ -349,11 +349,13 @@ RuleResult constant_pad_rule(const OpMeta& op) {
   for (const DimSharding& s : self.shardings())
     if (s.tensor_dim >= self.ndim() - padded && s.mesh_dims.size() > 1) nested.push_back(s.tensor_dim);
   // A pending reduction stays pending where every term padded with `value` reduces to `value`:
-  // always for avg, max and min, for sum only when it is 0.
+  // always for avg, max and min, for sum and norm only when it is 0.
   const bool pads_zero = op.arg("value").toScalar().toDouble() == 0.0;
   Placements keep = self.placements();
   for (Placement& p : keep)
-    if (p.is_partial() && (p.reduce_op == ReduceOp::Product || (p.reduce_op == ReduceOp::Sum && !pads_zero))) p = Replicate();
+    if (p.is_partial() && (p.reduce_op == ReduceOp::Product ||
+                           ((p.reduce_op == ReduceOp::Sum || p.reduce_op == ReduceOp::Norm) && !pads_zero)))
+      p = Replicate();
   const ShardTensorSpec in = keep_shared_partials(replicate_tensor_dims(without_partial(self), nested), {with_placements(self, keep)});
   ConstantPadPlan plan(in.mesh());
   OutputLayout out = layout_of(in);

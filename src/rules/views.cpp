@@ -294,7 +294,8 @@ std::vector<ShardTensorSpec> input_specs(const OpMeta& op) {
 // Replicate and the operands of its rank hold one Partial or Replicate, at least one the Partial.
 // Joining moves values without combining them, and a Replicate operand is already a pending
 // avg, max or min of itself (every term holds it) or, counted once, a pending sum (see
-// rules/contribution.h). Not a pending product: every term would multiply it in.
+// rules/contribution.h). Not a pending product (every term would multiply it in) nor a pending
+// norm (a replicated value may be negative; a norm's terms are not).
 ShardTensorSpec join_partials(const ShardTensorSpec& resolved, const std::vector<ShardTensorSpec>& operands) {
   Placements ps = resolved.placements();
   for (size_t m = 0; m < ps.size(); ++m) {
@@ -309,7 +310,8 @@ ShardTensorSpec join_partials(const ShardTensorSpec& resolved, const std::vector
       alike = alike && p.is_partial() && (!shared || *shared == p);
       shared = p;
     }
-    if (alike && shared && !(some_replicate && shared->reduce_op == ReduceOp::Product)) ps[m] = *shared;
+    const bool joins_replicate = shared && (shared->reduce_op == ReduceOp::Product || shared->reduce_op == ReduceOp::Norm);
+    if (alike && shared && !(some_replicate && joins_replicate)) ps[m] = *shared;
   }
   return with_placements(resolved, ps);
 }

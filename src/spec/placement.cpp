@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cmath>
+#include <functional>
 #include <ostream>
 #include <sstream>
 
@@ -14,6 +16,8 @@ void check_reducible(c10::ScalarType dtype, ReduceOp op) {
   TORCH_CHECK_VALUE(!c10::isComplexType(dtype) || op == ReduceOp::Sum || op == ReduceOp::Avg, "Partial(", to_string(op),
               ") of a complex tensor (", dtype, ") cannot be reduced: only Partial(sum) and Partial(avg) are defined for ",
               "complex values.");
+  TORCH_CHECK_VALUE(op != ReduceOp::Norm || c10::isFloatingType(dtype), "Partial(norm) of a ", dtype,
+                    " tensor cannot be reduced: a pending norm takes floating-point values.");
 }
 
 const char* to_string(ReduceOp op) {
@@ -23,6 +27,7 @@ const char* to_string(ReduceOp op) {
     case ReduceOp::Max: return "max";
     case ReduceOp::Min: return "min";
     case ReduceOp::Product: return "product";
+    case ReduceOp::Norm: return "norm";
   }
   return "?";
 }
@@ -31,7 +36,7 @@ bool Placement::operator==(const Placement& other) const {
   if (kind != other.kind) return false;
   switch (kind) {
     case Kind::Shard: return tensor_dim == other.tensor_dim;
-    case Kind::Partial: return reduce_op == other.reduce_op;
+    case Kind::Partial: return reduce_op == other.reduce_op && (reduce_op != ReduceOp::Norm || norm_order == other.norm_order);
     case Kind::Replicate: return true;
   }
   return true;
@@ -41,6 +46,7 @@ size_t Placement::hash() const {
   size_t h = static_cast<size_t>(kind);
   if (is_shard()) h = hash_combine(h, static_cast<size_t>(tensor_dim));
   if (is_partial()) h = hash_combine(h, static_cast<size_t>(reduce_op));
+  if (is_partial() && reduce_op == ReduceOp::Norm) h = hash_combine(h, std::hash<double>()(norm_order));
   return h;
 }
 
@@ -48,11 +54,24 @@ Placement Shard(int64_t tensor_dim) { return Placement{Placement::Kind::Shard, t
 Placement Replicate() { return Placement{}; }
 Placement Partial(ReduceOp op) { return Placement{Placement::Kind::Partial, -1, op}; }
 
+Placement NormPartial(double p) {
+  if (p == 0 || p == 1) return Partial(ReduceOp::Sum);
+  if (std::isinf(p)) return Partial(p > 0 ? ReduceOp::Max : ReduceOp::Min);
+  Placement out = Partial(ReduceOp::Norm);
+  out.norm_order = p;
+  return out;
+}
+
 std::string to_string(const Placement& p) {
   switch (p.kind) {
     case Placement::Kind::Shard: return "S(" + std::to_string(p.tensor_dim) + ")";
     case Placement::Kind::Replicate: return "R";
-    case Placement::Kind::Partial: return std::string("P(") + to_string(p.reduce_op) + ")";
+    case Placement::Kind::Partial: {
+      if (p.reduce_op != ReduceOp::Norm) return std::string("P(") + to_string(p.reduce_op) + ")";
+      std::ostringstream os;
+      os << "P(norm" << p.norm_order << ")";
+      return os.str();
+    }
   }
   return "?";
 }

@@ -207,8 +207,7 @@ std::vector<Case> all_cases() {
                at::linalg_vector_norm(v, 3, {dim}, keepdim) + v.logsumexp({dim}, keepdim) + (v > 0).all(dim, keepdim) +
                (v > 0).any(dim, keepdim);
       }));
-      // Norms combine their local norms by one all-reduce (VectorNormPlan); +-inf over an empty
-      // shard gathers.
+      // Norms are pending norms of the local norms (NormPartial); +-inf over an empty shard gathers.
       cases.push_back(on("norm overloads / orders" + tag, make, [=](const Tensors& x) {
         const at::Tensor& v = x[0];
         return at::norm(v, 1.5, {dim}, keepdim, at::kDouble) + at::linalg_vector_norm(v, INFINITY, {dim}, keepdim) +

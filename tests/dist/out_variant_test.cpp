@@ -88,8 +88,9 @@ TEST(OutVariants, APlainOutTensorWithShardTensorInputsIsRefused) {
                         "result is a ShardTensor");
 }
 
-// The whole-tensor answers of item 7 move only what they must: a norm over a sharded dim one
-// all-reduce of its output (no gather of the input), equal one flag, is_same_size nothing.
+// The whole-tensor answers of item 7 move only what they must: a norm over a sharded dim nothing
+// (a pending norm, resolved by one all-reduce of the output when read), equal one flag,
+// is_same_size nothing.
 TEST(CommunicationOfAnswers, NormEqualAndIsSameSizeMoveOnlyTheAnswer) {
   const DeviceMesh& mesh = test_meshes().front();
   const at::Tensor g = same_randn({6, 5}, 6);
@@ -101,28 +102,33 @@ TEST(CommunicationOfAnswers, NormEqualAndIsSameSizeMoveOnlyTheAnswer) {
   {
     CommDebugMode comms;
     norm = at::linalg_vector_norm(rows, 3, {0});
-    EXPECT_EQ(comms.count("all_reduce"), several) << comms.table();
-    EXPECT_EQ(comms.count("all_gather"), 0) << comms.table();
+    EXPECT_EQ(comms.total(), 0) << comms.table();  // a pending norm of the local norms
   }
   {
     CommDebugMode comms;
     dist = at::dist(rows, copy * 2, 2);
     same = at::equal(rows, copy);
     same_size = at::is_same_size(rows, copy.sum(0));
-    EXPECT_EQ(comms.count("all_reduce"), 2 * several) << comms.table();  // dist's norm, equal's flag
-    EXPECT_EQ(comms.total(), 2 * several) << comms.table();
+    EXPECT_EQ(comms.count("all_reduce"), several) << comms.table();  // equal's flag; dist's norm stays pending
+    EXPECT_EQ(comms.total(), several) << comms.table();
   }
   const at::Tensor tripled = copy * 3;
   std::vector<at::Tensor> norms;
+  at::Tensor total;
   {
-    CommDebugMode comms;  // clip_grad_norm_'s path: one all-reduce per sharded tensor
+    CommDebugMode comms;  // clip_grad_norm_'s path: the norm of the gradients' norms, one all-reduce in all
     norms = at::_foreach_norm({rows, tripled}, 2);
-    EXPECT_EQ(comms.count("all_reduce"), 2 * several) << comms.table();
-    EXPECT_EQ(comms.total(), 2 * several) << comms.table();
+    EXPECT_EQ(comms.total(), 0) << comms.table();
+    total = at::linalg_vector_norm(at::stack(norms), 2);
+    EXPECT_EQ(spec(total).placements(), Placements{NormPartial(2)});
+    total = full_tensor(total);
+    EXPECT_EQ(comms.count("all_reduce"), several) << comms.table();
+    EXPECT_EQ(comms.total(), several) << comms.table();
   }
+  EXPECT_TRUE(at::allclose(total, at::linalg_vector_norm(at::cat({g.flatten(), (g * 3).flatten()}))));
   EXPECT_TRUE(at::allclose(full_tensor(norms[0]), at::linalg_vector_norm(g)));
   EXPECT_TRUE(at::allclose(full_tensor(norms[1]), at::linalg_vector_norm(g * 3)));
-  EXPECT_EQ(spec(norm).placements(), Placements{Replicate()});
+  EXPECT_EQ(spec(norm).placements(), Placements{NormPartial(3)});
   EXPECT_TRUE(at::allclose(full_tensor(norm), at::linalg_vector_norm(g, 3, {0})));
   EXPECT_TRUE(at::allclose(full_tensor(dist), at::dist(g, g * 2, 2)));
   EXPECT_TRUE(same);

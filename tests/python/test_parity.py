@@ -232,3 +232,52 @@ def layer_norm_row_shards_body(rank, world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_layer_norm_on_row_shards_needs_no_collective(world_size):
     run_ranks(layer_norm_row_shards_body, world_size)
+
+
+def pending_norm_body(rank, world_size):
+    """A norm over a split dim is a pending norm of the local norms (DTensor's _NormPartial): no
+    collective until it is read, and the norm of such norms stays pending, so clip_grad_norm_
+    over sharded gradients makes one all-reduce in all."""
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    torch.manual_seed(4)
+    g = torch.randn(11, 3, dtype=torch.float64)
+    sizes = [0] + chunk_sizes(11, world_size - 1) if world_size > 1 else [11]
+    x = st.distribute_tensor(g, mesh, [st.Shard(0)], sharding_shapes={0: sizes}).requires_grad_()
+    with st.CommDebugMode() as comms:
+        n2, n3 = torch.linalg.vector_norm(x), torch.linalg.vector_norm(x, ord=3, dim=0)
+        d = torch.dist(x, x * 2, p=2.5)
+    assert comms.get_total_counts() == 0, comms.get_comm_counts()
+    assert n2.placements == (st.NormPartial(2),) and n3.placements == (st.NormPartial(3),), (n2.placements, n3.placements)
+    assert torch.linalg.vector_norm(x, ord=1).placements == (st.Partial("sum"),)
+    gx = g.clone().requires_grad_()
+    assert_close(n2.full_tensor(), torch.linalg.vector_norm(gx), "2-norm")
+    assert_close(n3.full_tensor(), torch.linalg.vector_norm(gx, ord=3, dim=0), "3-norm over the split dim")
+    assert_close(d.full_tensor(), torch.dist(gx, gx * 2, p=2.5), "dist")
+    (n2 + n3.sum() + d).backward()
+    (torch.linalg.vector_norm(gx) + torch.linalg.vector_norm(gx, ord=3, dim=0).sum() + torch.dist(gx, gx * 2, p=2.5)).backward()
+    assert_close(x.grad.full_tensor(), gx.grad, "gradients through pending norms", rtol=1e-10, atol=1e-12)
+
+    # clip_grad_norm_ over sharded gradients: the gradients' norms, their norm, one all-reduce.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 7, bias=False), torch.nn.Linear(7, 2, bias=False)).double()
+    reference = torch.nn.Sequential(torch.nn.Linear(3, 7, bias=False), torch.nn.Linear(7, 2, bias=False)).double()
+    reference.load_state_dict(model.state_dict())
+    for layer, placement in zip(model, (st.Shard(0), st.Shard(1))):
+        layer.weight = torch.nn.Parameter(st.distribute_tensor(layer.weight.detach(), mesh, [placement]))
+    inputs = torch.randn(5, 3, dtype=torch.float64)
+    with st.implicit_replication():
+        model(inputs).square().sum().backward()
+    reference(inputs).square().sum().backward()
+    with st.CommDebugMode() as comms:
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
+    expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm=0.5)
+    assert comms.get_comm_counts() == ({"all_reduce": 1} if world_size > 1 else {}), comms.get_comm_counts()
+    assert_close(total.full_tensor(), expected, "clip_grad_norm_'s total norm")
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        assert_close(ours.grad.full_tensor(), theirs.grad, "clipped gradient", rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_norms_stay_pending_until_read(world_size):
+    run_ranks(pending_norm_body, world_size)

@@ -128,13 +128,25 @@ TEST(ReductionRules, MeanOverAShardedDimDividesByTheGlobalCountLocally) {
   EXPECT_EQ(a.moves, "none");
 }
 
-TEST(ReductionRules, VectorNormsDeclareHowTheirLocalNormsCombine) {
+TEST(ReductionRules, VectorNormsOverShardsArePendingNormsOfTheLocalNorms) {
   const auto x = spec({4}, {Shard(0)}, {8, 3});
-  auto norm = [&](double p) { return call_rule("aten::linalg_vector_norm", {x, p, std::vector<int64_t>{0}, false, kNone}); };
-  EXPECT_EQ(norm(2.0).moves, "all-reduce(sum) over mesh dim 0");  // of the p-th powers
-  EXPECT_EQ(norm(INFINITY).moves, "all-reduce(max) over mesh dim 0");
-  EXPECT_EQ(norm(-INFINITY).moves, "all-reduce(min) over mesh dim 0");
-  EXPECT_EQ(norm(2.0).outputs, "[R]");
+  auto norm = [&](const ShardTensorSpec& in, double p) {
+    return call_rule("aten::linalg_vector_norm", {in, p, std::vector<int64_t>{0}, false, kNone});
+  };
+  EXPECT_EQ(norm(x, 2.0).outputs, "[P(norm2)]");  // DTensor's _NormPartial: no collective
+  EXPECT_EQ(norm(x, 2.0).moves, "none");
+  EXPECT_EQ(norm(x, 3.5).outputs, "[P(norm3.5)]");
+  EXPECT_EQ(norm(x, 1.0).outputs, "[P(sum)]");     // the same pending reduction, by its usual name
+  EXPECT_EQ(norm(x, 0.0).outputs, "[P(sum)]");     // a count
+  EXPECT_EQ(norm(x, INFINITY).outputs, "[P(max)]");
+  EXPECT_EQ(norm(x, -INFINITY).outputs, "[P(min)]");
+  // The norm of pending norms of the same order stays pending (clip_grad_norm_'s norm of the
+  // gradients' norms); of another order, or of a pending sum (its terms may be negative), it is resolved.
+  const auto pending = spec({4}, {NormPartial(2.0)}, {5});
+  EXPECT_EQ(call_rule("aten::linalg_vector_norm", {pending, 2.0, kNone, false, kNone}).outputs, "[P(norm2)]");
+  EXPECT_EQ(call_rule("aten::linalg_vector_norm", {pending, 2.0, kNone, false, kNone}).targets, "[P(norm2)]");
+  EXPECT_EQ(call_rule("aten::linalg_vector_norm", {pending, 3.0, kNone, false, kNone}).targets, "[R]");
+  EXPECT_EQ(call_rule("aten::linalg_vector_norm", {spec({4}, {Partial()}, {5}), 1.0, kNone, false, kNone}).targets, "[R]");
 }
 
 // ---- matmul ----
