@@ -708,3 +708,32 @@ TEST(RuleFamilies, EveryFamilyHasATestHere) {
     EXPECT_TRUE(found) << "no " << family << "Rules test suite";
   }
 }
+
+// ---- register_sharding: DTensor's acceptable shardings as a rule ----
+
+TEST(RegisterSharding, TakesTheCheapestAcceptableShardingOnEachMeshDim) {
+  // i0e on any one dim or whole, as DTensor's register_sharding example writes softmax's.
+  register_sharding("aten::special_i0e", [](const OpMeta& op) {
+    std::vector<AcceptableSharding> ok{{{Replicate()}, {Replicate()}}};
+    for (int64_t d = 0; d < op.inputs[0].spec.ndim(); ++d) ok.push_back({{Shard(d)}, {Shard(d)}});
+    return ok;
+  });
+  auto i0e = [](const ShardTensorSpec& x) { return call_rule("aten::special_i0e", {x}); };
+  const Answer kept = i0e(spec({4}, {Shard(1)}, {6, 9}));
+  EXPECT_EQ(kept.targets, "[S(1)]{1: 3,3,3,0}");  // already acceptable: nothing moves
+  EXPECT_EQ(kept.outputs, "[S(1)]{1: 3,3,3,0}");  // sizes of the input sharded alike
+  // A pending sum must be resolved: a reduce-scatter to S(0) moves less than an all-reduce to R.
+  EXPECT_EQ(i0e(spec({4}, {Partial()}, {8, 3})).targets, "[S(0)]{0: 2,2,2,2}");
+  // Per mesh dim: [S(0), S(1)] on a 2 x 2 mesh is one acceptable sharding on each.
+  EXPECT_EQ(i0e(spec({2, 2}, {Shard(0), Shard(1)}, {4, 5})).outputs, "[S(0), S(1)]{0: 2,2}{1: 3,2}");
+
+  register_sharding("aten::special_i1e", [](const OpMeta&) {
+    return std::vector<AcceptableSharding>{{{Shard(0)}, {Shard(0), Replicate()}}};  // two inputs for one
+  });
+  try {
+    apply_rule("aten::special_i1e", {spec({4}, {Shard(0)}, {8})});
+    ADD_FAILURE() << "a wrong count of input placements was accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("one per tensor input (1 in this call)"), std::string::npos) << e.what();
+  }
+}
