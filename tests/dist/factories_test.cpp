@@ -148,11 +148,20 @@ TEST(Factories, MetaTensorsAreMaterialisedPieceByPiece) {
       } catch (const c10::Error& e) {
         EXPECT_NE(std::string(e.what_without_backtrace()).find("meta device"), std::string::npos) << e.what_without_backtrace();
       }
-      // So does a kernel that moves data mid-op (a norm's reduction over the shards).
-      bool rows_split = false;
-      for (int64_t m = 0; m < mesh.ndim(); ++m) rows_split = rows_split || (ps[m].is_shard(0) && mesh.size(m) > 1);
-      if (rows_split)
-        EXPECT_ERROR_CONTAINS(at::linalg_vector_norm(x), "meta device", "moves data between ranks", "Materialise");
+      // So does a kernel that moves data mid-op (layer norm's statistics over split rows); a norm
+      // over the shards moves nothing (a pending norm of meta pieces) until it is read.
+      bool rows_split = false, cols_split = false;
+      for (int64_t m = 0; m < mesh.ndim(); ++m) {
+        rows_split = rows_split || (ps[m].is_shard(0) && mesh.size(m) > 1);
+        cols_split = cols_split || (ps[m].is_shard(1) && mesh.size(m) > 1);
+      }
+      if (cols_split)
+        EXPECT_ERROR_CONTAINS(at::layer_norm(x, {6}), "meta device", "moves data between ranks", "Materialise");
+      if (rows_split) {
+        const at::Tensor norm = at::linalg_vector_norm(x);
+        EXPECT_TRUE(to_local(norm).is_meta());
+        EXPECT_ERROR_CONTAINS(full_tensor(norm), "meta device");
+      }
       at::Tensor real = at::empty_like(x, at::TensorOptions().device(mesh.device()));
       ASSERT_TRUE(is_shard_tensor(real));
       EXPECT_EQ(spec(real).placements(), ps);
