@@ -47,6 +47,7 @@ from ._debug import (
     transport_options,
     visualize_sharding,
 )
+from .parallel.api import distribute_module
 
 install_tensor_methods()
 
@@ -62,7 +63,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CommDebugMode", "DeviceMesh", "NormPartial", "Partial", "Placement", "Replicate", "Shard", "ShardTensor",
-    "built_with_nccl", "context_parallel", "context_parallel_unshard", "describe", "distribute_tensor", "empty",
+    "built_with_nccl", "context_parallel", "context_parallel_unshard", "describe", "distribute_module", "distribute_tensor", "empty",
     "explain_redistribute", "fallback_operators",
     "from_dtensor", "from_local", "full", "implicit_replication", "init_device_mesh", "is_shard_tensor",
     "is_strict", "layout_table", "local_map", "manual_seed", "ones", "propagated_operators", "rand", "randn", "register_sharding",

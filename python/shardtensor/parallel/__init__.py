@@ -1,0 +1,14 @@
+"""DTensor's tensor-parallel module API (torch.distributed.tensor.parallel) over ShardTensors,
+where a mesh that does not divide a size gives uneven pieces instead of an error:
+
+    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    model = parallelize_module(model, mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+"""
+
+from .api import distribute_module, parallelize_module
+from .loss import loss_parallel
+from .style import (ColwiseParallel, ParallelStyle, PrepareModuleInput, PrepareModuleInputOutput, PrepareModuleOutput,
+                    RowwiseParallel, SequenceParallel)
+
+__all__ = ["ColwiseParallel", "ParallelStyle", "PrepareModuleInput", "PrepareModuleInputOutput", "PrepareModuleOutput",
+           "RowwiseParallel", "SequenceParallel", "distribute_module", "loss_parallel", "parallelize_module"]
