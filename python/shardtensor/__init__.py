@@ -48,6 +48,7 @@ from ._debug import (
     visualize_sharding,
 )
 from .parallel.api import distribute_module
+from ._sync import sync_module_over_mesh
 
 install_tensor_methods()
 
@@ -67,6 +68,6 @@ __all__ = [
     "explain_redistribute", "fallback_operators",
     "from_dtensor", "from_local", "full", "implicit_replication", "init_device_mesh", "is_shard_tensor",
     "is_strict", "layout_table", "local_map", "manual_seed", "ones", "propagated_operators", "rand", "randn", "register_sharding",
-    "scatter_tensor", "set_strict", "set_zigzag_causal", "strict", "to_dtensor", "transport_options", "visualize_sharding", "zeros",
+    "scatter_tensor", "set_strict", "sync_module_over_mesh", "set_zigzag_causal", "strict", "to_dtensor", "transport_options", "visualize_sharding", "zeros",
     "zigzag_causal", "zigzag_shard", "zigzag_shard_sizes", "zigzag_unshard",
 ]

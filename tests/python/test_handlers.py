@@ -82,10 +82,6 @@ def physicsnemo_body(rank, world_size):
     assert dict(ShardTensor._dispatch_registry) == {} and dict(ShardTensor._function_registry) == {}
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_physicsnemo_registration_example(world_size):
-    run_ranks(physicsnemo_body, world_size)
-
 
 # ---- a dispatch handler: below autograd, gradients from the operator's own formula ------------
 
@@ -125,10 +121,6 @@ def dispatch_handler_body(rank, world_size):
     assert_close((x * y).full_tensor(), g * w, "after removal")
     assert calls == []
 
-
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_dispatch_handler_values_and_gradients(world_size):
-    run_ranks(dispatch_handler_body, world_size)
 
 
 # ---- function handlers: above autograd, differentiable ops or an autograd.Function ----------
@@ -197,10 +189,6 @@ def function_handler_body(rank, world_size):
         ShardTensor._named_function_registry.clear()
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_function_handlers_compose_with_autograd(world_size):
-    run_ranks(function_handler_body, world_size)
-
 
 # ---- strict mode: a handler is not a fallback ------------------------------------------------
 
@@ -227,10 +215,6 @@ def strict_body(rank, world_size):
     with pytest.raises(NotImplementedError, match="special_i0e"):
         op(x)
 
-
-@pytest.mark.parametrize("world_size", [1, 3])
-def test_handlers_in_strict_mode(world_size):
-    run_ranks(strict_body, world_size)
 
 
 # ---- a custom operator's named handler --------------------------------------------------------
@@ -261,10 +245,6 @@ def custom_op_body(rank, world_size):
     assert_close(out.full_tensor(), g * 3, "custom op through its handler")
     assert_close(x.grad.full_tensor(), torch.full_like(g, 3.0), "its gradient")
 
-
-@pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_named_handler_for_a_custom_op(world_size):
-    run_ranks(custom_op_body, world_size)
 
 
 # ---- bad input: the same clear error on every rank --------------------------------------------
@@ -302,10 +282,6 @@ def bad_input_body(rank, world_size):
     assert_close((-x).full_tensor(), -torch.arange(8.0), "the rule again")
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_bad_handlers_raise_on_every_rank(world_size):
-    run_ranks(bad_input_body, world_size)
-
 
 # ---- the example: neighbourhood attention over a split sequence ------------------------------
 
@@ -315,10 +291,6 @@ def example_body(rank, world_size):
 
     example.main()
 
-
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_neighbourhood_attention_example(world_size):
-    run_ranks(example_body, world_size)
 
 
 # ---- register_sharding ---------------------------------------------------------------------------
@@ -374,6 +346,15 @@ def register_sharding_body(rank, world_size):
         register_sharding(aten.matmul.default)
 
 
+# One launch per world size runs every body in turn (each cleans up the handlers it registered;
+# register_sharding's, which replace rules for good, come last): spawning ranks is most of a
+# multi-rank test's time on CI's two cores.
+def all_bodies(rank, world_size):
+    for body in (physicsnemo_body, dispatch_handler_body, function_handler_body, strict_body, custom_op_body,
+                 bad_input_body, example_body, register_sharding_body):
+        body(rank, world_size)
+
+
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_register_sharding_dtensor_example(world_size):
-    run_ranks(register_sharding_body, world_size)
+def test_handlers_and_register_sharding(world_size):
+    run_ranks(all_bodies, world_size, timeout=600)
