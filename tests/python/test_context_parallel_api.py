@@ -75,10 +75,17 @@ def attention_body(rank, world_size, causal):
     assert not st._C.zigzag_causal(mesh._cpp, 0)
 
 
+def attention_and_restore_body(rank, world_size):
+    # One launch per world size (spawning ranks is most of a test's time on CI's two cores).
+    for causal in (True, False):
+        attention_body(rank, world_size, causal)
+    if world_size in (1, 3):
+        restore_body(rank, world_size)
+
+
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_dtensor_usage_matches_one_process(world_size, causal):
-    run_ranks(attention_body, world_size, causal)
+def test_dtensor_usage_matches_one_process_and_buffers_are_restored(world_size):
+    run_ranks(attention_and_restore_body, world_size, timeout=600)
 
 
 def restore_body(rank, world_size):
@@ -112,10 +119,6 @@ def restore_body(rank, world_size):
         assert F.scaled_dot_product_attention is not original
     assert F.scaled_dot_product_attention is original
 
-
-@pytest.mark.parametrize("world_size", [1, 3])
-def test_buffers_are_restored_on_exit(world_size):
-    run_ranks(restore_body, world_size)
 
 
 def errors_body(rank, world_size):
