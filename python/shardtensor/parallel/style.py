@@ -116,7 +116,23 @@ class ParallelStyle(abc.ABC):
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module: ...
 
 
-class ColwiseParallel(ParallelStyle):
+class _LinearStyle(ParallelStyle):
+    """What ColwiseParallel and RowwiseParallel share: nn.Linear / nn.Embedding only, partitioned by
+    ``_partition``, inputs by ``_prepare_input``, outputs to ``output_layouts``."""
+
+    def _prepare_output(self, module, outputs, mesh):
+        return _output(outputs, mesh, self.output_layouts[0], self.use_local_output)
+
+    def _apply(self, module, device_mesh):
+        _supported(type(self).__name__, module)
+        return distribute_module(module, device_mesh, self._partition, self._prepare_input, self._prepare_output)
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
+                f"use_local_output={self.use_local_output})")
+
+
+class ColwiseParallel(_LinearStyle):
     """Splits nn.Linear's output features (weight and bias Shard(0)) or nn.Embedding's embedding
     dim (weight Shard(1)). Input: ``input_layouts`` (default Replicate()), redistributed to
     Replicate. Output: Shard(-1), redistributed to ``output_layouts`` (default Shard(-1)),
@@ -138,19 +154,9 @@ class ColwiseParallel(ParallelStyle):
         x = _as_shard_tensor(inputs[0], mesh, self.input_layouts[0])
         return (_redistributed(x, mesh, self.desired_input_layouts[0]), *inputs[1:])
 
-    def _prepare_output(self, module, outputs, mesh):
-        return _output(outputs, mesh, self.output_layouts[0], self.use_local_output)
-
-    def _apply(self, module, device_mesh):
-        _supported("ColwiseParallel", module)
-        return distribute_module(module, device_mesh, self._partition, self._prepare_input, self._prepare_output)
-
-    def __repr__(self):
-        return (f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
-                f"use_local_output={self.use_local_output})")
 
 
-class RowwiseParallel(ParallelStyle):
+class RowwiseParallel(_LinearStyle):
     """Splits nn.Linear's input features (weight Shard(1), bias Replicate) or nn.Embedding's
     vocabulary (weight Shard(0): each rank looks up its own rows into a pending sum). Input:
     ``input_layouts`` (default Shard(-1), pieces sized as the weight's), redistributed to Shard(-1)
@@ -184,16 +190,6 @@ class RowwiseParallel(ParallelStyle):
         x = _as_shard_tensor(x, mesh, layout, sizes if splits_last else None)
         return (_redistributed(x, mesh, Shard(-1), sizes), *inputs[1:])
 
-    def _prepare_output(self, module, outputs, mesh):
-        return _output(outputs, mesh, self.output_layouts[0], self.use_local_output)
-
-    def _apply(self, module, device_mesh):
-        _supported("RowwiseParallel", module)
-        return distribute_module(module, device_mesh, self._partition, self._prepare_input, self._prepare_output)
-
-    def __repr__(self):
-        return (f"{type(self).__name__}(input_layouts={self.input_layouts}, output_layouts={self.output_layouts}, "
-                f"use_local_output={self.use_local_output})")
 
 
 class SequenceParallel(ParallelStyle):
