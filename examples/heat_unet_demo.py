@@ -7,9 +7,13 @@ Usage (from the repository root):
     shardrun -n 4 .venv/bin/python examples/heat_unet_demo.py                  H split over 4 ranks, unevenly
     shardrun -n 4 .venv/bin/python examples/heat_unet_demo.py --mesh 2x2       H and W split over a 2 x 2 mesh
     .venv/bin/torchrun --nproc-per-node 4 examples/heat_unet_demo.py --mesh 2x2
+    shardrun -n 4 .venv/bin/python examples/heat_unet_demo.py --dp 2           DDP over 2 x H split over 2
+    shardrun -n 4 .venv/bin/python examples/heat_unet_demo.py --dp 2 --fsdp    the same with torch's FSDP2
     .venv/bin/python examples/heat_unet_demo.py                                one process (a mesh of 1)
 
     options: --steps N (20)  --out DIR (demo_output/python)  --mesh N | AxB (default: all ranks on one dim)
+             --dp N: data parallel over a "dp" mesh axis of N times domain parallel over "domain"
+             --fsdp: with --dp, torch's FSDP2 (fully_shard) instead of DDP
 
 (`shardrun` is .venv/bin/shardrun, or build-torch2/tools/shardrun/shardrun.)
 
@@ -17,7 +21,11 @@ Every layer is ordinary torch.nn (Conv2d, GroupNorm, MaxPool2d, BatchNorm2d, Ups
 torch.cat for the skip connection, mse_loss, torch.optim.Adam) in double precision; the sharded
 run differs from the single-process one only in its inputs, parameters and buffers being
 ShardTensors (inputs split over H, or H and W, with explicitly uneven shard sizes; parameters
-Replicate). Rank 0 trains an identical copy of the model (same initial weights) on one process
+Replicate). With --dp N it follows PhysicsNeMo's recipe instead: the weights stay plain tensors
+(a plain weight next to ShardTensors counts as Replicate, and its gradient is reduced once per
+backward over "domain"), each "dp" group trains on its own batch, and torch's DDP (or FSDP2 with
+--fsdp) averages over "dp"; the one-process model then steps on the mean of the groups' losses.
+Rank 0 trains an identical copy of the model (same initial weights) on one process
 beside it and prints, per step, both losses, their relative difference, the sharded step's time
 and its collectives (CommDebugMode). At the end rank 0 writes four figures to --out:
 
@@ -56,7 +64,16 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     p.add_argument("--out", default="demo_output/python", help="folder for the figures (default demo_output/python)")
     p.add_argument("--mesh", default=None, help="mesh shape: N or AxB (default: every rank on one mesh dim)")
+    p.add_argument("--dp", type=int, default=None,
+                   help="data parallel over N groups (torch's DDP) times domain parallel (H split) in each")
+    p.add_argument("--fsdp", action="store_true", help="with --dp: torch's FSDP2 (fully_shard) instead of DDP")
     args = p.parse_args(argv)
+    if args.dp is not None and args.mesh is not None:
+        p.error("--dp and --mesh are exclusive: --dp N makes an N x (ranks / N) (dp, domain) mesh")
+    if args.fsdp and args.dp is None:
+        p.error("--fsdp needs --dp N")
+    if args.dp is not None and args.dp < 1:
+        p.error("--dp must be at least 1")
     if args.mesh is not None:
         try:
             args.mesh = tuple(int(part) for part in args.mesh.lower().split("x"))
@@ -219,6 +236,11 @@ def main(argv=None) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.dp is not None:
+        if world % args.dp:
+            print(f"--dp {args.dp} does not divide the {world} ranks", file=sys.stderr)
+            return 2
+        return main_data_parallel(args, world)
     mesh_shape = args.mesh or (world,)
     mesh = st.init_device_mesh("cpu", mesh_shape)
     root = mesh.get_rank() == 0
@@ -284,6 +306,90 @@ def main(argv=None) -> int:
             if step == 0:
                 first_table = (comms.get_comm_counts(), comms.table())
 
+    return report(args, root, prediction, single_prediction if root else None, first_table, worst,
+                  sharded_losses, single_losses, targets, mesh_text)
+
+
+def main_data_parallel(args, world) -> int:
+    """PhysicsNeMo's recipe: plain weights, activations split over "domain", torch's DDP (or
+    FSDP2) over "dp"; each dp group trains on its own batch."""
+    from torch.distributed.fsdp import fully_shard
+
+    dp = args.dp
+    mesh = st.init_device_mesh("cpu", (dp, world // dp), mesh_dim_names=("dp", "domain"))
+    domain = mesh["domain"]
+    root = mesh.get_rank() == 0
+    group = mesh.get_coordinate()[0]
+    sizes = {2: uneven_split(HEIGHT, domain.size())}
+    layout = [st.Shard(2)]
+    wrapper = "FSDP2" if args.fsdp else "DDP"
+    mesh_text = f"{wrapper} over dp={dp} x H split over domain={domain.size()}"
+
+    fields, targets = heat_dataset()
+    torch.manual_seed(11)
+    single_model = UNet()
+    model = copy.deepcopy(single_model)  # plain weights, the same initial values
+    st.sync_module_over_mesh(model, domain)  # what PhysicsNeMo's recipe does; a no-op here
+    if args.fsdp:
+        fully_shard(model, mesh=mesh["dp"])  # shardtensor's mesh is a torch DeviceMesh too
+        sharded_model = model
+    else:
+        sharded_model = nn.parallel.DistributedDataParallel(model, process_group=mesh["dp"].get_group())
+    single_opt = torch.optim.Adam(single_model.parameters(), lr=3e-3)
+    sharded_opt = torch.optim.Adam(sharded_model.parameters(), lr=3e-3)
+
+    def batch(step, g):
+        first = ((step * dp + g) * BATCH) % FIELDS
+        return fields[first:first + BATCH], targets[first:first + BATCH]
+
+    if root:
+        print(f"U-Net on a {HEIGHT} x {WIDTH} heat field, batch {BATCH} per dp group, {mesh_text} "
+              f"({world} ranks), plain weights, torch {torch.__version__}")
+        print(" step   sharded loss    single loss   rel. diff   ms/step  collectives")
+    sharded_losses, single_losses = [], []
+    worst, first_table, single_prediction = 0.0, None, None
+    for step in range(args.steps):
+        if root:  # one process: the mean of the dp groups' losses, as DDP averages their gradients
+            single_opt.zero_grad()
+            predictions = [single_model(batch(step, g)[0]) for g in range(dp)]
+            loss = sum(F.mse_loss(pred, batch(step, g)[1]) for g, pred in enumerate(predictions)) / dp
+            loss.backward()
+            single_opt.step()
+            single_loss = loss.item()
+            single_prediction = predictions[0].detach()  # dp group 0's, which rank 0 holds
+        u, target = batch(step, group)
+        su = st.distribute_tensor(u, domain, layout, sharding_shapes=sizes)
+        starget = st.distribute_tensor(target, domain, layout, sharding_shapes=sizes)
+        with st.CommDebugMode() as comms:
+            t0 = time.perf_counter()
+            sharded_opt.zero_grad()
+            prediction = sharded_model(su)
+            loss = F.mse_loss(prediction, starget)
+            loss.backward()
+            sharded_opt.step()
+            ms = (time.perf_counter() - t0) * 1e3
+        group_loss = loss.full_tensor().detach().reshape(1)
+        dist.all_reduce(group_loss, group=mesh["dp"].get_group())  # the groups' mean, for the table
+        sharded_loss = group_loss.item() / dp
+        prediction = prediction.detach()
+        if root:
+            rel = abs(sharded_loss - single_loss) / abs(single_loss)
+            worst = max(worst, rel)
+            sharded_losses.append(sharded_loss)
+            single_losses.append(single_loss)
+            print(f"{step:5d}  {sharded_loss:13.6e}  {single_loss:13.6e}  {rel:10.2e}  {ms:8.1f}  "
+                  f"{comms.get_total_counts():11d}", flush=True)
+            if step == 0:
+                first_table = (comms.get_comm_counts(), comms.table())
+    first = ((args.steps - 1) * dp * BATCH) % FIELDS
+    return report(args, root, prediction, single_prediction, first_table, worst, sharded_losses, single_losses,
+                  targets, mesh_text, first_field=first)
+
+
+def report(args, root, prediction, single_prediction, first_table, worst, sharded_losses, single_losses, targets,
+           mesh_text, first_field=None) -> int:
+    """Checks the final prediction against one process's, prints the summary, writes the figures;
+    every rank exits with rank 0's verdict."""
     # The final prediction, gathered (a collective: every rank takes part), against one process's.
     shard_sizes = prediction.shard_sizes()
     full_prediction = prediction.full_tensor()
@@ -305,7 +411,7 @@ def main(argv=None) -> int:
             print(f"FAILED: the final prediction differs from one process's by {pred_rel:.3e} (relative)",
                   file=sys.stderr)
             ok = False
-        first = ((args.steps - 1) * BATCH) % FIELDS
+        first = ((args.steps - 1) * BATCH) % FIELDS if first_field is None else first_field
         paths = write_figures(args.out, targets[first, 0], full_prediction[0, 0], shard_sizes, sharded_losses,
                               single_losses, mesh_text)
         for path, what in paths:

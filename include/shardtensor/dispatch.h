@@ -2,7 +2,7 @@
 // custom sharding rules, local_map and the debug tools.
 //
 //   shardtensor::set_strict(true);          // or SHARDTENSOR_STRICT=1: no silent fallback
-//   { shardtensor::ImplicitReplication scope; y = x + plain_bias; }  // plain tensors as Replicate
+//   y = x + plain_bias;                     // plain tensors count as Replicate (implicit replication)
 //   shardtensor::CommDebugMode comms;  ...;  std::cout << comms.table();
 //   SHARDTENSOR_LOG=1                       // one line per operator: placements in, moves, out
 #pragma once
@@ -47,10 +47,19 @@ void release_cached_layouts();
 void register_kernels();
 
 // ---- Implicit replication ----------------------------------------------------------------
-// Plain tensors next to ShardTensors are an error, except 0-d and single-element ones, which
-// count as Replicate. Inside this scope (per thread) every plain tensor counts as Replicate:
-// each rank must then hold the same value. The same holds while autograd runs a backward pass,
+// A plain tensor next to ShardTensors counts as Replicate on their mesh, as in PhysicsNeMo:
+// each rank must then hold the same value (plain weights beside sharded activations). Its
+// gradient stays plain: a plain tensor that requires grad gets, on its autograd leaf, a hook
+// that turns the gradient autograd has summed over every use into the full value, one
+// reduction per leaf per backward over the mesh dims the activations are sharded or partial on.
+//
+// set_implicit_replication(false) (or SHARDTENSOR_IMPLICIT_REPLICATION=0) restores DTensor's
+// refusal: plain tensors other than 0-d and single-element ones are then an error, except
+// inside an ImplicitReplication scope (per thread) and while autograd runs a backward pass,
 // where plain tensors come from libtorch's own formulas (zeros for an unused split piece).
+void set_implicit_replication(bool enabled);
+bool is_implicit_replication();
+
 class ImplicitReplication {
  public:
   ImplicitReplication();

@@ -46,9 +46,24 @@ def transport_options(transport=None, *, peer_memory=None, peer_copy_bytes=None)
         scope.exit()
 
 
+def set_implicit_replication(enabled: bool) -> None:
+    """Whether plain tensors next to ShardTensors count as Replicate on their mesh (on by
+    default, as in PhysicsNeMo; SHARDTENSOR_IMPLICIT_REPLICATION=0 starts it off). Off restores
+    DTensor's refusal: such a tensor raises, except 0-d and single-element ones and inside
+    ``implicit_replication()``. A plain tensor that requires grad keeps a plain gradient, the
+    one-process value, reduced once per backward over the mesh dims the activations are split on."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_implicit_replication: expected True or False, got {enabled!r}")
+    _C.set_implicit_replication(enabled)
+
+
+is_implicit_replication = _C.is_implicit_replication
+
+
 @contextlib.contextmanager
 def implicit_replication():
-    """Within the block (this thread), plain tensors next to ShardTensors count as Replicate."""
+    """Within the block (this thread), plain tensors next to ShardTensors count as Replicate,
+    whatever set_implicit_replication() says."""
     scope = _C.ImplicitReplication()
     scope.enter()
     try:

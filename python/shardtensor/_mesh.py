@@ -15,6 +15,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh as _TorchDeviceMesh
 
 from . import _C
 
@@ -60,7 +61,7 @@ def _ensure_process_group(device_type: str) -> None:
                            f"them agree")
 
 
-class DeviceMesh:
+class DeviceMesh(_TorchDeviceMesh):
     """An n-d array of ranks with one process group per slice along each mesh dim.
 
     ``DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))`` lays the given global
@@ -70,6 +71,11 @@ class DeviceMesh:
     pieces, ops on them keep global shapes and placements without computing or communicating,
     and what needs values (``item()``) raises. ``init_device_mesh`` builds the usual mesh over
     the whole world.
+
+    It is a torch ``DeviceMesh`` too, so torch's own APIs take it as PhysicsNeMo's code passes
+    it (``fully_shard(model, mesh=mesh["dp"])``, torch's ``distribute_tensor``): the public
+    methods are ours, and the internals torch's code reads come from torch's mesh over the same
+    process groups (``to_torch()``), built on the first such read.
     """
 
     def __init__(self, device_type: str, mesh, *, mesh_dim_names=None):
@@ -152,6 +158,13 @@ class DeviceMesh:
                 self._groups if self.ndim > 1 else self._groups[0], self.device_type,
                 mesh=self.mesh if self.ndim > 1 else None, mesh_dim_names=self.mesh_dim_names)
         return self._torch_mesh
+
+    def __getattr__(self, name: str):
+        # Reached only for names this class and torch's do not define as such: torch's private
+        # state (_layout, _root_mesh, ...), which its inherited methods and its FSDP read.
+        if name.startswith("__") or name in ("_cpp", "_torch_mesh", "_groups"):
+            raise AttributeError(name)
+        return getattr(self.to_torch(), name)
 
     def __getitem__(self, name: str) -> "DeviceMesh":
         """The 1-d mesh along the named dim through this rank (mesh['tp'])."""

@@ -104,6 +104,8 @@ void bind_dispatch(py::module_& m) {
       },
       py::arg("sink"), py::arg("wants"));
 
+  m.def("set_implicit_replication", &set_implicit_replication, py::arg("enabled"));
+  m.def("is_implicit_replication", &is_implicit_replication);
   using Replication = Scope<ImplicitReplication>;
   py::class_<Replication>(m, "ImplicitReplication")
       .def(py::init<>())

@@ -24,6 +24,12 @@ std::atomic<bool>& strict_flag() {
   return flag;
 }
 
+std::atomic<bool>& implicit_replication_flag() {
+  const char* v = std::getenv("SHARDTENSOR_IMPLICIT_REPLICATION");
+  static std::atomic<bool> flag{!v || std::string(v) != "0"};
+  return flag;
+}
+
 thread_local bool implicit_replication = false;
 
 std::mutex records_mutex;
@@ -57,6 +63,9 @@ std::vector<std::string> fallback_operators() {
   return {fallbacks().begin(), fallbacks().end()};
 }
 
+void set_implicit_replication(bool enabled) { implicit_replication_flag() = enabled; }
+bool is_implicit_replication() { return implicit_replication_flag(); }
+
 ImplicitReplication::ImplicitReplication() : previous_(implicit_replication) { implicit_replication = true; }
 ImplicitReplication::~ImplicitReplication() { implicit_replication = previous_; }
 
@@ -64,7 +73,8 @@ ImplicitReplication::~ImplicitReplication() { implicit_replication = previous_; 
 // formulas from global sizes (split's backward fills unused pieces with at::zeros, sgn's
 // gradient is a zero tensor), the same on every rank: a replicated value by construction.
 bool implicit_replication_active() {
-  return implicit_replication || torch::autograd::get_current_graph_task_exec_info() != nullptr;
+  return implicit_replication || implicit_replication_flag() ||
+         torch::autograd::get_current_graph_task_exec_info() != nullptr;
 }
 
 bool log_enabled() {

@@ -6,7 +6,7 @@
 
 namespace shardtensor {
 
-// An ImplicitReplication scope, or autograd's backward running on this thread.
+// The process-wide setting, an ImplicitReplication scope, or autograd's backward on this thread.
 bool implicit_replication_active();
 bool log_enabled();  // SHARDTENSOR_LOG=1
 

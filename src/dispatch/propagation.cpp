@@ -4,13 +4,16 @@
 #include "dispatch/propagation_key.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <unordered_map>
 
 #include "dispatch/dispatch_state.h"
 #include "dispatch/kernel.h"
+#include "dispatch/plain_gradients.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "rules/helpers.h"
 #include "rules/kernel_plan.h"
@@ -191,8 +194,10 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
     }
     TORCH_CHECK(t.numel() == 1 || implicit_replication_active(), meta.name, ": got a plain ", t.dim(), "-d tensor of shape [",
                 join(t.sizes().vec(), ", "), "] (argument '", schema.arguments()[i].name(),
-                "') next to ShardTensors; only 0-d and single-element plain tensors count as Replicate. Wrap it with "
-                "from_local() or distribute_tensor(), or use a shardtensor::ImplicitReplication scope.");
+                "') next to ShardTensors while implicit replication is off (set_implicit_replication(false) or "
+                "SHARDTENSOR_IMPLICIT_REPLICATION=0); only 0-d and single-element plain tensors count as Replicate. Wrap "
+                "it with from_local() or distribute_tensor(), or open an ImplicitReplication scope "
+                "(Python: st.implicit_replication()).");
     meta.inputs.push_back({ShardTensorSpec(*mesh, Placements(mesh->ndim(), Replicate()), t.sizes().vec(), t.scalar_type()), i, true});
   });
 
@@ -283,6 +288,17 @@ Propagation* entry_for(uint64_t key) {
 
 }  // namespace propagation_key
 
+// Plain inputs that require grad (plain weights beside sharded activations) get their leaves'
+// gradient hook on every call, cached or not: one module's cached propagation serves the
+// next module's weights too.
+static void keep_plain_gradients(const Propagation& p, c10::ArrayRef<c10::IValue> args) {
+  const auto plain = [](const TensorInput& in) { return in.plain; };
+  if (!at::GradMode::is_enabled() || std::none_of(p.meta.inputs.begin(), p.meta.inputs.end(), plain)) return;
+  for_each_input_tensor(*p.meta.schema, args, [](const at::Tensor& t, size_t) {
+    if (t.requires_grad() && !shard_tensor_impl(t)) keep_gradient_plain(t);
+  });
+}
+
 // A propagation made: the operator, each input's layout and the one it runs in, the outputs'.
 static void log_miss(const Propagation& p) {
   std::ostringstream os;
@@ -303,11 +319,15 @@ Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
     key = propagation_key::mix(key, is_out_argument(schema, i) ? propagation_key::kOutArgumentHash : hash_argument(args[i]));
 
   Propagation* cached = propagation_key::entry_for(key);
-  if (cached && matches(*cached, schema, args)) return *cached;
+  if (cached && matches(*cached, schema, args)) {
+    keep_plain_gradients(*cached, args);
+    return *cached;
+  }
   std::unique_ptr<Propagation> built = build(op, args);
   if (debug_log_enabled()) log_miss(*built);
   Propagation& ref = *built;
   cache().entries[key] = std::move(built);
+  keep_plain_gradients(ref, args);
   return ref;
 }
 

@@ -41,6 +41,7 @@ using C10dBackend = c10d::ProcessGroup;
 #define SHARDTENSOR_GLOO_HAS_REDUCE_SCATTER 0
 #endif
 
+#include <ATen/core/TensorBase.h>
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -73,6 +74,20 @@ auto make_autograd_node(Args&&... args) {
 #endif
   }
 }
+
+// The owning and the weak pointer to an autograd node, whichever libtorch uses.
+using NodePtr = std::decay_t<decltype(std::declval<const at::TensorBase&>().grad_fn())>;
+template <class P>
+struct WeakOf;
+template <class T>
+struct WeakOf<std::shared_ptr<T>> {
+  using type = std::weak_ptr<T>;
+};
+template <class T>
+struct WeakOf<c10::intrusive_ptr<T>> {
+  using type = c10::weak_intrusive_ptr<T>;
+};
+using WeakNodePtr = typename WeakOf<NodePtr>::type;
 }  // namespace shardtensor::compat
 
 // The `.vec` overloads of the upsample operators (what Python's F.interpolate calls): 2.x

@@ -237,10 +237,37 @@ TEST(Kernel, BackwardFormulasThatBuildPlainZerosWork) {
 
 TEST(Kernel, PlainTensorsNextToShardTensors) {
   at::Tensor t = replicated(mesh_1d(), {3, 4});
-  EXPECT_ERROR_CONTAINS(t.add(at::ones({3, 4})), "aten::add.Tensor", "plain 2-d tensor", "ImplicitReplication");
-  EXPECT_TRUE(at::allclose(full_tensor(t * at::scalar_tensor(2.0)), iota({3, 4}) * 2));  // 0-d: implicitly Replicate
-  ImplicitReplication scope;
+  EXPECT_TRUE(is_implicit_replication());  // the default: plain tensors count as Replicate
   EXPECT_TRUE(at::allclose(full_tensor(t.add(at::ones({3, 4}))), iota({3, 4}) + 1));
+  set_implicit_replication(false);
+  EXPECT_ERROR_CONTAINS(t.add(at::ones({3, 4})), "aten::add.Tensor", "plain 2-d tensor", "implicit replication is off",
+                        "ImplicitReplication");
+  EXPECT_TRUE(at::allclose(full_tensor(t * at::scalar_tensor(2.0)), iota({3, 4}) * 2));  // 0-d: implicitly Replicate
+  {
+    ImplicitReplication scope;
+    EXPECT_TRUE(at::allclose(full_tensor(t.add(at::ones({3, 4}))), iota({3, 4}) + 1));
+  }
+  set_implicit_replication(true);
+}
+
+// A plain weight beside a row-split ShardTensor: its gradient is a plain tensor, the one-process
+// value, reduced once per backward although three operators used it (one through w.t()).
+TEST(Kernel, PlainWeightsKeepPlainGradients) {
+  const at::Tensor global = iota({7, 3}) / 10;
+  at::Tensor x = distribute_tensor(global, mesh_1d(), {Shard(0)});
+  at::Tensor w = (iota({3, 3}) / 5).requires_grad_();
+  at::Tensor plain_w = w.detach().clone().requires_grad_();
+  const auto loss = [](const at::Tensor& in, const at::Tensor& weight) {
+    return (in.matmul(weight.t()).tanh().matmul(weight) * weight.sum(0)).sum();
+  };
+  {
+    CommDebugMode comms;
+    loss(x, w).backward();
+    EXPECT_EQ(comms.count("all_reduce"), mesh_1d().size(0) > 1 ? 1 : 0) << comms.table();
+  }
+  loss(global, plain_w).backward();
+  EXPECT_FALSE(is_shard_tensor(w.grad()));
+  EXPECT_TRUE(at::allclose(w.grad(), plain_w.grad(), 1e-5, 1e-6));
 }
 
 TEST(Kernel, InputsOnDifferentMeshesAreRefused) {

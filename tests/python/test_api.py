@@ -296,11 +296,15 @@ def ops_body(rank, world_size):
         c = torch.tril(x)
     assert "aten::tril" in st.fallback_operators()
     assert_close(c.full_tensor(), torch.tril(a), "fallback tril")
-    # Plain tensors next to ShardTensors: an error, or Replicate inside implicit_replication.
+    # Plain tensors next to ShardTensors count as Replicate; with the setting off, an error,
+    # or Replicate inside implicit_replication.
+    assert_close((x + torch.ones(6)).full_tensor(), a + 1, "implicit replication (default)")
+    st.set_implicit_replication(False)
     with pytest.raises(RuntimeError, match="plain"):
         x + torch.ones(6)
     with st.implicit_replication():
         assert_close((x + torch.ones(6)).full_tensor(), a + 1, "implicit replication")
+    st.set_implicit_replication(True)
     # Debug views need no communication.
     with st.CommDebugMode() as comms:
         text = repr(x)

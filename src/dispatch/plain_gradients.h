@@ -1,0 +1,19 @@
+// Plain tensors beside ShardTensors keep plain gradients (PhysicsNeMo's recipe: plain weights,
+// sharded activations).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace shardtensor {
+
+// `plain` (which requires grad) met ShardTensors in an operator and counted as Replicate, so
+// autograd will hand it a ShardTensor gradient, usually a Partial sum of the ranks'
+// contributions. Optimizers, clipping, torch's DDP and FSDP expect a plain parameter to have a
+// plain gradient equal to one process's. This gives each autograd leaf behind `plain` (itself,
+// or the leaves its graph reaches, as a weight's w.t() reaches w) a hook, once, that turns the
+// gradient autograd has already summed over every use of the leaf into its full value: at most
+// one reduction per leaf per backward however many operators used it, issued as soon as the
+// leaf's gradient is ready, over only the mesh dims the gradient is partial or sharded on.
+void keep_gradient_plain(const at::Tensor& plain);
+
+}  // namespace shardtensor
