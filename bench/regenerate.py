@@ -279,8 +279,14 @@ def bench_handlers(r, s):
                   + quick, timeout=330)]
 
 
+def bench_tp_block(r, s):
+    steps = ["--steps", "5"] if r.args.quick else []
+    return [r.run("tp_block_2ranks", [r.py_shardrun, "-n", "2", "--timeout", "900", r.python, "bench/tp_block_bench.py"]
+                  + steps, timeout=930)]
+
+
 # Benchmarks that run only the installed Python package (no C++ program of build-torch2).
-PYTHON_ONLY = {"collectives", "handlers"}
+PYTHON_ONLY = {"collectives", "handlers", "tp_block"}
 
 BENCHES = {
     "python_ops": bench_python_ops,            # per-op overhead and the TP-MLP step from Python, 2 ranks
@@ -294,6 +300,7 @@ BENCHES = {
     "checkpoint": bench_checkpoint,
     "collectives": bench_collectives,          # collectives per op against DTensor and the minimum (counts)
     "handlers": bench_handlers,                # handlers' and register_sharding's cost to other operators
+    "tp_block": bench_tp_block,                # a TP transformer block through parallelize_module, vs DTensor and by hand
 }
 
 
@@ -538,6 +545,33 @@ def render_tp(doc, records, figs):
                 f"on local tensors with one `dist.all_reduce` (the baseline), with shardtensor and with DTensor, the "
                 f"three in turns, {d.get('world', '?')} ranks; ms of the slowest rank, min / median / max over "
                 f"{(d.get('settings') or {}).get('tp_steps', '?')} steps.", records, body, python_torch(records))
+
+
+def render_tp_block(doc, records, figs):
+    d = next((rec["data"] for rec in records if rec.get("data")), None) or {}
+    rows = []
+    for r in d.get("rows", []):
+        h, s, t = med(r["hand_written_ms"]), med(r["shardtensor_ms"]), med(r["dtensor_ms"])
+        rows.append([f"{r['size']}: batch {r['batch']}, sequence {r['seq']}, dim {r['dim']}, {r['heads']} heads, "
+                     f"feed-forward {r['hidden']}", mmm(r["hand_written_ms"]), mmm(r["shardtensor_ms"]),
+                     mmm(r["dtensor_ms"]), ratio(s, h), ratio(s, t),
+                     f"{r['collectives_shardtensor']}; {r['collectives_dtensor']}"])
+    body = table(["block", "hand-written ms", "shardtensor ms", "DTensor ms", "shardtensor / hand-written",
+                  "shardtensor / DTensor", "collectives per step (shardtensor; DTensor)"], rows) if rows else ""
+    if rows:
+        body += (f"\n\nBars (issue 47): shardtensor ≤ {d.get('bar_hand')}x the hand-written step at both sizes, and "
+                 f"≤ {d.get('bar_dtensor')}x DTensor's at the small one. The hand-written program makes 4 all-gathers, "
+                 f"4 reduce-scatters and 1 all-reduce (both norm weights' gradients in one); shardtensor's "
+                 f"SequenceParallel adds one small all-gather per norm (the sizes of uneven sequence pieces, which "
+                 f"DTensor assumes even), and the two norm weights' gradients are reduced apart.")
+    doc.section("Tensor-parallel transformer block through parallelize_module",
+                f"One training step of a llama block (RMSNorm, causal attention, SwiGLU; forward, mean-square loss, "
+                f"backward, SGD) under torchtitan's classic plan with sequence parallelism "
+                f"(`bench/tp_block_bench.py`): the hand-written torch.distributed program on local tensors, "
+                f"shardtensor's `parallelize_module`, and torch's DTensor `parallelize_module` with the same plan, "
+                f"in turns, {d.get('world', '?')} ranks; ms of the slowest rank, min / median / max over "
+                f"{d.get('steps', '?')} steps; each checked against the hand-written step first.", records, body,
+                f"{d.get('torch', '?')} (Python {d.get('python', '?')})")
 
 
 def render_collectives(doc, records, figs):
@@ -824,6 +858,7 @@ def render(results, args, machine_text, cxx_torch_text, total_s, out, tree):
         ("checkpoint", render_checkpoint, figs),
         ("collectives", render_collectives, figs),
         ("handlers", render_handlers, figs),
+        ("tp_block", render_tp_block, figs),
     ]
     for key, fn, f in order:
         if results.get(key):

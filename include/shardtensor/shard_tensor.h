@@ -37,16 +37,23 @@ class ShardSizing {
   static ShardSizing infer();
   // Explicit sizes, validated against the placements; no communication.
   static ShardSizing given(ShardSizes sizes);
+  // Explicit sizes that the caller derived from a layout every rank already shares (a parallel
+  // style's own weight pieces), never from a user's arguments: from_local then skips the
+  // agreement all-gather that makes a disagreement an error on every rank (each rank still
+  // checks its own piece), as SHARDTENSOR_CHECK_AGREEMENT=0 does process-wide.
+  static ShardSizing trusted(ShardSizes sizes);
 
   Mode mode() const { return mode_; }
   const std::optional<std::vector<int64_t>>& global_shape() const { return global_shape_; }
   const ShardSizes& sizes() const { return sizes_; }
+  bool is_trusted() const { return trusted_; }
 
  private:
   explicit ShardSizing(Mode mode) : mode_(mode) {}
   Mode mode_;
   std::optional<std::vector<int64_t>> global_shape_;
   ShardSizes sizes_;
+  bool trusted_ = false;
 };
 
 // A ShardTensor from this rank's piece. With run_check, the ranks also compare every local

@@ -147,11 +147,13 @@ def _encode_sizes(sizes, placements, mesh: DeviceMesh):
 
 
 def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=False, shape=None, stride=None,
-               sharding_shapes="chunk"):
+               sharding_shapes="chunk", _trusted_sizes=False):
     """A ShardTensor from this rank's piece (DTensor.from_local, with uneven sizes).
 
     sharding_shapes: "chunk" (torch.chunk sizes; with `shape`, any chunk split of it),
     "infer" (one all-gather of local shapes), or explicit sizes (see _encode_sizes).
+    _trusted_sizes (internal): the explicit sizes follow from a layout every rank shares (a
+    parallel style's weights), so the agreement all-gather is skipped.
     """
     if not isinstance(local_tensor, torch.Tensor):
         raise TypeError(f"from_local: local_tensor must be a torch.Tensor, got {type(local_tensor).__name__}")
@@ -161,7 +163,8 @@ def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=Fal
             raise ValueError(f"from_local: sharding_shapes={sharding_shapes!r}; allowed are 'chunk', 'infer' or a dict")
         mode, sizes = sharding_shapes, None
     else:
-        mode, sizes = "given", _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
+        mode = "trusted" if _trusted_sizes else "given"
+        sizes = _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
     global_shape = [int(s) for s in shape] if shape is not None else None
     out = _C.from_local(local_tensor, mesh._cpp, encoded, mode, global_shape, sizes, run_check)
     if stride is not None and tuple(int(s) for s in stride) != out.stride():

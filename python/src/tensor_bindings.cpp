@@ -54,6 +54,7 @@ ShardSizing sizing_from(const std::string& mode, const std::optional<std::vector
                         const std::optional<EncodedSizes>& sizes) {
   if (mode == "chunk") return global_shape ? ShardSizing::chunk(*global_shape) : ShardSizing::chunk();
   if (mode == "infer") return ShardSizing::infer();
+  if (mode == "trusted" && sizes) return ShardSizing::trusted(decode_sizes(*sizes));
   TORCH_CHECK_VALUE(mode == "given" && sizes, "sharding_shapes: '", mode,
                     "' is not allowed; use \"chunk\", \"infer\" or explicit sizes.");
   return ShardSizing::given(decode_sizes(*sizes));

@@ -39,6 +39,11 @@ ShardSizing ShardSizing::given(ShardSizes sizes) {
   s.sizes_ = std::move(sizes);
   return s;
 }
+ShardSizing ShardSizing::trusted(ShardSizes sizes) {
+  ShardSizing s = given(std::move(sizes));
+  s.trusted_ = true;
+  return s;
+}
 
 namespace {
 
@@ -133,13 +138,30 @@ struct GatheredShapes {
   std::vector<std::vector<int64_t>> shapes;
 };
 
-GatheredShapes gather_local_shapes(const DeviceMesh& mesh, const at::Tensor& local) {
+// Local shapes of up to this many dims ride in the agreement row (one all-gather for infer, not
+// two); longer ones are gathered apart.
+constexpr size_t kShapeColumns = 8;
+
+std::vector<int64_t> with_local_shape(std::vector<int64_t> row, const at::Tensor& local) {
+  row.resize(kColumns + kShapeColumns, -1);
+  if (local.defined() && static_cast<size_t>(local.dim()) <= kShapeColumns)
+    std::copy(local.sizes().begin(), local.sizes().end(), row.begin() + kColumns);
+  return row;
+}
+
+// Every rank's local shape: from the agreement rows, which hold it where it fits (the ranks'
+// ndims are equal by now, so every rank takes the same branch).
+GatheredShapes local_shapes(const DeviceMesh& mesh, const at::Tensor& local, const AgreementRows& rows) {
   GatheredShapes out;
   if (local.dim() == 0) {
     out.shapes.assign(mesh.size(), {});
     return out;
   }
-  out.shapes = gather_rows(mesh, local.sizes().vec());
+  if (static_cast<size_t>(local.dim()) > kShapeColumns) {
+    out.shapes = gather_rows(mesh, local.sizes().vec());
+    return out;
+  }
+  for (const std::vector<int64_t>& row : rows) out.shapes.emplace_back(row.begin() + kColumns, row.begin() + kColumns + local.dim());
   return out;
 }
 
@@ -311,17 +333,18 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
       check_local_matches(*spec, local);
     }
   });
-  if (!infer && !run_check && !agreement_checks_enabled()) {  // the caller vouches that the ranks agree
+  if (!infer && !run_check && (!agreement_checks_enabled() || sizing.is_trusted())) {  // the caller vouches that the ranks agree
     if (failure) std::rethrow_exception(failure);
     return wrap_differentiably(local, std::move(*spec));
   }
 
-  const AgreementRows rows = gather_rows(mesh, row_of(local, spec, failure));
+  std::vector<int64_t> row = row_of(local, spec, failure);
+  const AgreementRows rows = gather_rows(mesh, infer ? with_local_shape(std::move(row), local) : row);
   raise_where_any_rank_failed(mesh, rows, kFailed, failure);
   check_same_kind_of_tensor(mesh, rows);
   if (run_check) check_same_tensor_properties(mesh, rows);
   if (infer) {
-    InferredLayout layout = infer_layout(mesh, normalized, gather_local_shapes(mesh, local));
+    InferredLayout layout = infer_layout(mesh, normalized, local_shapes(mesh, local, rows));
     return with_global_strides(
         wrap_differentiably(local, ShardTensorSpec(mesh, normalized, layout.global_shape, local.scalar_type(), layout.sizes)), rows);
   }

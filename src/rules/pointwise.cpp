@@ -10,6 +10,7 @@
 #include "rules/contribution.h"
 #include "rules/helpers.h"
 #include "rules/views.h"
+#include "util/strings.h"
 
 #include <c10/util/strides.h>
 
@@ -42,14 +43,29 @@ enum class PartialPolicy {
   LatticeMin, Select, Overwrite
 };
 
+std::string describe_inputs(const OpMeta& op) {
+  std::vector<std::string> parts;
+  for (const TensorInput& in : op.inputs)
+    parts.push_back("'" + arg_name(op, in) + "'" + (in.plain ? " (plain) " : " ") + in.spec.to_string());
+  return join(parts, ", ");
+}
+
+// The inputs' global shapes broadcast together, checked: the local pieces alone would hide a
+// mismatch (a plain tensor of a piece's shape next to a ShardTensor of the whole one).
 std::vector<int64_t> broadcast_shape(const OpMeta& op) {
   std::vector<int64_t> out;
   for (const TensorInput& in : op.inputs) {
     const std::vector<int64_t>& s = in.spec.shape();
     if (s.size() > out.size()) out.insert(out.begin(), s.size() - out.size(), 1);
     const size_t off = out.size() - s.size();
-    for (size_t d = 0; d < s.size(); ++d)
+    for (size_t d = 0; d < s.size(); ++d) {
+      TORCH_CHECK(out[off + d] == s[d] || out[off + d] == 1 || s[d] == 1, op.name, ": the global shapes do not broadcast: ",
+                  "argument '", arg_name(op, in), "' has size ", s[d], " at dim ", d, " where the other inputs have ",
+                  out[off + d], " (inputs: ", describe_inputs(op), ").",
+                  in.plain ? " A plain tensor counts as Replicate, i.e. as the whole tensor on every rank; a local "
+                             "piece is not: wrap it with from_local()." : "");
       if (out[off + d] == 1) out[off + d] = s[d];
+    }
   }
   return out;
 }
@@ -167,7 +183,10 @@ int64_t count_shards(const ShardTensorSpec& spec) {
 }
 
 RuleResult pointwise(const OpMeta& op, PartialPolicy policy) {
-  const std::vector<int64_t> out_shape = op.is_inplace() ? op.inputs.front().spec.shape() : broadcast_shape(op);
+  const std::vector<int64_t> broadcast = broadcast_shape(op);
+  const std::vector<int64_t> out_shape = op.is_inplace() ? op.inputs.front().spec.shape() : broadcast;
+  TORCH_CHECK(out_shape == broadcast, op.name, ": the in-place output has shape [", join(out_shape, ", "),
+              "] but the inputs broadcast to [", join(broadcast, ", "), "] (inputs: ", describe_inputs(op), ")");
   const int64_t out_ndim = static_cast<int64_t>(out_shape.size());
   auto offset_of = [&](const TensorInput& in) { return out_ndim - in.spec.ndim(); };
   auto is_full_dim = [&](const TensorInput& in, int64_t d) { return in.spec.shape()[d] == out_shape[d + offset_of(in)]; };

@@ -69,7 +69,9 @@ def _as_shard_tensor(t, mesh, placement, sizes=None):
             return from_local(t, mesh, [Shard(dim)], sharding_shapes="infer")
         shape = list(t.shape)
         shape[dim] = sum(sizes)
-        return from_local(t, mesh, [Shard(dim)], sharding_shapes={dim: list(sizes)}, shape=shape)
+        # The sizes are the module's own weight pieces, the same on every rank by construction:
+        # no agreement all-gather (a rank whose piece does not match still raises).
+        return from_local(t, mesh, [Shard(dim)], sharding_shapes={dim: list(sizes)}, shape=shape, _trusted_sizes=True)
     return from_local(t, mesh, [placement])
 
 
