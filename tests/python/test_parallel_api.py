@@ -72,13 +72,14 @@ def _check_mlp(mesh, hidden, expected_forward, what):
     assert total == forward, f"{what}: the backward communicated ({total} in all, {forward} in the forward)"
 
 
-def mlp_body(rank, world_size, hiddens, agreement):
+def mlp_body(rank, world_size, hiddens):
     import shardtensor as st
 
     mesh = st.init_device_mesh("cpu", (world_size,))
-    # The hand-written minimum is RowwiseParallel's all-reduce. RowwiseParallel wraps its local
-    # input with from_local, whose layout agreement check is one small all-gather (no values).
-    expected = {} if world_size == 1 else {"all_reduce": 1, **({"all_gather": 1} if agreement else {})}
+    # The hand-written minimum: RowwiseParallel's all-reduce. Its local input's sizes are its
+    # weight's pieces, the same on every rank by construction, so from_local needs no agreement
+    # all-gather there.
+    expected = {} if world_size == 1 else {"all_reduce": 1}
     for hidden in hiddens:
         _check_mlp(mesh, hidden, expected, f"hidden {hidden} over {world_size} ranks")
     assert st.fallback_operators() == [], st.fallback_operators()
@@ -86,11 +87,7 @@ def mlp_body(rank, world_size, hiddens, agreement):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_colwise_rowwise_mlp_matches_one_process(world_size):
-    run_ranks(mlp_body, world_size, [30], True)
-
-
-def test_colwise_rowwise_mlp_without_agreement_checks_makes_one_all_reduce():
-    run_ranks(mlp_body, 2, [30], False, env={"SHARDTENSOR_CHECK_AGREEMENT": "0"})
+    run_ranks(mlp_body, world_size, [30])
 
 
 def four_ranks_body(rank, world_size):
@@ -98,7 +95,7 @@ def four_ranks_body(rank, world_size):
     from shardtensor.parallel import ColwiseParallel, parallelize_module
 
     mesh = st.init_device_mesh("cpu", (4,))
-    expected = {"all_reduce": 1, "all_gather": 1}
+    expected = {"all_reduce": 1}
     _check_mlp(mesh, 30, expected, "hidden 30 over 4 ranks (8, 8, 8, 6)")
     _check_mlp(mesh, 3, expected, "hidden 3 over 4 ranks (1, 1, 1, 0)")
 
@@ -123,7 +120,7 @@ def _check_tp_submesh(tp, dp):
     x = torch.randn(5, 16, dtype=torch.float64, generator=data)
     with st.CommDebugMode() as comm:
         out = model(x)
-    assert _counts(comm) == {"all_reduce": 1, "all_gather": 1}, _counts(comm)
+    assert _counts(comm) == {"all_reduce": 1}, _counts(comm)
     ref = single(x)
     assert_close(out, ref.detach(), f"dp {dp}: output on mesh['tp']", **TOL)
     out.pow(2).sum().backward()
@@ -271,11 +268,11 @@ def sequence_parallel_body(rank, world_size):
     norm_out = seen["norm"]
     assert norm_out.placements == (Shard(1),) and norm_out.shard_sizes() == {1: chunk_sizes(13, world_size)}
     # Forward: w1's all-gather of the sequence, w2's reduce-scatter, the output's all-gather, and
-    # two from_local agreement checks (the input, which requires grad, and w2's local input).
-    # Backward: the reduce-scatter of w1's all-gather, the all-gather of w2's reduce-scatter and
-    # the input's gradient from Shard(1) back to Replicate.
-    assert forward == {"all_gather": 4, "reduce_scatter": 1}, forward
-    assert total == {"all_gather": 6, "reduce_scatter": 2}, total
+    # the from_local agreement check of the input, which requires grad (w2's local input has its
+    # weight's sizes: no check). Backward: the reduce-scatter of w1's all-gather, the all-gather
+    # of w2's reduce-scatter and the input's gradient from Shard(1) back to Replicate.
+    assert forward == {"all_gather": 3, "reduce_scatter": 1}, forward
+    assert total == {"all_gather": 5, "reduce_scatter": 2}, total
     assert st.fallback_operators() == [], st.fallback_operators()
 
 

@@ -149,6 +149,10 @@ def setting_body(rank, world_size):
         st.set_implicit_replication(True)
     with pytest.raises(TypeError, match="True or False"):
         st.set_implicit_replication("no")
+    # A plain tensor is the whole tensor, not a piece: shapes that do not broadcast with the
+    # global ones raise on every rank (the local pieces alone could have matched).
+    with pytest.raises(RuntimeError, match="global shapes do not broadcast.*'other'.*from_local"):
+        xs + torch.ones(2, 3)
 
 
 def _halves_oracle(UNet, state, xs, targets, steps, make_opt):
