@@ -4,8 +4,9 @@ DTensor through its own parallelize_module with the same plan. Results: bench/RE
 
     .venv/bin/shardrun -n 2 .venv/bin/python bench/tp_block_bench.py [--json FILE] [--steps N]
 
-The block is llama's (RMSNorm, causal attention, SwiGLU feed-forward, both residuals) under
-torchtitan's classic plan with sequence parallelism: the block's input and output are split
+The block is llama's (RMSNorm, causal attention with grouped-query heads and rotary positions,
+SwiGLU feed-forward, both residuals; examples/llama_tensor_parallel.py) under torchtitan's
+classic plan with sequence parallelism: the block's input and output are split
 over the sequence, each norm runs on its sequence piece, the attention and the feed-forward
 gather the sequence (all-gather), compute on this rank's heads and hidden columns, and scatter
 their sums back over the sequence (reduce-scatter). One step: forward, the mean square of the
@@ -23,10 +24,11 @@ hand-written one (loss and updated weights), so nothing wrong gets timed.
 import argparse
 import copy
 import gc
+import importlib.util
 import json
+import os
 import platform
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -34,83 +36,26 @@ import torch.nn.functional as F
 from torch import nn
 
 import shardtensor as st
+from python_bench import run_ms  # the slowest rank's time of one call, a barrier first
 
-SIZES = {  # batch, sequence, dim, heads, feed-forward width
-    "small": (2, 16, 32, 4, 64),
-    "large": (4, 256, 256, 8, 768),
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                       "llama_tensor_parallel.py")
+
+SIZES = {  # batch, sequence, dim, heads, key/value heads, feed-forward width
+    "small": (2, 16, 32, 4, 2, 64),
+    "large": (4, 256, 256, 8, 4, 768),
 }
 BAR_HAND = 1.05
 BAR_DTENSOR = 0.5
 LR = 1e-2
 
 
-class Attention(nn.Module):
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.head_dim = dim // heads
-        self.wq = nn.Linear(dim, dim, bias=False)
-        self.wk = nn.Linear(dim, dim, bias=False)
-        self.wv = nn.Linear(dim, dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, x):
-        bs, seqlen, _ = x.shape
-        q = self.wq(x).view(bs, seqlen, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(bs, seqlen, -1, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(bs, seqlen, -1, self.head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim, hidden):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    def __init__(self, dim, heads, hidden):
-        super().__init__()
-        self.attention_norm = nn.RMSNorm(dim, eps=1e-6)
-        self.attention = Attention(dim, heads)
-        self.ffn_norm = nn.RMSNorm(dim, eps=1e-6)
-        self.feed_forward = FeedForward(dim, hidden)
-
-    def forward(self, x):
-        h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
-
-
-def block_plan(lib):
-    """torchtitan's per-layer plan (apply_tp), in `lib`'s names (shardtensor's or torch's)."""
-    p = lib
-    return {
-        "attention_norm": p.SequenceParallel(),
-        "attention": p.PrepareModuleInput(input_layouts=(p.Shard(1),), desired_input_layouts=(p.Replicate(),)),
-        "attention.wq": p.ColwiseParallel(),
-        "attention.wk": p.ColwiseParallel(),
-        "attention.wv": p.ColwiseParallel(),
-        "attention.wo": p.RowwiseParallel(output_layouts=p.Shard(1)),
-        "ffn_norm": p.SequenceParallel(),
-        "feed_forward": p.PrepareModuleInput(input_layouts=(p.Shard(1),), desired_input_layouts=(p.Replicate(),)),
-        "feed_forward.w1": p.ColwiseParallel(),
-        "feed_forward.w2": p.RowwiseParallel(output_layouts=p.Shard(1)),
-        "feed_forward.w3": p.ColwiseParallel(),
-    }
-
-
-class Names:
-    """The plan's names from one library."""
-
-    def __init__(self, styles, placements):
-        for name in ("SequenceParallel", "PrepareModuleInput", "ColwiseParallel", "RowwiseParallel"):
-            setattr(self, name, getattr(styles, name))
-        self.Shard, self.Replicate = placements.Shard, placements.Replicate
+def load_example():
+    """examples/llama_tensor_parallel.py: the model and torchtitan's plan."""
+    spec = importlib.util.spec_from_file_location("llama_tensor_parallel", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # ---- the hand-written program ------------------------------------------------------------------
@@ -165,13 +110,15 @@ def local_block(block, world, rank):
     }
 
 
-def hand_step(p, x, world, head_dim, numel):
+def hand_step(p, x, world, llama, shape, numel):
+    head_dim, n_rep, cos, sin = shape
+
     def attention(h):
         bs, seqlen, _ = h.shape
-        q = F.linear(h, p["wq"]).view(bs, seqlen, -1, head_dim).transpose(1, 2)
-        k = F.linear(h, p["wk"]).view(bs, seqlen, -1, head_dim).transpose(1, 2)
-        v = F.linear(h, p["wv"]).view(bs, seqlen, -1, head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q = llama.apply_rotary(F.linear(h, p["wq"]).view(bs, seqlen, -1, head_dim), cos, sin)
+        k = llama.repeat_kv(llama.apply_rotary(F.linear(h, p["wk"]).view(bs, seqlen, -1, head_dim), cos, sin), n_rep)
+        v = llama.repeat_kv(F.linear(h, p["wv"]).view(bs, seqlen, -1, head_dim), n_rep)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return F.linear(out.transpose(1, 2).reshape(bs, seqlen, -1), p["wo"])
 
     h = x + ScatterSequence.apply(attention(GatherSequence.apply(F.rms_norm(x, x.shape[-1:], p["n1"], 1e-6), world)), world)
@@ -190,11 +137,11 @@ def hand_step(p, x, world, head_dim, numel):
     return loss
 
 
-def library_step(model, x, opt, check_on=None):
+def library_step(model, x, cos, sin, opt, check_on=None):
     """As torchtitan's blocks run: the input and the output are this rank's sequence pieces,
     plain tensors (the styles' use_local_output); the loss is this rank's part of the mean.
     check_on: also return the whole loss (one all-reduce outside the timed steps)."""
-    out = model(x)
+    out = model(x, cos, sin)
     loss = (out * out).sum() / (out.numel() * dist.get_world_size())
     loss.backward()
     opt.step()
@@ -207,15 +154,6 @@ def library_step(model, x, opt, check_on=None):
 
 
 # ---- timing ------------------------------------------------------------------------------------
-
-def step_ms(fn):
-    dist.barrier()
-    start = time.perf_counter()
-    fn()
-    t = torch.tensor([(time.perf_counter() - start) * 1e3], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
 
 def spread(values):
     return {"min": min(values), "median": statistics.median(values), "max": max(values), "all": values}
@@ -231,41 +169,35 @@ def counts_of(mode):
 
 
 def run_size(name, sizes, world, rank, mesh, tmesh, steps):
-    from torch.distributed.tensor import Replicate as TReplicate
-    from torch.distributed.tensor import Shard as TShard
+    import torch.distributed.tensor as torch_tensor
+    import torch.distributed.tensor.parallel as torch_parallel
     from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
-    from torch.distributed.tensor.parallel import (ColwiseParallel as TColwise, PrepareModuleInput as TPrepareInput,
-                                                   RowwiseParallel as TRowwise, SequenceParallel as TSequence,
-                                                   parallelize_module as torch_parallelize)
 
     import shardtensor.parallel as sp
 
-    batch, seqlen, dim, heads, hidden = sizes
+    llama = load_example()
+    batch, seqlen, dim, heads, kv_heads, hidden = sizes
     torch.manual_seed(0)
-    block = Block(dim, heads, hidden)
+    block = llama.Block(dim, heads, kv_heads, hidden)
+    cos, sin = llama.rotary(seqlen, dim // heads, dtype=torch.float32)
     x_full = torch.randn(batch, seqlen, dim)
     x_local = x_full.chunk(world, 1)[rank].contiguous()
     numel = x_full.numel()
+    shape = (dim // heads, heads // kv_heads, cos, sin)
 
     hand = local_block(block, world, rank)
-
-    ours = sp.parallelize_module(copy.deepcopy(block), mesh, block_plan(Names(sp, st)))
+    ours = sp.parallelize_module(copy.deepcopy(block), mesh, llama.block_plan(sp, st))
     ours_opt = torch.optim.SGD(ours.parameters(), lr=LR)
-
-    import types
-    theirs = torch_parallelize(copy.deepcopy(block), tmesh, block_plan(Names(
-        types.SimpleNamespace(SequenceParallel=TSequence, PrepareModuleInput=TPrepareInput, ColwiseParallel=TColwise,
-                              RowwiseParallel=TRowwise),
-        types.SimpleNamespace(Shard=TShard, Replicate=TReplicate))))
+    theirs = torch_parallel.parallelize_module(copy.deepcopy(block), tmesh, llama.block_plan(torch_parallel, torch_tensor))
     theirs_opt = torch.optim.SGD(theirs.parameters(), lr=LR)
 
     # One step of each from the same weights: the same loss and the same updated weights.
-    hand_loss = hand_step(hand, x_local, world, dim // heads, numel).detach().clone()
+    hand_loss = hand_step(hand, x_local, world, llama, shape, numel).detach().clone()
     dist.all_reduce(hand_loss)
     with st.CommDebugMode() as ours_comms:
-        ours_loss = library_step(ours, x_local, ours_opt, mesh)
+        ours_loss = library_step(ours, x_local, cos, sin, ours_opt, mesh)
     with TorchCommDebugMode() as theirs_comms:
-        theirs_loss = library_step(theirs, x_local, theirs_opt, tmesh)
+        theirs_loss = library_step(theirs, x_local, cos, sin, theirs_opt, tmesh)
     check(torch.allclose(ours_loss, hand_loss, rtol=1e-4, atol=1e-6), f"{name}: shardtensor loss {ours_loss} vs {hand_loss}")
     check(torch.allclose(theirs_loss, hand_loss, rtol=1e-4, atol=1e-6), f"{name}: DTensor loss {theirs_loss} vs {hand_loss}")
     for key, path in (("wq", "attention.wq.weight"), ("wo", "attention.wo.weight"), ("w2", "feed_forward.w2.weight"),
@@ -274,22 +206,22 @@ def run_size(name, sizes, world, rank, mesh, tmesh, steps):
             piece = model.get_parameter(path).detach().to_local()
             check(torch.allclose(piece, hand[key].detach(), rtol=1e-4, atol=1e-6), f"{name}: {lib} {path} after a step")
 
-    programs = [lambda: hand_step(hand, x_local, world, dim // heads, numel),
-                lambda: library_step(ours, x_local, ours_opt),
-                lambda: library_step(theirs, x_local, theirs_opt)]
+    programs = [lambda: hand_step(hand, x_local, world, llama, shape, numel),
+                lambda: library_step(ours, x_local, cos, sin, ours_opt),
+                lambda: library_step(theirs, x_local, cos, sin, theirs_opt)]
     samples = [[] for _ in programs]
     gc.collect()
     gc.disable()
     try:
         for i in range(steps + 3):
             for j, program in enumerate(programs):
-                ms = step_ms(program)
+                ms = run_ms(program)
                 if i >= 3:
                     samples[j].append(ms)
     finally:
         gc.enable()
     hand_ms, ours_ms, theirs_ms = (spread(s) for s in samples)
-    return dict(size=name, batch=batch, seq=seqlen, dim=dim, heads=heads, hidden=hidden, hand_written_ms=hand_ms,
+    return dict(size=name, batch=batch, seq=seqlen, dim=dim, heads=heads, kv_heads=kv_heads, hidden=hidden, hand_written_ms=hand_ms,
                 shardtensor_ms=ours_ms, dtensor_ms=theirs_ms,
                 shardtensor_over_hand=ours_ms["median"] / hand_ms["median"],
                 shardtensor_over_dtensor=ours_ms["median"] / theirs_ms["median"],
@@ -313,7 +245,7 @@ def main():
         print("| size | hand-written | shardtensor | DTensor | st / hand | st / DTensor | collectives (st; DTensor) |")
         print("|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['size']} {r['batch']}x{r['seq']}x{r['dim']} h{r['heads']} f{r['hidden']} "
+            print(f"| {r['size']} {r['batch']}x{r['seq']}x{r['dim']} h{r['heads']}/{r['kv_heads']} f{r['hidden']} "
                   f"| {r['hand_written_ms']['median']:.3f} | {r['shardtensor_ms']['median']:.3f} "
                   f"| {r['dtensor_ms']['median']:.3f} | {r['shardtensor_over_hand']:.2f} "
                   f"| {r['shardtensor_over_dtensor']:.2f} | {r['collectives_shardtensor']}; {r['collectives_dtensor']} |")

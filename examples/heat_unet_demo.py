@@ -269,9 +269,7 @@ def main(argv=None) -> int:
               f"({world} rank{'s' if world > 1 else ''}), torch {torch.__version__}")
         print(st.layout_table(example))
         print(" step   sharded loss    single loss   rel. diff   ms/step  collectives")
-    sharded_losses, single_losses = [], []
-    worst = 0.0
-    first_table = None
+    log = LossLog()
     for step in range(args.steps):
         first = (step * BATCH) % FIELDS
         u, target = fields[first:first + BATCH], targets[first:first + BATCH]
@@ -297,17 +295,9 @@ def main(argv=None) -> int:
             ms = (time.perf_counter() - t0) * 1e3
         prediction = prediction.detach()
         if root:
-            rel = abs(sharded_loss - single_loss) / abs(single_loss)
-            worst = max(worst, rel)
-            sharded_losses.append(sharded_loss)
-            single_losses.append(single_loss)
-            print(f"{step:5d}  {sharded_loss:13.6e}  {single_loss:13.6e}  {rel:10.2e}  {ms:8.1f}  "
-                  f"{comms.get_total_counts():11d}", flush=True)
-            if step == 0:
-                first_table = (comms.get_comm_counts(), comms.table())
+            log.add(step, sharded_loss, single_loss, ms, comms)
 
-    return report(args, root, prediction, single_prediction if root else None, first_table, worst,
-                  sharded_losses, single_losses, targets, mesh_text)
+    return report(args, root, prediction, single_prediction if root else None, log, targets, mesh_text)
 
 
 def main_data_parallel(args, world) -> int:
@@ -346,8 +336,7 @@ def main_data_parallel(args, world) -> int:
         print(f"U-Net on a {HEIGHT} x {WIDTH} heat field, batch {BATCH} per dp group, {mesh_text} "
               f"({world} ranks), plain weights, torch {torch.__version__}")
         print(" step   sharded loss    single loss   rel. diff   ms/step  collectives")
-    sharded_losses, single_losses = [], []
-    worst, first_table, single_prediction = 0.0, None, None
+    log, single_prediction = LossLog(), None
     for step in range(args.steps):
         if root:  # one process: the mean of the dp groups' losses, as DDP averages their gradients
             single_opt.zero_grad()
@@ -373,21 +362,30 @@ def main_data_parallel(args, world) -> int:
         sharded_loss = group_loss.item() / dp
         prediction = prediction.detach()
         if root:
-            rel = abs(sharded_loss - single_loss) / abs(single_loss)
-            worst = max(worst, rel)
-            sharded_losses.append(sharded_loss)
-            single_losses.append(single_loss)
-            print(f"{step:5d}  {sharded_loss:13.6e}  {single_loss:13.6e}  {rel:10.2e}  {ms:8.1f}  "
-                  f"{comms.get_total_counts():11d}", flush=True)
-            if step == 0:
-                first_table = (comms.get_comm_counts(), comms.table())
+            log.add(step, sharded_loss, single_loss, ms, comms)
     first = ((args.steps - 1) * dp * BATCH) % FIELDS
-    return report(args, root, prediction, single_prediction, first_table, worst, sharded_losses, single_losses,
-                  targets, mesh_text, first_field=first)
+    return report(args, root, prediction, single_prediction, log, targets, mesh_text, first_field=first)
 
 
-def report(args, root, prediction, single_prediction, first_table, worst, sharded_losses, single_losses, targets,
-           mesh_text, first_field=None) -> int:
+class LossLog:
+    """Rank 0's record of both runs, step by step: prints each row of the table and keeps the
+    losses, the worst relative difference and step 0's collectives."""
+
+    def __init__(self):
+        self.sharded, self.single, self.worst, self.first_table = [], [], 0.0, None
+
+    def add(self, step, sharded_loss, single_loss, ms, comms):
+        rel = abs(sharded_loss - single_loss) / abs(single_loss)
+        self.worst = max(self.worst, rel)
+        self.sharded.append(sharded_loss)
+        self.single.append(single_loss)
+        print(f"{step:5d}  {sharded_loss:13.6e}  {single_loss:13.6e}  {rel:10.2e}  {ms:8.1f}  "
+              f"{comms.get_total_counts():11d}", flush=True)
+        if step == 0:
+            self.first_table = (comms.get_comm_counts(), comms.table())
+
+
+def report(args, root, prediction, single_prediction, log, targets, mesh_text, first_field=None) -> int:
     """Checks the final prediction against one process's, prints the summary, writes the figures;
     every rank exits with rank 0's verdict."""
     # The final prediction, gathered (a collective: every rank takes part), against one process's.
@@ -395,7 +393,8 @@ def report(args, root, prediction, single_prediction, first_table, worst, sharde
     full_prediction = prediction.full_tensor()
     ok = True
     if root:
-        counts, table = first_table
+        counts, table = log.first_table
+        worst = log.worst
         print(f"collectives of step 0 by kind: {counts}")
         print(table)
         pred_rel = ((full_prediction - single_prediction).abs().max() / single_prediction.abs().max()).item()
@@ -412,8 +411,8 @@ def report(args, root, prediction, single_prediction, first_table, worst, sharde
                   file=sys.stderr)
             ok = False
         first = ((args.steps - 1) * BATCH) % FIELDS if first_field is None else first_field
-        paths = write_figures(args.out, targets[first, 0], full_prediction[0, 0], shard_sizes, sharded_losses,
-                              single_losses, mesh_text)
+        paths = write_figures(args.out, targets[first, 0], full_prediction[0, 0], shard_sizes, log.sharded,
+                              log.single, mesh_text)
         for path, what in paths:
             print(f"wrote {path} ({what})")
     # Every rank exits with rank 0's verdict.

@@ -1,5 +1,6 @@
 """The README's Python demo: the sharded U-Net stays within 1e-4 of one process and writes its
-four figures (a short run on a 2 x 2 mesh, which splits H and W unevenly)."""
+four figures (a short run on a 2 x 2 mesh, which splits H and W unevenly); with --dp, the same
+under torch's DDP over a "dp" mesh axis with plain weights."""
 
 import os
 import subprocess
@@ -8,13 +9,19 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_python_demo_matches_one_process_and_writes_figures(tmp_path):
+def run_demo(tmp_path, *options):
+    """The demo on 4 local ranks; fails the test with its output when it exits non-zero."""
     shardrun = os.path.join(os.path.dirname(sys.executable), "shardrun")
     demo = os.path.join(REPO, "examples", "heat_unet_demo.py")
     env = dict(os.environ, SHARDTENSOR_TIMEOUT_S="60", SHARDTENSOR_STRICT="1", MPLBACKEND="Agg")
-    result = subprocess.run([shardrun, "-n", "4", sys.executable, demo, "--mesh", "2x2", "--steps", "3",
-                             "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([shardrun, "-n", "4", sys.executable, demo, *options, "--out", str(tmp_path)],
+                            env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result.stdout
+
+
+def test_python_demo_matches_one_process_and_writes_figures(tmp_path):
+    run_demo(tmp_path, "--mesh", "2x2", "--steps", "3")
     for name in ("target_field.png", "predicted_field.png", "error_field.png", "loss_curves.png"):
         path = tmp_path / name
         assert path.exists() and path.stat().st_size > 10_000, f"{name} missing or empty"
@@ -24,10 +31,5 @@ def test_python_demo_matches_one_process_and_writes_figures(tmp_path):
 def test_python_demo_data_parallel_times_domain_parallel(tmp_path):
     """--dp 2: plain weights, torch's DDP over "dp" times H split over "domain" (PhysicsNeMo's
     recipe), within 1e-4 of one process stepping on the mean of the two groups' losses."""
-    shardrun = os.path.join(os.path.dirname(sys.executable), "shardrun")
-    demo = os.path.join(REPO, "examples", "heat_unet_demo.py")
-    env = dict(os.environ, SHARDTENSOR_TIMEOUT_S="60", SHARDTENSOR_STRICT="1", MPLBACKEND="Agg")
-    result = subprocess.run([shardrun, "-n", "4", sys.executable, demo, "--dp", "2", "--steps", "2",
-                             "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert "DDP over dp=2 x H split over domain=2" in result.stdout, result.stdout[-2000:]
+    out = run_demo(tmp_path, "--dp", "2", "--steps", "2")
+    assert "DDP over dp=2 x H split over domain=2" in out, out[-2000:]
