@@ -23,12 +23,10 @@ hand-written one (loss and updated weights), so nothing wrong gets timed.
 
 import argparse
 import copy
-import gc
 import importlib.util
 import json
 import os
 import platform
-import statistics
 
 import torch
 import torch.distributed as dist
@@ -36,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import shardtensor as st
-from python_bench import run_ms  # the slowest rank's time of one call, a barrier first
+from python_bench import time_in_turns  # the slowest rank's ms per call, a barrier before each, in turns
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
                        "llama_tensor_parallel.py")
@@ -155,10 +153,6 @@ def library_step(model, x, cos, sin, opt, check_on=None):
 
 # ---- timing ------------------------------------------------------------------------------------
 
-def spread(values):
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "all": values}
-
-
 def check(ok, what):
     if not ok:
         raise SystemExit(f"tp_block_bench: check failed: {what}")
@@ -209,18 +203,7 @@ def run_size(name, sizes, world, rank, mesh, tmesh, steps):
     programs = [lambda: hand_step(hand, x_local, world, llama, shape, numel),
                 lambda: library_step(ours, x_local, cos, sin, ours_opt),
                 lambda: library_step(theirs, x_local, cos, sin, theirs_opt)]
-    samples = [[] for _ in programs]
-    gc.collect()
-    gc.disable()
-    try:
-        for i in range(steps + 3):
-            for j, program in enumerate(programs):
-                ms = run_ms(program)
-                if i >= 3:
-                    samples[j].append(ms)
-    finally:
-        gc.enable()
-    hand_ms, ours_ms, theirs_ms = (spread(s) for s in samples)
+    hand_ms, ours_ms, theirs_ms = (stat.json() for stat in time_in_turns(programs, steps))
     return dict(size=name, batch=batch, seq=seqlen, dim=dim, heads=heads, kv_heads=kv_heads, hidden=hidden, hand_written_ms=hand_ms,
                 shardtensor_ms=ours_ms, dtensor_ms=theirs_ms,
                 shardtensor_over_hand=ours_ms["median"] / hand_ms["median"],

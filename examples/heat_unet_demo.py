@@ -282,18 +282,8 @@ def main(argv=None) -> int:
             single_loss = loss.item()
             single_prediction = single_prediction.detach()
 
-        su = st.distribute_tensor(u, mesh, layout, sharding_shapes=sizes)
-        starget = st.distribute_tensor(target, mesh, layout, sharding_shapes=sizes)
-        with st.CommDebugMode() as comms:
-            t0 = time.perf_counter()
-            sharded_opt.zero_grad()
-            prediction = sharded_model(su)
-            loss = F.mse_loss(prediction, starget)
-            loss.backward()
-            sharded_opt.step()
-            sharded_loss = loss.full_tensor().item()
-            ms = (time.perf_counter() - t0) * 1e3
-        prediction = prediction.detach()
+        prediction, loss, ms, comms = sharded_step(sharded_model, sharded_opt, u, target, mesh, layout, sizes)
+        sharded_loss = loss.full_tensor().item()
         if root:
             log.add(step, sharded_loss, single_loss, ms, comms)
 
@@ -347,24 +337,29 @@ def main_data_parallel(args, world) -> int:
             single_loss = loss.item()
             single_prediction = predictions[0].detach()  # dp group 0's, which rank 0 holds
         u, target = batch(step, group)
-        su = st.distribute_tensor(u, domain, layout, sharding_shapes=sizes)
-        starget = st.distribute_tensor(target, domain, layout, sharding_shapes=sizes)
-        with st.CommDebugMode() as comms:
-            t0 = time.perf_counter()
-            sharded_opt.zero_grad()
-            prediction = sharded_model(su)
-            loss = F.mse_loss(prediction, starget)
-            loss.backward()
-            sharded_opt.step()
-            ms = (time.perf_counter() - t0) * 1e3
+        prediction, loss, ms, comms = sharded_step(sharded_model, sharded_opt, u, target, domain, layout, sizes)
         group_loss = loss.full_tensor().detach().reshape(1)
         dist.all_reduce(group_loss, group=mesh["dp"].get_group())  # the groups' mean, for the table
         sharded_loss = group_loss.item() / dp
-        prediction = prediction.detach()
         if root:
             log.add(step, sharded_loss, single_loss, ms, comms)
     first = ((args.steps - 1) * dp * BATCH) % FIELDS
     return report(args, root, prediction, single_prediction, log, targets, mesh_text, first_field=first)
+
+
+def sharded_step(model, opt, u, target, mesh, layout, sizes):
+    """One training step on the field split by `layout`: (prediction, loss, ms, collectives)."""
+    su = st.distribute_tensor(u, mesh, layout, sharding_shapes=sizes)
+    starget = st.distribute_tensor(target, mesh, layout, sharding_shapes=sizes)
+    with st.CommDebugMode() as comms:
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        prediction = model(su)
+        loss = F.mse_loss(prediction, starget)
+        loss.backward()
+        opt.step()
+        ms = (time.perf_counter() - t0) * 1e3
+    return prediction.detach(), loss, ms, comms
 
 
 class LossLog:
