@@ -552,8 +552,8 @@ def render_tp_block(doc, records, figs):
     rows = []
     for r in d.get("rows", []):
         h, s, t = med(r["hand_written_ms"]), med(r["shardtensor_ms"]), med(r["dtensor_ms"])
-        rows.append([f"{r['size']}: batch {r['batch']}, sequence {r['seq']}, dim {r['dim']}, {r['heads']} heads, "
-                     f"feed-forward {r['hidden']}", mmm(r["hand_written_ms"]), mmm(r["shardtensor_ms"]),
+        rows.append([f"{r['size']}: batch {r['batch']}, sequence {r['seq']}, dim {r['dim']}, {r['heads']} heads "
+                     f"({r.get('kv_heads', r['heads'])} key/value), feed-forward {r['hidden']}", mmm(r["hand_written_ms"]), mmm(r["shardtensor_ms"]),
                      mmm(r["dtensor_ms"]), ratio(s, h), ratio(s, t),
                      f"{r['collectives_shardtensor']}; {r['collectives_dtensor']}"])
     body = table(["block", "hand-written ms", "shardtensor ms", "DTensor ms", "shardtensor / hand-written",
@@ -565,7 +565,8 @@ def render_tp_block(doc, records, figs):
                  f"SequenceParallel adds one small all-gather per norm (the sizes of uneven sequence pieces, which "
                  f"DTensor assumes even), and the two norm weights' gradients are reduced apart.")
     doc.section("Tensor-parallel transformer block through parallelize_module",
-                f"One training step of a llama block (RMSNorm, causal attention, SwiGLU; forward, mean-square loss, "
+                f"One training step of a llama block (RMSNorm, causal grouped-query attention with rotary positions, "
+                f"SwiGLU; forward, mean-square loss, "
                 f"backward, SGD) under torchtitan's classic plan with sequence parallelism "
                 f"(`bench/tp_block_bench.py`): the hand-written torch.distributed program on local tensors, "
                 f"shardtensor's `parallelize_module`, and torch's DTensor `parallelize_module` with the same plan, "
