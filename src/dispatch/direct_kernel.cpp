@@ -30,7 +30,6 @@
 #include <ATen/ops/transpose_ops.h>
 #include <ATen/ops/unsqueeze_ops.h>
 #include <ATen/ops/view_ops.h>
-#include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/MaybeOwned.h>
 #include <torch/library.h>
@@ -123,12 +122,10 @@ inline void keep_leaf_layout(const c10::optional<at::Tensor>& t) {
 template <class T>
 void keep_leaf_layout(const T&) {}
 
-// A plain input that requires grad keeps a plain gradient (plain_gradients.h), on every call.
-inline void keep_plain_gradient(const at::Tensor& t) {
-  if (t.defined() && !shard_tensor_impl(t) && t.requires_grad()) keep_gradient_plain(t);
-}
+// Plain inputs that require grad keep plain gradients (plain_gradients.h) on cache hits too.
+inline void keep_plain_gradient(const at::Tensor& t) { keep_gradient_plain(t); }
 inline void keep_plain_gradient(const c10::optional<at::Tensor>& t) {
-  if (t) keep_plain_gradient(*t);
+  if (t) keep_gradient_plain(*t);
 }
 template <class T>
 void keep_plain_gradient(const T&) {}
@@ -142,10 +139,10 @@ struct DirectKernel<Op, at::Tensor(Args...)> {
 
   static at::Tensor call(Args... args) {
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
-    if (at::GradMode::is_enabled()) (keep_plain_gradient(args), ...);
     // A cache hit is found from the typed arguments (propagation_key.h); only a miss, a rule
     // kernel run on a stack, or an output whose strides follow the arguments boxes them.
     Propagation* p = propagation_key::find_cached(op().schema(), args...);
+    if (p && p->plain_inputs) (keep_plain_gradient(args), ...);  // a miss does it in propagate()
     if (p && p->direct && !needs_boxed_arguments(*p)) return run_direct(*p, {}, args...);
     if (!p || p->direct) {
       const BorrowedArguments<sizeof...(Args)> borrowed(args...);

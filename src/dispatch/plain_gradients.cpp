@@ -1,5 +1,6 @@
 #include "dispatch/plain_gradients.h"
 
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -74,7 +75,7 @@ void hook_leaves_behind(const NodePtr& root) {
 }  // namespace
 
 void keep_gradient_plain(const at::Tensor& plain) {
-  if (!plain.requires_grad()) return;
+  if (!plain.defined() || is_shard_tensor(plain) || !plain.requires_grad() || !at::GradMode::is_enabled()) return;
   if (const NodePtr& grad_fn = plain.grad_fn())
     hook_leaves_behind(grad_fn);
   else

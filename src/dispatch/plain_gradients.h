@@ -14,6 +14,8 @@ namespace shardtensor {
 // gradient autograd has already summed over every use of the leaf into its full value: at most
 // one reduction per leaf per backward however many operators used it, issued as soon as the
 // leaf's gradient is ready, over only the mesh dims the gradient is partial or sharded on.
+// Any tensor may be passed: ShardTensors, tensors that do not require grad and calls with grad
+// mode off return at once.
 void keep_gradient_plain(const at::Tensor& plain);
 
 }  // namespace shardtensor

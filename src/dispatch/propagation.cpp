@@ -4,7 +4,6 @@
 #include "dispatch/propagation_key.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <cstring>
@@ -246,6 +245,7 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
   }
   p->output_specs.resize(p->result.outputs.size());
   p->direct = runs_on_local_pieces_alone(*p);
+  p->plain_inputs = std::any_of(meta.inputs.begin(), meta.inputs.end(), [](const TensorInput& in) { return in.plain; });
   return p;
 }
 
@@ -292,11 +292,7 @@ Propagation* entry_for(uint64_t key) {
 // gradient hook on every call, cached or not: one module's cached propagation serves the
 // next module's weights too.
 static void keep_plain_gradients(const Propagation& p, c10::ArrayRef<c10::IValue> args) {
-  const auto plain = [](const TensorInput& in) { return in.plain; };
-  if (!at::GradMode::is_enabled() || std::none_of(p.meta.inputs.begin(), p.meta.inputs.end(), plain)) return;
-  for_each_input_tensor(*p.meta.schema, args, [](const at::Tensor& t, size_t) {
-    if (t.requires_grad() && !shard_tensor_impl(t)) keep_gradient_plain(t);
-  });
+  if (p.plain_inputs) for_each_input_tensor(*p.meta.schema, args, [](const at::Tensor& t, size_t) { keep_gradient_plain(t); });
 }
 
 // A propagation made: the operator, each input's layout and the one it runs in, the outputs'.

@@ -41,6 +41,7 @@ struct Propagation {
   std::vector<std::optional<CachedOutput>> output_specs;  // filled on the first run
   bool fallback = false;                        // gathered inputs, Replicate outputs
   bool permutes_dims = false;                   // t, transpose, permute: strides follow (kernel.cpp)
+  bool plain_inputs = false;                    // a plain tensor counts as Replicate (plain_gradients.h)
   // The call needs nothing but the operator (or the rule's kernel, if it moves nothing) on the
   // local pieces: no input moves, no written argument, this rank in the mesh, one tensor
   // output, no SHARDTENSOR_LOG. Such a call may skip the boxed kernel (dispatch/direct_kernel.h).
