@@ -564,6 +564,11 @@ def render_tp_block(doc, records, figs):
                  f"4 reduce-scatters and 1 all-reduce (both norm weights' gradients in one); shardtensor's "
                  f"SequenceParallel adds one small all-gather per norm (the sizes of uneven sequence pieces, which "
                  f"DTensor assumes even), and the two norm weights' gradients are reduced apart.")
+        hand_worst = max(r["shardtensor_over_hand"] for r in d["rows"])
+        small = [r["shardtensor_over_dtensor"] for r in d["rows"] if r["size"] == "small"]
+        met = hand_worst <= d.get("bar_hand", 1.05) and all(v <= d.get("bar_dtensor", 0.5) for v in small)
+        body += (f" In this run: **{'met' if met else 'not met'}** (worst {hand_worst:.2f}x hand-written"
+                 + (f", {small[0]:.2f}x DTensor at the small size" if small else "") + ").")
     doc.section("Tensor-parallel transformer block through parallelize_module",
                 f"One training step of a llama block (RMSNorm, causal grouped-query attention with rotary positions, "
                 f"SwiGLU; forward, mean-square loss, "
