@@ -35,6 +35,7 @@ const std::map<std::string, std::set<std::string>>& allowed() {
       {"checkpoint", {"mesh", "spec", "comm", "redistribute"}},  // redistribute: the planner's boxes.h only
       {"dispatch", {"mesh", "spec", "comm", "redistribute", "rules", "domain", "kernels", "autograd"}},
       {"api", {"mesh", "spec", "comm", "redistribute", "rules", "domain", "kernels", "autograd", "dispatch", "debug"}},
+      {"nn", {}},  // torch::nn modules, on the public API only
   };
   return table;
 }
