@@ -285,8 +285,14 @@ def bench_tp_block(r, s):
                   + steps, timeout=930)]
 
 
+def bench_unet_dp(r, s):
+    steps = ["--steps", "3"] if r.args.quick else []
+    return [r.run("unet_dp_4ranks", [r.py_shardrun, "-n", "4", "--timeout", "600", r.python, "bench/unet_dp_domain_bench.py"]
+                  + steps, timeout=630)]
+
+
 # Benchmarks that run only the installed Python package (no C++ program of build-torch2).
-PYTHON_ONLY = {"collectives", "handlers", "tp_block"}
+PYTHON_ONLY = {"collectives", "handlers", "tp_block", "unet_dp"}
 
 BENCHES = {
     "python_ops": bench_python_ops,            # per-op overhead and the TP-MLP step from Python, 2 ranks
@@ -301,6 +307,7 @@ BENCHES = {
     "collectives": bench_collectives,          # collectives per op against DTensor and the minimum (counts)
     "handlers": bench_handlers,                # handlers' and register_sharding's cost to other operators
     "tp_block": bench_tp_block,                # a TP transformer block through parallelize_module, vs DTensor and by hand
+    "unet_dp": bench_unet_dp,                  # the U-Net step under DDP x domain: ms and bytes against the fewest
 }
 
 
@@ -577,6 +584,32 @@ def render_tp_block(doc, records, figs):
                 f"shardtensor's `parallelize_module`, and torch's DTensor `parallelize_module` with the same plan, "
                 f"in turns, {d.get('world', '?')} ranks; ms of the slowest rank, min / median / max over "
                 f"{d.get('steps', '?')} steps; each checked against the hand-written step first.", records, body,
+                f"{d.get('torch', '?')} (Python {d.get('python', '?')})")
+
+
+def render_unet_dp(doc, records, figs):
+    d = next((rec["data"] for rec in records if rec.get("data")), None) or {}
+    rows = []
+    for r in d.get("rows", []):
+        f = r["fewest"]
+        rows.append([f"{r['dp']} x {r['domain']}", mmm(r["ms"], 1), f"{r['shardtensor_bytes']:,} + {r['ddp_bytes']:,}",
+                     f"{f['halo']:,} + {f['statistics']:,} + {f['gradients']:,}", f"{r['over_fewest']:.2f}"])
+    body = table(["dp x domain", "ms per step", "bytes sent (shardtensor + DDP)",
+                  "fewest (halos + statistics + one gradient sum)", "sent / fewest"], rows) if rows else ""
+    if rows:
+        body += ("\n\nThe gradients are summed twice where both axes have more than one rank: shardtensor sums each "
+                 "plain weight's gradient over \"domain\" as it becomes ready, and DDP then averages it over \"dp\" "
+                 "(one sum over all ranks would do). The norms' statistics are reduced in double precision (the fewest "
+                 "counts them in float32).")
+    doc.section("U-Net step under DDP x domain parallelism",
+                f"The demo's U-Net ({d.get('height', '?')} x {d.get('width', '?')} field, batch {d.get('batch', '?')} "
+                f"per dp group, float32) under PhysicsNeMo's recipe: plain weights, torch's DDP over \"dp\", the "
+                f"field split over H on \"domain\" (`bench/unet_dp_domain_bench.py`), every (dp, domain) split of "
+                f"{d.get('world', '?')} ranks in turns; ms of the slowest rank, min / median / max over "
+                f"{d.get('steps', '?')} steps, each layout's first loss checked against one process first. Bytes are "
+                f"what the busiest rank sends in one step, as payloads (a halo its rows, an all-reduce its tensor): "
+                f"shardtensor's counted by CommDebugMode, DDP's by a comm hook plus the buffers it broadcasts; the "
+                f"fewest the layout allows are worked out in the script's docstring.", records, body,
                 f"{d.get('torch', '?')} (Python {d.get('python', '?')})")
 
 
@@ -865,6 +898,7 @@ def render(results, args, machine_text, cxx_torch_text, total_s, out, tree):
         ("collectives", render_collectives, figs),
         ("handlers", render_handlers, figs),
         ("tp_block", render_tp_block, figs),
+        ("unet_dp", render_unet_dp, figs),
     ]
     for key, fn, f in order:
         if results.get(key):

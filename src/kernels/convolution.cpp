@@ -5,6 +5,7 @@
 
 #include "domain/halo.h"
 #include "kernels/stack.h"
+#include "kernels/window_cache.h"
 #include "rules/convolution.h"
 
 namespace shardtensor {
@@ -41,7 +42,9 @@ std::vector<int64_t> local_result_shape(const ConvolutionPlan& plan, const at::T
 LocalKernel regular_forward(const ConvolutionPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor window = gather_windows(halo, args[0].toTensor(), 0.0);
+    const at::Tensor piece = args[0].toTensor();
+    const at::Tensor window = gather_windows(halo, piece, 0.0);
+    keep_received_rows(halo, piece, window);  // for convolution_backward
     const at::Tensor weight = args[1].toTensor();
     if (empty_here(plan, window)) {  // no outputs on this rank
       stack->push_back(at::zeros(local_result_shape(plan, window, weight.size(0)), window.options()));
@@ -54,13 +57,16 @@ LocalKernel regular_forward(const ConvolutionPlan& plan) {
   };
 }
 
-// convolution_backward for a regular convolution: the input window again, then its gradient
-// scattered back to the owners.
+// convolution_backward for a regular convolution: the input window again (from the rows the
+// forward received, kernels/window_cache.h, or gathered again), then its gradient scattered back
+// to the owners.
 LocalKernel regular_backward(const ConvolutionPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<c10::IValue> args = pop_arguments(op, stack);
     const at::Tensor grad = args[0].toTensor(), weight = args[2].toTensor();
-    const at::Tensor window = gather_windows(halo, args[1].toTensor(), 0.0);
+    const at::Tensor piece = args[1].toTensor();
+    at::Tensor window = window_from_kept_rows(halo, piece);
+    if (!window.defined()) window = gather_windows(halo, piece, 0.0);
     const std::vector<bool> mask = {args[10].toBoolList().get(0), args[10].toBoolList().get(1), args[10].toBoolList().get(2)};
     at::Tensor grad_window, grad_weight, grad_bias;
     if (grad.numel() == 0 || window.numel() == 0) {

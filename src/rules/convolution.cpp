@@ -8,9 +8,11 @@
 //
 // Regular convolution: each rank gathers the window its outputs read (gather_window: the
 // neighbours' halo rows, zeros outside the field, any number of hops) and runs the local
-// convolution with no padding on the sharded dims. Backward gathers the same window again,
-// runs the local convolution_backward, and sends the input gradient's halo parts back to
-// their owners, where they are added (scatter_add_window). Weight and bias gradients are
+// convolution with no padding on the sharded dims. Backward needs the same window: it rebuilds
+// it from the rows the forward received where the forward kept them (kernels/window_cache.h:
+// one split axis, grad mode on), else gathers it again; it runs the local convolution_backward,
+// and sends the input gradient's halo parts back to their owners, where they are added
+// (scatter_add_window). Weight and bias gradients are
 // Partial(sum) over every mesh dim that shards the input.
 //
 // Transposed convolution is the adjoint: each rank computes the full contribution of its
@@ -127,7 +129,7 @@ std::string ConvolutionPlan::name() const {
 
 std::vector<DeclaredMove> ConvolutionPlan::moves() const {
   if (params.transposed) return pass == Pass::Forward ? halo_scatter_adds(halo) : halo_gathers(halo);
-  std::vector<DeclaredMove> moves = halo_gathers(halo);  // regular: the input window
+  std::vector<DeclaredMove> moves = halo_gathers(halo);  // regular: the input window (backward: unless the forward kept its rows)
   if (pass == Pass::Backward)
     for (const DeclaredMove& m : halo_scatter_adds(halo)) moves.push_back(m);  // and its gradient sent back
   return moves;
