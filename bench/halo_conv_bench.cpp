@@ -66,7 +66,9 @@ int main(int argc, char** argv) {
   CommDebugMode comms;
   step();
   const int64_t halo_rows = (rank > 0) + (rank < ranks - 1);  // one row to each neighbour
-  const int64_t halo_bytes = 3 * halo_rows * n * c * w * 4;    // forward gather, backward gather + scatter
+  // The forward's gather and the backward's scatter-add of the input gradient's halo rows (the
+  // backward rebuilds the window from the rows the forward received).
+  const int64_t halo_bytes = 2 * halo_rows * n * c * w * 4;
   if (rank == 0) {
     std::printf("conv2d %lldx%lldx%lldx%lld, kernel %lld, fwd+bwd, H split %lld ways (rows", static_cast<long long>(n),
                 static_cast<long long>(c), static_cast<long long>(h), static_cast<long long>(w), static_cast<long long>(k),

@@ -687,7 +687,9 @@ def render_halo(doc, records, figs):
     doc.section("Halo convolution (`halo_conv_bench`)",
                 f"conv2d forward + backward on {shape} (kernel 3, padding 1), H split unevenly over the ranks, against "
                 f"the same convolution in one process (the baseline, rank 0 alone); ms, min / median / max over {steps} "
-                f"steps. The bytes sent must equal the halo rows (the program fails otherwise).", records, body)
+                f"steps. The bytes sent must equal the halo rows: the forward's gather and the backward's scatter-add of "
+                f"the input gradient's (the backward rebuilds the window from the rows the forward received); the "
+                f"program fails otherwise.", records, body)
 
 
 def render_attention(doc, records, figs):
