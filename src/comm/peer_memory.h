@@ -114,6 +114,9 @@ class PeerMemory {
 
   // True once this member gave up an exchange: it offers and reads nothing from then on.
   bool closed() const { return closed_; }
+  // Exchanges started on this group so far: what tells a caller whether a movement went
+  // through peer memory at all.
+  uint64_t exchanges_started() const { return exchange_; }
 
   struct Header;  // a reader's copy of a peer's mailbox
 

@@ -109,8 +109,11 @@ class PeerMemoryMessages final : public Messages {
 }  // namespace
 
 std::unique_ptr<Messages> start_same_host_messages(Comm& comm, bool on_cpu, const char* counted_as, bool counts) {
-  // comm.peer_memory() is null for one member, NCCL, SHARDTENSOR_PEER_MEMORY=0 or a failed probe.
-  if (on_cpu && transport_preference() == TransportPreference::Auto)
+  // The transport options in force on this thread (a TransportOptionsScope over the process's
+  // defaults) decide, as they do for every other movement. comm.peer_memory() is null for one
+  // member, NCCL, SHARDTENSOR_PEER_MEMORY=0 or a failed probe.
+  const ResolvedTransportOptions options = resolve();
+  if (on_cpu && options.preference == TransportPreference::Auto && options.peer_memory)
     if (PeerMemory* memory = comm.peer_memory()) return std::make_unique<PeerMemoryMessages>(comm, *memory, counted_as, counts);
   return comm.start_messages(counted_as, counts);
 }

@@ -24,8 +24,9 @@ namespace shardtensor {
 
 // A message batch on `comm`: through peer memory where the group's members share this host
 // (the first call probes, on every member), the tensors are CPU ones (`on_cpu`, the same on
-// every member: the mesh's device), peer memory is on and the transport preference is "auto";
-// otherwise comm.start_messages(). Every member must call it for every batch, in the same order.
+// every member: the mesh's device), and the transport options in force on this thread (a
+// TransportOptionsScope over the process's defaults) say "auto" with peer memory on; otherwise
+// comm.start_messages(). Every member must call it for every batch, in the same order.
 std::unique_ptr<Messages> start_same_host_messages(Comm& comm, bool on_cpu, const char* counted_as, bool counts = true);
 
 }  // namespace shardtensor

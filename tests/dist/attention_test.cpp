@@ -166,6 +166,31 @@ TEST(Attention, RingPassesEachBlockAroundOnceWithoutGathering) {
   }
 }
 
+// A TransportOptionsScope covers every movement on its thread, the ring's message batches too:
+// under Messages the ring never touches peer memory, and outside it (auto) it does.
+TEST(Attention, TransportScopeKeepsTheRingOffPeerMemory) {
+  SKIP_WITHOUT_SDPA();
+  const int64_t n = mesh_1d().size(0);
+  if (n == 1) GTEST_SKIP() << "a one-rank ring moves nothing";
+  if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
+  Comm& comm = mesh_1d().comm(0);
+  if (kernel_forbids_peer_memory(comm)) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory";
+  auto seq = [&](uint64_t seed) { return distribute_tensor(draw({1, 2, 3 * n + 1, 4}, seed), mesh_1d(), {Shard(2)}); };
+  const at::Tensor q = seq(1), k = seq(2), v = seq(3);
+  const at::Tensor by_memory = sdpa(q, k, v, /*is_causal=*/false);  // the group probes peer memory here
+  ASSERT_NE(comm.peer_memory(), nullptr) << comm.why_no_peer_memory();
+  const uint64_t before = comm.peer_memory()->exchanges_started();
+  at::Tensor by_messages;
+  {
+    TransportOptionsScope messages(TransportOptions{TransportPreference::Messages});
+    by_messages = sdpa(q, k, v, /*is_causal=*/false);
+  }
+  EXPECT_EQ(comm.peer_memory()->exchanges_started(), before) << "the ring went through peer memory under a Messages scope";
+  EXPECT_TRUE(at::equal(to_local(by_messages), to_local(by_memory)));
+  sdpa(q, k, v, /*is_causal=*/false);
+  EXPECT_GT(comm.peer_memory()->exchanges_started(), before) << "outside the scope the ring uses peer memory";
+}
+
 // Even splits under is_causal: block b is needed by ranks b..n-1 only, so rank r < n-1 passes
 // on the blocks 0..r and the last rank sends nothing.
 TEST(Attention, CausalRingMovesNoBlockAboveTheDiagonal) {
