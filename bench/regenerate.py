@@ -592,15 +592,17 @@ def render_unet_dp(doc, records, figs):
     rows = []
     for r in d.get("rows", []):
         f = r["fewest"]
-        rows.append([f"{r['dp']} x {r['domain']}", mmm(r["ms"], 1), f"{r['shardtensor_bytes']:,} + {r['ddp_bytes']:,}",
+        how = " (`sum_gradients_with_ddp`)" if r.get("one_sum") else ""
+        rows.append([f"{r['dp']} x {r['domain']}{how}", mmm(r["ms"], 1), f"{r['shardtensor_bytes']:,} + {r['ddp_bytes']:,}",
                      f"{f['halo']:,} + {f['statistics']:,} + {f['gradients']:,}", f"{r['over_fewest']:.2f}"])
     body = table(["dp x domain", "ms per step", "bytes sent (shardtensor + DDP)",
                   "fewest (halos + statistics + one gradient sum)", "sent / fewest"], rows) if rows else ""
     if rows:
-        body += ("\n\nThe gradients are summed twice where both axes have more than one rank: shardtensor sums each "
-                 "plain weight's gradient over \"domain\" as it becomes ready, and DDP then averages it over \"dp\" "
-                 "(one sum over all ranks would do). The norms' statistics are reduced in double precision (the fewest "
-                 "counts them in float32).")
+        body += ("\n\nBy default the gradients are summed twice where both axes have more than one rank: shardtensor "
+                 "sums each plain weight's gradient over \"domain\" as it becomes ready, and DDP then averages it over "
+                 "\"dp\". With `shardtensor.parallel.sum_gradients_with_ddp(ddp, mesh)` each rank hands DDP its term "
+                 "and DDP's buckets are summed once over all ranks. The norms' statistics are reduced in double "
+                 "precision (the fewest counts them in float32).")
     doc.section("U-Net step under DDP x domain parallelism",
                 f"The demo's U-Net ({d.get('height', '?')} x {d.get('width', '?')} field, batch {d.get('batch', '?')} "
                 f"per dp group, float32) under PhysicsNeMo's recipe: plain weights, torch's DDP over \"dp\", the "

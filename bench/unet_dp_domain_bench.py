@@ -9,7 +9,9 @@ The model, the data and the uneven split are examples/heat_unet_demo.py's (a 250
 batch 2 per dp group, float32). Bytes are payloads as CommDebugMode counts them: a halo counts
 the rows sent, an all-reduce the tensor it reduces. shardtensor's are counted by CommDebugMode
 (halos, the norms' statistics, the loss's mean, the plain weights' gradient sums over "domain");
-DDP's by a comm hook on its buckets, plus the buffers it broadcasts before each forward.
+DDP's by a comm hook on its buckets, plus the buffers it broadcasts before each forward. Where both
+axes have more than one rank, the layout runs a second time under shardtensor.parallel's
+sum_gradients_with_ddp: one sum over all ranks in DDP's buckets instead of two.
 
 The fewest, for the busiest rank (two neighbours along H), with n_params gradients: each 3x3
 convolution sends one row of its input to each neighbour, once (the backward reuses the rows the
@@ -61,8 +63,8 @@ def fewest_bytes(demo, domain: int, n_params: int, world: int) -> dict:
 class Layout:
     """One (dp, domain) split: the model under DDP on "dp", its inputs split over "domain"."""
 
-    def __init__(self, demo, dp, domain, fields, targets):
-        self.dp, self.domain_size = dp, domain
+    def __init__(self, demo, dp, domain, fields, targets, one_sum=False):
+        self.dp, self.domain_size, self.one_sum = dp, domain, one_sum
         self.mesh = st.init_device_mesh("cpu", (dp, domain), mesh_dim_names=("dp", "domain"))
         self.domain = self.mesh["domain"]
         group = self.mesh.get_coordinate()[0]
@@ -77,7 +79,10 @@ class Layout:
             self.ddp_bytes += bucket.buffer().numel() * bucket.buffer().element_size() if dp > 1 else 0
             return default_hooks.allreduce_hook(dp_group, bucket)
 
-        self.model.register_comm_hook(None, counting_hook)
+        if one_sum:  # DDP sums over every rank once; shardtensor hands it each rank's term
+            self.mesh_sum = st.parallel.sum_gradients_with_ddp(self.model, self.mesh)
+        else:
+            self.model.register_comm_hook(None, counting_hook)
         self.buffer_bytes = sum(b.nbytes for b in model.buffers()) if dp > 1 else 0  # broadcast before each forward
         self.opt = torch.optim.Adam(self.model.parameters(), lr=3e-3)
         self.n_params = sum(p.numel() for p in model.parameters())
@@ -110,8 +115,11 @@ class Layout:
     def bytes_of_one_step(self):
         """(shardtensor's bytes, DDP's bytes) this rank sends in one step."""
         self.ddp_bytes = 0
+        before = self.mesh_sum.bytes if self.one_sum else 0
         with st.CommDebugMode() as comms:
             self.step()
+        if self.one_sum:
+            self.ddp_bytes = self.mesh_sum.bytes - before
         return comms.get_bytes(), self.ddp_bytes + self.buffer_bytes
 
 
@@ -132,6 +140,7 @@ def main():
     splits = [(dp, world // dp) for dp in range(1, world + 1) if world % dp == 0]
     fields, targets = demo.heat_dataset()
     layouts = [Layout(demo, dp, domain, fields, targets) for dp, domain in splits]
+    layouts += [Layout(demo, dp, domain, fields, targets, one_sum=True) for dp, domain in splits if dp > 1 and domain > 1]
     for layout in layouts:
         layout.check_first_loss()
     measured = [layout.bytes_of_one_step() for layout in layouts]
@@ -140,7 +149,7 @@ def main():
     for layout, (ours, ddp), ms in zip(layouts, measured, times):
         fewest = fewest_bytes(demo, layout.domain_size, layout.n_params, world)
         ours_total = busiest(ours + ddp)
-        rows.append(dict(dp=layout.dp, domain=layout.domain_size, ms=ms.json(), shardtensor_bytes=busiest(ours),
+        rows.append(dict(dp=layout.dp, domain=layout.domain_size, one_sum=layout.one_sum, ms=ms.json(), shardtensor_bytes=busiest(ours),
                          ddp_bytes=busiest(ddp), bytes=ours_total, fewest=fewest, fewest_bytes=sum(fewest.values()),
                          over_fewest=ours_total / max(sum(fewest.values()), 1), n_params=layout.n_params))
     if dist.get_rank() == 0:
@@ -149,7 +158,8 @@ def main():
         print("|---|---|---|---|---|")
         for r in rows:
             f = r["fewest"]
-            print(f"| {r['dp']} x {r['domain']} | {r['ms']['median']:.1f} | {r['shardtensor_bytes']} + {r['ddp_bytes']} "
+            how = " (sum_gradients_with_ddp)" if r["one_sum"] else ""
+            print(f"| {r['dp']} x {r['domain']}{how} | {r['ms']['median']:.1f} | {r['shardtensor_bytes']} + {r['ddp_bytes']} "
                   f"| {f['halo']} + {f['statistics']} + {f['gradients']} | {r['over_fewest']:.2f} |")
         if args.json:
             with open(args.json, "w") as out:

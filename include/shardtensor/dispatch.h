@@ -71,6 +71,14 @@ class ImplicitReplication {
   bool previous_;
 };
 
+// For a data-parallel wrapper that sums gradients over the whole mesh in its own buckets (torch's
+// DDP with shardtensor.parallel.sum_gradients_with_ddp in Python): from now on the hook on the
+// plain parameter `leaf` hands on, with no message, this rank's term of a sum over the `ranks`
+// ranks of the activations' mesh (a Partial(sum) gradient's local term; any other gradient, a
+// plain one computed alike on every rank included, divided by `ranks`). The wrapper's one sum
+// over all ranks then gives the full gradient; until it runs, `.grad` holds this rank's term.
+void hand_on_gradient_terms(const at::Tensor& leaf, int64_t ranks);
+
 // ---- local_map ---------------------------------------------------------------------------
 // Runs `fn` on local tensors. Each input ShardTensor is first redistributed to its entry of
 // `in_placements` (std::nullopt: used as it is), `fn` sees the local pieces, and its outputs are

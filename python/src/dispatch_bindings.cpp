@@ -106,6 +106,7 @@ void bind_dispatch(py::module_& m) {
 
   m.def("set_implicit_replication", &set_implicit_replication, py::arg("enabled"));
   m.def("is_implicit_replication", &is_implicit_replication);
+  m.def("hand_on_gradient_terms", &hand_on_gradient_terms, py::arg("leaf"), py::arg("ranks"));
   using Replication = Scope<ImplicitReplication>;
   py::class_<Replication>(m, "ImplicitReplication")
       .def(py::init<>())

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "shardtensor/dispatch.h"
 #include "shardtensor/redistribute.h"
 #include "shardtensor/shard_tensor.h"
 #include "util/torch_compat.h"
@@ -22,20 +23,50 @@ using compat::NodePtr;
 using compat::WeakNodePtr;
 
 // Runs before AccumulateGrad, on the sum autograd's input buffer made of every use's gradient.
+// By default it hands on the full gradient (one reduction). Once a data-parallel wrapper takes
+// the sum over to its own buckets (hand_on_gradient_terms), it hands on this rank's term of a
+// sum over the `term_of_ranks` ranks of the activations' mesh instead, with no message.
 struct FullGradientHook final : torch::autograd::FunctionPreHook {
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
     torch::autograd::variable_list out = grads;
-    for (at::Tensor& g : out)
-      if (g.defined() && is_shard_tensor(g)) g = full_tensor(g);
+    for (at::Tensor& g : out) {
+      if (!g.defined()) continue;
+      if (term_of_ranks == 0) {
+        if (is_shard_tensor(g)) g = full_tensor(g);
+      } else {
+        g = term_of_sum(g);
+      }
+    }
     return out;
   }
+
+  at::Tensor term_of_sum(const at::Tensor& g) const {
+    if (!is_shard_tensor(g)) return g / static_cast<double>(term_of_ranks);  // whole on every rank
+    const ShardTensorSpec& s = spec(g);
+    TORCH_CHECK(s.mesh().size() == term_of_ranks, "shardtensor: a plain parameter's gradient comes from ShardTensors on ",
+                s.mesh().to_string(), " (", s.mesh().size(), " ranks), but its data-parallel wrapper sums gradient terms over ",
+                term_of_ranks, " ranks of the activations' mesh; pass the mesh whose dims split the activations");
+    bool all_sums = true;
+    for (const Placement& p : s.placements()) all_sums = all_sums && p.is_partial() && p.reduce_op == ReduceOp::Sum;
+    if (all_sums) return shardtensor::to_local(g, std::nullopt);  // already this rank's term
+    return full_tensor(g) / static_cast<double>(term_of_ranks);
+  }
+
+  int64_t term_of_ranks = 0;  // 0: hand on the full gradient
 };
 
-void hook_leaf(const at::Tensor& leaf) {
-  if (is_shard_tensor(leaf)) return;  // a ShardTensor parameter's gradient keeps its layout
+FullGradientHook* hook_of(const at::Tensor& leaf) {
   for (const auto& hook : torch::autograd::impl::hooks(leaf))
-    if (dynamic_cast<const FullGradientHook*>(hook.get())) return;
-  torch::autograd::impl::add_hook(leaf, std::make_unique<FullGradientHook>());
+    if (auto* ours = dynamic_cast<FullGradientHook*>(hook.get())) return ours;
+  return nullptr;
+}
+
+FullGradientHook& hook_leaf(const at::Tensor& leaf) {
+  if (FullGradientHook* existing = hook_of(leaf)) return *existing;
+  auto hook = std::make_unique<FullGradientHook>();
+  FullGradientHook& added = *hook;
+  torch::autograd::impl::add_hook(leaf, std::move(hook));
+  return added;
 }
 
 // Graph nodes already walked on this thread. A plain non-leaf is usually a step or two from its
@@ -65,7 +96,7 @@ void hook_leaves_behind(const NodePtr& root) {
     stack.pop_back();
     if (!node || !first_visit(node)) continue;
     if (auto* accumulate = dynamic_cast<torch::autograd::AccumulateGrad*>(node.get())) {
-      hook_leaf(accumulate->variable);
+      if (!is_shard_tensor(accumulate->variable)) hook_leaf(accumulate->variable);  // a ShardTensor's gradient keeps its layout
       continue;
     }
     for (const torch::autograd::Edge& edge : node->next_edges()) stack.push_back(edge.function);
@@ -80,6 +111,13 @@ void keep_gradient_plain(const at::Tensor& plain) {
     hook_leaves_behind(grad_fn);
   else
     hook_leaf(plain);
+}
+
+void hand_on_gradient_terms(const at::Tensor& leaf, int64_t ranks) {
+  TORCH_CHECK(leaf.defined() && leaf.is_leaf() && leaf.requires_grad() && !is_shard_tensor(leaf),
+              "hand_on_gradient_terms: expected a plain parameter (a leaf that requires grad)");
+  TORCH_CHECK(ranks >= 1, "hand_on_gradient_terms: the sum is over at least one rank, got ", ranks);
+  hook_leaf(leaf).term_of_ranks = ranks;
 }
 
 }  // namespace shardtensor

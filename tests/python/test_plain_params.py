@@ -207,6 +207,32 @@ def dp_domain_body(rank, world_size):
     for name, p in ddp.named_parameters():
         torch.testing.assert_close(p.detach(), expected[name], rtol=1e-9, atol=1e-11, msg=lambda m: f"DDP {name}: {m}")
 
+    # One gradient sum instead of two: DDP's buckets summed over all four ranks, shardtensor
+    # handing it each rank's term of the domain sum with no message of its own.
+    one_sum = UNet().double()
+    one_sum.load_state_dict(state)
+    wrapped = torch.nn.parallel.DistributedDataParallel(one_sum, process_group=mesh["dp"].get_group())
+    st.parallel.sum_gradients_with_ddp(wrapped, mesh)
+    F.mse_loss(wrapped(xs), ts).backward()  # the gradients themselves (Adam would hide a constant factor)
+    reference = UNet().double()
+    reference.load_state_dict(state)
+    (sum(F.mse_loss(reference(x), t) for x, t in zip(halves, targets)) / 2).backward()
+    for (name, p), r in zip(one_sum.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"gradient of {name}: {m}")
+    with st.CommDebugMode() as comms:
+        train(wrapped)
+    plain_gradient_sums = comms.get_comm_counts_by_operator().get("redistribute", {})
+    assert not plain_gradient_sums, f"shardtensor summed plain gradients itself: {plain_gradient_sums}"
+    for name, p in one_sum.named_parameters():
+        torch.testing.assert_close(p.detach(), expected[name], rtol=1e-9, atol=1e-11,
+                                   msg=lambda m: f"DDP with sum_gradients_with_ddp {name}: {m}")
+    flat = torch.cat([p.detach().reshape(-1) for p in one_sum.parameters()])
+    everyone = [torch.empty_like(flat) for _ in range(world_size)]
+    torch.distributed.all_gather(everyone, flat)
+    assert all(torch.equal(flat, other) for other in everyone), "parameters differ between ranks"
+    with pytest.raises(ValueError, match="expected a mesh with a data-parallel dim"):
+        st.parallel.sum_gradients_with_ddp(wrapped, mesh["domain"])
+
     for reshard in (True, False):
         fsdp = UNet().double()
         fsdp.load_state_dict(state)

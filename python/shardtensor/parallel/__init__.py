@@ -6,9 +6,11 @@ where a mesh that does not divide a size gives uneven pieces instead of an error
 """
 
 from .api import distribute_module, parallelize_module
+from .ddp import sum_gradients_with_ddp
 from .loss import loss_parallel
 from .style import (ColwiseParallel, ParallelStyle, PrepareModuleInput, PrepareModuleInputOutput, PrepareModuleOutput,
                     RowwiseParallel, SequenceParallel)
 
 __all__ = ["ColwiseParallel", "ParallelStyle", "PrepareModuleInput", "PrepareModuleInputOutput", "PrepareModuleOutput",
-           "RowwiseParallel", "SequenceParallel", "distribute_module", "loss_parallel", "parallelize_module"]
+           "RowwiseParallel", "SequenceParallel", "distribute_module", "loss_parallel", "parallelize_module",
+           "sum_gradients_with_ddp"]
