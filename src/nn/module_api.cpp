@@ -86,6 +86,14 @@ Resolved resolve(torch::nn::Module& root, const std::string& path) {
   return {std::move(found), std::move(misses)};
 }
 
+// A module called through `style`: the wrapper's input and output functions.
+DistributedModule called_through(torch::nn::AnyModule module, const DeviceMesh& mesh,
+                                 const std::shared_ptr<const parallel::ParallelStyle>& style, bool register_child) {
+  InputFn input = [style](torch::nn::Module& m, const at::Tensor& x, const DeviceMesh& dm) { return style->prepare_input(m, x, dm); };
+  OutputFn output = [style](torch::nn::Module& m, const at::Tensor& y, const DeviceMesh& dm) { return style->prepare_output(m, y, dm); };
+  return DistributedModule(std::move(module), mesh, std::move(input), std::move(output), register_child);
+}
+
 // Where `parent` is a Sequential holding `module`, its entry calls `module` through the style's
 // conversions from now on; the Sequential keeps `module` as its registered child.
 void wrap_sequential_entry(torch::nn::Module* parent, const std::shared_ptr<torch::nn::Module>& module,
@@ -94,9 +102,7 @@ void wrap_sequential_entry(torch::nn::Module* parent, const std::shared_ptr<torc
   if (sequential == nullptr) return;
   for (auto entry = sequential->begin(); entry != sequential->end(); ++entry) {
     if (entry->ptr() != module) continue;
-    InputFn input = [style](torch::nn::Module& m, const at::Tensor& x, const DeviceMesh& dm) { return style->prepare_input(m, x, dm); };
-    OutputFn output = [style](torch::nn::Module& m, const at::Tensor& y, const DeviceMesh& dm) { return style->prepare_output(m, y, dm); };
-    *entry = torch::nn::AnyModule(DistributedModule(std::move(*entry), mesh, std::move(input), std::move(output), false));
+    *entry = torch::nn::AnyModule(called_through(std::move(*entry), mesh, style, /*register_child=*/false));
   }
 }
 
@@ -193,10 +199,7 @@ DistributedModule parallelize_module(torch::nn::AnyModule module, const DeviceMe
   TORCH_CHECK(!module.is_empty(), "parallelize_module: got an empty module");
   TORCH_CHECK(style != nullptr, "parallelize_module: got no style");
   style->partition(*module.ptr(), mesh);
-  return DistributedModule(
-      std::move(module), mesh,
-      [style](torch::nn::Module& m, const at::Tensor& x, const DeviceMesh& dm) { return style->prepare_input(m, x, dm); },
-      [style](torch::nn::Module& m, const at::Tensor& y, const DeviceMesh& dm) { return style->prepare_output(m, y, dm); });
+  return called_through(std::move(module), mesh, style, /*register_child=*/true);
 }
 
 }  // namespace parallel
