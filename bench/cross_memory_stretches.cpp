@@ -1,5 +1,5 @@
 // What a stretch costs in Linux's cross-memory attach, on each side of the copy: the probe
-// behind peer memory's choice of who copies a part (src/redistribute/peer_copies.cpp,
+// behind peer memory's choice of who copies a part (src/redistribute/transports/peer_memory/copies.cpp,
 // holder_writes). One process copies 1 MiB laid out as 512 stretches of 2 KiB (the columns one
 // rank of four sends in S(0)->S(1) of a [2048, 2048] float tensor) through process_vm_readv on
 // itself, with the strided side as the "remote" side (whose pages the kernel pins stretch by

@@ -27,7 +27,7 @@
 #include "comm/comm.h"
 #include "comm/fingerprint.h"
 #include "redistribute/boxes.h"
-#include "redistribute/peer_copies.h"
+#include "redistribute/transports/peer_memory/copies.h"
 #include "redistribute/plan.h"
 #include "redistribute/transports/part_transport.h"
 #include "shardtensor/shardtensor.h"
@@ -274,9 +274,10 @@ void small_transfers(const DeviceMesh& mesh, const std::string& json_path) {
     at::Tensor gathered = at::empty({world, piece[0], piece[1]}), summed = at::rand(piece);
     const auto over_gloo = [](const std::function<void()>& fn) {
       return [fn] {
-        set_peer_copy_bytes(std::numeric_limits<int64_t>::max());
+        TransportOptions no_peer_copies;
+        no_peer_copies.peer_copy_bytes = std::numeric_limits<int64_t>::max();
+        const TransportOptionsScope over_gloo_only(no_peer_copies);
         fn();
-        set_peer_copy_bytes(kDefaultPeerCopyBytes);
       };
     };
     const auto add = [&](const std::string& name, const std::function<void()>& ours, const std::string& raw_name, const std::function<void()>& raw) {

@@ -1,9 +1,10 @@
 // How a redistribution may move bytes between ranks: per-call plan options. Each unset field
-// takes this process's default, which the environment sets (SHARDTENSOR_TRANSPORT,
-// SHARDTENSOR_PEER_MEMORY, SHARDTENSOR_PEER_COPY_BYTES). Plans are cached and lowered per
-// options, so a call with other options gets its own plan, and `explain_redistribute` shows
-// the transport of each step. Every rank must pass the same options: ranks that choose
-// different transports never meet, and time out with an error.
+// takes this process's default, read once from the environment (SHARDTENSOR_TRANSPORT,
+// SHARDTENSOR_PEER_MEMORY, SHARDTENSOR_PEER_COPY_BYTES, SHARDTENSOR_MESSAGE_BYTES); nothing
+// changes a default afterwards, so what a plan was lowered with is all that decides how it
+// runs. Plans are cached and lowered per options, so a call with other options gets its own
+// plan, and `explain_redistribute` shows the transport of each step. Every rank must pass the
+// same options: ranks that choose different transports never meet, and time out with an error.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,7 @@ struct TransportOptions {
   std::optional<TransportPreference> transport;
   std::optional<bool> peer_memory;         // whether same-host CPU ranks may copy through memory
   std::optional<int64_t> peer_copy_bytes;  // the smallest transfer per rank that may use it
+  std::optional<int64_t> message_bytes;    // the size point-to-point messages are cut to (> 0)
 };
 
 // The options every movement on this thread takes where its call passes none, while the scope

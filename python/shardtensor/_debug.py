@@ -30,15 +30,17 @@ def strict(enabled: bool = True):
 
 
 @contextlib.contextmanager
-def transport_options(transport=None, *, peer_memory=None, peer_copy_bytes=None):
+def transport_options(transport=None, *, peer_memory=None, peer_copy_bytes=None, message_bytes=None):
     """Within the block (this thread), how bytes move where a call does not say: the
     redistributes operators make, their halo exchanges and mid-op reductions, and
     redistribute() calls without transport=/peer_memory=. transport: "auto", "collectives" or
     "messages"; peer_memory: whether same-host CPU ranks may copy through each other's memory;
-    peer_copy_bytes: the smallest transfer per rank that may. None keeps the outer block's
-    choice (or the process's default: SHARDTENSOR_TRANSPORT, SHARDTENSOR_PEER_MEMORY). Every
-    rank must open the same block around the same calls; open it around backward() too."""
-    scope = _C.TransportOptionsScope(transport, peer_memory, peer_copy_bytes)
+    peer_copy_bytes: the smallest transfer per rank that may; message_bytes: the size
+    point-to-point messages are cut to. None keeps the outer block's choice (or the process's
+    default, read once from SHARDTENSOR_TRANSPORT, SHARDTENSOR_PEER_MEMORY,
+    SHARDTENSOR_PEER_COPY_BYTES and SHARDTENSOR_MESSAGE_BYTES). Every rank must open the same
+    block around the same calls; open it around backward() too."""
+    scope = _C.TransportOptionsScope(transport, peer_memory, peer_copy_bytes, message_bytes)
     scope.enter()
     try:
         yield

@@ -13,4 +13,10 @@ namespace shardtensor {
 // (DeviceMesh::device(): cpu, or cuda:LOCAL_RANK on a cuda mesh).
 void check_on_mesh_device(const char* api, const at::Tensor& t, const DeviceMesh& mesh);
 
+// A ShardTensor made from a plain piece (from_local, distribute_tensor, the factories): the
+// ways a process gets its first one, so the kernel is registered with the dispatcher here
+// (dispatch/library.h: once, idempotent) before an op can reach it. The dispatch layer makes
+// the rest with make_shard_tensor, from ShardTensors that exist already.
+at::Tensor new_shard_tensor(at::Tensor local, ShardTensorSpec spec);
+
 }  // namespace shardtensor

@@ -9,6 +9,7 @@
 #include <ATen/ops/tensor.h>
 
 
+#include "api/conversions.h"
 #include "comm/agreement.h"
 #include "comm/comm.h"
 #include "dispatch/shard_tensor_impl.h"
@@ -33,7 +34,7 @@ c10::TensorOptions local_options(const FactoryLayout& layout) {
 }
 
 at::Tensor wrap(at::Tensor local, ShardTensorSpec spec, bool requires_grad) {
-  at::Tensor out = make_shard_tensor(std::move(local), std::move(spec));
+  at::Tensor out = new_shard_tensor(std::move(local), std::move(spec));
   if (requires_grad) out.set_requires_grad(true);
   return out;
 }

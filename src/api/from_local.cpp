@@ -15,6 +15,7 @@
 #include "api/conversions.h"
 #include "autograd/grad_fn.h"
 #include "comm/agreement.h"
+#include "dispatch/library.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "redistribute/executor.h"
 #include "shardtensor/shard_tensor.h"
@@ -255,7 +256,7 @@ void check_local_matches(const ShardTensorSpec& spec, const at::Tensor& local) {
 // Replicate) and leaves as this rank's local piece.
 at::Tensor wrap_differentiably(const at::Tensor& local, ShardTensorSpec spec) {
   const ShardTensorSpec grad_layout = gradient_layout(spec);
-  return attach_grad_fn(make_shard_tensor(local, std::move(spec)), local,
+  return attach_grad_fn(new_shard_tensor(local, std::move(spec)), local,
                         [grad_layout](const at::Tensor& grad) { return to_local(move_to(grad, grad_layout)); },
                         "FromLocalBackward");
 }
@@ -303,12 +304,17 @@ at::Tensor from_local_outside_mesh(const at::Tensor& local, const DeviceMesh& me
                                              sizing.mode() == ShardSizing::Mode::Infer ? ShardSizing::chunk() : sizing);
   const std::vector<int64_t> local_shape = local.sizes().vec();
   at::Tensor piece = piece_outside_mesh(spec, local.options().requires_grad(false));
-  return attach_grad_fn(make_shard_tensor(std::move(piece), std::move(spec)), local,
+  return attach_grad_fn(new_shard_tensor(std::move(piece), std::move(spec)), local,
                         [local_shape](const at::Tensor& grad) { return at::zeros(local_shape, grad.options()); },
                         "FromLocalBackward");
 }
 
 }  // namespace
+
+at::Tensor new_shard_tensor(at::Tensor local, ShardTensorSpec spec) {
+  ensure_dispatch_registered();
+  return make_shard_tensor(std::move(local), std::move(spec));
+}
 
 void check_on_mesh_device(const char* api, const at::Tensor& t, const DeviceMesh& mesh) {
   TORCH_CHECK_VALUE(t.device() == mesh.device(), api, ": the tensor is on ", t.device(), " but this rank's pieces of ", mesh,

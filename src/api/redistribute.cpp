@@ -68,7 +68,7 @@ at::Tensor to_local(const at::Tensor& t, const std::optional<Placements>& grad_p
               " give this rank a gradient of shape [", join(grad_spec.local_shape(), ", "), "] but its local tensor has shape [",
               join(s.local_shape(), ", "), "].");
   return attach_grad_fn(stored.variable_data(), t,
-                        [grad_spec](const at::Tensor& grad) { return make_shard_tensor(grad, grad_spec); }, "ToLocalBackward");
+                        [grad_spec](const at::Tensor& grad) { return new_shard_tensor(grad, grad_spec); }, "ToLocalBackward");
 }
 
 at::Tensor full_tensor(const at::Tensor& t, const std::optional<Placements>& grad_placements) {
@@ -141,7 +141,7 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
     if (p.reduce_op == ReduceOp::Sum || p.reduce_op == ReduceOp::Norm) local.zero_();
     if (p.reduce_op == ReduceOp::Product) local.fill_(1);
   }
-  at::Tensor out = make_shard_tensor(local, *target);
+  at::Tensor out = new_shard_tensor(local, *target);
   if (global.requires_grad()) out.set_requires_grad(true);  // a leaf, as DTensor's distribute_tensor
   return out;
 }

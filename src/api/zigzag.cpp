@@ -5,11 +5,12 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 
+#include "api/conversions.h"
 #include "autograd/grad_fn.h"
 #include "comm/comm.h"
 #include "dispatch/relayout.h"
 #include "dispatch/shard_tensor_impl.h"
-#include "redistribute/peer_messages.h"
+#include "redistribute/transports/peer_memory/messages.h"
 #include "rules/helpers.h"
 #include "shardtensor/context_parallel.h"
 #include "shardtensor/shard_tensor.h"
@@ -116,8 +117,8 @@ at::Tensor moved(const at::Tensor& t, int64_t mesh_dim, int64_t seq_dim, const S
                  const std::vector<Pieces>& to) {
   const DeviceMesh& mesh = spec(t).mesh();
   const at::Tensor& local = shard_tensor_impl(t)->local();
-  if (!mesh.includes_this_rank()) return make_shard_tensor(local, target);  // no piece here, and no part in the batch
-  return make_shard_tensor(move_sequence(local, seq_dim, mesh.comm(mesh_dim), from, to), target);
+  if (!mesh.includes_this_rank()) return new_shard_tensor(local, target);  // no piece here, and no part in the batch
+  return new_shard_tensor(move_sequence(local, seq_dim, mesh.comm(mesh_dim), from, to), target);
 }
 
 // The positions this rank keeps of a sequence it holds whole (replicated along the mesh dim).
@@ -135,7 +136,7 @@ at::Tensor zigzag_shard(const at::Tensor& t, int64_t mesh_dim, int64_t seq_dim) 
   at::Tensor out;
   if (s.placements()[mesh_dim].is_replicate() && s.mesh().includes_this_rank()) {  // each rank cuts its chunks out: nothing moves
     const int64_t me = s.mesh().coordinate()[mesh_dim];
-    out = make_shard_tensor(cut(shard_tensor_impl(t)->local(), seq_dim, g.zigzag_pieces[me]), g.zigzagged);
+    out = new_shard_tensor(cut(shard_tensor_impl(t)->local(), seq_dim, g.zigzag_pieces[me]), g.zigzagged);
   } else {
     const at::Tensor ordered = move_to(t.detach(), g.ordered);
     out = moved(ordered, mesh_dim, seq_dim, g.zigzagged, g.ordered_pieces, g.zigzag_pieces);

@@ -5,7 +5,6 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "comm/comm.h"
 #include "comm/comm_debug.h"
-#include "comm/peer_memory.h"
 #include "util/strings.h"
 
 #include <ATen/core/Tensor.h>
@@ -90,24 +89,6 @@ Comm::Comm() = default;
 
 std::string Comm::group_name() const { return "the group of global ranks [" + join(global_ranks(), ", ") + "]"; }
 Comm::~Comm() = default;
-
-PeerMemory* Comm::peer_memory() {
-  // Host memory only: a CUDA group (NCCL) moves device tensors, and its probe would need them.
-  if (size() == 1 || !peer_memory_enabled() || backend_name() == "nccl") return nullptr;
-  if (!peer_memory_probed_) {
-    peer_memory_ = PeerMemory::probe(*this, why_no_peer_memory_);
-    peer_memory_probed_ = true;
-  }
-  // A member that gave up an exchange (an error) never offers or reads through memory again.
-  if (peer_memory_ && peer_memory_->closed()) stop_peer_memory("an exchange through peer memory failed on this rank");
-  return peer_memory_.get();
-}
-
-void Comm::stop_peer_memory(const std::string& why) {
-  peer_memory_.reset();
-  why_no_peer_memory_ = why;
-  peer_memory_probed_ = true;
-}
 
 std::unique_ptr<Messages> Comm::start_messages(const char* counted_as, bool counts) { return start_all_to_all(counted_as, counts); }
 

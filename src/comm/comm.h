@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,8 +20,6 @@ class Tensor;
 }
 
 namespace shardtensor {
-
-class PeerMemory;
 
 // A batch of point-to-point messages within a group. Every tensor is contiguous and stays
 // untouched (sends) or unread (receives) until wait(). Between a pair of ranks, the k-th
@@ -87,19 +86,16 @@ class Comm {
   // where a step's transport is Collective (redistribute/transport.h).
   std::unique_ptr<Messages> start_all_to_all(const char* counted_as = "all_to_all", bool counts = true);
 
-  // Copies straight between the members' memory (peer_memory.h), or null where they are
-  // unavailable or switched off. The first call with them switched on probes collectively, so
-  // every member must make it at the same point, as with any collective.
-  PeerMemory* peer_memory();
-  // Why peer_memory() is null (empty before the probe or when it is not).
-  const std::string& why_no_peer_memory() const { return why_no_peer_memory_; }
-  // After a failed copy (which every member learns of together): messages from then on.
-  void stop_peer_memory(const std::string& why);
+  // State a layer above keeps per communicator (the peer memory transport's probe and mailbox:
+  // redistribute/transports/peer_memory/), made on first use and destroyed with the Comm, which
+  // knows nothing of what it holds. `key`: the address of something of the owner's.
+  struct Attachment {
+    virtual ~Attachment() = default;
+  };
+  std::unique_ptr<Attachment>& attachment(const void* key) { return attachments_[key]; }
 
  private:
-  std::unique_ptr<PeerMemory> peer_memory_;
-  bool peer_memory_probed_ = false;
-  std::string why_no_peer_memory_;
+  std::map<const void*, std::unique_ptr<Attachment>> attachments_;
 };
 
 // The group of a mesh dim of size 1: every collective is a local copy.

@@ -44,7 +44,7 @@
 #include "dispatch/kernel.h"
 #include "dispatch/plain_gradients.h"
 #include "dispatch/propagation.h"
-#include "dispatch/propagation_key.h"
+#include "dispatch/cached_propagation.h"
 #include "dispatch/shard_tensor_impl.h"
 
 namespace shardtensor {

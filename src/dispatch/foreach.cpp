@@ -8,7 +8,7 @@
 #include <optional>
 #include <unordered_map>
 
-#include "dispatch/kernel.h"
+#include "dispatch/op_name.h"
 
 namespace shardtensor {
 namespace {

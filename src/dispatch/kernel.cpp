@@ -166,10 +166,6 @@ at::Tensor wrap_direct_output(Propagation& p, c10::ArrayRef<c10::IValue> args, c
   return wrap_output(p, 0, local, p.permutes_dims ? permuted_global_strides(p.meta.name, args) : std::vector<int64_t>{});
 }
 
-std::string full_op_name(const c10::OperatorName& name) {
-  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-}
-
 void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = op.schema().arguments().size();
   c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);

@@ -7,7 +7,6 @@
 
 namespace c10 {
 class OperatorHandle;
-struct OperatorName;
 }
 
 namespace shardtensor {
@@ -34,7 +33,5 @@ at::Tensor run_rule_kernel_direct(const c10::OperatorHandle& op, Propagation& p,
 // `args` (boxed) are read only where the op permutes dims (Propagation::permutes_dims).
 at::Tensor wrap_direct_output(Propagation& p, c10::ArrayRef<c10::IValue> args, const at::Tensor& local);
 
-// "aten::add.Tensor": the name rules are registered under.
-std::string full_op_name(const c10::OperatorName& name);
 
 }  // namespace shardtensor

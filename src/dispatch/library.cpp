@@ -21,6 +21,7 @@
 #include "dispatch/foreach.h"
 #include "dispatch/in_place_shape.h"
 #include "dispatch/kernel.h"
+#include "dispatch/op_name.h"
 
 namespace shardtensor {
 namespace {

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "dispatch/kernel.h"
+#include "dispatch/op_name.h"
 #include "dispatch/propagation.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "redistribute/executor.h"

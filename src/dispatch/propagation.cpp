@@ -11,7 +11,7 @@
 #include <unordered_map>
 
 #include "dispatch/dispatch_state.h"
-#include "dispatch/kernel.h"
+#include "dispatch/op_name.h"
 #include "dispatch/plain_gradients.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "rules/helpers.h"

@@ -60,4 +60,10 @@ Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
 // Drops every cached propagation (a rule was added or replaced).
 void clear_propagation_cache();
 
+namespace propagation_key {
+// The cached propagation under `key` (propagation_key.h), after dropping the cache if rules
+// changed; nullptr when none.
+Propagation* entry_for(uint64_t key);
+}  // namespace propagation_key
+
 }  // namespace shardtensor

@@ -5,9 +5,10 @@
 // approximate) allocates, only to be hashed, compared and freed again. So the direct kernels
 // look their propagation up here first, from the typed arguments: the key is computed exactly
 // as propagate() computes it from the boxed ones (same hash for the same argument, checked by
-// tests/cpp/propagation_key_test.cpp), and a hit compares every argument with the ones the
+// tests/unit/propagation_key_test.cpp), and a hit compares every argument with the ones the
 // propagation was built for, as propagate() does. A miss boxes the arguments and goes to
-// propagate(), which builds and caches the entry this lookup finds next time.
+// propagate(), which builds and caches the entry this lookup finds next time. The lookup
+// itself is cached_propagation.h; this file is the key, which propagate() computes too.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,7 +20,11 @@
 #include <optional>
 #include <string_view>
 
-#include "dispatch/propagation.h"
+#include "shardtensor/spec.h"
+
+namespace c10 {
+struct FunctionSchema;
+}
 
 namespace shardtensor {
 namespace propagation_key {
@@ -37,8 +42,6 @@ uint64_t hash_argument(const c10::IValue& v);         // tensors as hash_tensor
 bool same_argument(const c10::IValue& a, const c10::IValue& b);
 bool same_input_spec(const at::Tensor& t, const ShardTensorSpec& built_for);
 uint64_t seed(const c10::FunctionSchema& schema);     // the operator and the dispatch modes
-// The entry under `key`, after dropping the cache if rules changed; nullptr when none.
-Propagation* entry_for(uint64_t key);
 
 // The first word mixed into each kind of argument's hash, so that kinds never collide.
 inline constexpr uint64_t kNoneHash = 1, kIntTag = 2, kBoolTag = 3, kDoubleTag = 4, kUndefinedTensorHash = 5,
@@ -106,53 +109,6 @@ struct Argument<c10::string_view> {
     return built_for.isString() && std::string_view(built_for.toStringRef()) == chars(v);
   }
 };
-
-// The key and the hit check over a call's typed arguments. Tensors are inputs (none of the
-// direct operators has an out= argument); an absent optional tensor boxes as None.
-class TypedCall {
- public:
-  explicit TypedCall(const Propagation& p) : p_(p) {}
-
-  static uint64_t hash(const at::Tensor& t) { return propagation_key::hash_tensor(t); }
-  static uint64_t hash(const c10::optional<at::Tensor>& t) { return t ? propagation_key::hash_tensor(*t) : kNoneHash; }
-  template <class T>
-  static uint64_t hash(const T& v) {
-    return Argument<T>::hash(v);
-  }
-
-  bool same(const at::Tensor& t) {
-    if (!p_.tensor_arguments[i_++]) return false;
-    if (!t.defined()) return true;  // boxed, a tensor argument but no input
-    return k_ < p_.meta.inputs.size() && same_input_spec(t, p_.meta.inputs[k_++].spec);
-  }
-  bool same(const c10::optional<at::Tensor>& t) {
-    if (t) return same(*t);
-    return !p_.tensor_arguments[i_] && p_.arguments[i_++].isNone();
-  }
-  template <class T>
-  bool same(const T& v) {
-    if (p_.tensor_arguments[i_]) return false;
-    return Argument<T>::same(v, p_.arguments[i_++]);
-  }
-  bool all_inputs_seen() const { return k_ == p_.meta.inputs.size(); }
-
- private:
-  const Propagation& p_;
-  size_t i_ = 0, k_ = 0;
-};
-
-// The cached propagation of the call on `args`, or nullptr: on a miss, box the arguments and
-// call propagate().
-template <class... Args>
-Propagation* find_cached(const c10::FunctionSchema& schema, const Args&... args) {
-  uint64_t key = seed(schema);
-  ((key = mix(key, TypedCall::hash(args))), ...);
-  Propagation* p = entry_for(key);
-  if (!p || p->arguments.size() != sizeof...(Args)) return nullptr;
-  TypedCall call(*p);
-  const bool same = (call.same(args) && ...);
-  return same && call.all_inputs_seen() ? p : nullptr;
-}
 
 }  // namespace propagation_key
 }  // namespace shardtensor

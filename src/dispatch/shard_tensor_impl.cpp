@@ -6,7 +6,6 @@
 #include <optional>
 #include <typeinfo>
 
-#include "dispatch/library.h"
 
 namespace shardtensor {
 
@@ -115,7 +114,6 @@ ShardTensorImpl* shard_tensor_impl(const at::Tensor& t) {
 }
 
 at::Tensor make_shard_tensor(at::Tensor local, ShardTensorSpec spec, std::vector<int64_t> global_strides) {
-  ensure_dispatch_registered();
   // The wrapper carries the autograd history; its local tensor never does.
   if (local.requires_grad()) local = local.detach();
   // Inside torch.inference_mode() a new TensorImpl is an inference tensor (no autograd keys, no

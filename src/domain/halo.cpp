@@ -69,9 +69,10 @@ std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& source, const Lo
     }
   // Equal on every member: the widest window's bytes (the layout's, not this rank's).
   const int64_t bytes = slab_elements(source, dim) * lowered.widest_window * static_cast<int64_t>(source.element_size());
-  const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes);
+  const ResolvedTransportOptions options = resolve();
+  const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes, options);
   move_parts(mesh.comm(lowered.axis.mesh_dim),
-             {through_memory ? TransportKind::PeerMemory : TransportKind::Collective, "all_to_all", "all_to_all"},
+             {through_memory ? TransportKind::PeerMemory : TransportKind::Collective, "all_to_all", "all_to_all", options.message_bytes},
              PartExchange{std::move(parts), source, into});
   return arrived_from;
 }

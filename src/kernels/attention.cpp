@@ -32,9 +32,9 @@ namespace {
 // The forward of any SDPA operator (AttentionOperator; attention_operators.cpp calls each).
 LocalKernel attention_forward(const AttentionPlan& plan) {
   return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor query = args[0].toTensor(), key = args[1].toTensor(), value = args[2].toTensor();  // every one's first three
-    const c10::optional<at::Tensor> user_mask = caller_mask(op, args);
+    const OpArguments args(op, stack);
+    const at::Tensor query = args.tensor("query"), key = args.tensor("key"), value = args.tensor("value");
+    const c10::optional<at::Tensor> user_mask = caller_mask(args);
     const int64_t n = plan.ring_size(), me = plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
     const Pieces& rows = plan.query_rows_at(me);
     std::vector<int64_t> out_shape = query.sizes().vec(), lse_shape(out_shape.begin(), out_shape.end() - 1);

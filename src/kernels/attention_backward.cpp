@@ -81,7 +81,7 @@ void pass_gradients(const AttentionPlan& plan, int64_t step, int64_t next_index,
     bytes_from[holder] += bytes_of(state->mine);
     checked.push_back(holder);
   }
-  auto messages = start_ring_batch(plan, "ring_gradients");
+  auto messages = start_ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingGradientPass));
   messages->announce(bytes_to, bytes_from, checked);
   if (moves_on || goes_home)
     for (const at::Tensor& g : state->held) messages->send(moves_on ? to : block, g);
@@ -102,7 +102,7 @@ Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients 
   bool any = false;
   for (int64_t b = 0; b < n; ++b) any = any || returns_after_ring(b);
   if (!any) return state.mine.empty() ? state.parked.at(me) : state.mine;
-  auto messages = start_ring_batch(plan, "ring_return");
+  auto messages = start_ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingReturn));
   for (const auto& [block, grads] : state.parked)
     if (block != me)
       for (const at::Tensor& g : grads) messages->send(block, g);
@@ -119,14 +119,15 @@ Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients 
 }  // namespace
 
 // The backward of any SDPA operator (AttentionOperator; attention_operators.cpp calls each).
-// Every one takes (grad_out, query, key, value) first; out and logsumexp are found by name.
+// Every one takes (grad_out, query, key, value, out, logsumexp), by these names but for the
+// efficient operator's first, which its schema calls grad_out_.
 LocalKernel attention_backward(const AttentionPlan& plan) {
   return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor grad_out = args[0].toTensor(), query = args[1].toTensor(), key = args[2].toTensor(),
-                     value = args[3].toTensor(), out = argument(op, args, "out").toTensor(),
-                     lse = argument(op, args, "logsumexp").toTensor();
-    const c10::optional<at::Tensor> user_mask = caller_mask(op, args);
+    OpArguments args(op, stack);
+    const at::Tensor grad_out = args.tensor(plan.op == AttentionOperator::CudaEfficient ? "grad_out_" : "grad_out"),
+                     query = args.tensor("query"), key = args.tensor("key"), value = args.tensor("value"),
+                     out = args.tensor("out"), lse = args.tensor("logsumexp");
+    const c10::optional<at::Tensor> user_mask = caller_mask(args);
     const int64_t n = plan.ring_size(), me = plan.seq_mesh_dim >= 0 ? plan.mesh.coordinate()[plan.seq_mesh_dim] : 0;
     const Pieces& rows = plan.query_rows_at(me);
 
@@ -141,8 +142,7 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
       const bool same_mask = calls.size() == 1 && (!plan.is_causal || (calls[0].is_causal && rows[0].begin == 0)) &&
                              (!plan.keys_split || !user_mask || !user_mask->defined());
       if (same_mask && calls[0].visible.rows == rows[0] && calls[0].visible.keys == keys) {
-        for (const c10::IValue& a : args) stack->push_back(a);
-        op.callBoxed(stack);
+        std::move(args).call(op, stack);
         return;
       }
     }

@@ -1,7 +1,7 @@
 // See attention_blocks.h.
 #include "kernels/attention_blocks.h"
 
-#include "redistribute/peer_messages.h"
+#include "redistribute/transports/peer_memory/messages.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -131,7 +131,7 @@ std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, co
   if (step + 1 >= n || !plan.any_send(step)) return nullptr;
   Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
   const int64_t me = comm.rank();
-  auto messages = start_ring_batch(plan, "ring_send_recv");
+  auto messages = start_ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingPass));
   const int64_t to = (me + 1) % n, from = (me - 1 + n) % n;
   next->index = ((me - step - 1) % n + n) % n;
   next->parts.clear();

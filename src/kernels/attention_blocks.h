@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "kernels/stack.h"
 #include "rules/attention.h"
 
 namespace c10 {
@@ -54,10 +55,8 @@ inline c10::IValue optional_tensor(const at::Tensor& t) { return t.defined() ? c
 // The bytes of `parts` together (what a ring message batch announces for them).
 int64_t bytes_of(const std::vector<at::Tensor>& parts);
 
-// Argument `name` of `op` among its popped arguments `args` (raises if the schema has none).
-const c10::IValue& argument(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, const char* name);
-// The caller's mask (attn_mask; attn_bias for the efficient operator), where there is one.
-c10::optional<at::Tensor> caller_mask(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
+// The caller's mask (attn_mask; attn_bias for the efficient and cuDNN operators), where there is one.
+c10::optional<at::Tensor> caller_mask(const OpArguments& args);
 
 // One call of the operator on a block, whichever of the SDPA operators it is
 // (kernels/attention_operators.cpp). `args` are the operator's own arguments (the dropout
@@ -67,10 +66,10 @@ struct BlockForward {
   at::Tensor out, lse;               // lse [B, H, rows]: without the efficient operator's padding
   std::vector<c10::IValue> others;   // the operator's returns after those two
 };
-BlockForward forward_block(const AttentionPlan& plan, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+BlockForward forward_block(const AttentionPlan& plan, const c10::OperatorHandle& op, const OpArguments& args,
                            const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const BlockCall& c);
 // (grad_query, grad_key, grad_value) of the block.
-std::vector<at::Tensor> backward_block(const AttentionPlan& plan, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+std::vector<at::Tensor> backward_block(const AttentionPlan& plan, const c10::OperatorHandle& op, const OpArguments& args,
                                        const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
                                        const at::Tensor& value, const at::Tensor& out, const at::Tensor& lse, const BlockCall& c);
 // Leaves the forward's results on `stack` as the operator would: `out` and `lse` (merged, in
@@ -90,7 +89,7 @@ struct KeyBlock {
 };
 
 // A message batch on the ring's group, named `counted_as` in CommDebugMode: through peer memory
-// on same-host CPU ranks, Gloo messages otherwise (redistribute/peer_messages.h). Every rank of
+// on same-host CPU ranks, Gloo messages otherwise (transports/peer_memory/messages.h). Every rank of
 // the ring starts each batch.
 std::unique_ptr<Messages> start_ring_batch(const AttentionPlan& plan, const char* counted_as);
 

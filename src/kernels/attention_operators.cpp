@@ -47,25 +47,17 @@ at::Tensor padded_lse(const at::Tensor& lse) {
 
 }  // namespace
 
-const c10::IValue& argument(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, const char* name) {
-  const auto index = op.schema().argumentIndexWithName(name);
-  TORCH_INTERNAL_ASSERT(index.has_value() && static_cast<size_t>(*index) < args.size(), op.schema().name(),
-                        " has no argument named ", name);
-  return args[*index];
-}
-
-c10::optional<at::Tensor> caller_mask(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
-  for (const char* name : {"attn_mask", "attn_bias"}) {
-    const auto index = op.schema().argumentIndexWithName(name);
-    if (index && args[*index].isTensor() && args[*index].toTensor().defined()) return args[*index].toTensor();
+c10::optional<at::Tensor> caller_mask(const OpArguments& args) {
+  for (const char* name : {"attn_mask", "attn_bias"}) {  // one operator has either, or neither
+    if (args.has(name) && args.value(name).isTensor() && args.tensor(name).defined()) return args.tensor(name);
   }
   return c10::nullopt;
 }
 
-BlockForward forward_block(const AttentionPlan& plan, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+BlockForward forward_block(const AttentionPlan& plan, const c10::OperatorHandle& op, const OpArguments& args,
                            const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const BlockCall& c) {
-  const c10::IValue& dropout = argument(op, args, "dropout_p");
-  const c10::IValue& scale = argument(op, args, "scale");
+  const c10::IValue& dropout = args.value("dropout_p");
+  const c10::IValue& scale = args.value("scale");
   torch::jit::Stack returns;
   switch (plan.op) {
     case AttentionOperator::CpuFlash:
@@ -99,11 +91,11 @@ BlockForward forward_block(const AttentionPlan& plan, const c10::OperatorHandle&
   return block;
 }
 
-std::vector<at::Tensor> backward_block(const AttentionPlan& plan, const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+std::vector<at::Tensor> backward_block(const AttentionPlan& plan, const c10::OperatorHandle& op, const OpArguments& args,
                                        const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
                                        const at::Tensor& value, const at::Tensor& out, const at::Tensor& lse, const BlockCall& c) {
-  const c10::IValue& dropout = argument(op, args, "dropout_p");
-  const c10::IValue& scale = argument(op, args, "scale");
+  const c10::IValue& dropout = args.value("dropout_p");
+  const c10::IValue& scale = args.value("scale");
   torch::jit::Stack returns;
   switch (plan.op) {
     case AttentionOperator::CpuFlash:
@@ -114,25 +106,25 @@ std::vector<at::Tensor> backward_block(const AttentionPlan& plan, const c10::Ope
       // (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
       // dropout_p, is_causal, philox_seed, philox_offset, *, scale): the block's own lengths
       TORCH_INTERNAL_ASSERT(!c.mask.defined(), "flash attention takes no mask; the kernel made one");
-      returns = call(op, {grad_out, query, key, value, out, lse, argument(op, args, "cum_seq_q"), argument(op, args, "cum_seq_k"),
-                          query.size(2), key.size(2), dropout, c.is_causal, argument(op, args, "philox_seed"),
-                          argument(op, args, "philox_offset"), scale});
+      returns = call(op, {grad_out, query, key, value, out, lse, args.value("cum_seq_q"), args.value("cum_seq_k"),
+                          query.size(2), key.size(2), dropout, c.is_causal, args.value("philox_seed"),
+                          args.value("philox_offset"), scale});
       break;
     case AttentionOperator::CudaEfficient: {
       // (grad_out_, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset,
       // dropout_p, grad_input_mask, is_causal, *, scale) -> (grad_query, grad_key, grad_value, grad_bias)
       c10::List<bool> wanted({true, true, true, false});
       returns = call(op, {grad_out, query, key, value, efficient_bias(c.mask, query, key), out, padded_lse(lse),
-                          argument(op, args, "philox_seed"), argument(op, args, "philox_offset"), dropout, wanted, c.is_causal, scale});
+                          args.value("philox_seed"), args.value("philox_offset"), dropout, wanted, c.is_causal, scale});
       break;
     }
     case AttentionOperator::CudaCudnn:
       // (grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias,
       // cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *, scale): `lse` is the
       // operator's own [B, H, rows, 1], narrowed to the block's rows; the block's own lengths
-      returns = call(op, {grad_out, query, key, value, out, lse.contiguous(), argument(op, args, "philox_seed"),
-                          argument(op, args, "philox_offset"), efficient_bias(c.mask, query, key), argument(op, args, "cum_seq_q"),
-                          argument(op, args, "cum_seq_k"), query.size(2), key.size(2), dropout, c.is_causal, scale});
+      returns = call(op, {grad_out, query, key, value, out, lse.contiguous(), args.value("philox_seed"),
+                          args.value("philox_offset"), efficient_bias(c.mask, query, key), args.value("cum_seq_q"),
+                          args.value("cum_seq_k"), query.size(2), key.size(2), dropout, c.is_causal, scale});
       break;
   }
   return {returns[0].toTensor(), returns[1].toTensor(), returns[2].toTensor()};

@@ -41,19 +41,18 @@ std::vector<int64_t> local_result_shape(const ConvolutionPlan& plan, const at::T
 // Regular convolution on this rank's window.
 LocalKernel regular_forward(const ConvolutionPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor piece = args[0].toTensor();
+    OpArguments args(op, stack);
+    const at::Tensor piece = args.tensor("input");
     const at::Tensor window = gather_windows(halo, piece, 0.0);
     keep_received_rows(halo, piece, window);  // for convolution_backward
-    const at::Tensor weight = args[1].toTensor();
+    const at::Tensor weight = args.tensor("weight");
     if (empty_here(plan, window)) {  // no outputs on this rank
       stack->push_back(at::zeros(local_result_shape(plan, window, weight.size(0)), window.options()));
       return;
     }
-    args[0] = window;
-    args[4] = plan.local_padding;
-    for (c10::IValue& a : args) stack->push_back(std::move(a));
-    op.callBoxed(stack);
+    args.set("input", window);
+    args.set("padding", plan.local_padding);
+    std::move(args).call(op, stack);
   };
 }
 
@@ -62,22 +61,22 @@ LocalKernel regular_forward(const ConvolutionPlan& plan) {
 // to the owners.
 LocalKernel regular_backward(const ConvolutionPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor grad = args[0].toTensor(), weight = args[2].toTensor();
-    const at::Tensor piece = args[1].toTensor();
+    OpArguments args(op, stack);
+    const at::Tensor grad = args.tensor("grad_output"), weight = args.tensor("weight");
+    const at::Tensor piece = args.tensor("input");
     at::Tensor window = window_from_kept_rows(halo, piece);
     if (!window.defined()) window = gather_windows(halo, piece, 0.0);
-    const std::vector<bool> mask = {args[10].toBoolList().get(0), args[10].toBoolList().get(1), args[10].toBoolList().get(2)};
+    const c10::List<bool> output_mask = args.bool_list("output_mask");
+    const std::vector<bool> mask = {output_mask.get(0), output_mask.get(1), output_mask.get(2)};
     at::Tensor grad_window, grad_weight, grad_bias;
     if (grad.numel() == 0 || window.numel() == 0) {
       grad_window = at::zeros_like(window);
       grad_weight = at::zeros_like(weight);
       grad_bias = at::zeros({weight.size(0)}, weight.options());
     } else {
-      args[1] = window;
-      args[5] = plan.local_padding;
-      for (c10::IValue& a : args) stack->push_back(std::move(a));
-      op.callBoxed(stack);
+      args.set("input", window);
+      args.set("padding", plan.local_padding);
+      std::move(args).call(op, stack);
       grad_bias = stack->back().toTensor();
       stack->pop_back();
       grad_weight = stack->back().toTensor();
@@ -94,9 +93,9 @@ LocalKernel regular_backward(const ConvolutionPlan& plan) {
 // Transposed convolution: this rank's rows' contributions, added where they land.
 LocalKernel transposed_forward(const ConvolutionPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor input = args[0].toTensor(), weight = args[1].toTensor();
-    const c10::optional<at::Tensor> bias = args[2].toOptional<at::Tensor>();
+    const OpArguments args(op, stack);
+    const at::Tensor input = args.tensor("input"), weight = args.tensor("weight");
+    const c10::optional<at::Tensor> bias = args.optional_tensor("bias");
     at::Tensor contributions;
     if (empty_here(plan, input)) {  // no rows here, so no contributions
       contributions = at::zeros(local_result_shape(plan, input, weight.size(1) * plan.params.groups), input.options());
@@ -116,9 +115,10 @@ LocalKernel transposed_forward(const ConvolutionPlan& plan) {
 
 LocalKernel transposed_backward(const ConvolutionPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor grad = args[0].toTensor(), input = args[1].toTensor(), weight = args[2].toTensor();
-    const std::vector<bool> mask = {args[10].toBoolList().get(0), args[10].toBoolList().get(1), args[10].toBoolList().get(2)};
+    const OpArguments args(op, stack);
+    const at::Tensor grad = args.tensor("grad_output"), input = args.tensor("input"), weight = args.tensor("weight");
+    const c10::List<bool> output_mask = args.bool_list("output_mask");
+    const std::vector<bool> mask = {output_mask.get(0), output_mask.get(1), output_mask.get(2)};
     const at::Tensor grad_window = gather_windows(halo, grad, 0.0);
     at::Tensor grad_input, grad_weight;
     if (empty_here(plan, input) || grad_window.numel() == 0) {

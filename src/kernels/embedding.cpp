@@ -43,8 +43,10 @@ at::Tensor output_mask(const at::Tensor& elsewhere, int64_t out_ndim, int64_t te
 LocalKernel MaskedLookupPlan::lower() const {
   return [table = table, tensor_dim = tensor_dim, table_arg = table_arg, index_arg = index_arg, mask = mask](
              const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor piece = args[table_arg].toTensor(), index = args[index_arg].toTensor();
+    // By position: the rule found them by name in whichever lookup this is (embedding's weight
+    // and indices, gather's and index_select's self and index).
+    OpArguments args(op, stack);
+    const at::Tensor piece = args.value_at(table_arg).toTensor(), index = args.value_at(index_arg).toTensor();
     const int64_t first = table.local_offsets()[tensor_dim], size = piece.size(tensor_dim);
     if (size == 0) {
       // An empty piece holds nothing to look up (not even a stand-in for the masked entries).
@@ -56,8 +58,8 @@ LocalKernel MaskedLookupPlan::lower() const {
     // no NaN).
     const at::Tensor local = index - first;
     const at::Tensor elsewhere = at::logical_or(local < 0, local >= size);
-    args[index_arg] = local.masked_fill(elsewhere, 0);
-    call_with(op, stack, std::move(args));
+    args.set_at(index_arg, local.masked_fill(elsewhere, 0));
+    std::move(args).call(op, stack);
     at::Tensor out = stack->back().toTensor();
     out.masked_fill_(output_mask(elsewhere, out.dim(), tensor_dim, mask), 0);
   };

@@ -7,18 +7,6 @@
 
 namespace shardtensor {
 
-std::vector<c10::IValue> pop_arguments(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const size_t n = op.schema().arguments().size();
-  std::vector<c10::IValue> args(std::make_move_iterator(stack->end() - n), std::make_move_iterator(stack->end()));
-  stack->erase(stack->end() - n, stack->end());
-  return args;
-}
-
-void call_with(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::vector<c10::IValue> args) {
-  for (c10::IValue& a : args) stack->push_back(std::move(a));
-  op.callBoxed(stack);
-}
-
 LocalKernel EmptySafePlan::lower() const {
   const LocalKernel run = inner ? inner->lower() : LocalKernel{};
   return [run, follows = follows](const c10::OperatorHandle& op, torch::jit::Stack* stack) {

@@ -9,8 +9,8 @@ namespace shardtensor {
 
 LocalKernel GatherBackwardPlan::lower() const {
   return [dim = dim, split_self = split_self](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor grad = args[0].toTensor(), self = args[1].toTensor(), index = args[3].toTensor();
+    const OpArguments args(op, stack);
+    const at::Tensor grad = args.tensor("grad"), self = args.tensor("self"), index = args.tensor("index");
     at::Tensor result = at::zeros(self.sizes(), grad.options());
     if (!split_self) {
       stack->push_back(result.scatter_add_(dim, index, grad));

@@ -19,15 +19,15 @@ std::vector<int64_t> dims_from(int64_t first, int64_t ndim) {
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
 LocalKernel layer_norm_forward(DeviceMesh mesh, LayerNormGeometry g) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor x = args[0].toTensor();
-    const c10::optional<at::Tensor> weight = args[2].toOptional<at::Tensor>(), bias = args[3].toOptional<at::Tensor>();
+    const OpArguments args(op, stack);
+    const at::Tensor x = args.tensor("input");
+    const c10::optional<at::Tensor> weight = args.optional_tensor("weight"), bias = args.optional_tensor("bias");
     const std::vector<int64_t> row = dims_from(g.axis, x.dim());
     const at::Tensor xd = x.to(at::kDouble);
     const at::Tensor sums = at::stack({xd.sum(row, true), xd.square().sum(row, true)}).contiguous();
     all_reduce_over(mesh, g.row_mesh_dims, sums, ReduceOp::Sum);
     const at::Tensor mean = sums[0] / g.count;
-    const at::Tensor rstd = ((sums[1] / g.count - mean.square()).clamp_min(0) + args[4].toDouble()).rsqrt();
+    const at::Tensor rstd = ((sums[1] / g.count - mean.square()).clamp_min(0) + args.to_double("eps")).rsqrt();
     at::Tensor out = ((xd - mean) * rstd).to(x.scalar_type());
     if (weight && weight->defined()) out.mul_(*weight);
     if (bias && bias->defined()) out.add_(*bias);
@@ -40,19 +40,19 @@ LocalKernel layer_norm_forward(DeviceMesh mesh, LayerNormGeometry g) {
 // native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask)
 LocalKernel layer_norm_backward(DeviceMesh mesh, LayerNormGeometry g) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor grad = args[0].toTensor(), x = args[1].toTensor();
-    const c10::optional<at::Tensor> weight = args[5].toOptional<at::Tensor>();
-    const c10::List<bool> mask = args[7].toBoolList();
+    const OpArguments args(op, stack);
+    const at::Tensor grad = args.tensor("grad_out"), x = args.tensor("input");
+    const c10::optional<at::Tensor> weight = args.optional_tensor("weight");
+    const c10::List<bool> mask = args.bool_list("output_mask");
     const std::vector<int64_t> row = dims_from(g.axis, x.dim()), rows = dims_from(0, g.axis);
     const at::Tensor gd = grad.to(at::kDouble);
-    const at::Tensor normalised = (x.to(at::kDouble) - args[3].toTensor().to(at::kDouble)) * args[4].toTensor().to(at::kDouble);
+    const at::Tensor normalised = (x.to(at::kDouble) - args.tensor("mean").to(at::kDouble)) * args.tensor("rstd").to(at::kDouble);
     const at::Tensor gw = weight && weight->defined() ? gd * weight->to(at::kDouble) : gd;
     const at::Tensor sums = at::stack({gw.sum(row, true), (gw * normalised).sum(row, true)}).contiguous();
     all_reduce_over(mesh, g.row_mesh_dims, sums, ReduceOp::Sum);
     at::Tensor grad_input;
     if (mask.get(0))
-      grad_input = (args[4].toTensor().to(at::kDouble) * (gw - sums[0] / g.count - normalised * sums[1] / g.count)).to(x.scalar_type());
+      grad_input = (args.tensor("rstd").to(at::kDouble) * (gw - sums[0] / g.count - normalised * sums[1] / g.count)).to(x.scalar_type());
     auto over_rows = [&](const at::Tensor& t) { return rows.empty() ? t : t.sum(rows); };
     stack->push_back(grad_input);
     stack->push_back(mask.get(1) ? over_rows(gd * normalised).to(x.scalar_type()) : at::Tensor());

@@ -13,14 +13,16 @@ namespace shardtensor {
 namespace {
 
 // Average pooling's divisor at this rank's outputs (double, on the mesh's device), shaped to
-// broadcast over them.
+// broadcast over them: each dim's factors at the outputs this rank owns.
 at::Tensor divisor_of(const PoolPlan& plan, int64_t ndim) {
   at::Tensor divisor = at::ones({}, at::kDouble);
   if (plan.divisor_override) return divisor.fill_(static_cast<double>(*plan.divisor_override));
   for (int64_t i = 0; i < plan.spatial; ++i) {
+    const Range mine = plan.outputs[i][plan.halo.axes[i].me(plan.halo.mesh)];
+    const std::vector<double> factors(plan.divisor_factors[i].begin() + mine.begin, plan.divisor_factors[i].begin() + mine.end);
     std::vector<int64_t> shape(ndim, 1);
-    shape[ndim - plan.spatial + i] = static_cast<int64_t>(plan.divisor_factors[i].size());
-    divisor = divisor * at::tensor(plan.divisor_factors[i], at::TensorOptions().dtype(at::kDouble).device(plan.halo.mesh.device())).view(shape);
+    shape[ndim - plan.spatial + i] = mine.size();
+    divisor = divisor * at::tensor(factors, at::TensorOptions().dtype(at::kDouble).device(plan.halo.mesh.device())).view(shape);
   }
   return divisor;
 }
@@ -68,24 +70,23 @@ at::Tensor global_to_window(const PoolPlan& plan, at::Tensor idx, const std::vec
 template <typename Adjust, typename Finish>
 void forward_on_window(const PoolPlan& plan, const LoweredHalo& halo, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        double fill, Adjust adjust, Finish finish) {
-  std::vector<c10::IValue> args = pop_arguments(op, stack);
-  const at::Tensor window = gather_windows(halo, args[0].toTensor(), fill);
+  OpArguments args(op, stack);
+  const at::Tensor window = gather_windows(halo, args.tensor("self"), fill);
   adjust(args, window);
   if (window.numel() == 0) {
     // Sliding pools have an axis per spatial dim; adaptive pooling only for the sharded ones,
     // its other spatial dims take the output size it was given (the same on every rank).
     std::vector<int64_t> shape = my_output_shape(plan, window.sizes().vec());
     if (plan.kind == PoolKind::AdaptiveAvg) {
-      const std::vector<int64_t> out_size = args[1].toIntVector();
+      const std::vector<int64_t> out_size = args.int_list("output_size");
       std::copy(out_size.begin(), out_size.end(), shape.end() - plan.spatial);
     }
     for (size_t k = 0; k < op.schema().returns().size(); ++k)
       stack->push_back(at::zeros(shape, window.options().dtype(k == 0 ? window.scalar_type() : at::kLong)));
     return;
   }
-  args[0] = window;
-  for (c10::IValue& a : args) stack->push_back(std::move(a));
-  op.callBoxed(stack);
+  args.set("self", window);
+  std::move(args).call(op, stack);
   finish(stack, window);
 }
 
@@ -95,31 +96,28 @@ void forward_on_window(const PoolPlan& plan, const LoweredHalo& halo, const c10:
 template <typename Adjust>
 void backward_on_window(const PoolPlan& plan, const LoweredHalo& halo, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                         Adjust adjust) {
-  std::vector<c10::IValue> args = pop_arguments(op, stack);
-  const at::Tensor self = args[1].toTensor();
+  OpArguments args(op, stack);
+  const at::Tensor self = args.tensor("self");
   const std::vector<int64_t> window_shape = plan.halo.window_shape(self.sizes().vec());
   at::Tensor grad_window = at::zeros(window_shape, self.options());
-  if (args[0].toTensor().numel() > 0) {
-    args[1] = at::empty(window_shape, self.options());
+  if (args.tensor("grad_output").numel() > 0) {
+    args.set("self", at::empty(window_shape, self.options()));
     adjust(args, window_shape);
-    for (c10::IValue& a : args) stack->push_back(std::move(a));
-    op.callBoxed(stack);
+    std::move(args).call(op, stack);
     grad_window = stack->back().toTensor();
     stack->pop_back();
   }
   stack->push_back(scatter_add_windows(halo, grad_window));
 }
 
-using Args = std::vector<c10::IValue>;
-
 // max_poolNd_with_indices(self, kernel, stride, padding, dilation, ceil_mode) -> (out, indices)
 LocalKernel max_pool_forward(const PoolPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     forward_on_window(
         plan, halo, op, stack, -std::numeric_limits<double>::infinity(),
-        [&](Args& args, const at::Tensor&) {
-          args[3] = zero_list(plan.spatial);  // padding: in the window already
-          args[5] = false;                    // ceil_mode: likewise
+        [&](OpArguments& args, const at::Tensor&) {
+          args.set("padding", zero_list(plan.spatial));  // in the window already
+          args.set("ceil_mode", false);                  // likewise
         },
         [&](torch::jit::Stack* out, const at::Tensor& window) { out->back() = window_to_global(plan, out->back().toTensor(), window); });
   };
@@ -128,10 +126,10 @@ LocalKernel max_pool_forward(const PoolPlan& plan) {
 // max_poolNd_with_indices_backward(grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices)
 LocalKernel max_pool_backward(const PoolPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    backward_on_window(plan, halo, op, stack, [&](Args& args, const std::vector<int64_t>& window_shape) {
-      args[4] = zero_list(plan.spatial);
-      args[6] = false;
-      args[7] = global_to_window(plan, args[7].toTensor(), window_shape);
+    backward_on_window(plan, halo, op, stack, [&](OpArguments& args, const std::vector<int64_t>& window_shape) {
+      args.set("padding", zero_list(plan.spatial));
+      args.set("ceil_mode", false);
+      args.set("indices", global_to_window(plan, args.tensor("indices"), window_shape));
     });
   };
 }
@@ -142,11 +140,11 @@ LocalKernel avg_pool_forward(const PoolPlan& plan, const at::Tensor& divisor) {
   return [plan = plan, halo = LoweredHalo(plan.halo), divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     forward_on_window(
         plan, halo, op, stack, 0.0,
-        [&](Args& args, const at::Tensor&) {
-          args[3] = zero_list(plan.spatial);
-          args[4] = false;
-          args[5] = true;
-          args[6] = int64_t{1};
+        [&](OpArguments& args, const at::Tensor&) {
+          args.set("padding", zero_list(plan.spatial));
+          args.set("ceil_mode", false);
+          args.set("count_include_pad", true);
+          args.set("divisor_override", int64_t{1});
         },
         [&](torch::jit::Stack* out, const at::Tensor&) { out->back() = divided(divisor, out->back().toTensor()); });
   };
@@ -155,12 +153,12 @@ LocalKernel avg_pool_forward(const PoolPlan& plan, const at::Tensor& divisor) {
 // avg_poolNd_backward(grad_output, self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
 LocalKernel avg_pool_backward(const PoolPlan& plan, const at::Tensor& divisor) {
   return [plan = plan, halo = LoweredHalo(plan.halo), divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    backward_on_window(plan, halo, op, stack, [&](Args& args, const std::vector<int64_t>&) {
-      args[0] = divided(divisor, args[0].toTensor());
-      args[4] = zero_list(plan.spatial);
-      args[5] = false;
-      args[6] = true;
-      args[7] = int64_t{1};
+    backward_on_window(plan, halo, op, stack, [&](OpArguments& args, const std::vector<int64_t>&) {
+      args.set("grad_output", divided(divisor, args.tensor("grad_output")));
+      args.set("padding", zero_list(plan.spatial));
+      args.set("ceil_mode", false);
+      args.set("count_include_pad", true);
+      args.set("divisor_override", int64_t{1});
     });
   };
 }
@@ -171,11 +169,11 @@ LocalKernel adaptive_forward(const PoolPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     forward_on_window(
         plan, halo, op, stack, 0.0,
-        [&](Args& args, const at::Tensor& window) {
-          std::vector<int64_t> out_size = args[1].toIntVector();
+        [&](OpArguments& args, const at::Tensor& window) {
+          std::vector<int64_t> out_size = args.int_list("output_size");
           for (size_t k = 0; k < plan.halo.axes.size(); ++k)
             out_size[plan.halo.axes[k].tensor_dim - (window.dim() - plan.spatial)] = plan.my_outputs(k);
-          args[1] = out_size;
+          args.set("output_size", out_size);
         },
         [](torch::jit::Stack*, const at::Tensor&) {});
   };
@@ -184,7 +182,7 @@ LocalKernel adaptive_forward(const PoolPlan& plan) {
 // _adaptive_avg_poolNd_backward(grad_output, self)
 LocalKernel adaptive_backward(const PoolPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    backward_on_window(plan, halo, op, stack, [](Args&, const std::vector<int64_t>&) {});
+    backward_on_window(plan, halo, op, stack, [](OpArguments&, const std::vector<int64_t>&) {});
   };
 }
 

@@ -28,19 +28,20 @@ at::Tensor integers_in(const at::Tensor& uniform, double low, double high) {
 
 LocalKernel RandomFillPlan::lower() const {
   return [kind = kind, self = self, low = low, high = high](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    at::Tensor target = args[0].toTensor();
+    const OpArguments args(op, stack);
+    at::Tensor target = args.tensor("self");
     at::Tensor values = draw_piece(self, kind == Draw::Normal || kind == Draw::LogNormal);
-    auto parameter = [&](size_t i) { return args[i].toDouble(); };
+    auto parameter = [&](const char* name) { return args.to_double(name); };
+    // Each kind is one operator (rules/random.cpp registers them), its parameters named as there.
     switch (kind) {
-      case Draw::Uniform: values = values * (parameter(2) - parameter(1)) + parameter(1); break;
-      case Draw::Normal: values = values * parameter(2) + parameter(1); break;
-      case Draw::Bernoulli: values = (values < parameter(1)).to(at::kDouble); break;
-      case Draw::Exponential: values = -at::log1p(-values) / parameter(1); break;
-      case Draw::LogNormal: values = at::exp(values * parameter(2) + parameter(1)); break;
-      case Draw::Cauchy: values = at::tan((values - 0.5) * M_PI) * parameter(2) + parameter(1); break;
+      case Draw::Uniform: values = values * (parameter("to") - parameter("from")) + parameter("from"); break;
+      case Draw::Normal: values = values * parameter("std") + parameter("mean"); break;
+      case Draw::Bernoulli: values = (values < parameter("p")).to(at::kDouble); break;
+      case Draw::Exponential: values = -at::log1p(-values) / parameter("lambd"); break;
+      case Draw::LogNormal: values = at::exp(values * parameter("std") + parameter("mean")); break;
+      case Draw::Cauchy: values = at::tan((values - 0.5) * M_PI) * parameter("sigma") + parameter("median"); break;
       // u = 0 and p = 1 both give 1: log(1) / log(1 - p) is 0 (or -0) and floor keeps it.
-      case Draw::Geometric: values = at::floor(at::log1p(-values) / std::log1p(-parameter(1))) + 1; break;
+      case Draw::Geometric: values = at::floor(at::log1p(-values) / std::log1p(-parameter("p"))) + 1; break;
       case Draw::Integers: values = integers_in(values, low, high); break;
     }
     target.copy_(values);
@@ -64,13 +65,11 @@ LocalKernel RandomLikePlan::lower() const {
   return [kind = kind, layout = layout, low = low, high = high](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // Not the local factory itself: it would draw from torch's generator, a different number of
     // values on each rank, and leave the ranks' later torch.rand calls out of step.
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const c10::FunctionSchema& schema = op.schema();
+    const OpArguments args(op, stack);
     auto given = [&](const char* name) -> const c10::IValue* {
-      const auto i = schema.argumentIndexWithName(name);
-      return i && !args[*i].isNone() ? &args[*i] : nullptr;
+      return args.has(name) && !args.is_none(name) ? &args.value(name) : nullptr;
     };
-    const at::Tensor self = args[0].toTensor();
+    const at::Tensor self = args.tensor("self");
     c10::TensorOptions options = self.options();
     if (const c10::IValue* dtype = given("dtype")) options = options.dtype(dtype->toScalarType());
     const c10::IValue* format = given("memory_format");
@@ -85,13 +84,13 @@ LocalKernel RandomLikePlan::lower() const {
 LocalKernel BernoulliPlan::lower() const {
   return [form = form, self = self, broadcasts = p_broadcasts, check = check_mesh_dims](const c10::OperatorHandle& op,
                                                                                       torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor target = args[0].toTensor();
+    const OpArguments args(op, stack);
+    const at::Tensor target = args.tensor("self");
     at::Tensor p;
     if (form == BernoulliPlan::Form::ProbabilitiesInSelf) {
       p = target;
     } else if (form == BernoulliPlan::Form::InPlaceTensorP) {
-      p = args[1].toTensor();
+      p = args.tensor("p");
       if (broadcasts) p = local_box_of(p.expand(self.shape()), self);  // the whole p, expanded, then this rank's box
     }
     if (p.defined()) {
@@ -99,7 +98,7 @@ LocalKernel BernoulliPlan::lower() const {
       check_on_every_rank(self.mesh(), check, bad, op.schema().name() + ": expects all elements of p to be in [0, 1]");
     }
     const at::Tensor u = draw_piece(self, false);
-    const at::Tensor ones = p.defined() ? u < p.to(at::kDouble) : u < args[1].toDouble();
+    const at::Tensor ones = p.defined() ? u < p.to(at::kDouble) : u < args.to_double("p");
     if (form == BernoulliPlan::Form::InPlaceTensorP) {
       target.copy_(ones);
       stack->push_back(target);
@@ -112,8 +111,8 @@ LocalKernel BernoulliPlan::lower() const {
 LocalKernel MultinomialPlan::lower() const {
   return [in = probabilities, n = num_samples, replacement = replacement, check = check_mesh_dims](
              const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor local = args[0].toTensor();
+    const OpArguments args(op, stack);
+    const at::Tensor local = args.tensor("self");
     const bool one_row = local.dim() == 1;
     const at::Tensor rows = (one_row ? local.unsqueeze(0) : local).to(at::kDouble);
     const int64_t first_row = one_row ? 0 : in.local_offsets()[0], total_rows = one_row ? 1 : in.shape()[0];
@@ -147,10 +146,10 @@ LocalKernel MultinomialPlan::lower() const {
 // output = input * mask / (1 - p); not training: the input itself and an all-true mask.
 LocalKernel DropoutPlan::lower() const {
   return [whole = whole](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor input = args[0].toTensor();
-    const double p = args[1].toDouble();
-    const bool train = args[2].isNone() || args[2].toBool();
+    const OpArguments args(op, stack);
+    const at::Tensor input = args.tensor("input");
+    const double p = args.to_double("p");
+    const bool train = args.is_none("train") || args.to_bool("train");
     if (!train) {
       stack->push_back(input.clone());
       stack->push_back(at::ones_like(input, input.options().dtype(at::kBool)));

@@ -82,30 +82,33 @@ LocalKernel IndexMapPlan::lower() const {
   std::vector<LocalMap> maps;
   for (const MapAxis& a : axes) maps.push_back(slice_for_this_rank(a, mesh, ndim));
   return [mesh = mesh, backward = backward, maps](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    stack->push_back(backward ? apply_backward(mesh, maps, args[0].toTensor()) : apply_forward(mesh, maps, args[0].toTensor()));
+    // Forward: upsample_*(self, ...) and the reflection and replication pads (self, padding);
+    // backward: their backwards (grad_output, ...). The rules are registered for the base
+    // overloads only: the upsample .vec ones, which call their input `input`, never get here.
+    const OpArguments args(op, stack);
+    stack->push_back(backward ? apply_backward(mesh, maps, args.tensor("grad_output")) : apply_forward(mesh, maps, args.tensor("self")));
   };
 }
 
 LocalKernel LocalInputSizePlan::lower() const {
   return [](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    std::vector<int64_t> input_size = args[2].toIntVector();
-    const at::Tensor grad = args[0].toTensor();
-    for (int64_t d = 0; d < grad.dim() - static_cast<int64_t>(args[1].toIntVector().size()); ++d) input_size[d] = grad.size(d);
-    args[2] = input_size;
-    call_with(op, stack, std::move(args));
+    OpArguments args(op, stack);
+    std::vector<int64_t> input_size = args.int_list("input_size");
+    const at::Tensor grad = args.tensor("grad_output");
+    for (int64_t d = 0; d < grad.dim() - static_cast<int64_t>(args.int_list("output_size").size()); ++d) input_size[d] = grad.size(d);
+    args.set("input_size", input_size);
+    std::move(args).call(op, stack);
   };
 }
 
 LocalKernel ConstantPadPlan::lower() const {
   const LocalKernel pad_locally = EmptySafePlan().lower();
   return [halo = LoweredHalo(halo), local_pad = local_pad, pad_locally](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Scalar value = args[2].toScalar();
-    args[0] = gather_windows(halo, args[0].toTensor(), value.toDouble());
-    args[1] = local_pad;
-    for (c10::IValue& a : args) stack->push_back(std::move(a));
+    OpArguments args(op, stack);
+    const at::Scalar value = args.scalar("value");
+    args.set("self", gather_windows(halo, args.tensor("self"), value.toDouble()));
+    args.set("pad", local_pad);
+    std::move(args).push(stack);
     pad_locally(op, stack);
   };
 }

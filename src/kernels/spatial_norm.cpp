@@ -20,11 +20,11 @@ at::Tensor per_channel(const at::Tensor& v, int64_t ndim) {
 // native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
 LocalKernel batch_norm_forward(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, int64_t count) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor x = args[0].toTensor();
-    const c10::optional<at::Tensor> weight = args[1].toOptional<at::Tensor>(), bias = args[2].toOptional<at::Tensor>();
-    const c10::optional<at::Tensor> running_mean = args[3].toOptional<at::Tensor>(), running_var = args[4].toOptional<at::Tensor>();
-    const double momentum = args[6].toDouble(), eps = args[7].toDouble();
+    const OpArguments args(op, stack);
+    const at::Tensor x = args.tensor("input");
+    const c10::optional<at::Tensor> weight = args.optional_tensor("weight"), bias = args.optional_tensor("bias");
+    const c10::optional<at::Tensor> running_mean = args.optional_tensor("running_mean"), running_var = args.optional_tensor("running_var");
+    const double momentum = args.to_double("momentum"), eps = args.to_double("eps");
     const std::vector<int64_t> dims = all_but_channel(x.dim());
     const at::Tensor xd = x.to(at::kDouble);
     const at::Tensor sums = at::stack({xd.sum(dims), xd.square().sum(dims)}).contiguous();
@@ -49,11 +49,11 @@ LocalKernel batch_norm_forward(const DeviceMesh& mesh, const std::vector<int64_t
 // save_invstd?, train, eps, output_mask)
 LocalKernel batch_norm_backward(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, int64_t count) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor grad = args[0].toTensor(), x = args[1].toTensor();
-    const c10::optional<at::Tensor> weight = args[2].toOptional<at::Tensor>();
-    const at::Tensor mean = args[5].toTensor().to(at::kDouble), invstd = args[6].toTensor().to(at::kDouble);
-    const c10::List<bool> mask = args[9].toBoolList();
+    const OpArguments args(op, stack);
+    const at::Tensor grad = args.tensor("grad_out"), x = args.tensor("input");
+    const c10::optional<at::Tensor> weight = args.optional_tensor("weight");
+    const at::Tensor mean = args.tensor("save_mean").to(at::kDouble), invstd = args.tensor("save_invstd").to(at::kDouble);
+    const c10::List<bool> mask = args.bool_list("output_mask");
     const std::vector<int64_t> dims = all_but_channel(x.dim());
     const at::Tensor gd = grad.to(at::kDouble), centred = x.to(at::kDouble) - per_channel(mean, x.dim());
     const at::Tensor sums = at::stack({gd.sum(dims), (gd * centred).sum(dims)}).contiguous();
@@ -72,23 +72,22 @@ LocalKernel batch_norm_backward(const DeviceMesh& mesh, const std::vector<int64_
   };
 }
 
-// Group norm's N argument (its index in the schema) must be this rank's batch size.
-void set_local_batch(std::vector<c10::IValue>& args, size_t n_arg, const at::Tensor& x) { args[n_arg] = x.size(0); }
+// Group norm's N argument must be this rank's batch size.
+void set_local_batch(OpArguments& args, const at::Tensor& x) { args.set("N", x.size(0)); }
 
 // native_group_norm(input, weight?, bias?, N, C, HxW, group, eps)
 LocalKernel group_norm_forward(const DeviceMesh& mesh, const std::vector<int64_t>& spatial_mesh_dims, int64_t hxw) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor x = args[0].toTensor();
-    set_local_batch(args, 3, x);
+    OpArguments args(op, stack);
+    const at::Tensor x = args.tensor("input");
+    set_local_batch(args, x);
     if (spatial_mesh_dims.empty()) {
-      for (c10::IValue& a : args) stack->push_back(std::move(a));
-      op.callBoxed(stack);
+      std::move(args).call(op, stack);
       return;
     }
-    const c10::optional<at::Tensor> weight = args[1].toOptional<at::Tensor>(), bias = args[2].toOptional<at::Tensor>();
-    const int64_t n = x.size(0), groups = args[6].toInt();
-    const double eps = args[7].toDouble();
+    const c10::optional<at::Tensor> weight = args.optional_tensor("weight"), bias = args.optional_tensor("bias");
+    const int64_t n = x.size(0), groups = args.to_int("group");
+    const double eps = args.to_double("eps");
     const int64_t count = x.size(1) / groups * hxw;
     const at::Tensor xg = x.to(at::kDouble).reshape({n, groups, -1});
     const at::Tensor sums = at::stack({xg.sum(-1), xg.square().sum(-1)}).contiguous();
@@ -107,19 +106,18 @@ LocalKernel group_norm_forward(const DeviceMesh& mesh, const std::vector<int64_t
 // native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C, HxW, group, output_mask)
 LocalKernel group_norm_backward(const DeviceMesh& mesh, const std::vector<int64_t>& spatial_mesh_dims, int64_t hxw) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    std::vector<c10::IValue> args = pop_arguments(op, stack);
-    const at::Tensor grad = args[0].toTensor(), x = args[1].toTensor();
-    set_local_batch(args, 5, x);
+    OpArguments args(op, stack);
+    const at::Tensor grad = args.tensor("grad_out"), x = args.tensor("input");
+    set_local_batch(args, x);
     if (spatial_mesh_dims.empty()) {
-      for (c10::IValue& a : args) stack->push_back(std::move(a));
-      op.callBoxed(stack);
+      std::move(args).call(op, stack);
       return;
     }
-    const c10::optional<at::Tensor> weight = args[4].toOptional<at::Tensor>();
-    const int64_t n = x.size(0), channels = x.size(1), groups = args[8].toInt();
-    const c10::List<bool> mask = args[9].toBoolList();
+    const c10::optional<at::Tensor> weight = args.optional_tensor("weight");
+    const int64_t n = x.size(0), channels = x.size(1), groups = args.to_int("group");
+    const c10::List<bool> mask = args.bool_list("output_mask");
     const int64_t count = channels / groups * hxw;
-    const at::Tensor mean = args[2].toTensor().to(at::kDouble).unsqueeze(-1), rstd = args[3].toTensor().to(at::kDouble).unsqueeze(-1);
+    const at::Tensor mean = args.tensor("mean").to(at::kDouble).unsqueeze(-1), rstd = args.tensor("rstd").to(at::kDouble).unsqueeze(-1);
     const at::Tensor gd = grad.to(at::kDouble);
     const at::Tensor dyw = (weight && weight->defined() ? gd * per_channel(weight->to(at::kDouble), x.dim()) : gd).reshape({n, groups, -1});
     const at::Tensor centred = x.to(at::kDouble).reshape({n, groups, -1}) - mean;

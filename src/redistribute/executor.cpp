@@ -264,8 +264,10 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
       const Box box = box_of(target, group.members[p]);
       parts.parts.push_back({from, p, box, whole, box});
     }
-  const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes_per_rank(target));
-  move_parts(group.comm, {through_memory ? TransportKind::PeerMemory : TransportKind::Messages, "scatter", "scatter"}, parts);
+  const ResolvedTransportOptions options = resolve();
+  const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes_per_rank(target), options);
+  move_parts(group.comm, {through_memory ? TransportKind::PeerMemory : TransportKind::Messages, "scatter", "scatter", options.message_bytes},
+             parts);
   return local;
 }
 

@@ -14,15 +14,11 @@ class Tensor;
 
 namespace shardtensor {
 
-// Parts larger than this travel as several messages, so that packing one overlaps sending
-// another (default 4 MiB). Every rank must use the same value.
-void set_message_bytes(int64_t bytes);
-
 // `local` holds this rank's piece under `source`; returns its piece under the plan's last
 // layout, always a fresh tensor (never a view of `local`). Every rank of the mesh must call
 // this with the same source spec, plan and options. The steps go by the transports the plan
 // was lowered with where `options` are those; by transports chosen afresh where they are not
-// (a plan a propagation cached before this process's defaults changed).
+// (a plan a propagation cached under other options in force).
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
                                 const ResolvedTransportOptions& options = resolve());
 

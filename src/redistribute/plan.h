@@ -53,10 +53,15 @@ using RedistributeStep =
 
 // Which transport carries a step (chosen in transport.cpp, from metadata only):
 //   - Collective: one native c10d collective;
-//   - PeerMemory: same-host copies between the ranks' memory (comm/peer_memory.h);
+//   - PeerMemory: same-host copies between the ranks' memory (transports/peer_memory/peer_memory.h);
 //   - Messages: point-to-point messages;
 //   - None: no byte crosses ranks (a local slice, a one-rank group).
 enum class TransportKind { None, Collective, PeerMemory, Messages };
+
+// A part travels as messages of about this many bytes by default, cut along its first dim, so
+// that packing one overlaps sending the one before; smaller messages measured slower on
+// loopback Gloo. TransportOptions::message_bytes changes it.
+constexpr int64_t kDefaultMessageBytes = 4 << 20;
 
 struct StepTransport {
   TransportKind kind = TransportKind::None;
@@ -67,6 +72,8 @@ struct StepTransport {
   // gather "all_gather", a reduce-scatter "reduce_scatter" (even an uneven one that runs as a
   // c10d all_to_all).
   const char* counted_as = "";
+  // Messages: the size parts are cut to (the options' message_bytes).
+  int64_t message_bytes = kDefaultMessageBytes;
 };
 
 // TransportOptions with every field decided (this process's defaults fill the unset ones): what
@@ -75,13 +82,16 @@ struct ResolvedTransportOptions {
   TransportPreference preference = TransportPreference::Auto;
   bool peer_memory = true;
   int64_t peer_copy_bytes = 0;
+  int64_t message_bytes = kDefaultMessageBytes;
 
   bool operator==(const ResolvedTransportOptions& o) const {
-    return preference == o.preference && peer_memory == o.peer_memory && peer_copy_bytes == o.peer_copy_bytes;
+    return preference == o.preference && peer_memory == o.peer_memory && peer_copy_bytes == o.peer_copy_bytes &&
+           message_bytes == o.message_bytes;
   }
   bool operator!=(const ResolvedTransportOptions& o) const { return !(*this == o); }
 };
-// `options` over this process's defaults (transport.h: the environment and the setters).
+// `options`, then the open TransportOptionsScopes', over this process's defaults (transport.h:
+// read once from the environment).
 ResolvedTransportOptions resolve(const TransportOptions& options = {});
 
 struct PlannedStep {

@@ -117,7 +117,8 @@ struct PlanKeyHash {
     const ResolvedTransportOptions& o = std::get<3>(k);
     size_t h = hash_combine(hash_combine(std::get<0>(k).hash(), std::get<1>(k).hash()), static_cast<size_t>(std::get<2>(k)));
     h = hash_combine(h, static_cast<size_t>(o.preference) * 2 + (o.peer_memory ? 1 : 0));
-    return hash_combine(h, static_cast<size_t>(o.peer_copy_bytes));
+    h = hash_combine(h, static_cast<size_t>(o.peer_copy_bytes));
+    return hash_combine(h, static_cast<size_t>(o.message_bytes));
   }
 };
 

@@ -8,21 +8,34 @@
 #include <functional>
 #include <numeric>
 
-#include "comm/peer_memory.h"
+#include "redistribute/transports/peer_memory/peer_memory.h"
 #include "redistribute/boxes.h"
-#include "redistribute/peer_copies.h"
+#include "redistribute/transports/peer_memory/copies.h"  // kDefaultPeerCopyBytes
 
 namespace shardtensor {
 namespace {
 
-TransportPreference preference_from_environment() {
-  const char* v = std::getenv("SHARDTENSOR_TRANSPORT");
-  return v && *v ? parse_transport_preference(v, "SHARDTENSOR_TRANSPORT") : TransportPreference::Auto;
+// A byte count from the environment variable `name`, or `fallback` where it is unset; anything
+// but an integer of at least `least` raises, naming the variable.
+int64_t bytes_from_environment(const char* name, int64_t fallback, int64_t least) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long bytes = std::strtoll(v, &end, 10);
+  TORCH_CHECK(end && *end == '\0' && bytes >= least, name, "=", v, " is not a byte count (an integer of at least ", least, ")");
+  return bytes;
 }
 
-std::atomic<TransportPreference>& chosen_preference() {
-  static std::atomic<TransportPreference> preference{preference_from_environment()};
-  return preference;
+// Read at first use, not at load: a bad value is then an error the caller sees, not a
+// terminate while the library loads. Every rank must see the same environment.
+ResolvedTransportOptions defaults_from_environment() {
+  ResolvedTransportOptions defaults;
+  const char* transport = std::getenv("SHARDTENSOR_TRANSPORT");
+  if (transport && *transport) defaults.preference = parse_transport_preference(transport, "SHARDTENSOR_TRANSPORT");
+  defaults.peer_memory = peer_memory_enabled();
+  defaults.peer_copy_bytes = bytes_from_environment("SHARDTENSOR_PEER_COPY_BYTES", kDefaultPeerCopyBytes, 0);
+  defaults.message_bytes = bytes_from_environment("SHARDTENSOR_MESSAGE_BYTES", kDefaultMessageBytes, 1);
+  return defaults;
 }
 
 int64_t element_size(const ShardTensorSpec& spec) { return static_cast<int64_t>(c10::elementSize(spec.dtype())); }
@@ -74,8 +87,10 @@ TransportPreference parse_transport_preference(const std::string& name, const ch
   return TransportPreference::Messages;
 }
 
-TransportPreference transport_preference() { return chosen_preference().load(std::memory_order_relaxed); }
-void set_transport_preference(TransportPreference preference) { chosen_preference().store(preference); }
+const ResolvedTransportOptions& process_transport_defaults() {
+  static const ResolvedTransportOptions defaults = defaults_from_environment();
+  return defaults;
+}
 
 std::string to_string(TransportPreference preference) {
   switch (preference) {
@@ -117,6 +132,10 @@ TransportOptionsScope::TransportOptionsScope(const TransportOptions& options) : 
     TORCH_CHECK(*options.peer_copy_bytes >= 0, "TransportOptions: peer_copy_bytes ", *options.peer_copy_bytes, " is not a size");
     scoped_options.peer_copy_bytes = options.peer_copy_bytes;
   }
+  if (options.message_bytes) {
+    TORCH_CHECK(*options.message_bytes > 0, "TransportOptions: message_bytes ", *options.message_bytes, " is not a positive size");
+    scoped_options.message_bytes = options.message_bytes;
+  }
 }
 
 TransportOptionsScope::~TransportOptionsScope() { scoped_options = outer_; }
@@ -126,9 +145,17 @@ const TransportOptions& TransportOptionsScope::current() { return scoped_options
 // A call's own fields, then the open scopes', then this process's defaults.
 ResolvedTransportOptions resolve(const TransportOptions& options) {
   const TransportOptions& scoped = scoped_options;
-  return {options.transport.value_or(scoped.transport.value_or(transport_preference())),
-          options.peer_memory.value_or(scoped.peer_memory.value_or(peer_memory_enabled())),
-          options.peer_copy_bytes.value_or(scoped.peer_copy_bytes.value_or(peer_copy_bytes()))};
+  const ResolvedTransportOptions& defaults = process_transport_defaults();
+  TORCH_CHECK(!options.peer_copy_bytes || *options.peer_copy_bytes >= 0, "TransportOptions: peer_copy_bytes ", *options.peer_copy_bytes,
+              " is not a size");
+  TORCH_CHECK(!options.message_bytes || *options.message_bytes > 0, "TransportOptions: message_bytes ", *options.message_bytes,
+              " is not a positive size");
+  ResolvedTransportOptions resolved;
+  resolved.preference = options.transport.value_or(scoped.transport.value_or(defaults.preference));
+  resolved.peer_memory = options.peer_memory.value_or(scoped.peer_memory.value_or(defaults.peer_memory));
+  resolved.peer_copy_bytes = options.peer_copy_bytes.value_or(scoped.peer_copy_bytes.value_or(defaults.peer_copy_bytes));
+  resolved.message_bytes = options.message_bytes.value_or(scoped.message_bytes.value_or(defaults.message_bytes));
+  return resolved;
 }
 
 bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const ResolvedTransportOptions& options) {
@@ -149,8 +176,9 @@ StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec&
   if (mesh.device_type() != "cpu" || preference == TransportPreference::Collectives)
     return {TransportKind::Collective, native_collective(step, from, to), counted};
   const int64_t bytes = bytes_moved(step, from);
-  if (uses_peer_memory(mesh, bytes, options)) return {TransportKind::PeerMemory, counted, counted};
-  return {TransportKind::Messages, counted, counted};
+  // Peer memory falls back to messages where the group turns out unable (part_transport.h).
+  if (uses_peer_memory(mesh, bytes, options)) return {TransportKind::PeerMemory, counted, counted, options.message_bytes};
+  return {TransportKind::Messages, counted, counted, options.message_bytes};
 }
 
 StepTransport reduction_transport(const DeviceMesh& mesh, int64_t mesh_dim, int64_t bytes_per_rank,
@@ -158,9 +186,9 @@ StepTransport reduction_transport(const DeviceMesh& mesh, int64_t mesh_dim, int6
   if (mesh.size(mesh_dim) == 1) return {TransportKind::None, "", ""};
   if (mesh.device_type() != "cpu" || options.preference == TransportPreference::Collectives)
     return {TransportKind::Collective, "all_reduce", "all_reduce"};
-  if (uses_peer_memory(mesh, bytes_per_rank, options)) return {TransportKind::PeerMemory, "all_reduce", "all_reduce"};
+  if (uses_peer_memory(mesh, bytes_per_rank, options)) return {TransportKind::PeerMemory, "all_reduce", "all_reduce", options.message_bytes};
   if (bytes_per_rank < kMessagesAllReduceBytes) return {TransportKind::Collective, "all_reduce", "all_reduce"};
-  return {TransportKind::Messages, "all_reduce", "all_reduce"};
+  return {TransportKind::Messages, "all_reduce", "all_reduce", options.message_bytes};
 }
 
 std::string to_string(const StepTransport& transport) {

@@ -8,7 +8,7 @@
 //     are equal, reduce_scatter where the scattered pieces are, all_reduce, and all_to_all
 //     with split sizes otherwise (uneven pieces travel unpadded). What NCCL needs, and what
 //     SHARDTENSOR_TRANSPORT=collectives asks for on Gloo.
-//   - PeerMemory: same-host copies between the ranks' memory (comm/peer_memory.h); the CPU
+//   - PeerMemory: same-host copies between the ranks' memory (transports/peer_memory/peer_memory.h); the CPU
 //     default at every size (see kDefaultPeerCopyBytes). Where the group's members turn out not to share a
 //     host (the probe fails), or a copy fails, the executor sends messages instead.
 //   - Messages: Gloo point-to-point messages, posted as they become ready, so that packing
@@ -27,19 +27,19 @@ namespace shardtensor {
 // the input first): as messages, two rounds cost more latency than the copy c10d's needs.
 constexpr int64_t kMessagesAllReduceBytes = 2 << 20;
 
-// What this process prefers by default (plans take it where their TransportOptions leave the
-// transport unset); every rank must hold the same. From SHARDTENSOR_TRANSPORT ("auto", the
-// default; "collectives"; "messages"), or set_transport_preference():
-//   Auto:        CUDA meshes: collectives. CPU: peer memory for large transfers, messages
-//                otherwise, c10d's all_reduce for small reductions.
-//   Collectives: native collectives on every device.
-//   Messages:    CPU transfers as point-to-point messages, never peer memory (the two-phase
-//                all-reduce included); CUDA meshes still use collectives (NCCL gets no
-//                point-to-point batches here).
-// SHARDTENSOR_PEER_MEMORY=0 (set_peer_memory_enabled) and set_peer_copy_bytes() refine Auto, as
-// the default of TransportOptions::peer_memory and ::peer_copy_bytes.
-TransportPreference transport_preference();
-void set_transport_preference(TransportPreference preference);
+// This process's defaults, which plans take where their TransportOptions and the open scopes
+// leave a field unset; read once, from the environment, and never changed after (every rank
+// must see the same):
+//   SHARDTENSOR_TRANSPORT ("auto", the default; "collectives"; "messages"):
+//     Auto:        CUDA meshes: collectives. CPU: peer memory for large transfers, messages
+//                  otherwise, c10d's all_reduce for small reductions.
+//     Collectives: native collectives on every device.
+//     Messages:    CPU transfers as point-to-point messages, never peer memory (the two-phase
+//                  all-reduce included); CUDA meshes still use collectives (NCCL gets no
+//                  point-to-point batches here).
+//   SHARDTENSOR_PEER_MEMORY=0 (transports/peer_memory/: never probed), SHARDTENSOR_PEER_COPY_BYTES
+//   (kDefaultPeerCopyBytes) and SHARDTENSOR_MESSAGE_BYTES (kDefaultMessageBytes) refine Auto.
+const ResolvedTransportOptions& process_transport_defaults();
 std::string to_string(TransportPreference preference);
 
 // The transport of `step`, which turns `from` into `to`, on this rank (whose mesh coordinate
@@ -48,7 +48,7 @@ StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec&
                             const ResolvedTransportOptions& options);
 
 // Whether a transfer in which each member of a group on `mesh` moves `bytes_per_rank` goes
-// through peer memory under `options` (where the group has it: Comm::peer_memory()): a
+// through peer memory under `options` (where the group has it: peer_memory_of(comm)): a
 // redistribute step's choice, and a halo exchange's (domain/halo.h). Every member must pass
 // the same `bytes_per_rank`.
 bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const ResolvedTransportOptions& options = resolve());

@@ -400,10 +400,20 @@ std::string AttentionPlan::name() const {
 std::vector<DeclaredMove> AttentionPlan::moves() const {
   if (keys_split && key_rows.size() > 1 && pass == Pass::Forward) return {{DeclaredMove::Kind::AllGather, seq_mesh_dim, kSeqDim}};
   if (!ring || ring_size() == 1) return {};
-  std::vector<DeclaredMove> moves = {{DeclaredMove::Kind::RingPass, seq_mesh_dim, kSeqDim}};
+  // One batch per step after which some block moves on (a causal ring skips the rest); the
+  // backward passes each block's gradients one batch behind it, and returns those that did not
+  // come home during the ring in one batch after it.
+  const int64_t n = ring_size();
+  int64_t passing_steps = 0;
+  for (int64_t step = 0; step + 1 < n; ++step) passing_steps += any_send(step) ? 1 : 0;
+  std::vector<DeclaredMove> moves;
+  if (passing_steps > 0) moves.push_back({DeclaredMove::Kind::RingPass, seq_mesh_dim, kSeqDim, ReduceOp::Sum, passing_steps});
   if (pass == Pass::Backward) {
-    moves.push_back({DeclaredMove::Kind::RingGradientPass, seq_mesh_dim, kSeqDim});
-    moves.push_back({DeclaredMove::Kind::RingReturn, seq_mesh_dim, kSeqDim});
+    if (passing_steps > 0) moves.push_back({DeclaredMove::Kind::RingGradientPass, seq_mesh_dim, kSeqDim, ReduceOp::Sum, passing_steps});
+    bool returns_after = false;
+    for (int64_t block = 0; block < n; ++block)
+      returns_after = returns_after || (gradient_holder(block) != block && !returns_during_ring(block));
+    if (returns_after) moves.push_back({DeclaredMove::Kind::RingReturn, seq_mesh_dim, kSeqDim});
   }
   return moves;
 }

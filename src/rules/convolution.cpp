@@ -129,9 +129,11 @@ std::string ConvolutionPlan::name() const {
 
 std::vector<DeclaredMove> ConvolutionPlan::moves() const {
   if (params.transposed) return pass == Pass::Forward ? halo_scatter_adds(halo) : halo_gathers(halo);
-  std::vector<DeclaredMove> moves = halo_gathers(halo);  // regular: the input window (backward: unless the forward kept its rows)
-  if (pass == Pass::Backward)
+  std::vector<DeclaredMove> moves = halo_gathers(halo);  // regular: the input window
+  if (pass == Pass::Backward) {
+    if (halo.axes.size() == 1 && moves.size() == 1) moves[0].skipped_where_kept = true;  // kernels/window_cache.h
     for (const DeclaredMove& m : halo_scatter_adds(halo)) moves.push_back(m);  // and its gradient sent back
+  }
   return moves;
 }
 

@@ -2,14 +2,17 @@
 
 namespace shardtensor {
 
-std::string DeclaredMove::to_string() const {
-  switch (kind) {
+namespace {
+std::string what_moves(const DeclaredMove& m) {
+  using Kind = DeclaredMove::Kind;
+  const int64_t tensor_dim = m.tensor_dim, mesh_dim = m.mesh_dim;
+  switch (m.kind) {
     case Kind::HaloGather:
       return "halo gather of dim " + std::to_string(tensor_dim) + " over mesh dim " + std::to_string(mesh_dim);
     case Kind::HaloScatterAdd:
       return "halo scatter-add of dim " + std::to_string(tensor_dim) + " over mesh dim " + std::to_string(mesh_dim);
     case Kind::AllReduce:
-      return std::string("all-reduce(") + shardtensor::to_string(reduce) + ") over mesh dim " + std::to_string(mesh_dim);
+      return std::string("all-reduce(") + shardtensor::to_string(m.reduce) + ") over mesh dim " + std::to_string(mesh_dim);
     case Kind::AllGather:
       return "all-gather of per-row statistics over mesh dim " + std::to_string(mesh_dim);
     case Kind::RingPass:
@@ -19,6 +22,25 @@ std::string DeclaredMove::to_string() const {
     case Kind::RingReturn:
       return "gradients of dim " + std::to_string(tensor_dim) + " blocks returned to their owners over mesh dim " +
              std::to_string(mesh_dim);
+  }
+  return "?";
+}
+}  // namespace
+
+std::string DeclaredMove::to_string() const {
+  return what_moves(*this) + (batches == 1 ? "" : ", " + std::to_string(batches) + " batches") +
+         (skipped_where_kept ? " (none where the forward kept the rows it received)" : "");
+}
+
+const char* DeclaredMove::counted_as_of(Kind kind) {
+  switch (kind) {
+    case Kind::HaloGather:
+    case Kind::HaloScatterAdd: return "all_to_all";
+    case Kind::AllReduce: return "all_reduce";
+    case Kind::AllGather: return "all_gather";
+    case Kind::RingPass: return "ring_send_recv";
+    case Kind::RingGradientPass: return "ring_gradients";
+    case Kind::RingReturn: return "ring_return";
   }
   return "?";
 }
@@ -39,9 +61,10 @@ std::vector<DeclaredMove> halo_scatter_adds(const HaloPlan& plan) {
   return {moves.rbegin(), moves.rend()};
 }
 
-std::vector<DeclaredMove> all_reduces_over(const std::vector<int64_t>& mesh_dims, ReduceOp reduce) {
+std::vector<DeclaredMove> all_reduces_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, ReduceOp reduce) {
   std::vector<DeclaredMove> moves;
-  for (int64_t d : mesh_dims) moves.push_back({DeclaredMove::Kind::AllReduce, d, -1, reduce});
+  for (int64_t d : mesh_dims)
+    if (mesh.size(d) > 1) moves.push_back({DeclaredMove::Kind::AllReduce, d, -1, reduce});
   return moves;
 }
 

@@ -64,11 +64,8 @@ PoolPlan sliding_pool_plan(const OpMeta& op, PoolKind kind, bool backward, const
     if (axis.mesh_dim >= 0) *out = with_output_sizes(*out, d, plan.outputs.back());
     plan.halo.axes.push_back(std::move(axis));
     plan.global_lengths.push_back(length);
-    if (!is_max && in.mesh().includes_this_rank()) {  // this rank's factor of the divisor along this dim (none outside)
-      const std::vector<double> all = avg_divisors(length, plan.kernel[i], padding[i], plan.stride[i], out_length, count_include_pad);
-      const Range mine = plan.outputs.back()[plan.halo.axes.back().me(in.mesh())];
-      plan.divisor_factors.emplace_back(all.begin() + mine.begin, all.begin() + mine.end);
-    }
+    if (!is_max)
+      plan.divisor_factors.push_back(avg_divisors(length, plan.kernel[i], padding[i], plan.stride[i], out_length, count_include_pad));
   }
   return plan;
 }

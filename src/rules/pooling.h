@@ -18,8 +18,9 @@ struct PoolPlan : KernelPlan {
   int64_t spatial = 0;
   std::vector<int64_t> kernel, stride, dilation, global_lengths;
   std::vector<std::vector<Range>> outputs;  // per spatial dim, per rank
-  // Avg: libtorch's divisor at this rank's outputs, as one factor per spatial dim (their
-  // product), unless an override replaces it.
+  // Avg: libtorch's divisor at every output position, as one factor per spatial dim (their
+  // product), unless an override replaces it. The same on every rank; each kernel takes its
+  // own outputs' stretch.
   std::vector<std::vector<double>> divisor_factors;
   std::optional<int64_t> divisor_override;
   HaloPlan halo;  // one axis per spatial dim for Max/Avg; the sharded dims for AdaptiveAvg

@@ -178,17 +178,17 @@ TEST(Attention, TransportScopeKeepsTheRingOffPeerMemory) {
   auto seq = [&](uint64_t seed) { return distribute_tensor(draw({1, 2, 3 * n + 1, 4}, seed), mesh_1d(), {Shard(2)}); };
   const at::Tensor q = seq(1), k = seq(2), v = seq(3);
   const at::Tensor by_memory = sdpa(q, k, v, /*is_causal=*/false);  // the group probes peer memory here
-  ASSERT_NE(comm.peer_memory(), nullptr) << comm.why_no_peer_memory();
-  const uint64_t before = comm.peer_memory()->exchanges_started();
+  ASSERT_NE(peer_memory_of(comm), nullptr) << why_no_peer_memory(comm);
+  const uint64_t before = peer_memory_of(comm)->exchanges_started();
   at::Tensor by_messages;
   {
     TransportOptionsScope messages(TransportOptions{TransportPreference::Messages});
     by_messages = sdpa(q, k, v, /*is_causal=*/false);
   }
-  EXPECT_EQ(comm.peer_memory()->exchanges_started(), before) << "the ring went through peer memory under a Messages scope";
+  EXPECT_EQ(peer_memory_of(comm)->exchanges_started(), before) << "the ring went through peer memory under a Messages scope";
   EXPECT_TRUE(at::equal(to_local(by_messages), to_local(by_memory)));
   sdpa(q, k, v, /*is_causal=*/false);
-  EXPECT_GT(comm.peer_memory()->exchanges_started(), before) << "outside the scope the ring uses peer memory";
+  EXPECT_GT(peer_memory_of(comm)->exchanges_started(), before) << "outside the scope the ring uses peer memory";
 }
 
 // Even splits under is_causal: block b is needed by ranks b..n-1 only, so rank r < n-1 passes

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "comm/peer_memory.h"
-#include "redistribute/peer_copies.h"
+#include "redistribute/transports/peer_memory/peer_memory.h"
+#include "redistribute/transports/peer_memory/copies.h"
 #include "redistribute/transport.h"
 #include "shardtensor/shardtensor.h"
 #include "support/reference.h"
@@ -48,8 +48,8 @@ inline const std::vector<DeviceMesh>& test_meshes() {
 // the machine's choice, not by a bug, and tests of it skip, saying so. Collective over `comm`
 // (it may run the probe), so every rank decides alike.
 inline bool kernel_forbids_peer_memory(Comm& comm) {
-  if (comm.size() == 1 || comm.peer_memory()) return false;
-  const std::string& why = comm.why_no_peer_memory();
+  if (comm.size() == 1 || peer_memory_of(comm)) return false;
+  const std::string& why = why_no_peer_memory(comm);
   bool forbidden = false;
   for (const char* refusal : {"Operation not permitted", "Function not implemented", "Permission denied"})
     forbidden = forbidden || why.find(refusal) != std::string::npos;
@@ -64,22 +64,17 @@ inline bool kernel_forbids_peer_memory(Comm& comm) {
 class UseTransport {
  public:
   enum Kind { kMemory, kMessages, kCollectives };
-  explicit UseTransport(Kind kind) : was_enabled_(peer_memory_enabled()), was_preferred_(transport_preference()) {
-    set_peer_memory_enabled(kind == kMemory && was_enabled_);
-    set_peer_copy_bytes(kind == kMemory ? 0 : kDefaultPeerCopyBytes);
-    set_transport_preference(kind == kCollectives ? TransportPreference::Collectives : TransportPreference::Auto);
-  }
-  ~UseTransport() {
-    set_peer_memory_enabled(was_enabled_);
-    set_peer_copy_bytes(kDefaultPeerCopyBytes);
-    set_transport_preference(was_preferred_);
-  }
-  UseTransport(const UseTransport&) = delete;
-  UseTransport& operator=(const UseTransport&) = delete;
+  explicit UseTransport(Kind kind) : scope_(options_of(kind)) {}
 
  private:
-  bool was_enabled_;
-  TransportPreference was_preferred_;
+  static TransportOptions options_of(Kind kind) {
+    TransportOptions options;
+    options.transport = kind == kCollectives ? TransportPreference::Collectives : TransportPreference::Auto;
+    options.peer_memory = kind == kMemory && peer_memory_enabled();
+    options.peer_copy_bytes = kind == kMemory ? 0 : kDefaultPeerCopyBytes;
+    return options;
+  }
+  TransportOptionsScope scope_;
 };
 
 }  // namespace shardtensor::testing

@@ -8,10 +8,10 @@
 #include <functional>
 
 #include "comm/comm.h"
-#include "comm/peer_memory.h"
+#include "redistribute/transports/peer_memory/peer_memory.h"
 #include "dist/dist_fixture.h"
-#include "redistribute/peer_copies.h"
-#include "redistribute/peer_messages.h"
+#include "redistribute/transports/peer_memory/copies.h"
+#include "redistribute/transports/peer_memory/messages.h"
 
 using namespace shardtensor;
 using namespace shardtensor::testing;
@@ -85,14 +85,15 @@ TEST(Failure, RanksWaitingInAPeerMemoryExchangeRaiseAfterTheTimeout) {
   DeviceMesh healthy = DeviceMesh::create({world_size()});
   DeviceMesh mesh = mesh_with_a_short_timeout();
   if (kernel_forbids_peer_memory(mesh.comm(0))) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory";
-  set_peer_copy_bytes(0);  // this small tensor goes through peer memory too
+  TransportOptions every_size;
+  every_size.peer_copy_bytes = 0;  // this small tensor goes through peer memory too
+  const TransportOptionsScope scope(every_size);
   at::Tensor x = distribute_tensor(at::arange(60, at::kFloat).view({12, 5}), mesh, {Shard(0)});
   redistribute(x, {Shard(1)});  // every rank: the group probes and copies through memory
-  ASSERT_NE(mesh.comm(0).peer_memory(), nullptr) << mesh.comm(0).why_no_peer_memory();
+  ASSERT_NE(peer_memory_of(mesh.comm(0)), nullptr) << why_no_peer_memory(mesh.comm(0));
   on_survivors_within_30s(healthy, [&] {  // rank 0 never posts its addresses
     EXPECT_ERROR_CONTAINS(redistribute(x, {Shard(1)}), "timed out", "waiting for group rank 0");
   });
-  set_peer_copy_bytes(kDefaultPeerCopyBytes);
 }
 
 // Ring attention checks only its two neighbours' records each step: a rank that never joins
@@ -122,7 +123,7 @@ TEST(Failure, CausalRingBackwardWhoseMemberFailedRaisesAfterTheTimeout) {
   on_survivors_within_30s(healthy, [&] { EXPECT_ERROR_CONTAINS(loss.backward(), "timed out"); });
 }
 
-// Message batches through peer memory (redistribute/peer_messages.h), as attention's ring sends
+// Message batches through peer memory (redistribute/transports/peer_memory/messages.h), as attention's ring sends
 // them: each rank passes a block to the next. Returns what this rank received from the previous
 // one, `receive_elements` long.
 namespace {
@@ -138,23 +139,23 @@ at::Tensor pass_round_the_ring(Comm& comm, int64_t send_elements, int64_t receiv
 }
 
 bool peer_memory_usable(DeviceMesh& mesh) {
-  return peer_memory_enabled() && !kernel_forbids_peer_memory(mesh.comm(0)) && mesh.comm(0).peer_memory() != nullptr;
+  return peer_memory_enabled() && !kernel_forbids_peer_memory(mesh.comm(0)) && peer_memory_of(mesh.comm(0)) != nullptr;
 }
 }  // namespace
 
 TEST(Failure, MessageBatchesThroughPeerMemoryDeliverAndGoBackToGlooWhenACopyFails) {
   if (world_size() == 1) GTEST_SKIP() << "needs two ranks";
   DeviceMesh mesh = DeviceMesh::create({world_size()});
-  if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << mesh.comm(0).why_no_peer_memory();
+  if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << why_no_peer_memory(mesh.comm(0));
   Comm& comm = mesh.comm(0);
   const double previous = static_cast<double>((comm.rank() + comm.size() - 1) % comm.size());
   EXPECT_TRUE(at::equal(pass_round_the_ring(comm, 5, 5), at::full({5}, previous, at::kDouble)));
-  ASSERT_NE(comm.peer_memory(), nullptr) << "the batch left peer memory";
+  ASSERT_NE(peer_memory_of(comm), nullptr) << "the batch left peer memory";
   // Rank 0's copy fails: every rank learns it, the batch still arrives (as Gloo messages), and
   // the group stays on messages.
   if (world_rank() == 0) fail_next_peer_copies(1);
   EXPECT_TRUE(at::equal(pass_round_the_ring(comm, 7, 7), at::full({7}, previous, at::kDouble)));
-  EXPECT_EQ(comm.peer_memory(), nullptr);
+  EXPECT_EQ(peer_memory_of(comm), nullptr);
   EXPECT_TRUE(at::equal(pass_round_the_ring(comm, 3, 3), at::full({3}, previous, at::kDouble)));
 }
 
@@ -162,7 +163,7 @@ TEST(Failure, MessageBatchThroughPeerMemoryWithOtherSizesRaisesOnEveryRank) {
   if (world_size() == 1) GTEST_SKIP() << "needs two ranks";
   DeviceMesh healthy = DeviceMesh::create({world_size()});
   DeviceMesh mesh = mesh_with_a_short_timeout();
-  if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << mesh.comm(0).why_no_peer_memory();
+  if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << why_no_peer_memory(mesh.comm(0));
   // Rank 1 expects 8 elements from rank 0, which sends 4: rank 1 raises naming both sizes, before
   // any byte lands; the others raise since it gave up the exchange.
   const bool wrong = world_rank() == 1;
@@ -176,7 +177,7 @@ TEST(Failure, MessageBatchThroughPeerMemoryWithAnUnreceivedMessageRaisesOnEveryR
   if (world_size() == 1) GTEST_SKIP() << "needs two ranks";
   DeviceMesh healthy = DeviceMesh::create({world_size()});
   DeviceMesh mesh = mesh_with_a_short_timeout();
-  if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << mesh.comm(0).why_no_peer_memory();
+  if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << why_no_peer_memory(mesh.comm(0));
   // Rank 0 sends rank 1 a second message that rank 1 never receives: rank 1 raises instead of
   // dropping it, and the others raise since it gave up the exchange.
   Comm& comm = mesh.comm(0);

@@ -7,7 +7,7 @@
 
 #include "comm/comm.h"
 #include "dist/dist_fixture.h"
-#include "redistribute/peer_copies.h"
+#include "redistribute/transports/peer_memory/copies.h"
 
 using namespace shardtensor;
 using namespace shardtensor::testing;
@@ -210,10 +210,10 @@ TEST(Halo, AFailedPeerCopyFallsBackToMessagesOnEveryRank) {
   const at::Tensor sweight = distribute_tensor(weight, mesh, {Replicate()});
   const at::Tensor sx = distribute_tensor(x, mesh, {Shard(2)});
   expect_matches(at::conv2d(sx, sweight, {}, 1, 1), expected, "through memory");
-  ASSERT_NE(mesh.comm(0).peer_memory(), nullptr) << mesh.comm(0).why_no_peer_memory();
+  ASSERT_NE(peer_memory_of(mesh.comm(0)), nullptr) << why_no_peer_memory(mesh.comm(0));
   if (world_rank() == 0) fail_next_peer_copies(1);
   expect_matches(at::conv2d(sx, sweight, {}, 1, 1), expected, "after a failed copy, by messages");
-  EXPECT_EQ(mesh.comm(0).peer_memory(), nullptr);
+  EXPECT_EQ(peer_memory_of(mesh.comm(0)), nullptr);
   expect_matches(at::conv2d(sx, sweight, {}, 1, 1), expected, "by messages from then on");
 }
 
@@ -231,8 +231,9 @@ TEST(Halo, ATransportScopeSetsTheTransportOfOperators) {
   const at::Tensor sx = distribute_tensor(x, mesh, {Shard(2)});
   const ShardTensorSpec by_columns(mesh, {Shard(3)}, x.sizes().vec(), c10::kDouble);
   const std::string outside = explain_redistribute(spec(sx), by_columns);
-  ASSERT_NE(mesh.comm(0).peer_memory(), nullptr) << mesh.comm(0).why_no_peer_memory();
+  ASSERT_NE(peer_memory_of(mesh.comm(0)), nullptr) << why_no_peer_memory(mesh.comm(0));
   if (world_rank() == 0) fail_next_peer_copies(1);
+  const TransportOptions outer = TransportOptionsScope::current();  // UseTransport's scope
   {
     const TransportOptionsScope by_messages(TransportOptions{TransportPreference::Messages, std::nullopt, std::nullopt});
     const std::string inside = explain_redistribute(spec(sx), by_columns);
@@ -244,14 +245,14 @@ TEST(Halo, ATransportScopeSetsTheTransportOfOperators) {
       EXPECT_EQ(TransportOptionsScope::current().transport, TransportPreference::Messages);
       EXPECT_EQ(TransportOptionsScope::current().peer_memory, false);
     }
-    EXPECT_EQ(TransportOptionsScope::current().peer_memory, std::nullopt);
+    EXPECT_EQ(TransportOptionsScope::current().peer_memory, outer.peer_memory);
     expect_matches(at::conv2d(sx, sweight, {}, 1, 1), at::conv2d(x, weight, {}, 1, 1), "a halo by messages");
     expect_matches(redistribute(sx, {Shard(3)}), x, "a redistribute by messages");
     // Normalised over the split dim: the statistics are reduced over the ranks mid-op.
     const std::vector<int64_t> rows_and_columns{4 * world_size(), 5};
     expect_matches(at::layer_norm(sx, rows_and_columns), at::layer_norm(x, rows_and_columns), "a norm's reduction by messages");
   }
-  EXPECT_EQ(TransportOptionsScope::current().transport, std::nullopt);
-  EXPECT_NE(mesh.comm(0).peer_memory(), nullptr) << "something copied through memory under the messages scope";
+  EXPECT_EQ(TransportOptionsScope::current().transport, outer.transport);
+  EXPECT_NE(peer_memory_of(mesh.comm(0)), nullptr) << "something copied through memory under the messages scope";
   if (world_rank() == 0) fail_next_peer_copies(0);
 }

@@ -268,10 +268,9 @@ TEST(Redistribute, CommDebugModeNamesGathersAndReduceScattersOnEveryTransport) {
 TEST(Redistribute, PartsCutIntoManyMessagesArriveWhole) {
   // 4 KiB messages: every part of these layouts travels as several, packed ones included.
   UseTransport transport(UseTransport::kMessages);
-  set_message_bytes(4096);
-  struct Restore {
-    ~Restore() { set_message_bytes(4 << 20); }
-  } restore;
+  TransportOptions small_messages;
+  small_messages.message_bytes = 4096;
+  const TransportOptionsScope scope(small_messages);
   for (const DeviceMesh& mesh : test_meshes()) {
     SCOPED_TRACE(mesh.to_string());
     const std::vector<int64_t> shape = {67, 45};
@@ -298,7 +297,7 @@ TEST(Redistribute, SameHostGroupsCopyThroughPeerMemory) {
   if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
   UseTransport transport(UseTransport::kMemory);
   Comm& world = test_meshes().front().mesh_comm();
-  if (kernel_forbids_peer_memory(world)) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory: " << world.why_no_peer_memory();
+  if (kernel_forbids_peer_memory(world)) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory: " << why_no_peer_memory(world);
   for (const DeviceMesh& mesh : test_meshes()) {
     SCOPED_TRACE(mesh.to_string());
     const std::vector<int64_t> shape = {67, 45};
@@ -332,8 +331,8 @@ TEST(Redistribute, SameHostGroupsCopyThroughPeerMemory) {
       EXPECT_EQ(peer_parts_written() - written_before, mesh.size() - 1);
     }
     for (int64_t m = 0; m < mesh.ndim(); ++m)
-      if (mesh.size(m) > 1) EXPECT_NE(mesh.comm(m).peer_memory(), nullptr) << mesh.comm(m).why_no_peer_memory();
-    if (mesh.size() > 1) EXPECT_NE(mesh.mesh_comm().peer_memory(), nullptr) << mesh.mesh_comm().why_no_peer_memory();
+      if (mesh.size(m) > 1) EXPECT_NE(peer_memory_of(mesh.comm(m)), nullptr) << why_no_peer_memory(mesh.comm(m));
+    if (mesh.size() > 1) EXPECT_NE(peer_memory_of(mesh.mesh_comm()), nullptr) << why_no_peer_memory(mesh.mesh_comm());
   }
 }
 
@@ -346,15 +345,15 @@ TEST(Redistribute, AFailedPeerCopyFallsBackToMessagesOnEveryRank) {
   const std::vector<int64_t> shape = {67, 45};
   at::Tensor x = distributed(mesh, shape, {Shard(0)});
   expect_holds_reference(redistribute(x, {Shard(1)}), shape);
-  ASSERT_NE(mesh.comm(0).peer_memory(), nullptr) << mesh.comm(0).why_no_peer_memory();
+  ASSERT_NE(peer_memory_of(mesh.comm(0)), nullptr) << why_no_peer_memory(mesh.comm(0));
 
   // Rank 0's next copy fails: every rank learns it in the closing handshake and the same
   // exchange is done again by messages, on every rank.
   if (world_rank() == 0) fail_next_peer_copies(1);
   at::Tensor y = redistribute(x, {Shard(1)});
   expect_holds_reference(y, shape);
-  EXPECT_EQ(mesh.comm(0).peer_memory(), nullptr);
-  EXPECT_EQ(mesh.comm(0).why_no_peer_memory(),
+  EXPECT_EQ(peer_memory_of(mesh.comm(0)), nullptr);
+  EXPECT_EQ(why_no_peer_memory(mesh.comm(0)),
             world_rank() == 0 ? "a copy failed: failed on purpose by fail_next_peer_copies" : "another member's copy failed");
   expect_holds_reference(redistribute(y, {Shard(0)}), shape);  // and the group goes on by messages
 }

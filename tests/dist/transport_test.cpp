@@ -71,11 +71,11 @@ TEST(PartTransport, EveryTransportLandsTheSamePartsAndBytes) {
   for (const Named& t : {Named{"messages", messages_transport()}, Named{"all_to_all", all_to_all_transport()},
                          Named{"peer memory", peer_memory_transport()}}) {
     SCOPED_TRACE(t.name);
-    const bool has_memory = comm.peer_memory() != nullptr;  // the same on every member
+    const bool has_memory = peer_memory_of(comm) != nullptr;  // the same on every member
     if (&t.transport == &peer_memory_transport() && !has_memory) {
       const std::string why = n == 1                  ? "a one-rank group copies from no peer"
                               : !peer_memory_enabled() ? "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off"
-                                                       : comm.why_no_peer_memory();
+                                                       : why_no_peer_memory(comm);
       std::printf("PartTransport: peer memory skipped: %s\n", why.c_str());
       continue;
     }
@@ -87,7 +87,7 @@ TEST(PartTransport, EveryTransportLandsTheSamePartsAndBytes) {
       destination[1].narrow(0, row_at[me], rows[me]).copy_(expected.narrow(0, row_at[me], rows[me]));
     };
     CommDebugMode comms;
-    EXPECT_TRUE(t.transport.move(comm, exchange));
+    EXPECT_TRUE(t.transport.move(comm, exchange, StepTransport{}));  // messages of the default size
     EXPECT_TRUE(own_part_copied);
     EXPECT_TRUE(at::equal(destination[1], expected));
     EXPECT_TRUE(destination[0].isnan().all().item<bool>() && destination[2].isnan().all().item<bool>()) << "wrote outside its slot";

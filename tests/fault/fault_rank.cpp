@@ -28,7 +28,7 @@
 #include <thread>
 
 #include "comm/fingerprint.h"
-#include "redistribute/peer_copies.h"
+#include "redistribute/transports/peer_memory/copies.h"
 #include "shardtensor/shardtensor.h"
 
 using namespace shardtensor;
@@ -63,7 +63,7 @@ void check(const at::Tensor& result, const at::Tensor& expected, const std::stri
 
 // The tensors of a round, by step name; "A" and "B" move the same bytes ([13, 10] and [10, 13]
 // from S(0) to S(1)), "C" more of them, and "D"'s rows are long enough that through peer
-// memory its holders write its parts (peer_copies.h). Every rank distributes all four in the same order
+// memory its holders write its parts (redistribute/transports/peer_memory/copies.h). Every rank distributes all four in the same order
 // (distribute_tensor compares what the ranks pass, and would catch a skip itself), so that a
 // skipped or reordered step is left to the transports to catch.
 struct Step {
@@ -101,7 +101,9 @@ int main(int argc, char** argv) {
   try {
     DeviceMesh mesh = DeviceMesh::create({world_size()});
     std::ofstream(report_path + ".ready") << "ready\n";  // the driver times outside kills from here
-    set_peer_copy_bytes(0);  // small tensors go through peer memory too, where it is on
+    TransportOptions every_size;
+    every_size.peer_copy_bytes = 0;  // small tensors go through peer memory too, where it is on
+    const TransportOptionsScope scope(every_size);
     const bool is_victim = world_rank() == victim;
     const int64_t fault_round = 2 + seed % 3;
     auto colon = scenario.find(':');

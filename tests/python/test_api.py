@@ -142,6 +142,13 @@ def layouts_body(rank, world_size):
     with pytest.raises(RuntimeError, match="'auto'.*'collectives'.*'messages'"):
         with st.transport_options(transport="gloo"):
             pass
+    # Small messages are a plan option too: many messages per part, the same values.
+    with st.transport_options(transport="messages", message_bytes=64):
+        y = x.redistribute(mesh, [st.Shard(1)])
+        assert_close(y.to_local(), local_of(g, [rank], [world_size], [st.Shard(1)], None), "64-byte messages")
+    for bad in ({"message_bytes": 0}, {"peer_copy_bytes": -1}):
+        with pytest.raises(RuntimeError, match="is not a (positive )?size"):
+            st.transport_options(**bad).__enter__()
     # src_data_rank (DTensor's): the last rank's tensor is the source; None: each rank's own.
     mine = g + 100 * rank
     last = world_size - 1

@@ -4,8 +4,8 @@
 #include <functional>
 
 #include "redistribute/boxes.h"
-#include "redistribute/peer_copies.h"
-#include "comm/peer_memory.h"
+#include "redistribute/transports/peer_memory/copies.h"
+#include "redistribute/transports/peer_memory/peer_memory.h"
 #include "redistribute/plan.h"
 #include "redistribute/transport.h"
 #include "util/strings.h"
@@ -248,17 +248,21 @@ TEST(TransportChoice, CpuMeshesCopyThroughPeerMemoryAtEverySizeAndMessageBelowAR
   EXPECT_NE(gather(8).find(by_memory), std::string::npos) << gather(8);
   EXPECT_NE(gather(1024).find(by_memory), std::string::npos) << gather(1024);
   EXPECT_NE(reduce().find(peer_memory ? "by peer memory" : "by all_reduce (c10d collective)"), std::string::npos) << reduce();
-  // Below a raised threshold: messages, and small reductions are c10d's all_reduce.
-  set_peer_copy_bytes(4096);
-  EXPECT_NE(gather(8).find("by messages"), std::string::npos) << gather(8);
-  EXPECT_NE(gather(1024).find(by_memory), std::string::npos) << gather(1024);
-  EXPECT_NE(reduce().find("by all_reduce (c10d collective)"), std::string::npos) << reduce();
-  set_peer_copy_bytes(kDefaultPeerCopyBytes);
+  {  // Below a raised threshold: messages, and small reductions are c10d's all_reduce.
+    TransportOptions raised;
+    raised.peer_copy_bytes = 4096;
+    const TransportOptionsScope scope(raised);
+    EXPECT_NE(gather(8).find("by messages"), std::string::npos) << gather(8);
+    EXPECT_NE(gather(1024).find(by_memory), std::string::npos) << gather(1024);
+    EXPECT_NE(reduce().find("by all_reduce (c10d collective)"), std::string::npos) << reduce();
+  }
   // A local chunk moves nothing.
   EXPECT_NE(explained(on("cpu", {4}, {Replicate()}, {8, 6}), on("cpu", {4}, {Shard(0)}, {8, 6})).find("by local"), std::string::npos);
-  set_transport_preference(TransportPreference::Collectives);
-  const std::string collective = gather(1024);
-  set_transport_preference(TransportPreference::Auto);
+  std::string collective;
+  {
+    const TransportOptionsScope scope(TransportOptions{TransportPreference::Collectives});
+    collective = gather(1024);
+  }
   EXPECT_NE(collective.find("by all_gather (c10d collective)"), std::string::npos) << collective;
 }
 
@@ -285,9 +289,21 @@ TEST(TransportChoice, PerCallOptionsOverrideTheProcessDefaultsAndGetTheirOwnLowe
   ASSERT_EQ(by_messages.steps.size(), 1u);
   EXPECT_EQ(by_messages.steps[0].transport.kind, TransportKind::Messages);
   EXPECT_EQ(std::string(by_messages.steps[0].transport.counted_as), "all_gather");
-  // Changing a process default makes a new plan for default options: no stale lowering.
-  set_transport_preference(TransportPreference::Collectives);
-  const RedistributePlan& after_change = plan_redistribute(from, to, Planner::GraphSearch);
-  set_transport_preference(TransportPreference::Auto);
-  EXPECT_EQ(after_change.steps[0].transport.kind, TransportKind::Collective);
+  // A scope's options make a new plan for a call that passes none: no stale lowering.
+  const RedistributePlan* in_scope = nullptr;
+  {
+    const TransportOptionsScope scope(TransportOptions{TransportPreference::Collectives});
+    in_scope = &plan_redistribute(from, to, Planner::GraphSearch);
+  }
+  EXPECT_EQ(in_scope->steps[0].transport.kind, TransportKind::Collective);
+  EXPECT_EQ(plan_redistribute(from, to, Planner::GraphSearch).steps[0].transport.kind, by_default.steps[0].transport.kind);
+  // The message size is a plan option too: its own plan, its steps cut to it.
+  TransportOptions small_messages{TransportPreference::Messages};
+  small_messages.message_bytes = 4096;
+  const RedistributePlan& cut = plan_redistribute(from, to, Planner::GraphSearch, resolve(small_messages));
+  EXPECT_NE(&cut, &by_messages);
+  EXPECT_EQ(cut.steps[0].transport.message_bytes, 4096);
+  EXPECT_EQ(by_messages.steps[0].transport.message_bytes, kDefaultMessageBytes);
+  small_messages.message_bytes = 0;
+  EXPECT_THROW(resolve(small_messages), c10::Error);
 }

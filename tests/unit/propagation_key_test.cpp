@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/propagation_key.h"
+#include "dispatch/cached_propagation.h"
 
 using namespace shardtensor;
 using namespace shardtensor::propagation_key;

@@ -3,6 +3,7 @@
 #include "redistribute/transports/part_transport.h"
 
 #include "comm/comm.h"
+#include "redistribute/transports/peer_memory/peer_memory.h"
 
 namespace shardtensor {
 
@@ -13,22 +14,22 @@ at::Tensor view_of_part(const at::Tensor& t, const Box& holds, const Box& part) 
 }
 
 StepTransport available_on(Comm& comm, StepTransport how) {
-  if (how.kind == TransportKind::PeerMemory && !comm.peer_memory()) how.kind = TransportKind::Messages;
+  if (how.kind == TransportKind::PeerMemory && !peer_memory_of(comm)) how.kind = TransportKind::Messages;
   return how;
 }
 
 void move_parts(Comm& comm, const StepTransport& how, const PartExchange& exchange) {
   switch (available_on(comm, how).kind) {
     case TransportKind::PeerMemory:
-      if (peer_memory_transport().move(comm, exchange)) return;
+      if (peer_memory_transport().move(comm, exchange, how)) return;
       break;  // the group has gone back to messages for good
     case TransportKind::Collective:
-      all_to_all_transport().move(comm, exchange);
+      all_to_all_transport().move(comm, exchange, how);
       return;
     case TransportKind::None:
     case TransportKind::Messages: break;
   }
-  messages_transport().move(comm, exchange);
+  messages_transport().move(comm, exchange, how);
 }
 
 }  // namespace shardtensor

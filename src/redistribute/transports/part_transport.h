@@ -8,7 +8,7 @@
 //   - messages_transport.cpp:    point-to-point messages, posted as they become ready;
 //   - collective_transport.cpp:  one c10d all_to_all with split sizes (uneven parts travel
 //                                unpadded), and the native collectives of equal-piece steps;
-//   - peer_memory_transport.cpp: same-host copies straight between the members' memory.
+//   - peer_memory/transport.cpp: same-host copies straight between the members' memory
 // Which one runs is the step's StepTransport, chosen once per plan (redistribute/transport.h).
 #pragma once
 
@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "redistribute/peer_copies.h"
+#include "redistribute/transports/peer_memory/copies.h"
 #include "redistribute/plan.h"
 
 namespace shardtensor {
@@ -41,7 +41,7 @@ struct PartExchange {
   // leading extent-1 dims of holder_holds (a stack slot).
   at::Tensor source;
   // Covers p.receiver_holds of every part this member receives; contiguous, allocated for this
-  // exchange and shared with no one (peers may write into it: peer_copies.h).
+  // exchange and shared with no one (peers may write into it: peer_memory/copies.h).
   at::Tensor destination;
   // What CommDebugMode counts the exchange as; with `counts` false, only its bytes (the second
   // phase of one collective).
@@ -59,8 +59,8 @@ class PartTransport {
   // where this transport turned out unable to (the members do not share memory, or a copy
   // failed): the caller then moves the exchange another way, which rewrites every part.
   // Raises on every member when the members disagree on the exchange, or one is gone, stopped
-  // or gave up (the group's timeout).
-  virtual bool move(Comm& comm, const PartExchange& exchange) const = 0;
+  // or gave up (the group's timeout). `how` is the step's choice (its message size, say).
+  virtual bool move(Comm& comm, const PartExchange& exchange, const StepTransport& how) const = 0;
 };
 
 const PartTransport& messages_transport();

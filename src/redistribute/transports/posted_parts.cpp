@@ -5,24 +5,19 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
-#include <atomic>
 #include <utility>
 
 #include "comm/comm.h"
-#include "redistribute/executor.h"
 
 namespace shardtensor {
 namespace {
 
-// A part travels as messages of about this many bytes, cut along its first dim, so that
-// packing one overlaps sending the one before. Sender and receiver see the same part shape,
-// so they cut it the same way.
-std::atomic<int64_t> message_bytes{4 << 20};  // smaller messages measured slower on loopback Gloo
-
-std::vector<at::Tensor> message_pieces(const at::Tensor& part) {
+// A part cut into messages of about `message_bytes` along its first dim; sender and receiver see
+// the same part shape and bytes, so they cut it the same way.
+std::vector<at::Tensor> message_pieces(const at::Tensor& part, int64_t message_bytes) {
   if (part.dim() == 0 || part.size(0) <= 1) return {part};
   const int64_t row_bytes = std::max<int64_t>(1, part.numel() / part.size(0) * static_cast<int64_t>(part.element_size()));
-  const int64_t rows = std::max<int64_t>(1, message_bytes.load(std::memory_order_relaxed) / row_bytes);
+  const int64_t rows = std::max<int64_t>(1, message_bytes / row_bytes);
   std::vector<at::Tensor> pieces;
   for (int64_t begin = 0; begin < part.size(0); begin += rows) pieces.push_back(part.narrow(0, begin, std::min(rows, part.size(0) - begin)));
   return pieces;
@@ -42,16 +37,11 @@ std::vector<const PeerPart*> sends_of(const PartExchange& exchange, int64_t self
 
 }  // namespace
 
-void set_message_bytes(int64_t bytes) {
-  TORCH_CHECK(bytes > 0, "set_message_bytes: ", bytes, " is not a positive size");
-  message_bytes = bytes;
-}
-
 // Sends first, then receives; the local work runs while the messages travel. The order matters
 // with Gloo: a send posted after the peer's receive is written out by the posting thread, which
 // holds up the local work; posted before it, Gloo's own I/O thread writes it when the receive
 // is announced (measured 10-15% faster for S(0)->S(1)).
-void post_parts(Comm& comm, Messages& batch, const PartExchange& exchange) {
+void post_parts(Comm& comm, Messages& batch, const PartExchange& exchange, int64_t message_bytes) {
   const int64_t self = comm.rank(), n = comm.size();
   const int64_t element_size = static_cast<int64_t>(exchange.destination.element_size());
   std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0);
@@ -63,13 +53,13 @@ void post_parts(Comm& comm, Messages& batch, const PartExchange& exchange) {
   batch.announce(bytes_to, bytes_from);
 
   for (const PeerPart* p : sends_of(exchange, self, n))
-    for (const at::Tensor& piece : message_pieces(view_of_part(exchange.source, p->holder_holds, p->part)))
+    for (const at::Tensor& piece : message_pieces(view_of_part(exchange.source, p->holder_holds, p->part), message_bytes))
       batch.send(p->receiver, piece.contiguous());  // no copy for row blocks
 
   std::vector<std::pair<at::Tensor, at::Tensor>> to_unpack;  // (staging, where it goes)
   for (const PeerPart& p : exchange.parts) {
     if (p.receiver != self || p.part.empty()) continue;
-    for (const at::Tensor& piece : message_pieces(view_of_part(exchange.destination, p.receiver_holds, p.part))) {
+    for (const at::Tensor& piece : message_pieces(view_of_part(exchange.destination, p.receiver_holds, p.part), message_bytes)) {
       if (piece.is_contiguous()) {
         batch.receive(p.holder, piece);
       } else {
@@ -84,8 +74,8 @@ void post_parts(Comm& comm, Messages& batch, const PartExchange& exchange) {
   for (auto& [staging, destination] : to_unpack) destination.copy_(staging);
 }
 
-bool PostedPartsTransport::move(Comm& comm, const PartExchange& exchange) const {
-  post_parts(comm, *(comm.*start_)(exchange.counted_as, exchange.counts), exchange);
+bool PostedPartsTransport::move(Comm& comm, const PartExchange& exchange, const StepTransport& how) const {
+  post_parts(comm, *(comm.*start_)(exchange.counted_as, exchange.counts), exchange, how.message_bytes);
   return true;
 }
 

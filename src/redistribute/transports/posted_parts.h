@@ -18,7 +18,7 @@ class PostedPartsTransport final : public PartTransport {
  public:
   using StartBatch = std::unique_ptr<Messages> (Comm::*)(const char* counted_as, bool counts);
   explicit PostedPartsTransport(StartBatch start) : start_(start) {}
-  bool move(Comm& comm, const PartExchange& exchange) const override;
+  bool move(Comm& comm, const PartExchange& exchange, const StepTransport& how) const override;
 
  private:
   StartBatch start_;
@@ -27,7 +27,7 @@ class PostedPartsTransport final : public PartTransport {
 // Announces the exchange's bytes per peer, posts every send (each part a view of the source:
 // no copy for a row block), then every receive (straight into the destination where the part
 // is contiguous there, else into a staging buffer), runs local_work while they travel, waits,
-// and copies the staged parts into place.
-void post_parts(Comm& comm, Messages& batch, const PartExchange& exchange);
+// and copies the staged parts into place. A part travels as messages of about `message_bytes`.
+void post_parts(Comm& comm, Messages& batch, const PartExchange& exchange, int64_t message_bytes);
 
 }  // namespace shardtensor

@@ -1,7 +1,7 @@
 // Copies through the peers' memory: the runs of bytes a part spans on each side, which side
 // copies it, and the protocol around the copies.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-#include "redistribute/peer_copies.h"
+#include "redistribute/transports/peer_memory/copies.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -13,28 +13,12 @@
 #include "comm/comm.h"
 #include "comm/comm_debug.h"
 #include "comm/fingerprint.h"
-#include "comm/peer_memory.h"
+#include "redistribute/transports/peer_memory/peer_memory.h"
 #include "util/strings.h"
 
 namespace shardtensor {
 namespace {
 
-// SHARDTENSOR_PEER_COPY_BYTES overrides the default (every rank must see the same value).
-int64_t initial_copy_bytes() {
-  const char* env = std::getenv("SHARDTENSOR_PEER_COPY_BYTES");
-  if (!env || !*env) return kDefaultPeerCopyBytes;
-  char* end = nullptr;
-  const long long bytes = std::strtoll(env, &end, 10);
-  TORCH_CHECK(end && *end == '\0' && bytes >= 0, "SHARDTENSOR_PEER_COPY_BYTES=", env, " is not a byte count (a non-negative integer)");
-  return bytes;
-}
-
-// Read at first use, not at load: a bad value is then an error the caller sees, not a
-// terminate while the library loads.
-std::atomic<int64_t>& copy_bytes_per_rank() {
-  static std::atomic<int64_t> bytes{initial_copy_bytes()};
-  return bytes;
-}
 std::atomic<int> copies_to_fail{0};
 std::atomic<int64_t> parts_written{0};
 
@@ -259,13 +243,6 @@ bool write_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& 
 
 }  // namespace
 
-void set_peer_copy_bytes(int64_t bytes) {
-  TORCH_CHECK(bytes >= 0, "set_peer_copy_bytes: ", bytes, " is not a size");
-  copy_bytes_per_rank() = bytes;
-}
-
-int64_t peer_copy_bytes() { return copy_bytes_per_rank().load(std::memory_order_relaxed); }
-
 void fail_next_peer_copies(int count) { copies_to_fail = count; }
 
 int64_t peer_parts_written() { return parts_written.load(); }
@@ -322,7 +299,7 @@ bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& sourc
   if (!ok) TORCH_WARN("shardtensor: copying through a peer's memory failed (", error, "); the group goes back to messages.");
   if (exchange.finish(ok)) return true;
   // Every member saw the failure and stops with this one.
-  comm.stop_peer_memory(ok ? "another member's copy failed" : "a copy failed: " + error);
+  stop_peer_memory(comm, ok ? "another member's copy failed" : "a copy failed: " + error);
   return false;
 }
 

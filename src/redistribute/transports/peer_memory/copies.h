@@ -1,4 +1,4 @@
-// Transfers through the peers' memory (comm/peer_memory.h) instead of messages: on a group
+// Transfers through the peers' memory (peer_memory.h) instead of messages: on a group
 // whose members share this host, each part is copied once, straight from the holder's local
 // tensor into the receiver's result, with no packing and no socket. The receiver reads it, or,
 // where the holder's side lies in more stretches than the receiver's, the holder writes it.
@@ -33,10 +33,8 @@ struct PeerPart {
 // Gloo at every size measured, from 4 bytes up (bench/RESULTS.md, "Small transfers": a small all-reduce
 // 3-10x, small all-gathers and all-to-alls 2-8x, at 2 and 4 ranks), where the Gloo path pays a
 // fingerprint round of messages and then the collective. SHARDTENSOR_PEER_COPY_BYTES or
-// set_peer_copy_bytes() raise it. Every rank must hold the same value.
+// TransportOptions::peer_copy_bytes raise it. Every rank must hold the same value.
 constexpr int64_t kDefaultPeerCopyBytes = 0;
-void set_peer_copy_bytes(int64_t bytes);
-int64_t peer_copy_bytes();
 // Test hook: this rank's next `count` part copies fail, as a denied or faulting copy would, so
 // that the fallback to messages can be tested.
 void fail_next_peer_copies(int count);

@@ -9,7 +9,7 @@
 // Gloo path). The bytes move inside wait(), so a batch no longer overlaps the caller's compute;
 // that overlap hid less than the round trips cost.
 //
-// Same guarantees as the redistribute exchanges (comm/peer_memory.h): the fingerprint is
+// Same guarantees as the redistribute exchanges (peer_memory.h): the fingerprint is
 // compared before any byte moves; a peer that is gone or gave up is an error on every member;
 // a message whose size differs from the receive posted for it is an error naming both sizes;
 // a failed copy (every member learns it) makes the group send this batch and every later one as

@@ -1,5 +1,5 @@
-// See peer_messages.h.
-#include "redistribute/peer_messages.h"
+// See messages.h.
+#include "redistribute/transports/peer_memory/messages.h"
 
 #include <c10/util/Exception.h>
 
@@ -10,8 +10,8 @@
 
 #include "comm/comm_debug.h"
 #include "comm/fingerprint.h"
-#include "comm/peer_memory.h"
-#include "redistribute/peer_copies.h"
+#include "redistribute/transports/peer_memory/peer_memory.h"
+#include "redistribute/transports/peer_memory/copies.h"
 #include "redistribute/transport.h"
 
 namespace shardtensor {
@@ -84,7 +84,7 @@ class PeerMemoryMessages final : public Messages {
     if (!ok) TORCH_WARN("shardtensor: reading a message from a peer's memory failed (", error, "); the group goes back to Gloo messages.");
     if (exchange.finish(ok)) return;
     // Every member saw the failure: this batch, and the group from now on, go as messages.
-    comm_.stop_peer_memory(ok ? "another member's copy failed" : "a copy failed: " + error);
+    stop_peer_memory(comm_, ok ? "another member's copy failed" : "a copy failed: " + error);
     auto messages = comm_.start_messages(counted_as_, /*counts=*/false);
     if (announced_) messages->announce(announced_->first, announced_->second);
     for (const Message& s : sends_) messages->send(s.peer, s.tensor);
@@ -110,11 +110,11 @@ class PeerMemoryMessages final : public Messages {
 
 std::unique_ptr<Messages> start_same_host_messages(Comm& comm, bool on_cpu, const char* counted_as, bool counts) {
   // The transport options in force on this thread (a TransportOptionsScope over the process's
-  // defaults) decide, as they do for every other movement. comm.peer_memory() is null for one
+  // defaults) decide, as they do for every other movement. peer_memory_of(comm) is null for one
   // member, NCCL, SHARDTENSOR_PEER_MEMORY=0 or a failed probe.
   const ResolvedTransportOptions options = resolve();
   if (on_cpu && options.preference == TransportPreference::Auto && options.peer_memory)
-    if (PeerMemory* memory = comm.peer_memory()) return std::make_unique<PeerMemoryMessages>(comm, *memory, counted_as, counts);
+    if (PeerMemory* memory = peer_memory_of(comm)) return std::make_unique<PeerMemoryMessages>(comm, *memory, counted_as, counts);
   return comm.start_messages(counted_as, counts);
 }
 

@@ -146,9 +146,19 @@ class PeerMemory {
   bool closed_ = false;
 };
 
-// Switched off where the environment says SHARDTENSOR_PEER_MEMORY=0; tests switch it to run
-// both transports. Every rank must hold the same setting.
+// Off where the environment says SHARDTENSOR_PEER_MEMORY=0: no group is ever probed, and
+// TransportOptions::peer_memory defaults to false. Read once; every rank must see the same.
+// (Plans switch peer memory off per call or scope with TransportOptions.)
 bool peer_memory_enabled();
-void set_peer_memory_enabled(bool enabled);
+
+// The group's peer memory, or null where it is unavailable (one member, NCCL, members on
+// other hosts or forbidden to read each other) or switched off. The first call with it switched
+// on probes collectively, so every member must make it at the same point, as with any
+// collective. Kept as an attachment of `comm` (comm.h), which knows nothing of it.
+PeerMemory* peer_memory_of(Comm& comm);
+// Why peer_memory_of(comm) is null (empty before the probe, or when it is not null).
+const std::string& why_no_peer_memory(Comm& comm);
+// After a failed copy (which every member learns of together): messages from then on.
+void stop_peer_memory(Comm& comm, const std::string& why);
 
 }  // namespace shardtensor

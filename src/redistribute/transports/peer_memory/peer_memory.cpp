@@ -1,6 +1,6 @@
 // PeerMemory: the probe, the mailbox protocol and the copies (see peer_memory.h).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-#include "comm/peer_memory.h"
+#include "redistribute/transports/peer_memory/peer_memory.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -66,13 +66,6 @@ int64_t host_identity() {
 
 uint64_t random_cookie() { return ((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) | 1; }
 
-std::atomic<bool>& enabled_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* v = std::getenv("SHARDTENSOR_PEER_MEMORY");
-    return !(v && std::string(v) == "0");
-  }()};
-  return flag;
-}
 
 // The iovec lists for runs[begin, end): each side's adjacent stretches become one, since the
 // kernel pins the other process's memory stretch by stretch.
@@ -108,8 +101,54 @@ constexpr uint64_t kMaxOfferWords = uint64_t{1} << 20;
 
 }  // namespace
 
-bool peer_memory_enabled() { return enabled_flag().load(std::memory_order_relaxed); }
-void set_peer_memory_enabled(bool enabled) { enabled_flag() = enabled; }
+namespace {
+
+// What a communicator keeps of its peer memory: the probe's result, and why it is null.
+struct PeerMemoryState final : Comm::Attachment {
+  std::unique_ptr<PeerMemory> memory;
+  bool probed = false;
+  std::string why_not;
+};
+
+const char kStateKey = 0;  // its address names the attachment
+
+PeerMemoryState& state_of(Comm& comm) {
+  std::unique_ptr<Comm::Attachment>& slot = comm.attachment(&kStateKey);
+  if (!slot) slot = std::make_unique<PeerMemoryState>();
+  return static_cast<PeerMemoryState&>(*slot);
+}
+
+}  // namespace
+
+PeerMemory* peer_memory_of(Comm& comm) {
+  // Host memory only: a CUDA group (NCCL) moves device tensors, and its probe would need them.
+  if (comm.size() == 1 || !peer_memory_enabled() || comm.backend_name() == "nccl") return nullptr;
+  PeerMemoryState& state = state_of(comm);
+  if (!state.probed) {
+    state.memory = PeerMemory::probe(comm, state.why_not);
+    state.probed = true;
+  }
+  // A member that gave up an exchange (an error) never offers or reads through memory again.
+  if (state.memory && state.memory->closed()) stop_peer_memory(comm, "an exchange through peer memory failed on this rank");
+  return state.memory.get();
+}
+
+const std::string& why_no_peer_memory(Comm& comm) { return state_of(comm).why_not; }
+
+void stop_peer_memory(Comm& comm, const std::string& why) {
+  PeerMemoryState& state = state_of(comm);
+  state.memory.reset();
+  state.why_not = why;
+  state.probed = true;
+}
+
+bool peer_memory_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SHARDTENSOR_PEER_MEMORY");
+    return !(v && std::string(v) == "0");
+  }();
+  return enabled;
+}
 
 // The mailbox is never freed: a peer may still poll it after this member has finished its last
 // exchange (it saw every "done", the peer has not yet seen this one's), and a freed mailbox could
