@@ -2,7 +2,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "redistribute/executor.h"
+#include "domain/declared_reductions.h"
 #include "kernels/stack.h"
 #include "rules/comparison.h"
 
@@ -16,11 +16,11 @@ LocalKernel KnownAnswerPlan::lower() const {
 }
 
 LocalKernel GlobalEqualPlan::lower() const {
-  return [mesh = mesh, mesh_dims = mesh_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [device = mesh.device(), sums = DeclaredReductions(mesh, moves())](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     op.callBoxed(stack);
     const bool here = stack->back().toBool();
-    at::Tensor differs = at::full({1}, here ? 0.0 : 1.0, at::TensorOptions().dtype(at::kFloat).device(mesh.device()));
-    all_reduce_over(mesh, mesh_dims, differs, ReduceOp::Sum);
+    at::Tensor differs = at::full({1}, here ? 0.0 : 1.0, at::TensorOptions().dtype(at::kFloat).device(device));
+    sums.run(differs);
     stack->back() = differs.item<float>() == 0;
   };
 }

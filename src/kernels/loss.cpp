@@ -2,30 +2,33 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "redistribute/executor.h"
+#include "domain/declared_reductions.h"
+#include "kernels/stack.h"
 #include "rules/loss.h"
 
 namespace shardtensor {
 
-// Runs the op with reduction=sum (argument `reduction_arg`), then divides output 0 by `count`.
+constexpr int64_t kReductionSum = 2;  // at::Reduction::Sum
+
+// Runs the op with reduction=sum, then divides output 0 by `count`.
 LocalKernel SumThenDividePlan::lower() const {
-  return [reduction_arg = reduction_arg, count = count](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const size_t begin = stack->size() - op.schema().arguments().size();
-    (*stack)[begin + reduction_arg] = c10::IValue(int64_t{2});  // Reduction::Sum
-    op.callBoxed(stack);
+  return [count = count](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    OpArguments args(op, stack);
+    args.set("reduction", kReductionSum);
+    std::move(args).call(op, stack);
     stack->back().toTensor().div_(static_cast<double>(count));
   };
 }
 
 // Mean over sharded rows: local sums, the total weight all-reduced, then divided by it.
 LocalKernel NllGlobalMeanPlan::lower() const {
-  return [mesh = mesh, mesh_dims = mesh_dims](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    const size_t begin = stack->size() - op.schema().arguments().size();
-    (*stack)[begin + 3] = c10::IValue(int64_t{2});  // Reduction::Sum
-    op.callBoxed(stack);
-    at::Tensor total_weight = (*stack)[stack->size() - 1].toTensor();
+  return [sums = DeclaredReductions(mesh, moves())](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    OpArguments args(op, stack);
+    args.set("reduction", kReductionSum);
+    std::move(args).call(op, stack);
+    at::Tensor total_weight = (*stack)[stack->size() - 1].toTensor();  // outputs: (output, total_weight)
     at::Tensor output = (*stack)[stack->size() - 2].toTensor();
-    all_reduce_over(mesh, mesh_dims, total_weight, ReduceOp::Sum);
+    sums.run(total_weight);
     output.div_(total_weight);
   };
 }

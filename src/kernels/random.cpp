@@ -5,9 +5,10 @@
 
 #include <cmath>
 
-#include "comm/agreement.h"
-#include "redistribute/executor.h"
+#include "comm/agreement.h"  // next_random_key_on
+#include "domain/declared_reductions.h"
 #include "kernels/stack.h"
+#include "redistribute/boxes.h"
 #include "rules/random.h"
 #include "util/counter_random.h"
 
@@ -51,11 +52,19 @@ LocalKernel RandomFillPlan::lower() const {
 
 namespace {
 
-// Raises on every rank if any rank of the groups of `mesh_dims` found `bad` (one sum of flags):
-// the data being checked is sharded, so one rank alone may hold the bad value.
-void check_on_every_rank(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, bool bad, const std::string& message) {
+// This rank's box of `whole`, a tensor of `spec`'s global shape, as a view.
+at::Tensor box_of_whole(const at::Tensor& whole, const ShardTensorSpec& spec) {
+  const Box mine = box_of(spec, spec.mesh().coordinate());
+  at::Tensor view = whole;
+  for (int64_t d = 0; d < view.dim(); ++d) view = view.narrow(d, mine.offsets[d], mine.shape[d]);
+  return view;
+}
+
+// Raises on every rank if any rank of the declared groups found `bad` (one sum of flags): the
+// data being checked is sharded, so one rank alone may hold the bad value.
+void check_on_every_rank(const DeviceMesh& mesh, const DeclaredReductions& sum_of_flags, bool bad, const std::string& message) {
   at::Tensor flags = at::full({1}, bad ? 1.0 : 0.0, at::TensorOptions().dtype(at::kFloat).device(mesh.device()));
-  all_reduce_over(mesh, mesh_dims, flags, ReduceOp::Sum);
+  sum_of_flags.run(flags);
   TORCH_CHECK(flags.item<float>() == 0, message, bad ? "" : " (on another rank)");
 }
 
@@ -82,8 +91,8 @@ LocalKernel RandomLikePlan::lower() const {
 }
 
 LocalKernel BernoulliPlan::lower() const {
-  return [form = form, self = self, broadcasts = p_broadcasts, check = check_mesh_dims](const c10::OperatorHandle& op,
-                                                                                      torch::jit::Stack* stack) {
+  return [form = form, self = self, broadcasts = p_broadcasts, check = DeclaredReductions(self.mesh(), moves())](
+             const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor target = args.tensor("self");
     at::Tensor p;
@@ -91,7 +100,7 @@ LocalKernel BernoulliPlan::lower() const {
       p = target;
     } else if (form == BernoulliPlan::Form::InPlaceTensorP) {
       p = args.tensor("p");
-      if (broadcasts) p = local_box_of(p.expand(self.shape()), self);  // the whole p, expanded, then this rank's box
+      if (broadcasts) p = box_of_whole(p.expand(self.shape()), self);  // the whole p, expanded, then this rank's box
     }
     if (p.defined()) {
       const bool bad = p.numel() > 0 && !((p >= 0) & (p <= 1)).all().item<bool>();
@@ -109,7 +118,7 @@ LocalKernel BernoulliPlan::lower() const {
 }
 
 LocalKernel MultinomialPlan::lower() const {
-  return [in = probabilities, n = num_samples, replacement = replacement, check = check_mesh_dims](
+  return [in = probabilities, n = num_samples, replacement = replacement, check = DeclaredReductions(probabilities.mesh(), moves())](
              const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor local = args.tensor("self");

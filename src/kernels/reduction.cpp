@@ -2,7 +2,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "redistribute/executor.h"
 #include "rules/reduction.h"
 
 namespace shardtensor {

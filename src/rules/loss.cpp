@@ -25,7 +25,7 @@ RuleResult mse_loss_rule(const OpMeta& op) {
   }
   r.outputs = {{summed_over_shards(self), {}}};
   if (reduction == kReductionMean && !self.shardings().empty())
-    r.kernel_plan = declare(SumThenDividePlan(op.arg_index("reduction"), numel_of(self)));
+    r.kernel_plan = declare(SumThenDividePlan(numel_of(self)));
   return r;
 }
 
@@ -38,7 +38,7 @@ RuleResult mse_loss_backward_rule(const OpMeta& op) {
   r.input_targets = {grad, self, align_to(op.inputs[2].spec, self)};
   r.outputs = {layout_of(self)};
   if (reduction == kReductionMean && !self.shardings().empty())
-    r.kernel_plan = declare(SumThenDividePlan(op.arg_index("reduction"), numel_of(self)));
+    r.kernel_plan = declare(SumThenDividePlan(numel_of(self)));
   return r;
 }
 

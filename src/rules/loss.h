@@ -6,13 +6,12 @@
 namespace shardtensor {
 
 // A mean over sharded elements with a known count (mse_loss and its backward): the op runs
-// with reduction=sum (argument `reduction_arg`), then output 0 is divided by the GLOBAL
-// count. Local: the forward's result is Partial(sum), resolved like any other.
+// with reduction=sum, then output 0 is divided by the GLOBAL count. Local: the forward's
+// result is Partial(sum), resolved like any other.
 struct SumThenDividePlan : KernelPlan {
-  size_t reduction_arg = 0;
   int64_t count = 1;  // elements, globally
 
-  SumThenDividePlan(size_t arg, int64_t n) : reduction_arg(arg), count(n) {}
+  explicit SumThenDividePlan(int64_t n) : count(n) {}
 
   LocalKernel lower() const override;
   std::string name() const override { return "sum over the global count"; }

@@ -30,7 +30,7 @@ const std::map<std::string, std::set<std::string>>& allowed() {
       {"comm", {"mesh"}},
       {"redistribute", {"mesh", "spec", "comm"}},  // the planner's files: not comm (below)
       {"rules", {"mesh", "spec", "redistribute"}},  // the planner's headers only (below)
-      {"domain", {"mesh", "spec", "comm", "redistribute"}},  // the transports' seam: peer copies, the choice
+      {"domain", {"mesh", "spec", "comm", "redistribute", "rules"}},  // the transports' seam; the moves plans declare
       {"kernels", {"mesh", "spec", "comm", "redistribute", "rules", "domain"}},
       {"autograd", {"mesh", "spec"}},
       {"debug", {"mesh", "spec", "redistribute", "rules"}},
@@ -145,6 +145,31 @@ TEST(IncludeGraph, NoCycleInsideALayer) {
     if (mark[entry.first] == Mark::Unseen) visit(entry.first);
   ASSERT_GT(edges.size(), 20u) << "read too few includes inside layers";
   for (const std::string& cycle : cycles) ADD_FAILURE() << "include cycle inside a layer: " << cycle;
+}
+
+// Kernels reach other ranks only through the moves their plans declare: the halo exchange
+// (domain/halo.h, lowered from the plan's halo), the declared mid-op reductions
+// (domain/declared_reductions.h) and, for now, the ring's message batches. The executor and
+// the transports are not theirs to call, so a kernel cannot move bytes that explain does not
+// print (tests/dist/explained_moves_test.cpp counts what they move).
+TEST(IncludeGraph, KernelsMoveBytesOnlyThroughDeclaredMoves) {
+  // What ring attention still takes from below the seam: its message batches (Comm's Messages,
+  // through peer memory on one host) and the per-row statistics' all_gather. Random draws agree
+  // on their key with the mesh (a check, not a data move).
+  const std::set<std::pair<std::string, std::string>> allowed_below = {
+      {"kernels/attention_blocks.h", "comm/comm.h"},
+      {"kernels/attention_backward.cpp", "comm/comm.h"},
+      {"kernels/attention_blocks.cpp", "redistribute/transports/peer_memory/messages.h"},
+      {"kernels/random.cpp", "comm/agreement.h"},
+  };
+  for (const Include& inc : includes_of_src()) {
+    if (layer_of(inc.file) != "kernels" || !inc.quoted) continue;
+    const bool below_the_seam = layer_of(inc.target) == "comm" || is_executor(inc.target);
+    EXPECT_TRUE(!below_the_seam || allowed_below.count({inc.file, inc.target}))
+        << "src/" << inc.file << ":" << inc.line << " includes \"" << inc.target
+        << "\": kernels move bytes only through the moves their plan declares (domain/), not through comm/, the executor "
+           "or the transports";
+  }
 }
 
 TEST(IncludeGraph, C10dStaysInComm) {
