@@ -42,7 +42,8 @@ before() { (cd "$BEFORE_DIR" && PYTHONPATH="$BEFORE_DIR/pkg" "$@"); }
 for key in ${KEYS//,/ }; do
   if [ "$key" = perop ]; then
     for i in 1 2; do
-      before "$pkg/bin/shardrun" -n 2 --timeout 500 "$PY" bench/python_bench.py --sections 1 --cxx none --cxx-dispatch none \
+      # This checkout's script on both sides: the same harness, the earlier package.
+      before "$pkg/bin/shardrun" -n 2 --timeout 500 "$PY" "$HERE/bench/python_bench.py" --sections 1 --cxx none --cxx-dispatch none \
         > "$OUT/before_perop_$i.log" 2>&1
       .venv/bin/shardrun -n 2 --timeout 500 "$PY" bench/python_bench.py --sections 1 --cxx none --cxx-dispatch none \
         > "$OUT/after_perop_$i.log" 2>&1

@@ -284,8 +284,10 @@ def st_placement_str(placements):
 # ---------------------------------------------------------------------------------------------
 
 def sgd_step(x, w1, w2, target, lr):
-    """One TP-MLP training step (forward, backward, SGD update), the same code for either library."""
-    loss = F.mse_loss(F.linear(F.relu(F.linear(x, w1)), w2), target)
+    """One TP-MLP training step (forward, backward, SGD update), the same code for either library.
+    The mean squared error is written out: torch 2.15's DTensor has no sharding strategy for
+    aten.mse_loss on the row-parallel layer's pending sum, and raises."""
+    loss = (F.linear(F.relu(F.linear(x, w1)), w2) - target).square().mean()
     loss.backward()
     with torch.no_grad():
         for p in (w1, w2):
