@@ -49,7 +49,10 @@ Split split_of(const LoweredHaloAxis& lowered) {
   const Range owned = lowered.axis.owned[lowered.me], window = lowered.axis.window[lowered.me];
   const int64_t before = std::clamp(owned.begin - window.begin, int64_t{0}, window.size());
   const int64_t after = std::clamp(window.end - owned.end, int64_t{0}, window.size() - before);
-  return {before, std::max(window.begin - owned.begin, int64_t{0}), window.size() - before - after, after};
+  const int64_t middle = window.size() - before - after;
+  // No own row in the window (an empty shard, or a window that starts past this rank's rows,
+  // as a stride can make it): the middle is the empty stretch at 0, not past the piece's end.
+  return {before, middle == 0 ? 0 : std::max(window.begin - owned.begin, int64_t{0}), middle, after};
 }
 
 }  // namespace

@@ -120,6 +120,29 @@ TEST(Halo, ShardsThinnerThanTheHaloReachPastTheirNeighbours) {
   expect_matches(sx.grad(), ref_x.grad(), "input gradient");
 }
 
+// The backward rebuilds the window from the rows the forward kept (kernels/window_cache.h), also
+// on a rank whose window holds none of its own rows: an empty shard, and strided, dilated
+// windows that start past a rank's rows (found by the op sweep on 3 ranks: [5, 0, 6] rows).
+TEST(Halo, KeptRowsRebuildWindowsWithoutOwnRows) {
+  const int64_t ranks = mesh_1d().size(0);
+  if (ranks < 3) GTEST_SKIP() << "needs an empty shard between two others (3 ranks or more)";
+  std::vector<int64_t> sizes(static_cast<size_t>(ranks), 0);
+  sizes.front() = 5;
+  sizes.back() = 6;
+  const at::Tensor x = draw({2, 4, total(sizes), 9}, 19), weight = draw({6, 4, 3, 3}, 20), bias = draw({6}, 21);
+  const at::Tensor ref_x = x.clone().requires_grad_(), ref_w = weight.clone().requires_grad_();
+  const std::vector<int64_t> two{2, 2}, none{0, 0};  // stride and dilation 2, no padding
+  const at::Tensor expected = at::conv2d(ref_x, ref_w, bias, two, none, two);
+  expected.square().sum().backward();
+  at::Tensor sx = distribute_tensor(x, mesh_1d(), {Shard(2)}, ShardSizes{{2, sizes}}).requires_grad_();
+  at::Tensor sw = distribute_tensor(weight, mesh_1d(), {Replicate()}).requires_grad_();
+  const at::Tensor out = at::conv2d(sx, sw, distribute_tensor(bias, mesh_1d(), {Replicate()}), two, none, two);
+  expect_matches(out, expected.detach(), "forward");
+  out.square().sum().backward();
+  expect_matches(sx.grad(), ref_x.grad(), "input gradient");
+  expect_matches(sw.grad(), ref_w.grad(), "weight gradient");
+}
+
 TEST(Halo, TwoDimensionalSplitExchangesCorners) {
   if (world_size() != 4) GTEST_SKIP() << "needs a 2x2 mesh (4 ranks); the sweep covers other meshes";
   const DeviceMesh mesh = DeviceMesh::create({2, 2});

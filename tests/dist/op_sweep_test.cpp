@@ -92,6 +92,13 @@ std::vector<Case> scalar_kind_cases() {
              call("aten::lerp.Scalar", {v, v * v, low_high[1]}) + call("aten::addcmul", {v, v, v, two[0]}) +
              call("aten::fill_.Scalar", {v.clone(), two[0]});
     }));
+    if (kind == "bool" && TORCH_VERSION_MAJOR < 2) {
+      // libtorch 1.13's norm kernels refuse a bool order on one process too ("expects norm to
+      // be integer or float"): there is no single-device value to compare with.
+      std::cout << "op sweep: no norms with bool Scalar orders on libtorch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR
+                << " (its norm kernels refuse a bool order on one process)" << std::endl;
+      continue;
+    }
     cases.push_back(on("norms with Scalar orders" + tag, [] { return Tensors{normal({4, 5})}; }, [two](const Tensors& x) {
       return call("aten::linalg_vector_norm", {x[0], two[0], std::vector<int64_t>{1}}) +
              call("aten::norm.ScalarOpt_dim", {x[0], two[0], std::vector<int64_t>{1}}) + call("aten::dist", {x[0], x[0] * x[0], two[0]});
