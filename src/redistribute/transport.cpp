@@ -123,19 +123,22 @@ bool pieces_are_equal(const RedistributeStep& step, const ShardTensorSpec& from,
 
 namespace {
 thread_local TransportOptions scoped_options;  // what the open TransportOptionsScopes set
+
+// Raises, naming the field, where a set size is out of range (a scope's, or a call's).
+void check_sizes(const TransportOptions& options) {
+  TORCH_CHECK(!options.peer_copy_bytes || *options.peer_copy_bytes >= 0, "TransportOptions: peer_copy_bytes ", *options.peer_copy_bytes,
+              " is not a size");
+  TORCH_CHECK(!options.message_bytes || *options.message_bytes > 0, "TransportOptions: message_bytes ", *options.message_bytes,
+              " is not a positive size");
+}
 }  // namespace
 
 TransportOptionsScope::TransportOptionsScope(const TransportOptions& options) : outer_(scoped_options) {
+  check_sizes(options);
   if (options.transport) scoped_options.transport = options.transport;
   if (options.peer_memory) scoped_options.peer_memory = options.peer_memory;
-  if (options.peer_copy_bytes) {
-    TORCH_CHECK(*options.peer_copy_bytes >= 0, "TransportOptions: peer_copy_bytes ", *options.peer_copy_bytes, " is not a size");
-    scoped_options.peer_copy_bytes = options.peer_copy_bytes;
-  }
-  if (options.message_bytes) {
-    TORCH_CHECK(*options.message_bytes > 0, "TransportOptions: message_bytes ", *options.message_bytes, " is not a positive size");
-    scoped_options.message_bytes = options.message_bytes;
-  }
+  if (options.peer_copy_bytes) scoped_options.peer_copy_bytes = options.peer_copy_bytes;
+  if (options.message_bytes) scoped_options.message_bytes = options.message_bytes;
 }
 
 TransportOptionsScope::~TransportOptionsScope() { scoped_options = outer_; }
@@ -146,10 +149,7 @@ const TransportOptions& TransportOptionsScope::current() { return scoped_options
 ResolvedTransportOptions resolve(const TransportOptions& options) {
   const TransportOptions& scoped = scoped_options;
   const ResolvedTransportOptions& defaults = process_transport_defaults();
-  TORCH_CHECK(!options.peer_copy_bytes || *options.peer_copy_bytes >= 0, "TransportOptions: peer_copy_bytes ", *options.peer_copy_bytes,
-              " is not a size");
-  TORCH_CHECK(!options.message_bytes || *options.message_bytes > 0, "TransportOptions: message_bytes ", *options.message_bytes,
-              " is not a positive size");
+  check_sizes(options);
   ResolvedTransportOptions resolved;
   resolved.preference = options.transport.value_or(scoped.transport.value_or(defaults.preference));
   resolved.peer_memory = options.peer_memory.value_or(scoped.peer_memory.value_or(defaults.peer_memory));
