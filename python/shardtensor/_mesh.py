@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -218,6 +219,28 @@ def shutdown() -> None:
     _C.release_communicators()
     if _initialised_here and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _forget_destroyed_world_group()
+
+
+def _forget_destroyed_world_group() -> None:
+    """Lets a destroyed world group be freed now, while the interpreter still runs.
+
+    torch.distributed.nn.functional binds ``group.WORLD`` as the default ``group`` of ten
+    functions when it is imported. Imported after init_process_group (torch._dynamo imports it,
+    and so do CommDebugMode's module tracker and torch.compile), those defaults keep the world
+    group and its Gloo worker threads alive after destroy_process_group. A worker that frees the
+    Python tensors of the last collective after the interpreter began to finalize cannot take
+    the GIL and aborts the process ("terminate called without an active exception", about one
+    exit in 25 on torch 2.15, shardtensor or not). With the group destroyed, the defaults go back
+    to None (the default group, as before init); the last reference then goes here, and torch
+    joins the workers with the GIL released."""
+    functional = sys.modules.get("torch.distributed.nn.functional")
+    if functional is None or not dist.is_available() or dist.is_initialized():
+        return
+    for fn in vars(functional).values():
+        defaults = getattr(fn, "__defaults__", None)
+        if defaults and any(isinstance(d, dist.ProcessGroup) for d in defaults):
+            fn.__defaults__ = tuple(None if isinstance(d, dist.ProcessGroup) else d for d in defaults)
 
 
 def init_device_mesh(device_type: str, mesh_shape, *, mesh_dim_names=None) -> DeviceMesh:

@@ -74,7 +74,9 @@ void bind_dispatch(py::module_& m) {
   m.def("is_strict", &is_strict);
   m.def("fallback_operators", &fallback_operators);
   m.def("propagated_operators", &propagated_operators);
-  m.def("release_cached_layouts", &release_cached_layouts);
+  // Without the GIL: dropping the last reference to a Gloo backend joins its worker threads,
+  // and a worker may need the GIL to release a Python tensor its last collective kept.
+  m.def("release_cached_layouts", &release_cached_layouts, py::call_guard<py::gil_scoped_release>());
   // The Python logger as the C++ log's sink and filter; None restores stderr (at exit, before
   // the interpreter that the functions need goes away).
   m.def(

@@ -82,7 +82,9 @@ void bind_mesh(py::module_& m) {
   m.def("world_rank", &world_rank);
   m.def("world_size", &world_size);
   m.def("built_with_nccl", &built_with_nccl);
-  m.def("release_communicators", &release_communicators);
+  // Without the GIL: dropping the last reference to a Gloo backend joins its worker threads,
+  // and a worker may need the GIL to release a Python tensor its last collective kept.
+  m.def("release_communicators", &release_communicators, py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace shardtensor::python
