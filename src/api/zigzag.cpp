@@ -1,16 +1,19 @@
 // zigzag_shard and zigzag_unshard (shardtensor/context_parallel.h): the sequence moved between
-// contiguous shards and zigzag chunks along one mesh dim, in one message batch, differentiably.
+// contiguous shards and zigzag chunks along one mesh dim, in one exchange of parts, differentiably.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+
+#include <algorithm>
 
 #include "api/conversions.h"
 #include "autograd/grad_fn.h"
 #include "comm/comm.h"
 #include "dispatch/relayout.h"
 #include "dispatch/shard_tensor_impl.h"
-#include "redistribute/transports/peer_memory/messages.h"
+#include "redistribute/transport.h"
+#include "redistribute/transports/part_transport.h"
 #include "rules/helpers.h"
 #include "shardtensor/context_parallel.h"
 #include "shardtensor/shard_tensor.h"
@@ -23,6 +26,7 @@ namespace {
 // One run of positions that moves from rank `peer`'s local order to this rank's, or back.
 struct Part {
   int64_t from_start, to_start, size;  // local offsets on the sending and the receiving rank; length
+  int64_t at;                          // its first position in the sequence
 };
 
 // The parts that rank `sender` sends rank `receiver`, in the order the receiver lays them out:
@@ -35,55 +39,62 @@ std::vector<Part> parts_between(int64_t sender, int64_t receiver, const std::vec
       const Range both = intersect(to[receiver][a], from[sender][b]);
       if (both.size() == 0) continue;
       parts.push_back({from_starts[b] + both.begin - from[sender][b].begin, to_starts[a] + both.begin - to[receiver][a].begin,
-                       both.size()});
+                       both.size(), both.begin});
     }
   return parts;
 }
 
+// The box of a tensor shaped like `like` that covers [begin, begin + size) on `dim` and all of
+// its other dims.
+Box box_along(const at::Tensor& like, int64_t dim, int64_t begin, int64_t size) {
+  Box box{std::vector<int64_t>(like.dim(), 0), like.sizes().vec()};
+  box.offsets[dim] = begin;
+  box.shape[dim] = size;
+  return box;
+}
+
 // This rank's `local` (its sequence on dim `seq_dim` in the order `from[me]`) rearranged to
-// `to[me]`: every rank of `comm` sends each other the positions they hold and the other needs,
-// in one announced message batch (so a rank running another exchange is caught before any byte
-// lands). `from` and `to` are per group rank, the same on every rank.
-at::Tensor move_sequence(const at::Tensor& local, int64_t seq_dim, Comm& comm, const std::vector<Pieces>& from,
-                         const std::vector<Pieces>& to) {
+// `to[me]`: every rank of the group of `mesh_dim` sends each other the positions they hold and
+// the other needs, as one exchange of parts through the transport seam (part_transport.h), so
+// a rank running another exchange is caught before any byte lands. `from` and `to` are per
+// group rank, the same on every rank.
+//
+// A rank's pieces are not one stretch of the sequence, so each part gets coordinates of its
+// own: the sequence position p sits at `sequence + p`, and each side's tensor is placed so that
+// the part lands on its local offset (the shift keeps every offset non-negative).
+at::Tensor move_sequence(const at::Tensor& local, int64_t seq_dim, const DeviceMesh& mesh, int64_t mesh_dim,
+                         const std::vector<Pieces>& from, const std::vector<Pieces>& to) {
+  Comm& comm = mesh.comm(mesh_dim);
   const int64_t n = comm.size(), me = comm.rank();
   std::vector<int64_t> shape = local.sizes().vec();
   shape[seq_dim] = length(to[me]);
   const at::Tensor out = at::empty(shape, local.options());
-  int64_t position_bytes = static_cast<int64_t>(local.element_size());  // alike on the group's ranks
-  for (int64_t d = 0; d < local.dim(); ++d)
-    if (d != seq_dim) position_bytes *= local.size(d);
   for (const Part& p : parts_between(me, me, from, to))
     out.narrow(seq_dim, p.to_start, p.size).copy_(local.narrow(seq_dim, p.from_start, p.size));
 
-  bool any_moves = false;  // decided from `from` and `to` alone: alike on every rank
-  for (int64_t s = 0; s < n && !any_moves; ++s)
-    for (int64_t d = 0; d < n && !any_moves; ++d) any_moves = s != d && !parts_between(s, d, from, to).empty();
-  if (!any_moves) return out;
-
-  std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0);
-  std::vector<std::vector<Part>> sends(n), receives(n);
+  int64_t sequence = 0, widest = 0;  // decided from `from` and `to` alone: alike on every rank
+  for (int64_t r = 0; r < n; ++r) sequence += length(from[r]), widest = std::max(widest, length(to[r]));
+  std::vector<PeerPart> parts;
   for (int64_t peer = 0; peer < n; ++peer) {
     if (peer == me) continue;
-    sends[peer] = parts_between(me, peer, from, to);
-    receives[peer] = parts_between(peer, me, from, to);
-    for (const Part& p : sends[peer]) bytes_to[peer] += p.size * position_bytes;
-    for (const Part& p : receives[peer]) bytes_from[peer] += p.size * position_bytes;
-  }
-  auto messages = start_same_host_messages(comm, local.is_cpu(), "zigzag");
-  messages->announce(bytes_to, bytes_from);
-  std::vector<std::pair<at::Tensor, at::Tensor>> landed;  // (receive buffer, where it goes)
-  for (int64_t peer = 0; peer < n; ++peer) {
-    for (const Part& p : receives[peer]) {
-      at::Tensor into = out.narrow(seq_dim, p.to_start, p.size);
-      at::Tensor buffer = into.is_contiguous() ? into : at::empty(into.sizes(), into.options());
-      messages->receive(peer, buffer);
-      if (!into.is_contiguous()) landed.emplace_back(buffer, into);
+    for (const Part& p : parts_between(me, peer, from, to)) {
+      const Box part = box_along(local, seq_dim, sequence + p.at, p.size);
+      parts.push_back({me, peer, part, box_along(local, seq_dim, sequence + p.at - p.from_start, local.size(seq_dim)), Box{}});
     }
-    for (const Part& p : sends[peer]) messages->send(peer, local.narrow(seq_dim, p.from_start, p.size).contiguous());
+    for (const Part& p : parts_between(peer, me, from, to)) {
+      const Box part = box_along(out, seq_dim, sequence + p.at, p.size);
+      parts.push_back({peer, me, part, part, box_along(out, seq_dim, sequence + p.at - p.to_start, out.size(seq_dim))});
+    }
   }
-  messages->wait();
-  for (auto& [buffer, into] : landed) into.copy_(buffer);
+  bool any_moves = false;  // alike on every rank, as above
+  for (int64_t a = 0; a < n && !any_moves; ++a)
+    for (int64_t b = 0; b < n && !any_moves; ++b) any_moves = a != b && !parts_between(a, b, from, to).empty();
+  if (!any_moves) return out;
+  int64_t position_bytes = static_cast<int64_t>(local.element_size());  // alike on the group's ranks
+  for (int64_t d = 0; d < local.dim(); ++d)
+    if (d != seq_dim) position_bytes *= local.size(d);
+  move_parts(comm, exchange_transport(mesh, widest * position_bytes, local.is_cpu(), "zigzag"),
+             PartExchange{std::move(parts), local, out, "zigzag"});
   return out;
 }
 
@@ -118,7 +129,7 @@ at::Tensor moved(const at::Tensor& t, int64_t mesh_dim, int64_t seq_dim, const S
   const DeviceMesh& mesh = spec(t).mesh();
   const at::Tensor& local = shard_tensor_impl(t)->local();
   if (!mesh.includes_this_rank()) return new_shard_tensor(local, target);  // no piece here, and no part in the batch
-  return new_shard_tensor(move_sequence(local, seq_dim, mesh.comm(mesh_dim), from, to), target);
+  return new_shard_tensor(move_sequence(local, seq_dim, mesh, mesh_dim, from, to), target);
 }
 
 // The positions this rank keeps of a sequence it holds whole (replicated along the mesh dim).

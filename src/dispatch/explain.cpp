@@ -19,14 +19,18 @@ std::string sizes_of(const ShardSizes& sizes) {
   return out;
 }
 
-// How a kernel's halo moves travel under this process's options (redistribute/transport.h).
-// Whether the group's ranks share a host is known only once they have compared notes, which
-// explain does not do: both cases are named.
+// How a kernel's halo moves travel under the options in force: what the kernel's exchange
+// asks for (redistribute/transport.h: exchange_transport). Whether the group's ranks share a
+// host is known only once they have compared notes, which explain does not do: both cases are
+// named.
 std::string halo_transport(const DeviceMesh& mesh) {
   const ResolvedTransportOptions options = resolve();
-  if (!uses_peer_memory(mesh, std::numeric_limits<int64_t>::max(), options)) return "one all_to_all";
-  std::string how = "peer memory where the ranks share a host, else one all_to_all";
-  if (options.peer_copy_bytes > 0) how += " (peer memory from " + std::to_string(options.peer_copy_bytes) + " bytes per rank)";
+  const bool on_cpu = mesh.device_type() == "cpu";
+  const StepTransport widest = exchange_transport(mesh, std::numeric_limits<int64_t>::max(), on_cpu, "all_to_all", options);
+  if (widest.kind != TransportKind::PeerMemory) return widest.kind == TransportKind::Messages ? "messages" : "one all_to_all";
+  std::string how = "peer memory where the ranks share a host, else messages";
+  if (options.peer_copy_bytes > 0)
+    how += " (from " + std::to_string(options.peer_copy_bytes) + " bytes per rank; below, one all_to_all)";
   return how;
 }
 

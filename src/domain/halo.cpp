@@ -43,9 +43,8 @@ Box box_along(const at::Tensor& like, int64_t dim, Range along) {
 
 // Runs one lowered exchange on the axis's group: every other group rank q gets the
 // stretches x.sends[q] of `source`, and this rank gets x.receives[q] of q's source. Returns what
-// arrived from each q, in order, each shaped like `source` but along the dim. Through peer
-// memory where the transport options in force choose it, else one all-to-all with split sizes
-// (redistribute/transports/part_transport.h).
+// arrived from each q, in order, each shaped like `source` but along the dim, by the transport
+// the options in force choose (redistribute/transport.h: exchange_transport).
 std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& source, const LoweredHaloAxis& lowered, const HaloExchange& x,
                                               const DeviceMesh& mesh) {
   const int64_t dim = lowered.axis.tensor_dim, me = lowered.me, peers = static_cast<int64_t>(x.sends.size());
@@ -69,10 +68,7 @@ std::vector<std::vector<at::Tensor>> exchange(const at::Tensor& source, const Lo
     }
   // Equal on every member: the widest window's bytes (the layout's, not this rank's).
   const int64_t bytes = slab_elements(source, dim) * lowered.widest_window * static_cast<int64_t>(source.element_size());
-  const ResolvedTransportOptions options = resolve();
-  const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes, options);
-  move_parts(mesh.comm(lowered.axis.mesh_dim),
-             {through_memory ? TransportKind::PeerMemory : TransportKind::Collective, "all_to_all", "all_to_all", options.message_bytes},
+  move_parts(mesh.comm(lowered.axis.mesh_dim), exchange_transport(mesh, bytes, source.is_cpu(), "all_to_all"),
              PartExchange{std::move(parts), source, into});
   return arrived_from;
 }

@@ -191,6 +191,15 @@ StepTransport reduction_transport(const DeviceMesh& mesh, int64_t mesh_dim, int6
   return {TransportKind::Messages, "all_reduce", "all_reduce", options.message_bytes};
 }
 
+StepTransport exchange_transport(const DeviceMesh& mesh, int64_t bytes_per_rank, bool on_cpu, const char* counted_as,
+                                 const ResolvedTransportOptions& options) {
+  if (on_cpu && uses_peer_memory(mesh, bytes_per_rank, options))
+    return {TransportKind::PeerMemory, "all_to_all", counted_as, options.message_bytes};
+  if (on_cpu && mesh.device_type() == "cpu" && options.preference == TransportPreference::Messages)
+    return {TransportKind::Messages, "all_to_all", counted_as, options.message_bytes};
+  return {TransportKind::Collective, "all_to_all", counted_as, options.message_bytes};
+}
+
 std::string to_string(const StepTransport& transport) {
   switch (transport.kind) {
     case TransportKind::None: return "local";

@@ -53,6 +53,15 @@ StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec&
 // the same `bytes_per_rank`.
 bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const ResolvedTransportOptions& options = resolve());
 
+// The transport of an exchange of parts in which each member of a group on `mesh` moves at most
+// `bytes_per_rank`, of tensors on the CPU or not (`on_cpu`): a halo exchange's and a zigzag
+// reorder's. Peer memory where uses_peer_memory says so (messages where the group turns out to
+// have none: part_transport.h), point-to-point messages where the options prefer them, else
+// one all_to_all with split sizes. Equal on every member; `counted_as` names it for
+// CommDebugMode.
+StepTransport exchange_transport(const DeviceMesh& mesh, int64_t bytes_per_rank, bool on_cpu, const char* counted_as,
+                                 const ResolvedTransportOptions& options = resolve());
+
 // The transport of an all-reduce of `bytes_per_rank` over the group of `mesh_dim`: an AllReduce
 // step's, and a kernel's mid-op reduction's (executor.h: all_reduce_over).
 StepTransport reduction_transport(const DeviceMesh& mesh, int64_t mesh_dim, int64_t bytes_per_rank,

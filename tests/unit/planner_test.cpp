@@ -307,3 +307,26 @@ TEST(TransportChoice, PerCallOptionsOverrideTheProcessDefaultsAndGetTheirOwnLowe
   small_messages.message_bytes = 0;
   EXPECT_THROW(resolve(small_messages), c10::Error);
 }
+
+// A halo's or a zigzag reorder's exchange of parts takes its transport from the same options as
+// a redistribute step (exchange_transport), and names it as its caller counts it.
+TEST(TransportChoice, ExchangesOfPartsFollowTheOptionsAsRedistributeStepsDo) {
+  const DeviceMesh cpu = DeviceMesh::without_comms({4}, 0), cuda = DeviceMesh::without_comms({4}, 0, {}, "cuda");
+  const auto kind = [](const DeviceMesh& mesh, int64_t bytes, bool on_cpu, const TransportOptions& options) {
+    return exchange_transport(mesh, bytes, on_cpu, "zigzag", resolve(options)).kind;
+  };
+  TransportOptions auto_options, raised, messages{TransportPreference::Messages}, collectives{TransportPreference::Collectives},
+      no_memory{TransportPreference::Auto, /*peer_memory=*/false};
+  raised.peer_copy_bytes = 4096;
+  EXPECT_EQ(kind(cpu, 64, true, auto_options), peer_memory_enabled() ? TransportKind::PeerMemory : TransportKind::Collective);
+  EXPECT_EQ(kind(cpu, 64, true, raised), TransportKind::Collective);  // below the threshold: one all_to_all
+  EXPECT_EQ(kind(cpu, 4096, true, raised), peer_memory_enabled() ? TransportKind::PeerMemory : TransportKind::Collective);
+  EXPECT_EQ(kind(cpu, 1 << 20, true, messages), TransportKind::Messages);
+  EXPECT_EQ(kind(cpu, 1 << 20, true, collectives), TransportKind::Collective);
+  EXPECT_EQ(kind(cpu, 1 << 20, true, no_memory), TransportKind::Collective);
+  EXPECT_EQ(kind(cpu, 1 << 20, false, auto_options), TransportKind::Collective);  // a CUDA tensor on a CPU mesh
+  EXPECT_EQ(kind(cuda, 1 << 20, false, messages), TransportKind::Collective);
+  const StepTransport how = exchange_transport(cpu, 64, true, "zigzag", resolve(messages));
+  EXPECT_EQ(std::string(how.counted_as), "zigzag");
+  EXPECT_EQ(std::string(how.collective), "all_to_all");
+}
