@@ -7,6 +7,9 @@
 //                                                        --runs N: timed runs per figure (61);
 //                                                        --json FILE: min / median / max as JSON)
 //
+// Every row also reports the copy floor (copy_floor.h): the same result made by plain copies
+// among pieces that all ranks map, timed in the same turns.
+//
 // Tensors: 16 MiB of float ([2048, 2048], even) and an awkward [2047, 2049] (uneven). Each
 // figure is the median of 61 runs after 3 warm-ups, with a barrier before every run; the
 // slowest rank's time counts (max over ranks of each run); a transition and its raw
@@ -14,6 +17,7 @@
 // figure's min, median and max over the runs to FILE, for bench/regenerate.py).
 #include <ATen/ATen.h>
 #include <malloc.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +28,7 @@
 #include <sstream>
 
 #include "bench_report.h"
+#include "copy_floor.h"
 #include "comm/comm.h"
 #include "comm/fingerprint.h"
 #include "redistribute/boxes.h"
@@ -82,6 +87,7 @@ struct Row {
   Stats raw_with_own;  // the same collective also placing this rank's own part (Gloo copies it)
   Stats hand_written;  // the program one writes by hand around that collective (hand_written())
   Stats copies;        // the copies no program on contiguous messages avoids (copies_alone())
+  Stats floor;         // the copy floor: the result copied out of pieces every rank maps (copy_floor.h)
   std::string raw_with_own_name = "all_to_all (minimal bytes, own part included)";
   bool exchange = false;  // hand_written and copies were timed
   double ours_ms() const { return ours.median; }
@@ -89,6 +95,7 @@ struct Row {
   double raw_with_own_ms() const { return raw_with_own.median; }
   double hand_written_ms() const { return hand_written.median; }
   double copies_ms() const { return copies.median; }
+  double floor_ms() const { return floor.median; }
 };
 
 std::string only;  // --only SUBSTRING: just the transitions whose name contains it
@@ -187,6 +194,94 @@ std::function<void()> copies_alone(const at::Tensor& x, const ShardTensorSpec& s
   };
 }
 
+// Row-major strides, in elements, of a tensor of `shape`.
+std::vector<int64_t> strides_of(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+  return strides;
+}
+
+// The byte offset of `part`'s first element in a row-major tensor that covers `holds`.
+size_t offset_in(const Box& holds, const Box& part) {
+  const std::vector<int64_t> strides = strides_of(holds.shape);
+  int64_t elements = 0;
+  for (size_t d = 0; d < strides.size(); ++d) elements += (part.offsets[d] - holds.offsets[d]) * strides[d];
+  return static_cast<size_t>(elements) * sizeof(float);
+}
+
+// The global tensor of `spec`'s shape whose every element is its row-major index mod 1024: its
+// pieces and their sums over 4 ranks are exact in float, so the floor's result can be checked.
+at::Tensor numbered(const ShardTensorSpec& spec) {
+  return at::remainder(at::arange(c10::multiply_integers(spec.shape()), at::kFloat), 1024).view(spec.shape());
+}
+
+// The copy floor of `src` -> `dst` on a mesh whose ranks share this host: every rank's source
+// piece and result in one shared mapping, and this rank's result made of plain copies of
+// exactly the parts it needs (its own included, as redistribute's result holds it), or, from a
+// pending sum, one summing pass over every rank's term. Its result is checked once, here.
+std::function<void()> copy_floor_of(const ShardTensorSpec& src, const ShardTensorSpec& dst) {
+  const DeviceMesh& mesh = src.mesh();
+  const std::vector<int64_t>& ranks = mesh.ranks();
+  const size_t n = ranks.size();
+  std::vector<Box> holds(n), results(n);
+  std::vector<size_t> in_at(n), out_at(n);
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    holds[i] = box_of(src, mesh.coordinate_of(ranks[i]));
+    in_at[i] = bytes;
+    bytes += static_cast<size_t>(holds[i].numel()) * sizeof(float);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    results[i] = box_of(dst, mesh.coordinate_of(ranks[i]));
+    out_at[i] = bytes;
+    bytes += static_cast<size_t>(results[i].numel()) * sizeof(float);
+  }
+  const auto me = mesh.coordinate();
+  const size_t self = static_cast<size_t>(std::find(ranks.begin(), ranks.end(), world_rank()) - ranks.begin());
+  // One name per mapping, from rank 0's pid: rank 0 makes it, the others open it after a barrier.
+  static int made = 0;
+  at::Tensor pid = at::tensor(std::vector<int64_t>{mesh.rank() == 0 ? static_cast<int64_t>(getpid()) : 0});
+  mesh.mesh_comm().all_reduce(pid, ReduceOp::Max);
+  const std::string name = "/shardtensor-floor-" + std::to_string(pid.item<int64_t>()) + "-" + std::to_string(made++);
+  std::shared_ptr<copy_floor::SharedMapping> mapping;
+  if (mesh.rank() == 0) mapping = std::make_shared<copy_floor::SharedMapping>(name, bytes, true);
+  mesh.mesh_comm().barrier();
+  if (mesh.rank() != 0) mapping = std::make_shared<copy_floor::SharedMapping>(name, bytes, false);
+  mesh.mesh_comm().barrier();
+  if (mesh.rank() == 0) mapping->unlink();
+  const at::Tensor global = numbered(src);
+  const auto box_view = [](const at::Tensor& t, const Box& box) {
+    at::Tensor v = t;
+    for (int64_t d = 0; d < v.dim(); ++d) v = v.narrow(d, box.offsets[d], box.shape[d]);
+    return v.contiguous();
+  };
+  const at::Tensor piece = box_view(global, holds[self]);
+  std::memcpy(mapping->data() + in_at[self], piece.data_ptr<float>(), piece.nbytes());
+  std::memset(mapping->data() + out_at[self], 0, static_cast<size_t>(results[self].numel()) * sizeof(float));  // touched once here
+
+  std::vector<copy_floor::Stretch> stretches;
+  const std::vector<int64_t> to_strides = strides_of(results[self].shape);
+  if (src.has_partial()) {  // every rank holds a whole term: the result sums them, one pass
+    std::vector<size_t> from;
+    for (size_t i = 0; i < n; ++i) from.push_back(in_at[i] + offset_in(holds[i], results[self]));
+    copy_floor::append_box(&stretches, results[self].shape, strides_of(holds[0].shape), from, to_strides, out_at[self], sizeof(float));
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      if (!feeds(src, mesh.coordinate_of(ranks[i]), me)) continue;
+      const Box part = intersect(holds[i], results[self]);
+      if (part.empty()) continue;
+      copy_floor::append_box(&stretches, part.shape, strides_of(holds[i].shape), {in_at[i] + offset_in(holds[i], part)}, to_strides,
+                             out_at[self] + offset_in(results[self], part), sizeof(float));
+    }
+  }
+  mesh.mesh_comm().barrier();  // every piece written before any rank reads
+  copy_floor::run(mapping->data(), stretches);
+  const at::Tensor expected = box_view(src.has_partial() ? global * static_cast<double>(n) : global, results[self]);
+  const at::Tensor got = at::from_blob(mapping->data() + out_at[self], expected.sizes(), at::kFloat);
+  TORCH_CHECK(at::equal(got, expected), "copy floor of ", src, " -> ", dst, ": this rank's result is wrong");
+  return [mapping, stretches] { copy_floor::run(mapping->data(), stretches); };
+}
+
 Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const ShardTensorSpec& dst) {
   if (!only.empty() && name.find(only) == std::string::npos) return {name, "skipped"};
   const DeviceMesh& mesh = src.mesh();
@@ -213,8 +308,8 @@ Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const 
   const std::vector<Stats> ms = time_ms(mesh, {[&] { redistribute(x, dst.placements(), dst.shard_sizes()); },
                                                [&] { mesh.mesh_comm().all_to_all(recv, send, recv_splits, send_splits); },
                                                [&] { mesh.mesh_comm().all_to_all(recv_all, send_all, recv_splits_all, send_splits_all); },
-                                               hand_written(x, src, dst), copies_alone(x, src, dst)});
-  Row row{name, "all_to_all (minimal bytes)", ms[0], ms[1], ms[2], ms[3], ms[4]};
+                                               hand_written(x, src, dst), copies_alone(x, src, dst), copy_floor_of(src, dst)});
+  Row row{name, "all_to_all (minimal bytes)", ms[0], ms[1], ms[2], ms[3], ms[4], ms[5]};
   row.exchange = true;
   return row;
 }
@@ -230,14 +325,15 @@ std::string hand_written_cells(const Row& r) {
 
 void print(const std::vector<Row>& rows, int64_t world) {
   std::cout << "\n| transition (" << world << " ranks) | shardtensor ms | raw c10d | raw ms | ratio | raw ms, own part included | ratio "
-            << "| hand-written ms (pack, all_to_all, place) | ratio | copies alone ms | ours / (raw + copies) |\n"
-            << "|---|---|---|---|---|---|---|---|---|---|---|\n";
+            << "| hand-written ms (pack, all_to_all, place) | ratio | copies alone ms | ours / (raw + copies) | copy floor ms | ours / floor |\n"
+            << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows)
     if (r.raw_name != "skipped")
       std::cout << "| " << r.name << " | " << std::fixed << std::setprecision(3) << r.ours_ms() << " | " << r.raw_name << " | "
               << r.raw_ms() << " | " << std::setprecision(2) << r.ours_ms() / r.raw_ms() << " | " << std::setprecision(3)
               << r.raw_with_own_ms() << " | " << std::setprecision(2) << r.ours_ms() / r.raw_with_own_ms() << " | "
-              << (r.exchange ? hand_written_cells(r) : "(reduction: no hand-written program) | | | |") << "\n";
+              << (r.exchange ? hand_written_cells(r) : "(reduction: no hand-written program) | | | |") << " " << std::setprecision(3)
+              << r.floor_ms() << " | " << std::setprecision(2) << r.ours_ms() / r.floor_ms() << " |\n";
 }
 
 // Min, median and max over 15 batches of the mean time per plan in a batch of `reps`.
@@ -320,6 +416,7 @@ bench_report::Object json_of(const Row& r) {
   o.add("name", r.name).add("raw_name", r.raw_name).add("ours", r.ours).add("raw", r.raw);
   if (r.raw_with_own_name != "") o.add("raw_with_own_name", r.raw_with_own_name).add("raw_with_own", r.raw_with_own);
   if (r.exchange) o.add("hand_written", r.hand_written).add("copies", r.copies);
+  o.add("floor", r.floor);
   return o;
 }
 
@@ -354,8 +451,9 @@ int main(int argc, char** argv) {
     at::Tensor px = from_local(at::rand(shape), mesh, {Partial()}, ShardSizing::given({}));
     at::Tensor dense = at::rand(shape);
     const std::vector<Stats> to_replicate =
-        time_ms(mesh, {[&] { redistribute(px, {Replicate()}); }, [&] { mesh.comm(0).all_reduce(dense, ReduceOp::Sum); }});
+        time_ms(mesh, {[&] { redistribute(px, {Replicate()}); }, [&] { mesh.comm(0).all_reduce(dense, ReduceOp::Sum); }, copy_floor_of(p, r)}, 1);
     rows.push_back({"P(sum)->R" + tag, "all_reduce", to_replicate[0], to_replicate[1], to_replicate[1]});
+    rows.back().floor = to_replicate[2];
     rows.back().raw_with_own_name = "";  // the all_reduce's output is the whole result
     at::Tensor flat = at::rand({dense.numel()}), flat_out = at::empty({dense.numel()});
     std::vector<int64_t> splits;
@@ -369,8 +467,10 @@ int main(int argc, char** argv) {
                                                         [&] {
                                                           mesh.comm(0).all_to_all(recv_buf, flat, recv, splits);
                                                           at::sum(recv_buf.view({world, -1}), 0);
-                                                        }});
+                                                        },
+                                                        copy_floor_of(p, s0)});
     rows.push_back({"P(sum)->S(0)" + tag, "all_to_all (reduce-scatter bytes)", to_shard[0], to_shard[1], to_shard[2]});
+    rows.back().floor = to_shard[3];
     rows.back().raw_with_own_name = "all_to_all, then the sum of the pieces (a reduce-scatter by hand)";
   }
   if (world == 4 && !planning_only) {

@@ -450,6 +450,7 @@ def redistribute_rows(d, with_ranks):
                     ratio(ours, med(r["raw"]) + med(r["copies"]))]
         else:
             row += ["(a reduction: none)", "", "", ""]
+        row += [mmm(r["floor"]), ratio(ours, med(r["floor"]))] if "floor" in r else ["", ""]
         rows.append(row)
     return rows
 
@@ -457,7 +458,7 @@ def redistribute_rows(d, with_ranks):
 REDIST_HEADER = ["transition", "shardtensor ms", "raw c10d", "raw ms", "shardtensor / raw",
                  "raw ms, own part included (P(sum)->S(0): then summed)", "shardtensor / it",
                  "hand-written ms (pack, all_to_all, place)", "shardtensor / hand-written", "copies alone ms",
-                 "shardtensor / (raw + copies)"]
+                 "shardtensor / (raw + copies)", "copy floor ms", "shardtensor / floor"]
 
 
 def render_redistribute(doc, records, figs):
@@ -472,8 +473,11 @@ def render_redistribute(doc, records, figs):
                 f"`redistribute()` on 16 MiB float32 ([2048, 2048] even, [2047, 2049] uneven; the 4-rank rows also "
                 f"2x2 meshes and a [256, 128, 128] S(2)->S(1)) against, in turns in the same run, the raw c10d "
                 f"collective moving the minimal bytes on buffers prepared in advance, the same with this rank's own "
-                f"part, the program one writes by hand around it, and the local copies alone; ms of the slowest rank, "
-                f"min / median / max over {runs} runs; ratios of medians.", records, body, figure=figs.get("redistribute"))
+                f"part, the program one writes by hand around it, the local copies alone, and the copy floor "
+                f"(`bench/copy_floor.h`: every rank's piece and result in one shared mapping, each result made by plain "
+                f"copies of exactly its bytes, or one summing pass from a pending sum; checked once against the "
+                f"expected values); ms of the slowest rank, min / median / max over {runs} runs; ratios of medians.",
+                records, body, figure=figs.get("redistribute"))
 
 
 def render_redistribute_messages(doc, records, figs):
