@@ -2,7 +2,9 @@
 #include "domain/declared_reductions.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
+#include "comm/comm.h"
 #include "redistribute/executor.h"
 
 namespace shardtensor {
@@ -14,6 +16,23 @@ DeclaredReductions::DeclaredReductions(DeviceMesh mesh, const std::vector<Declar
 
 void DeclaredReductions::run(const at::Tensor& tensor) const {
   for (const auto& [mesh_dim, op] : steps_) all_reduce_over(mesh_, {mesh_dim}, tensor, op);
+}
+
+DeclaredGather::DeclaredGather(DeviceMesh mesh, const std::vector<DeclaredMove>& declared) : mesh_(std::move(mesh)) {
+  for (const DeclaredMove& move : declared) {
+    if (move.kind != DeclaredMove::Kind::AllGather) continue;
+    TORCH_INTERNAL_ASSERT(!mesh_dim_, "a plan declared two gathers; DeclaredGather runs one");
+    mesh_dim_ = move.mesh_dim;
+  }
+}
+
+at::Tensor DeclaredGather::run(const at::Tensor& mine) const {
+  if (!mesh_dim_) return mine.unsqueeze(0);
+  std::vector<int64_t> shape = mine.sizes().vec();
+  shape.insert(shape.begin(), mesh_.size(*mesh_dim_));
+  const at::Tensor all = at::empty(shape, mine.options());
+  mesh_.comm(*mesh_dim_).all_gather(mine.contiguous(), all);
+  return all;
 }
 
 }  // namespace shardtensor

@@ -1,15 +1,17 @@
-// A kernel's mid-op reductions, as its plan declared them.
+// A kernel's mid-op reductions and gathers, as its plan declared them.
 //
 // Norms, the losses' global means, global comparisons and the random draws' checks reduce a
-// small tensor over the groups of some mesh dims in the middle of their op. The plan declares
-// each of those all-reduces (rules/kernel_plan.h: DeclaredMove), and explain prints them; the
-// kernel runs exactly those, through this, lowered with the plan: it cannot reduce over a group
+// small tensor over the groups of some mesh dims in the middle of their op; attention over
+// split keys gathers its per-row statistics. The plan declares each of those all-reduces and
+// all-gathers (rules/kernel_plan.h: DeclaredMove), and explain prints them; the kernel runs
+// exactly those, through this, lowered with the plan: it cannot reduce or gather over a group
 // its plan did not declare, and what it runs is what explain printed
 // (tests/dist/explained_moves_test.cpp counts both). Kernels reach the executor through nothing
 // else (tests/unit/include_graph_test.cpp).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -37,6 +39,21 @@ class DeclaredReductions {
  private:
   DeviceMesh mesh_;
   std::vector<std::pair<int64_t, ReduceOp>> steps_;  // (mesh dim, op), in the declared order
+};
+
+class DeclaredGather {
+ public:
+  // The one AllGather move of `declared` (a plan's moves()), on `mesh`, if it declares one.
+  DeclaredGather(DeviceMesh mesh, const std::vector<DeclaredMove>& declared);
+
+  // Every member's `mine` (one shape on all of them), stacked along a new dim 0 in group rank
+  // order, over the declared group; `mine` alone (as a stack of one) where none was declared.
+  // Every member of the group must call it.
+  at::Tensor run(const at::Tensor& mine) const;
+
+ private:
+  DeviceMesh mesh_;
+  std::optional<int64_t> mesh_dim_;
 };
 
 }  // namespace shardtensor

@@ -31,7 +31,7 @@ namespace {
 
 // The forward of any SDPA operator (AttentionOperator; attention_operators.cpp calls each).
 LocalKernel attention_forward(const AttentionPlan& plan) {
-  return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [plan, gather = DeclaredGather(plan.mesh, plan.moves())](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor query = args.tensor("query"), key = args.tensor("key"), value = args.tensor("value");
     const c10::optional<at::Tensor> user_mask = caller_mask(args);
@@ -76,7 +76,7 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
       out = at::zeros(out_shape, query.options().dtype(acc));
       lse = at::full(lse_shape, -std::numeric_limits<double>::infinity(), query.options().dtype(acc));
     }
-    if (plan.keys_split) merge_over_key_shards(plan, &out, &lse);
+    if (plan.keys_split) merge_over_key_shards(plan, gather, &out, &lse);
     push_forward_results(plan, stack, out, lse, first_others, query, key);
   };
 }

@@ -102,14 +102,11 @@ std::vector<BlockCall> step_calls(const AttentionPlan& plan, int64_t step, int64
 // sum_r exp(lse_r - lse) * out_r. Each rank keeps its term: the output is Partial(sum), so no
 // output-sized collective runs unless a reader needs the value (a following linear keeps it
 // pending). Rows that no key reaches on any rank get weight 0, not exp(-inf - -inf).
-void merge_over_key_shards(const AttentionPlan& plan, at::Tensor* out, at::Tensor* lse) {
+void merge_over_key_shards(const AttentionPlan& plan, const DeclaredGather& gather, at::Tensor* out, at::Tensor* lse) {
   const int64_t n = static_cast<int64_t>(plan.key_rows.size());
   const at::Tensor mine = lse->contiguous();
   if (n == 1 || mine.numel() == 0) return;  // every rank of the group holds the same row count
-  std::vector<int64_t> shape = mine.sizes().vec();
-  shape.insert(shape.begin(), n);
-  const at::Tensor all = at::empty(shape, mine.options());
-  plan.mesh.comm(plan.seq_mesh_dim).all_gather(mine, all);
+  const at::Tensor all = gather.run(mine);  // the plan's one declared gather (rules/attention.cpp)
   const at::Tensor merged = at::logsumexp(all, 0);
   const at::Tensor weight = at::where(at::isneginf(merged), at::zeros({}, mine.options()), (mine - merged).exp());
   *out = *out * weight.unsqueeze(-1);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "domain/declared_reductions.h"
 #include "kernels/stack.h"
 #include "rules/attention.h"
 
@@ -107,7 +108,7 @@ void finish_pass(Messages* messages, KeyBlock* held, KeyBlock* next);
 // Split keys (AttentionPlan::keys_split): turns this rank's block result (`out` and `lse` in
 // the accumulation type, -inf where its rows saw no key) into its share of the merged output,
 // and `lse` into the merged log-sum-exp, after one all-gather of the per-row statistics.
-void merge_over_key_shards(const AttentionPlan& plan, at::Tensor* out, at::Tensor* lse);
+void merge_over_key_shards(const AttentionPlan& plan, const DeclaredGather& gather, at::Tensor* out, at::Tensor* lse);
 
 // The backward pass's kernel (kernels/attention_backward.cpp).
 LocalKernel attention_backward(const AttentionPlan& plan);
