@@ -15,7 +15,7 @@ import atexit
 
 import torch  # loads libtorch before the extension that links it
 
-from . import _C, _logging, _mesh
+from . import _C, _compile, _logging, _mesh
 from ._placements import NormPartial, Partial, Placement, Replicate, Shard
 from ._mesh import DeviceMesh, init_device_mesh
 from ._tensor import (
@@ -53,6 +53,7 @@ from .parallel.api import distribute_module
 from ._sync import sync_module_over_mesh
 
 install_tensor_methods()
+_compile.install()  # torch.compile leaves ShardTensors to eager mode (graph breaks): see _compile
 
 
 # Caches, meshes and tensors hold c10d backends; at exit they are released while the

@@ -89,6 +89,8 @@ class _ModuleCommTrackerMixin:
         return self._flushing_first(super()._get_pop_fn(w_mod, name, is_bw))
 
     def _fw_pre_hook(self, mod, input):
+        if torch._dynamo.eval_frame._is_in_optimized_module():
+            return  # as torch's: a compiled module's submodules are not tracked (their counts go to its parents)
         name = self._get_mod_name(mod)
         if name not in self.module_types:  # the first forward call names it and its parameters
             self.module_types[name] = type(mod).__name__

@@ -6,7 +6,9 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <cstring>
 #include <memory>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
@@ -55,6 +57,23 @@ struct FullGradientHook final : torch::autograd::FunctionPreHook {
   int64_t term_of_ranks = 0;  // 0: hand on the full gradient
 };
 
+// torch.compile's regions (AOTAutograd's CompiledFunction) run backward code generated for plain
+// tensors: Inductor's kernels read data pointers, which a ShardTensor does not have. The
+// gradients of such a region's outputs are handed on in full at its boundary instead (one
+// reduction per output per backward), so the leaves behind it receive plain gradients.
+// Only a Python autograd Function can be one: its node is a torch::autograd::PyNode, told by its
+// mangled type name (the class lives in libtorch_python, which this library does not link)
+// before asking for the Python class's name.
+bool takes_only_plain_gradients(const Node& node) {
+  return std::strcmp(typeid(node).name(), "N5torch8autograd6PyNodeE") == 0 && node.name() == "CompiledFunctionBackward";
+}
+
+void hook_compiled_region(Node& node) {
+  for (const auto& hook : node.pre_hooks())
+    if (dynamic_cast<FullGradientHook*>(hook.get())) return;
+  node.add_pre_hook(std::make_unique<FullGradientHook>());
+}
+
 FullGradientHook* hook_of(const at::Tensor& leaf) {
   for (const auto& hook : torch::autograd::impl::hooks(leaf))
     if (auto* ours = dynamic_cast<FullGradientHook*>(hook.get())) return ours;
@@ -97,6 +116,10 @@ void hook_leaves_behind(const NodePtr& root) {
     if (!node || !first_visit(node)) continue;
     if (auto* accumulate = dynamic_cast<torch::autograd::AccumulateGrad*>(node.get())) {
       if (!is_shard_tensor(accumulate->variable)) hook_leaf(accumulate->variable);  // a ShardTensor's gradient keeps its layout
+      continue;
+    }
+    if (takes_only_plain_gradients(*node)) {
+      hook_compiled_region(*node);
       continue;
     }
     for (const torch::autograd::Edge& edge : node->next_edges()) stack.push_back(edge.function);

@@ -1,0 +1,130 @@
+"""torch.compile on ShardTensors: what touches one runs eagerly, behind a graph break.
+
+dynamo traces a tensor subclass only through Python's traceable-wrapper protocol
+(``__tensor_flatten__``). A ShardTensor is a plain ``torch.Tensor`` whose TensorImpl is
+shardtensor's C++ one, so dynamo would convert it to a fake tensor as if it were dense: that reads
+a storage the ShardTensor does not have (the crash "Cannot access storage of TensorImpl"), and a
+fake tensor of the global shape would lose the layout. torch treats its own storage-less C++
+tensors (sparse ones) in the same place the same way: ``VariableBuilder.wrap_tensor`` refuses
+them with a graph break. shardtensor adds ShardTensors to that refusal, so that under
+``torch.compile`` (any backend) and ``torch._dynamo.explain``:
+
+- plain-tensor work in a compiled function is compiled, in the graphs between the breaks;
+- every operator on a ShardTensor runs through shardtensor's C++ dispatcher exactly as in eager
+  mode: the same values, gradients and collectives, on any layout;
+- ``fullgraph=True`` raises torch's ``Unsupported`` error, which names ShardTensor and says what
+  to do instead;
+- ``TORCH_LOGS=graph_breaks`` prints the reason at each break.
+
+The computation on each rank's piece does compile: ``local_map(torch.compile(fn), ...)`` runs a
+compiled ``fn`` on plain local tensors, and the collectives stay in C++.
+
+dynamo is taught this when ``torch._dynamo`` is first imported (shardtensor does not import dynamo
+itself: it takes a second, and it binds ``torch.distributed.nn``'s defaults to the world group).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
+from . import _C
+
+_DYNAMO = "torch._dynamo"
+_EXPLANATION = (
+    "a ShardTensor is a C++ tensor that dynamo cannot trace yet, so the operators on it run eagerly "
+    "through shardtensor's C++ dispatcher (the same values, gradients and collectives as without "
+    "torch.compile); plain-tensor work around them is still compiled")
+_HINTS = [
+    "Use fullgraph=False (the default): the sharded operators then run eagerly between compiled graphs.",
+    "To compile the work on each rank's piece, compile a function of plain tensors and apply it with "
+    "shardtensor.local_map(torch.compile(fn), out_placements, in_placements).",
+]
+_warned = False
+
+
+def _source_name(builder) -> str:
+    source = builder.get_source()
+    name = getattr(source, "name", None)
+    return name() if callable(name) else str(name if name is not None else source)
+
+
+def _describe(value) -> str:
+    try:
+        return f"a ShardTensor of global shape {tuple(value.shape)} with placements {value.placements}"
+    except Exception:  # noqa: BLE001 - the description is only context for the message
+        return "a ShardTensor"
+
+
+def _warn_once() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn("torch.compile: " + _EXPLANATION + " (each such operator is a graph break; "
+                      "TORCH_LOGS=graph_breaks lists them)", stacklevel=1)
+
+
+def _teach(dynamo) -> None:
+    """Makes dynamo run shardtensor's own functions eagerly, and refuse ShardTensors as it
+    refuses sparse tensors."""
+    # shardtensor's functions build and inspect ShardTensors through its C++ extension: traced,
+    # each would break at its first line anyway, after dynamo had guessed at its arguments (a
+    # DeviceMesh is opaque to it).
+    dynamo.trace_rules.add(__name__.split(".")[0])
+    cls = dynamo.variables.builder.VariableBuilder
+    original = cls.wrap_tensor
+    if getattr(original, "_refuses_shard_tensors", False):
+        return
+    from torch._dynamo.exc import unimplemented
+
+    def wrap_tensor(self, value):
+        if _C.is_shard_tensor(value):
+            _warn_once()
+            unimplemented(
+                gb_type="Attempted to wrap a ShardTensor",
+                context=f"{_source_name(self)}: {_describe(value)}",
+                explanation=_EXPLANATION,
+                hints=_HINTS,
+            )
+        return original(self, value)
+
+    wrap_tensor._refuses_shard_tensors = True
+    cls.wrap_tensor = wrap_tensor
+
+
+class _TeachAfterImport(importlib.abc.MetaPathFinder):
+    """Finds torch._dynamo as usual and teaches it once it has loaded."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _DYNAMO:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run_module = spec.loader.exec_module
+
+        def exec_module(module):
+            run_module(module)
+            _teach_or_warn(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _teach_or_warn(dynamo) -> None:
+    try:
+        _teach(dynamo)
+    except Exception as e:  # noqa: BLE001 - another torch's dynamo: compile as it would without us
+        warnings.warn(f"shardtensor could not teach this torch's dynamo to leave ShardTensors to eager mode "
+                      f"({type(e).__name__}: {e}); torch.compile on ShardTensors may fail")
+
+
+def install() -> None:
+    """Teaches dynamo now if it is loaded, else as soon as it is."""
+    if _DYNAMO in sys.modules:
+        _teach_or_warn(sys.modules[_DYNAMO])
+    elif not any(isinstance(f, _TeachAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TeachAfterImport())

@@ -1,0 +1,233 @@
+"""torch.compile on models that hold or take ShardTensors: a tensor-parallel MLP, torchtitan's
+llama block plan, the demo's U-Net on an H split and a transformer block on a sequence split
+(ring attention), each under the eager, aot_eager and inductor backends, on sizes the mesh does
+not divide. Values and gradients are compared with the same model on one process. Operators on
+ShardTensors run eagerly behind graph breaks (shardtensor._compile says why); plain work beside
+them is compiled, and its gradients, which arrive as ShardTensors, are right under Inductor's
+generated kernels too. fullgraph=True refuses with dynamo's error naming ShardTensor."""
+
+import copy
+import importlib.util
+import os
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from oracle import assert_close, chunk_sizes
+from ranks import run_ranks
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BACKENDS = ["eager", "aot_eager", "inductor"]
+TOL = dict(rtol=1e-9, atol=1e-11)
+# Inductor compiles in worker processes by default; the ranks already share two cores.
+ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "examples", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _compiled(model, backend):
+    torch._dynamo.reset()  # each backend traces afresh
+    return torch.compile(model, backend=backend)
+
+
+def _check_gradients(model, single, what):
+    import shardtensor as st
+
+    for (name, p), q in zip(model.named_parameters(), single.parameters()):
+        grad = p.grad.full_tensor() if st.is_shard_tensor(p.grad) else p.grad
+        assert_close(grad, q.grad, f"{what}: gradient of {name}", **TOL)
+
+
+class MLP(nn.Module):
+    def __init__(self, dim=16, hidden=30):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.w2(F.relu(self.w1(x)))
+
+
+def tp_mlp(mesh, backend):
+    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    hidden = 3 if mesh.size() == 4 else 30  # an empty piece at 4 ranks, uneven ones at 3
+    single = MLP(16, hidden).double()
+    model = parallelize_module(copy.deepcopy(single), mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    compiled = _compiled(model, backend)
+    x, y = torch.randn(13, 16, dtype=torch.float64), torch.randn(13, 16, dtype=torch.float64)
+    for step in range(2):  # the second call runs what the first compiled
+        model.zero_grad()
+        single.zero_grad()
+        out = compiled(x)
+        F.mse_loss(out, y).backward()
+        expected = single(x)
+        F.mse_loss(expected, y).backward()
+        what = f"TP-MLP, {backend}, call {step}"
+        assert_close(out, expected.detach(), f"{what}: output", **TOL)
+        _check_gradients(model, single, what)
+
+
+def llama_block(mesh, backend):
+    import shardtensor as st
+    from shardtensor.parallel import loss_parallel
+
+    llama = _load("llama_tensor_parallel")
+    world = mesh.size()
+    vocab, dim, heads, kv_heads, hidden, layers, seqlen = 37, 12, 3, 1, 22, 1, 13
+    torch.manual_seed(0)
+    single = llama.Llama(vocab, dim, heads, kv_heads, hidden, layers, seqlen).double()
+    model = llama.parallelize(copy.deepcopy(single), mesh, heads % world == 0 and kv_heads % world == 0)
+    compiled = _compiled(model, backend)
+    tokens, labels = torch.randint(0, vocab, (2, seqlen)), torch.randint(0, vocab, (2, seqlen))
+    pred = compiled(tokens)
+    with loss_parallel():
+        loss = F.cross_entropy(pred.flatten(0, 1), labels.flatten(0, 1))
+        loss.backward()
+    expected = F.cross_entropy(single(tokens).flatten(0, 1), labels.flatten(0, 1))
+    expected.backward()
+    assert_close(loss.full_tensor() if st.is_shard_tensor(loss) else loss, expected.detach(),
+                 f"llama, {backend}: loss", **TOL)
+    _check_gradients(model, single, f"llama, {backend}")
+
+
+def unet(mesh, backend):
+    import shardtensor as st
+
+    demo = _load("heat_unet_demo")
+    torch.manual_seed(11)
+    single = demo.UNet().double()
+    model = demo.replicate_module(copy.deepcopy(single), mesh)
+    compiled = _compiled(model, backend)
+    height = 6 * mesh.size() + 4  # even pieces (the pooling windows), unequal ones
+    sizes = [2 * (3 + (r % 2)) for r in range(mesh.size() - 1)]
+    sizes.append(height - sum(sizes))
+    u, target = torch.randn(2, 1, height, 10, dtype=torch.float64), torch.randn(2, 1, height, 10, dtype=torch.float64)
+    su = st.distribute_tensor(u, mesh, [st.Shard(2)], sharding_shapes={2: sizes})
+    starget = st.distribute_tensor(target, mesh, [st.Shard(2)], sharding_shapes={2: sizes})
+    loss = F.mse_loss(compiled(su), starget)
+    loss.backward()
+    expected = F.mse_loss(single(u), target)
+    expected.backward()
+    assert_close(loss.full_tensor(), expected.detach(), f"U-Net, {backend}: loss", **TOL)
+    _check_gradients(model, single, f"U-Net, {backend}")
+
+
+def ring_attention(mesh, backend):
+    import shardtensor as st
+    from test_attention import Block
+    from test_training import shard_parameters
+
+    torch.manual_seed(0)
+    single = Block(8, 2).double()
+    model = shard_parameters(copy.deepcopy(single), mesh, lambda name, p: [st.Replicate()])
+    compiled = _compiled(model, backend)
+    seq = 4 * mesh.size() + 3
+    x = torch.randn(2, seq, 8, dtype=torch.float64)
+    with st.CommDebugMode() as comms:
+        out = compiled(st.distribute_tensor(x, mesh, [st.Shard(1)]))
+        out.sum().backward()
+    expected = single(x)
+    expected.sum().backward()
+    assert_close(out.full_tensor(), expected.detach(), f"ring attention, {backend}: output", **TOL)
+    _check_gradients(model, single, f"ring attention, {backend}")
+    counts = comms.get_comm_counts()
+    assert (counts.get("ring_send_recv", 0) > 0) == (mesh.size() > 1), comms.table()
+
+
+MODELS = {"tp_mlp": tp_mlp, "llama": llama_block, "unet": unet, "ring_attention": ring_attention}
+
+
+def models_body(rank, world_size, models):
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for name in models:
+            for backend in BACKENDS:
+                MODELS[name](mesh, backend)
+    said = [str(w.message) for w in caught if str(w.message).startswith("torch.compile: a ShardTensor")]
+    assert len(said) == 1 and "run eagerly" in said[0], f"expected one warning about compile, got {said}"
+    assert st.fallback_operators() == [], st.fallback_operators()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_models_compile_on_every_backend_and_match_one_process(world_size):
+    run_ranks(models_body, world_size, list(MODELS), timeout=600, env=ENV)
+
+
+def _plain_around_sharded(x, w):
+    scale = torch.tanh(w) * 3  # plain: compiled
+    y = (x * 2).relu() @ scale  # sharded: eager
+    return y.sum(0) + 1
+
+
+def plain_work_body(rank, world_size):
+    """Plain work before and after the sharded operators is compiled, and its gradient, which
+    the sharded operators hand back as a ShardTensor (a Partial sum), reaches the plain weight
+    in full: Inductor's kernels read data pointers, which a ShardTensor has none of."""
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    torch.manual_seed(0)
+    x, w = torch.randn(7, 5, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    sx = st.distribute_tensor(x, mesh, [st.Shard(0)])
+    reference_w = w.clone().requires_grad_()
+    expected = _plain_around_sharded(x, reference_w)
+    expected.sum().backward()
+    for backend in BACKENDS:
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(_plain_around_sharded)(sx, w)
+        assert explained.graph_count >= 1 and explained.break_reasons, explained
+        compiled = torch.compile(_plain_around_sharded, backend=backend)
+        for call in range(2):
+            pw = w.clone().requires_grad_()
+            out = compiled(sx, pw)
+            out.full_tensor().sum().backward()
+            assert_close(out.full_tensor(), expected.detach(), f"{backend}, call {call}: value", **TOL)
+            assert not st.is_shard_tensor(pw.grad), f"{backend}: the plain weight's gradient is a ShardTensor"
+            assert_close(pw.grad, reference_w.grad, f"{backend}, call {call}: gradient of the plain weight", **TOL)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_plain_work_beside_sharded_work_compiles_with_right_gradients(world_size):
+    run_ranks(plain_work_body, world_size, timeout=400, env=ENV)
+
+
+def _split_sum(x):
+    return (x * x).sum(0)
+
+
+def layouts_body(rank, world_size):
+    """The same global shape split two ways through one compiled function: each call gives its
+    own layout's answer (no graph is built on a ShardTensor, so none can be reused for another
+    layout); and fullgraph=True refuses with dynamo's error, which names ShardTensor."""
+    import shardtensor as st
+    from torch._dynamo.exc import Unsupported
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    x = torch.arange(10 * 3, dtype=torch.float64).view(10, 3)
+    compiled = torch.compile(_split_sum, backend="inductor")
+    for sizes in (chunk_sizes(10, world_size), list(reversed(chunk_sizes(10, world_size))), [10] + [0] * (world_size - 1)):
+        sx = st.distribute_tensor(x, mesh, [st.Shard(0)], sharding_shapes={0: sizes})
+        out = compiled(sx)
+        assert out.placements == (st.Partial(),), out.placements
+        assert_close(out.to_local(), _split_sum(x.narrow(0, sum(sizes[:rank]), sizes[rank])), f"split {sizes}: local sum", **TOL)
+        assert_close(out.full_tensor(), _split_sum(x), f"split {sizes}: full sum", **TOL)
+    torch._dynamo.reset()  # dynamo remembers that _split_sum's frame runs eagerly, and would not trace it again
+    with pytest.raises(Unsupported, match="ShardTensor"):
+        torch.compile(_split_sum, backend="eager", fullgraph=True)(sx)
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_a_compiled_function_follows_each_split_and_fullgraph_refuses_clearly(world_size):
+    run_ranks(layouts_body, world_size, env=ENV)
