@@ -12,6 +12,7 @@
 #include "comm/comm.h"
 #include "dispatch/relayout.h"
 #include "dispatch/shard_tensor_impl.h"
+#include "redistribute/boxes.h"
 #include "redistribute/transport.h"
 #include "redistribute/transports/part_transport.h"
 #include "rules/helpers.h"
@@ -46,13 +47,6 @@ std::vector<Part> parts_between(int64_t sender, int64_t receiver, const std::vec
 
 // The box of a tensor shaped like `like` that covers [begin, begin + size) on `dim` and all of
 // its other dims.
-Box box_along(const at::Tensor& like, int64_t dim, int64_t begin, int64_t size) {
-  Box box{std::vector<int64_t>(like.dim(), 0), like.sizes().vec()};
-  box.offsets[dim] = begin;
-  box.shape[dim] = size;
-  return box;
-}
-
 // This rank's `local` (its sequence on dim `seq_dim` in the order `from[me]`) rearranged to
 // `to[me]`: every rank of the group of `mesh_dim` sends each other the positions they hold and
 // the other needs, as one exchange of parts through the transport seam (part_transport.h), so
@@ -72,24 +66,26 @@ at::Tensor move_sequence(const at::Tensor& local, int64_t seq_dim, const DeviceM
   for (const Part& p : parts_between(me, me, from, to))
     out.narrow(seq_dim, p.to_start, p.size).copy_(local.narrow(seq_dim, p.from_start, p.size));
 
-  int64_t sequence = 0, widest = 0;  // decided from `from` and `to` alone: alike on every rank
+  bool any_moves = false;  // decided from `from` and `to` alone: alike on every rank
+  for (int64_t a = 0; a < n && !any_moves; ++a)
+    for (int64_t b = 0; b < n && !any_moves; ++b) any_moves = a != b && !parts_between(a, b, from, to).empty();
+  if (!any_moves) return out;
+
+  int64_t sequence = 0, widest = 0;  // alike on every rank, as above
   for (int64_t r = 0; r < n; ++r) sequence += length(from[r]), widest = std::max(widest, length(to[r]));
+  const std::vector<int64_t> local_shape = local.sizes().vec(), out_shape = out.sizes().vec();
   std::vector<PeerPart> parts;
   for (int64_t peer = 0; peer < n; ++peer) {
     if (peer == me) continue;
     for (const Part& p : parts_between(me, peer, from, to)) {
-      const Box part = box_along(local, seq_dim, sequence + p.at, p.size);
-      parts.push_back({me, peer, part, box_along(local, seq_dim, sequence + p.at - p.from_start, local.size(seq_dim)), Box{}});
+      const Box part = box_along(local_shape, seq_dim, sequence + p.at, p.size);
+      parts.push_back({me, peer, part, box_along(local_shape, seq_dim, sequence + p.at - p.from_start, local_shape[seq_dim]), Box{}});
     }
     for (const Part& p : parts_between(peer, me, from, to)) {
-      const Box part = box_along(out, seq_dim, sequence + p.at, p.size);
-      parts.push_back({peer, me, part, part, box_along(out, seq_dim, sequence + p.at - p.to_start, out.size(seq_dim))});
+      const Box part = box_along(out_shape, seq_dim, sequence + p.at, p.size);
+      parts.push_back({peer, me, part, part, box_along(out_shape, seq_dim, sequence + p.at - p.to_start, out_shape[seq_dim])});
     }
   }
-  bool any_moves = false;  // alike on every rank, as above
-  for (int64_t a = 0; a < n && !any_moves; ++a)
-    for (int64_t b = 0; b < n && !any_moves; ++b) any_moves = a != b && !parts_between(a, b, from, to).empty();
-  if (!any_moves) return out;
   int64_t position_bytes = static_cast<int64_t>(local.element_size());  // alike on the group's ranks
   for (int64_t d = 0; d < local.dim(); ++d)
     if (d != seq_dim) position_bytes *= local.size(d);

@@ -35,10 +35,7 @@ at::Tensor slab(const at::Tensor& t, int64_t dim, Range covers, Range part) {
 // The box of a tensor shaped like `like` that covers `along` on `dim` and all of the other dims:
 // the coordinates in which a holder offers a stretch and its receiver asks for it.
 Box box_along(const at::Tensor& like, int64_t dim, Range along) {
-  Box box{std::vector<int64_t>(like.dim(), 0), like.sizes().vec()};
-  box.offsets[dim] = along.begin;
-  box.shape[dim] = along.size();
-  return box;
+  return shardtensor::box_along(like.sizes().vec(), dim, along.begin, along.size());
 }
 
 // Runs one lowered exchange on the axis's group: every other group rank q gets the

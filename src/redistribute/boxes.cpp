@@ -16,6 +16,13 @@ Box box_of(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate) 
   return Box{spec.local_offsets(coordinate), spec.local_shape(coordinate)};
 }
 
+Box box_along(const std::vector<int64_t>& shape, int64_t dim, int64_t begin, int64_t size) {
+  Box box{std::vector<int64_t>(shape.size(), 0), shape};
+  box.offsets[dim] = begin;
+  box.shape[dim] = size;
+  return box;
+}
+
 Box intersect(const Box& a, const Box& b) {
   Box out;
   for (size_t d = 0; d < a.offsets.size(); ++d) {

@@ -27,6 +27,9 @@ struct Box {
 };
 
 Box box_of(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate);
+// All of a tensor of `shape`, except along `dim`: there [begin, begin + size). Exchanges that
+// move stretches of one dim (halos, zigzag's reorder) describe their parts with it.
+Box box_along(const std::vector<int64_t>& shape, int64_t dim, int64_t begin, int64_t size);
 Box intersect(const Box& a, const Box& b);  // shape all-zero-extent when disjoint
 
 // The coordinates of the members of `mesh_dim`'s group that this rank belongs to, in the
