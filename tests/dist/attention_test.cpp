@@ -15,9 +15,11 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <optional>
+#include <string>
 
 #include "dist/attention_checks.h"
 #include "dist/dist_fixture.h"
@@ -173,6 +175,8 @@ TEST(Attention, TransportScopeKeepsTheRingOffPeerMemory) {
   const int64_t n = mesh_1d().size(0);
   if (n == 1) GTEST_SKIP() << "a one-rank ring moves nothing";
   if (!peer_memory_enabled()) GTEST_SKIP() << "SHARDTENSOR_PEER_MEMORY=0: peer memory switched off";
+  if (const char* forced = std::getenv("SHARDTENSOR_TRANSPORT"); forced && *forced && std::string(forced) != "auto")
+    GTEST_SKIP() << "SHARDTENSOR_TRANSPORT=" << forced << " keeps the ring off peer memory outside the scope too";
   Comm& comm = mesh_1d().comm(0);
   if (kernel_forbids_peer_memory(comm)) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory";
   auto seq = [&](uint64_t seed) { return distribute_tensor(draw({1, 2, 3 * n + 1, 4}, seed), mesh_1d(), {Shard(2)}); };
