@@ -1,0 +1,159 @@
+"""torch.compile against eager, in one run: a tensor-parallel MLP step with shardtensor and with
+torch's DTensor, and the demo's U-Net step on an H split. Results: bench/RESULTS.md.
+
+    .venv/bin/shardrun -n 4 .venv/bin/python bench/compile_bench.py [--json FILE] [--steps N]
+
+TP-MLP (bench/python_bench.py's section 3, sizes 32 x 256 x 1024 and 64 x 512 x 2048): W1
+Shard(0), W2 Shard(1), input and target Replicate; a step is the forward and the mean-square loss
+(the part handed to torch.compile, backend inductor), then backward and an SGD update (eager, as
+a training loop runs them). Four variants: shardtensor eager and compiled, DTensor eager and
+compiled (torch's DTensor traces to functional collectives, which Inductor sees). U-Net: the
+demo's model (examples/heat_unet_demo.py, float32, Replicate parameters) on its 250 x 190 field
+split unevenly over H, forward and loss compiled, eager and compiled.
+
+shardtensor's operators on ShardTensors run eagerly under torch.compile (graph breaks: see
+python/shardtensor/_compile.py), so its compiled step measures what dynamo's breaks cost around
+the same C++ work. Variants take turns, a barrier before each step; median of --steps steps
+after warm-up (the compile happens there), the slowest rank's time. Each variant's first loss is
+checked against shardtensor's eager one from the same weights before anything is timed.
+"""
+
+import argparse
+import copy
+import json
+import os
+import platform
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import Replicate as DReplicate
+from torch.distributed.tensor import Shard as DShard
+from torch.distributed.tensor import distribute_tensor as dt_distribute
+
+import shardtensor as st
+from python_bench import Stat, check, run_ms
+from unet_dp_domain_bench import load_demo
+
+TP_SIZES = [(32, 256, 1024), (64, 512, 2048)]
+LR = 1e-3
+
+
+def mlp_loss(x, w1, w2, target):
+    return (F.linear(F.relu(F.linear(x, w1)), w2) - target).square().mean()
+
+
+def tp_step(loss_fn, x, w1, w2, target):
+    loss = loss_fn(x, w1, w2, target)
+    loss.backward()
+    with torch.no_grad():
+        for p in (w1, w2):
+            p.sub_(p.grad * LR)
+            p.grad.zero_()
+    return loss
+
+
+def full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def time_variants(steps_of: dict, steps: int, warmup: int = 3) -> dict:
+    """Each variant's step in turns: {name: Stat of the slowest rank's ms}."""
+    for _ in range(warmup):
+        for f in steps_of.values():
+            f()
+    samples = {name: [] for name in steps_of}
+    for _ in range(steps):
+        for name, f in steps_of.items():
+            samples[name].append(run_ms(f))
+    return {name: Stat(s) for name, s in samples.items()}
+
+
+def tp_rows(mesh, tmesh, steps):
+    rows = []
+    for batch, dim, hidden in TP_SIZES:
+        torch.manual_seed(0)
+        x, target = torch.randn(batch, dim), torch.randn(batch, dim)
+        w1, w2 = torch.randn(hidden, dim) * 0.02, torch.randn(dim, hidden) * 0.02
+        compiled = torch.compile(mlp_loss, backend="inductor")
+
+        def ours():
+            return (st.distribute_tensor(x, mesh, [st.Replicate()]), st.distribute_tensor(w1, mesh, [st.Shard(0)]).requires_grad_(),
+                    st.distribute_tensor(w2, mesh, [st.Shard(1)]).requires_grad_(), st.distribute_tensor(target, mesh, [st.Replicate()]))
+
+        def theirs():
+            return (dt_distribute(x, tmesh, [DReplicate()]), dt_distribute(w1, tmesh, [DShard(0)]).requires_grad_(),
+                    dt_distribute(w2, tmesh, [DShard(1)]).requires_grad_(), dt_distribute(target, tmesh, [DReplicate()]))
+
+        args = {"shardtensor eager": ours(), "shardtensor compiled": ours(), "DTensor eager": theirs(), "DTensor compiled": theirs()}
+        fns = {"shardtensor eager": mlp_loss, "shardtensor compiled": compiled, "DTensor eager": mlp_loss, "DTensor compiled": compiled}
+        steps_of = {name: (lambda f=fns[name], a=args[name]: tp_step(f, *a)) for name in args}
+        first = {name: full(f()).detach() for name, f in steps_of.items()}
+        for name, loss in first.items():
+            check(torch.allclose(loss, first["shardtensor eager"], rtol=1e-5, atol=1e-7),
+                  f"TP-MLP {batch}x{dim}x{hidden}: {name}'s loss {loss} against eager shardtensor's {first['shardtensor eager']}")
+        rows.append(dict(batch=batch, dim=dim, hidden=hidden, **{k: v.json() for k, v in time_variants(steps_of, steps).items()}))
+    return rows
+
+
+def unet_row(mesh, steps):
+    demo = load_demo()
+    world = mesh.size()
+    fields, targets = demo.heat_dataset()
+    u, target = fields[:demo.BATCH].float(), targets[:demo.BATCH].float()
+    sizes = {2: demo.uneven_split(demo.HEIGHT, world)}
+    su = st.distribute_tensor(u, mesh, [st.Shard(2)], sharding_shapes=sizes)
+    starget = st.distribute_tensor(target, mesh, [st.Shard(2)], sharding_shapes=sizes)
+    torch.manual_seed(11)
+    eager_model = demo.replicate_module(demo.UNet(), mesh)
+    compiled_model = copy.deepcopy(eager_model)
+    compiled_forward = torch.compile(compiled_model, backend="inductor")
+
+    def step(model, forward):
+        loss = F.mse_loss(forward(su), starget)
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(p.grad * LR)
+                p.grad = None
+        return loss
+
+    steps_of = {"eager": lambda: step(eager_model, eager_model), "compiled": lambda: step(compiled_model, compiled_forward)}
+    first = {name: f().full_tensor().detach() for name, f in steps_of.items()}
+    check(torch.allclose(first["compiled"], first["eager"], rtol=1e-5, atol=1e-7),
+          f"U-Net: compiled loss {first['compiled']} against eager {first['eager']}")
+    return dict(height=demo.HEIGHT, width=demo.WIDTH, batch=demo.BATCH, sizes=sizes[2],
+                **{k: v.json() for k, v in time_variants(steps_of, steps).items()})
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=30, help="timed steps per variant (default 30)")
+    p.add_argument("--json", metavar="FILE", help="rank 0 also writes the figures to FILE")
+    args = p.parse_args()
+    mesh = st.init_device_mesh("cpu", (int(os.environ.get("WORLD_SIZE", "1")),))
+    tmesh = mesh.to_torch()
+    t0 = time.time()
+    tp = tp_rows(mesh, tmesh, args.steps)
+    unet = unet_row(mesh, args.steps)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        print(f"torch.compile (inductor) against eager, {mesh.size()} ranks, torch {torch.__version__}, "
+              f"{time.strftime('%Y-%m-%d %H:%M')}; median ms of {args.steps} steps, slowest rank")
+        for r in tp:
+            print(f"TP-MLP {r['batch']} x {r['dim']} x {r['hidden']}: " + ", ".join(
+                f"{k} {r[k]['median']:.3f}" for k in ("shardtensor eager", "shardtensor compiled", "DTensor eager", "DTensor compiled")))
+        print(f"U-Net {unet['height']} x {unet['width']}, batch {unet['batch']}, H split {unet['sizes']}: "
+              f"eager {unet['eager']['median']:.1f}, compiled {unet['compiled']['median']:.1f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"bench": "compile_bench", "torch": torch.__version__, "python": platform.python_version(),
+                           "world": mesh.size(), "steps": args.steps, "tp_mlp": tp, "unet": unet,
+                           "seconds": time.time() - t0}, f, indent=1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    main()
