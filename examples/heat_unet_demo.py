@@ -9,11 +9,13 @@ Usage (from the repository root):
     .venv/bin/torchrun --nproc-per-node 4 examples/heat_unet_demo.py --mesh 2x2
     shardrun -n 4 .venv/bin/python examples/heat_unet_demo.py --dp 2           DDP over 2 x H split over 2
     shardrun -n 4 .venv/bin/python examples/heat_unet_demo.py --dp 2 --fsdp    the same with torch's FSDP2
+    shardrun -n 4 .venv/bin/python examples/heat_unet_demo.py --compile        under torch.compile
     .venv/bin/python examples/heat_unet_demo.py                                one process (a mesh of 1)
 
     options: --steps N (20)  --out DIR (demo_output/python)  --mesh N | AxB (default: all ranks on one dim)
              --dp N: data parallel over a "dp" mesh axis of N times domain parallel over "domain"
              --fsdp: with --dp, torch's FSDP2 (fully_shard) instead of DDP
+             --compile: torch.compile the sharded model (operators on ShardTensors run eagerly)
 
 (`shardrun` is .venv/bin/shardrun, or build-torch2/tools/shardrun/shardrun.)
 
@@ -67,6 +69,8 @@ def parse_args(argv=None):
     p.add_argument("--dp", type=int, default=None,
                    help="data parallel over N groups (torch's DDP) times domain parallel (H split) in each")
     p.add_argument("--fsdp", action="store_true", help="with --dp: torch's FSDP2 (fully_shard) instead of DDP")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the sharded model (operators on ShardTensors run eagerly between compiled graphs)")
     args = p.parse_args(argv)
     if args.dp is not None and args.mesh is not None:
         p.error("--dp and --mesh are exclusive: --dp N makes an N x (ranks / N) (dp, domain) mesh")
@@ -253,7 +257,7 @@ def main(argv=None) -> int:
             sizes[2 + m] = uneven_split(HEIGHT if m == 0 else WIDTH, mesh.size(m))
         else:
             layout.append(st.Replicate())
-    mesh_text = "mesh " + "x".join(map(str, mesh.shape))
+    mesh_text = "mesh " + "x".join(map(str, mesh.shape)) + (", compiled" if args.compile else "")
 
     fields, targets = heat_dataset()
     torch.manual_seed(11)
@@ -261,6 +265,8 @@ def main(argv=None) -> int:
     sharded_model = replicate_module(copy.deepcopy(single_model), mesh)  # the same initial weights
     single_opt = torch.optim.Adam(single_model.parameters(), lr=3e-3)
     sharded_opt = torch.optim.Adam(sharded_model.parameters(), lr=3e-3)
+    if args.compile:
+        sharded_model.compile()  # in place: torch.compile(module) would warn about CommDebugMode's global hooks
 
     # distribute_tensor is a collective (rank 0's data is the source): every rank makes this one.
     example = st.distribute_tensor(fields[:BATCH], mesh, layout, sharding_shapes=sizes)
@@ -303,7 +309,7 @@ def main_data_parallel(args, world) -> int:
     sizes = {2: uneven_split(HEIGHT, domain.size())}
     layout = [st.Shard(2)]
     wrapper = "FSDP2" if args.fsdp else "DDP"
-    mesh_text = f"{wrapper} over dp={dp} x H split over domain={domain.size()}"
+    mesh_text = f"{wrapper} over dp={dp} x H split over domain={domain.size()}" + (", compiled" if args.compile else "")
 
     fields, targets = heat_dataset()
     torch.manual_seed(11)
@@ -317,6 +323,8 @@ def main_data_parallel(args, world) -> int:
         sharded_model = nn.parallel.DistributedDataParallel(model, process_group=mesh["dp"].get_group())
     single_opt = torch.optim.Adam(single_model.parameters(), lr=3e-3)
     sharded_opt = torch.optim.Adam(sharded_model.parameters(), lr=3e-3)
+    if args.compile:
+        sharded_model.compile()  # in place: torch.compile(module) would warn about CommDebugMode's global hooks
 
     def batch(step, g):
         first = ((step * dp + g) * BATCH) % FIELDS

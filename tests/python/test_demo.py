@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -33,3 +35,12 @@ def test_python_demo_data_parallel_times_domain_parallel(tmp_path):
     recipe), within 1e-4 of one process stepping on the mean of the two groups' losses."""
     out = run_demo(tmp_path, "--dp", "2", "--steps", "2")
     assert "DDP over dp=2 x H split over domain=2" in out, out[-2000:]
+
+
+@pytest.mark.parametrize("options", [["--mesh", "2x2"], ["--dp", "2"], ["--dp", "2", "--fsdp"]],
+                         ids=["H_and_W_split", "ddp", "fsdp2"])
+def test_python_demo_under_torch_compile(tmp_path, options):
+    """--compile: the sharded model (and DDP or FSDP2 around it) under torch.compile, within 1e-4
+    of one process (the demo exits non-zero otherwise); operators on ShardTensors run eagerly."""
+    out = run_demo(tmp_path, *options, "--compile", "--steps", "2")
+    assert ", compiled" in out, out[-2000:]
