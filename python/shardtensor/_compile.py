@@ -12,8 +12,8 @@ them with a graph break. shardtensor adds ShardTensors to that refusal, so that 
 - plain-tensor work in a compiled function is compiled, in the graphs between the breaks;
 - every operator on a ShardTensor runs through shardtensor's C++ dispatcher exactly as in eager
   mode: the same values, gradients and collectives, on any layout;
-- ``fullgraph=True`` raises torch's ``Unsupported`` error, which names ShardTensor and says what
-  to do instead;
+- ``fullgraph=True`` raises torch's ``Unsupported`` error, which names the ShardTensor and says
+  what to do instead (or names the shardtensor function it met: dynamo skips those, below);
 - ``TORCH_LOGS=graph_breaks`` prints the reason at each break.
 
 The computation on each rank's piece does compile: ``local_map(torch.compile(fn), ...)`` runs a
