@@ -33,25 +33,11 @@ from torch.distributed.tensor import Shard as DShard
 from torch.distributed.tensor import distribute_tensor as dt_distribute
 
 import shardtensor as st
-from python_bench import Stat, check, run_ms
+from python_bench import Stat, check, mlp_loss, run_ms, sgd_step
 from unet_dp_domain_bench import load_demo
 
 TP_SIZES = [(32, 256, 1024), (64, 512, 2048)]
 LR = 1e-3
-
-
-def mlp_loss(x, w1, w2, target):
-    return (F.linear(F.relu(F.linear(x, w1)), w2) - target).square().mean()
-
-
-def tp_step(loss_fn, x, w1, w2, target):
-    loss = loss_fn(x, w1, w2, target)
-    loss.backward()
-    with torch.no_grad():
-        for p in (w1, w2):
-            p.sub_(p.grad * LR)
-            p.grad.zero_()
-    return loss
 
 
 def full(t):
@@ -88,7 +74,7 @@ def tp_rows(mesh, tmesh, steps):
 
         args = {"shardtensor eager": ours(), "shardtensor compiled": ours(), "DTensor eager": theirs(), "DTensor compiled": theirs()}
         fns = {"shardtensor eager": mlp_loss, "shardtensor compiled": compiled, "DTensor eager": mlp_loss, "DTensor compiled": compiled}
-        steps_of = {name: (lambda f=fns[name], a=args[name]: tp_step(f, *a)) for name in args}
+        steps_of = {name: (lambda f=fns[name], a=args[name]: sgd_step(*a, LR, loss_fn=f)) for name in args}
         first = {name: full(f()).detach() for name, f in steps_of.items()}
         for name, loss in first.items():
             check(torch.allclose(loss, first["shardtensor eager"], rtol=1e-5, atol=1e-7),

@@ -283,11 +283,16 @@ def st_placement_str(placements):
 # 2. redistribute
 # ---------------------------------------------------------------------------------------------
 
-def sgd_step(x, w1, w2, target, lr):
-    """One TP-MLP training step (forward, backward, SGD update), the same code for either library.
-    The mean squared error is written out: torch 2.15's DTensor has no sharding strategy for
-    aten.mse_loss on the row-parallel layer's pending sum, and raises."""
-    loss = (F.linear(F.relu(F.linear(x, w1)), w2) - target).square().mean()
+def mlp_loss(x, w1, w2, target):
+    """The TP-MLP's forward and loss, the same code for either library. The mean squared error is
+    written out: torch 2.15's DTensor has no sharding strategy for aten.mse_loss on the
+    row-parallel layer's pending sum, and raises."""
+    return (F.linear(F.relu(F.linear(x, w1)), w2) - target).square().mean()
+
+
+def sgd_step(x, w1, w2, target, lr, loss_fn=mlp_loss):
+    """One TP-MLP training step: `loss_fn` (mlp_loss, or a compiled one), backward, SGD update."""
+    loss = loss_fn(x, w1, w2, target)
     loss.backward()
     with torch.no_grad():
         for p in (w1, w2):
