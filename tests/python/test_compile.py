@@ -198,6 +198,49 @@ def plain_work_body(rank, world_size):
             assert_close(pw.grad, reference_w.grad, f"{backend}, call {call}: gradient of the plain weight", **TOL)
 
 
+def _scaled_gelu(t):
+    return F.gelu(t) * 2 + 1
+
+
+def _through_local_map(x):
+    import shardtensor as st
+
+    y = st.local_map(_scaled_gelu, out_placements=[st.Shard(0)], in_placements=([st.Shard(0)],))(x)
+    return y.sum(0)
+
+
+def local_map_body(rank, world_size):
+    """A compiled function that calls local_map: shardtensor's own code runs eagerly, and the
+    function it maps over the pieces is compiled on each rank's plain piece (dynamo meets its
+    frame on its own), values and gradients as eager."""
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    torch.manual_seed(0)
+    x = torch.randn(7, 5, dtype=torch.float64)
+    reference = x.clone().requires_grad_()
+    expected = _scaled_gelu(reference).sum(0)
+    expected.sum().backward()
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    for backend in (counting, "inductor"):
+        torch._dynamo.reset()
+        sx = st.distribute_tensor(x, mesh, [st.Shard(0)]).requires_grad_()
+        out = torch.compile(_through_local_map, backend=backend)(sx)
+        out.full_tensor().sum().backward()
+        assert_close(out.full_tensor(), expected.detach(), f"{backend}: value", **TOL)
+        assert_close(sx.grad.full_tensor(), reference.grad, f"{backend}: gradient", **TOL)
+    assert any(any("gelu" in t for t in g) for g in graphs), f"no compiled graph holds the mapped gelu: {graphs}"
+
+
+def test_local_map_bodies_compile_on_the_pieces():
+    run_ranks(local_map_body, 3, env=ENV)
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_plain_work_beside_sharded_work_compiles_with_right_gradients(world_size):
     run_ranks(plain_work_body, world_size, timeout=400, env=ENV)
