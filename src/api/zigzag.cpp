@@ -45,8 +45,6 @@ std::vector<Part> parts_between(int64_t sender, int64_t receiver, const std::vec
   return parts;
 }
 
-// The box of a tensor shaped like `like` that covers [begin, begin + size) on `dim` and all of
-// its other dims.
 // This rank's `local` (its sequence on dim `seq_dim` in the order `from[me]`) rearranged to
 // `to[me]`: every rank of the group of `mesh_dim` sends each other the positions they hold and
 // the other needs, as one exchange of parts through the transport seam (part_transport.h), so
