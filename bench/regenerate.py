@@ -240,6 +240,11 @@ def bench_redistribute_messages(r, s):
                     env={"SHARDTENSOR_PEER_MEMORY": "0"})]
 
 
+def bench_redistribute_arena(r, s):
+    return [run_cxx(r, f"redistribute_arena_{n}ranks", n, "redistribute_bench", s["runs"], 600,
+                    env={"SHARDTENSOR_ARENA": "1"}) for n in (4, 2)]
+
+
 def bench_small(r, s):
     return [run_cxx(r, "redistribute_small", 4, "redistribute_bench", ["--small"] + s["runs"], 300)]
 
@@ -306,6 +311,7 @@ BENCHES = {
     "redistribute": bench_redistribute,        # C++, 4 and 2 ranks, peer memory (+ planning)
     "python_redistribute": bench_python_redistribute,  # vs DTensor and raw torch.distributed, 4 ranks
     "redistribute_messages": bench_redistribute_messages,  # C++, 4 ranks, Gloo messages
+    "redistribute_arena": bench_redistribute_arena,  # C++, 4 and 2 ranks, peer memory read in place from shared arenas
     "small": bench_small,                      # small transfers
     "halo": bench_halo,
     "attention": bench_attention,
@@ -497,6 +503,20 @@ def render_redistribute_messages(doc, records, figs):
     doc.section("redistribute from C++ over Gloo messages (`SHARDTENSOR_PEER_MEMORY=0`)",
                 f"The same program and baselines as above, 4 ranks, with shardtensor's transfers sent as Gloo "
                 f"messages (what runs between hosts) instead of through peer memory; min / median / max over {runs} "
+                f"runs.", records, body)
+
+
+def render_redistribute_arena(doc, records, figs):
+    rows, runs = [], "?"
+    for rec in records:
+        if rec.get("data"):
+            rows += redistribute_rows(rec["data"], True)
+            runs = rec["data"]["runs"]
+    body = table(["ranks"] + REDIST_HEADER, rows) if rows else ""
+    doc.section("redistribute from C++ with shared arenas (`SHARDTENSOR_ARENA=1`)",
+                f"The same program and baselines as the peer-memory table, with every rank's large tensors in its "
+                f"shared arena (`src/redistribute/transports/peer_memory/arena.h`): peers read parts in place, and a "
+                f"reduce-scatter combines its terms straight from the holders' memory; min / median / max over {runs} "
                 f"runs.", records, body)
 
 
@@ -931,6 +951,7 @@ def render(results, args, machine_text, cxx_torch_text, total_s, out, tree):
         ("python_redistribute", render_python_redistribute, figs_py),
         ("redistribute", render_redistribute, figs_cpp),
         ("redistribute_messages", render_redistribute_messages, figs),
+        ("redistribute_arena", render_redistribute_arena, figs),
         ("small", render_small, figs),
         ("redistribute", lambda d, r, f: render_planning(d, [x for x in r if x.get("data") and x["data"]["world"] == 4]
                                                          or r[:1], f), figs),

@@ -7,11 +7,7 @@
 #include "redistribute/executor.h"
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/maximum.h>
-#include <ATen/ops/minimum.h>
-#include <ATen/ops/mul.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -33,27 +29,6 @@ namespace {
 
 at::Tensor fresh_copy(const at::Tensor& t) { return t.clone(at::MemoryFormat::Contiguous); }
 
-// out = a op b, elementwise; `out` may be `a`.
-void combine(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg: at::add_out(const_cast<at::Tensor&>(out), a, b); return;
-    case ReduceOp::Max: at::maximum_out(const_cast<at::Tensor&>(out), a, b); return;
-    case ReduceOp::Min: at::minimum_out(const_cast<at::Tensor&>(out), a, b); return;
-    case ReduceOp::Product: at::mul_out(const_cast<at::Tensor&>(out), a, b); return;
-    case ReduceOp::Norm: break;  // reduced as a sum of powers (as_sum_of_powers)
-  }
-  TORCH_INTERNAL_ASSERT(false, "combine: ReduceOp ", to_string(op), " reaches the transports only as a sum");
-}
-
-// Writes the reduction of `own` and the n-1 pieces stacked in `incoming` into `out`: the first
-// combination reads `own` in place, so nothing is copied first.
-void reduce_pieces_into(const at::Tensor& out, const at::Tensor& own, const at::Tensor& incoming, ReduceOp op, int64_t n) {
-  if (incoming.size(0) == 0) out.copy_(own);
-  for (int64_t i = 0; i < incoming.size(0); ++i) combine(out, i == 0 ? own : out, incoming[i], op);
-  if (op == ReduceOp::Avg) out.div_(n);
-}
-
 // `box` with a leading dim: [offset, offset + extent) in front of its own.
 Box with_leading(const Box& box, int64_t offset, int64_t extent) {
   Box out = box;
@@ -66,13 +41,15 @@ Box with_leading(const Box& box, int64_t offset, int64_t extent) {
 // moves. `local` holds `held` (the same box on every member: the data is Partial along this
 // group); member p ends with the reduction of `targets[p]` over the group. Each member gets the
 // other members' copies of its target into a stack of n-1 slots and reduces them with its own,
-// read in place, into `out`.
+// read in place, into `out`; where the transport reads the holders' memory in place, the copies
+// are combined straight from there (transports/reduction.h).
 void reduce_scatter_boxes(Comm& comm, const at::Tensor& local, const Box& held, const std::vector<Box>& targets, const at::Tensor& out,
                           ReduceOp op, const char* counted_as, const StepTransport& how) {
   const int64_t n = static_cast<int64_t>(targets.size()), self = comm.rank();
   std::vector<int64_t> incoming_shape = out.sizes().vec();
   incoming_shape.insert(incoming_shape.begin(), n - 1);
   PartExchange exchange{{}, local, at::empty(incoming_shape, out.options()), counted_as};
+  exchange.reduction = PartReduction{op, view_of_part(local, held, targets[self]), out, n};
   // Holder h's copy lands in receiver r's slot h (h < r) or h - 1: a leading slot dim makes
   // that a box like any other.
   auto part = [&](int64_t h, int64_t r) {
@@ -85,7 +62,6 @@ void reduce_scatter_boxes(Comm& comm, const at::Tensor& local, const Box& held, 
     exchange.parts.push_back(part(self, p));
   }
   move_parts(comm, how, exchange);
-  reduce_pieces_into(out, view_of_part(local, held, targets[self]), exchange.destination, op, n);
 }
 
 // A reduction over a group: c10d's all_reduce where the step's transport is a collective;

@@ -41,6 +41,13 @@ using C10dBackend = c10d::ProcessGroup;
 #define SHARDTENSOR_GLOO_HAS_REDUCE_SCATTER 0
 #endif
 
+// c10::Allocator::allocate lost its const in 2.x (checked on 2.15).
+#if TORCH_VERSION_MAJOR >= 2
+#define SHARDTENSOR_ALLOCATE_CONST
+#else
+#define SHARDTENSOR_ALLOCATE_CONST const
+#endif
+
 #include <ATen/core/TensorBase.h>
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>

@@ -63,9 +63,11 @@ void check(const at::Tensor& result, const at::Tensor& expected, const std::stri
 
 // The tensors of a round, by step name; "A" and "B" move the same bytes ([13, 10] and [10, 13]
 // from S(0) to S(1)), "C" more of them, and "D"'s rows are long enough that through peer
-// memory its holders write its parts (redistribute/transports/peer_memory/copies.h). Every rank distributes all four in the same order
-// (distribute_tensor compares what the ranks pass, and would catch a skip itself), so that a
-// skipped or reordered step is left to the transports to catch.
+// memory its holders write its parts (redistribute/transports/peer_memory/copies.h), unless they
+// lie in the holders' shared arenas. "E" is a pending sum, reduced: where the arenas are on, its
+// pieces are large enough to lie in them and be combined in place. Every rank distributes all
+// five in the same order (distribute_tensor compares what the ranks pass, and would catch a skip
+// itself), so that a skipped or reordered step is left to the transports to catch.
 struct Step {
   at::Tensor global, sharded;
 };
@@ -77,12 +79,18 @@ std::map<char, Step> distribute_round(const DeviceMesh& mesh, int64_t round) {
     const at::Tensor global = global_tensor(rows, cols, round, step);
     steps[step] = {global, distribute_tensor(global, mesh, {Shard(0)})};
   }
+  // Rank r holds (r + 1) x the tensor: integers small enough that every sum is exact in float.
+  const at::Tensor terms = global_tensor(64, 1024, round, 'E' - 'A');
+  const int64_t n = world_size();
+  steps['E'] = {terms * static_cast<double>(n * (n + 1) / 2), from_local(terms * static_cast<double>(world_rank() + 1), mesh, {Partial()})};
   return steps;
 }
 
 void run_step(const Step& s, char step, int64_t round) {
-  check(redistribute(s.sharded, {Shard(1)}), s.global, std::string("round ") + std::to_string(round) + " step " + step + " S(0)->S(1)");
-  check(redistribute(s.sharded, {Replicate()}), s.global, std::string("round ") + std::to_string(round) + " step " + step + " S(0)->R");
+  const std::string what = std::string("round ") + std::to_string(round) + " step " + step;
+  const bool pending = step == 'E';
+  check(redistribute(s.sharded, {pending ? Shard(0) : Shard(1)}), s.global, what + (pending ? " P->S(0)" : " S(0)->S(1)"));
+  check(redistribute(s.sharded, {Replicate()}), s.global, what + (pending ? " P->R" : " S(0)->R"));
 }
 
 }  // namespace
@@ -121,11 +129,11 @@ int main(int argc, char** argv) {
           if (action == "late_at") std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s + 2));
         });
       }
-      std::string steps = "ABCD";
+      std::string steps = "ABCDE";
       if (is_victim && round == fault_round) {
-        if (scenario == "skip") steps = "BCD";
-        if (scenario == "reorder_same") steps = "BACD";
-        if (scenario == "reorder_sizes") steps = "CABD";
+        if (scenario == "skip") steps = "BCDE";
+        if (scenario == "reorder_same") steps = "BACDE";
+        if (scenario == "reorder_sizes") steps = "CABDE";
       }
       const std::map<char, Step> tensors = distribute_round(mesh, round);
       for (char step : steps) run_step(tensors.at(step), step, round);

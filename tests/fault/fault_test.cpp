@@ -6,12 +6,15 @@
 // case. Every case is bounded: the driver kills everything it started at its deadline.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -49,6 +52,7 @@ struct Case {
   int victim = 1;
   int seed = 0;
   bool peer_memory = true;
+  bool arena = false;  // peer memory reading the peers' shared arenas in place (SHARDTENSOR_ARENA=1)
   double kill_after_s = -1;  // the driver SIGKILLs the victim this long after every rank formed its mesh
 };
 
@@ -78,6 +82,7 @@ std::vector<RankOutcome> run_case(const Case& c) {
       setenv("MASTER_PORT", port.c_str(), 1);
       setenv("SHARDTENSOR_TIMEOUT_S", std::to_string(kTimeoutS).c_str(), 1);
       setenv("SHARDTENSOR_PEER_MEMORY", c.peer_memory ? "1" : "0", 1);
+      setenv("SHARDTENSOR_ARENA", c.arena ? "1" : "0", 1);
       setenv("OMP_NUM_THREADS", "1", 1);
       // The rank's output goes to its log, shown when a case fails.
       const std::string log = (dir / ("rank" + std::to_string(r) + ".log")).string();
@@ -154,7 +159,8 @@ std::vector<RankOutcome> run_case(const Case& c) {
 
 std::string describe(const Case& c, const std::vector<RankOutcome>& outcomes) {
   std::ostringstream os;
-  os << c.scenario << " (victim " << c.victim << ", seed " << c.seed << ", peer memory " << (c.peer_memory ? "on" : "off") << ")";
+  os << c.scenario << " (victim " << c.victim << ", seed " << c.seed << ", peer memory " << (c.peer_memory ? "on" : "off")
+     << (c.arena ? ", shared arena" : "") << ")";
   for (size_t r = 0; r < outcomes.size(); ++r)
     os << "\n  rank " << r << ": exit " << outcomes[r].exit_code << " signal " << outcomes[r].signal << " report: " << outcomes[r].report
        << "\n  rank " << r << " printed (end):\n" << outcomes[r].log_tail;
@@ -190,11 +196,28 @@ void judge(const Case& c, bool victim_raises, const std::string& expected = "") 
   }
 }
 
-class Faults : public ::testing::TestWithParam<bool> {};  // peer memory on / off
+enum class Transport { PeerMemory, Arena, Messages };
+
+class Faults : public ::testing::TestWithParam<Transport> {
+ protected:
+  // A case on this test's transport.
+  static Case on_transport() {
+    Case c;
+    c.peer_memory = GetParam() != Transport::Messages;
+    c.arena = GetParam() == Transport::Arena;
+    return c;
+  }
+  static bool peer_memory() { return GetParam() != Transport::Messages; }
+  // The transports' fault points this transport reaches, from `of` (a group that reads the
+  // peers' arenas in place never writes into a peer: it has no write point).
+  static std::vector<std::string> reached(std::vector<std::string> of) {
+    if (GetParam() == Transport::Arena) of.erase(std::remove(of.begin(), of.end(), "peer_memory:write"), of.end());
+    return of;
+  }
+};
 
 TEST_P(Faults, BaselineIsCorrect) {
-  Case c;
-  c.peer_memory = GetParam();
+  Case c = on_transport();
   const auto outcomes = run_case(c);
   for (const RankOutcome& o : outcomes) EXPECT_EQ(o.report, "ok") << describe(c, outcomes);
 }
@@ -204,8 +227,7 @@ TEST_P(Faults, BaselineIsCorrect) {
 TEST_P(Faults, RankKilledAtRandomTimes) {
   std::mt19937 random(20261124);
   for (int repetition = 0; repetition < 20; ++repetition) {
-    Case c;
-    c.peer_memory = GetParam();
+    Case c = on_transport();
     c.scenario = "run";
     c.victim = static_cast<int>(random() % 3);
     c.kill_after_s = 1.5 * std::uniform_real_distribution<double>(0, 1)(random);
@@ -214,12 +236,11 @@ TEST_P(Faults, RankKilledAtRandomTimes) {
 }
 
 TEST_P(Faults, RankKilledInsideAnExchange) {
-  const std::vector<std::string> points = GetParam() ? std::vector<std::string>{"peer_memory:posted", "peer_memory:read", "peer_memory:write",
-                                                                                "peer_memory:finish"}
-                                                     : std::vector<std::string>{"messages:wait", "messages:checked"};
+  const std::vector<std::string> points =
+      reached(peer_memory() ? std::vector<std::string>{"peer_memory:posted", "peer_memory:read", "peer_memory:write", "peer_memory:finish"}
+                            : std::vector<std::string>{"messages:wait", "messages:checked"});
   for (int repetition = 0; repetition < 20; ++repetition) {
-    Case c;
-    c.peer_memory = GetParam();
+    Case c = on_transport();
     c.scenario = "kill_at:" + points[repetition % points.size()];
     c.victim = repetition % 3;
     c.seed = repetition;
@@ -228,10 +249,9 @@ TEST_P(Faults, RankKilledInsideAnExchange) {
 }
 
 TEST_P(Faults, RankStoppedPastTheTimeout) {
-  for (const char* point : GetParam() ? std::vector<const char*>{"peer_memory:read", "peer_memory:write"}
-                                      : std::vector<const char*>{"messages:checked"}) {
-    Case c;
-    c.peer_memory = GetParam();
+  for (const std::string& point : reached(peer_memory() ? std::vector<std::string>{"peer_memory:read", "peer_memory:write"}
+                                                       : std::vector<std::string>{"messages:checked"})) {
+    Case c = on_transport();
     c.scenario = std::string("stop_at:") + point;
     judge(c, true);
   }
@@ -240,10 +260,9 @@ TEST_P(Faults, RankStoppedPastTheTimeout) {
 TEST_P(Faults, RankLateThenEveryoneGoesOn) {
   // Late at a write: the victim resumes and writes into buffers whose owners gave up the
   // exchange and went on; they must have kept them (heap churn shows a write into freed memory).
-  for (const char* point : GetParam() ? std::vector<const char*>{"peer_memory:posted", "peer_memory:read", "peer_memory:write"}
-                                      : std::vector<const char*>{"messages:wait", "messages:checked"}) {
-    Case c;
-    c.peer_memory = GetParam();
+  for (const std::string& point : reached(peer_memory() ? std::vector<std::string>{"peer_memory:posted", "peer_memory:read", "peer_memory:write"}
+                                                       : std::vector<std::string>{"messages:wait", "messages:checked"})) {
+    Case c = on_transport();
     c.scenario = std::string("late_at:") + point;
     c.victim = 2;
     judge(c, true);
@@ -251,28 +270,29 @@ TEST_P(Faults, RankLateThenEveryoneGoesOn) {
 }
 
 TEST_P(Faults, RankSkippingACollective) {
-  Case c;
-  c.peer_memory = GetParam();
+  Case c = on_transport();
   c.scenario = "skip";
   judge(c, true, "different collectives");
 }
 
 TEST_P(Faults, RankReorderingCollectivesOfTheSameSize) {
-  Case c;
-  c.peer_memory = GetParam();
+  Case c = on_transport();
   c.scenario = "reorder_same";
   judge(c, true, "different collectives");
 }
 
 TEST_P(Faults, RankReorderingCollectivesOfDifferentSizes) {
-  Case c;
-  c.peer_memory = GetParam();
+  Case c = on_transport();
   c.scenario = "reorder_sizes";
   c.victim = 0;
   judge(c, true, "different collectives");
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Faults, ::testing::Values(true, false),
-                         [](const auto& info) { return info.param ? std::string("PeerMemory") : std::string("Messages"); });
+INSTANTIATE_TEST_SUITE_P(Transports, Faults, ::testing::Values(Transport::PeerMemory, Transport::Arena, Transport::Messages),
+                         [](const auto& info) {
+                           return info.param == Transport::PeerMemory ? std::string("PeerMemory")
+                                  : info.param == Transport::Arena    ? std::string("Arena")
+                                                                      : std::string("Messages");
+                         });
 
 }  // namespace

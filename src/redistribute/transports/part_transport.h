@@ -15,10 +15,12 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "redistribute/transports/peer_memory/copies.h"
+#include "redistribute/transports/reduction.h"
 #include "redistribute/plan.h"
 
 namespace shardtensor {
@@ -49,13 +51,17 @@ struct PartExchange {
   bool counts;
   // Runs once this member's transfers are posted, while they travel: its own part, say.
   std::function<void()> local_work;
+  // Set for a reduce-scatter: the exchange's result is then reduction->out, and the destination's
+  // slots may stay unfilled (reduction.h).
+  std::optional<PartReduction> reduction;
 };
 
 // How a group moves an exchange's parts.
 class PartTransport {
  public:
   virtual ~PartTransport() = default;
-  // Moves every part of `exchange` and runs its local_work. False, on every member alike,
+  // Moves every part of `exchange` and runs its local_work, then combines the parts into
+  // exchange.reduction's `out` where it is set. False, on every member alike,
   // where this transport turned out unable to (the members do not share memory, or a copy
   // failed): the caller then moves the exchange another way, which rewrites every part.
   // Raises on every member when the members disagree on the exchange, or one is gone, stopped

@@ -76,6 +76,7 @@ void post_parts(Comm& comm, Messages& batch, const PartExchange& exchange, int64
 
 bool PostedPartsTransport::move(Comm& comm, const PartExchange& exchange, const StepTransport& how) const {
   post_parts(comm, *(comm.*start_)(exchange.counted_as, exchange.counts), exchange, how.message_bytes);
+  if (exchange.reduction) combine_slots(*exchange.reduction, exchange.destination);
   return true;
 }
 

@@ -4,6 +4,7 @@
 #include "redistribute/transports/peer_memory/copies.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -21,6 +22,7 @@ namespace {
 
 std::atomic<int> copies_to_fail{0};
 std::atomic<int64_t> parts_written{0};
+std::atomic<int64_t> parts_read_in_place{0};
 
 // Row-major strides, in elements, of a contiguous tensor that covers `holds`.
 std::vector<int64_t> strides_of(const Box& holds) {
@@ -145,13 +147,19 @@ std::string describe(const Box& b) { return "offsets [" + join(b.offsets, ", ") 
 // The kernel pins the other process's memory stretch by stretch, about 0.85 µs each, while a
 // stretch of one's own costs 0.08 µs (bench/cross_memory_stretches.cpp measures both): the copier should be the
 // side with many stretches. Holder and receiver decide alike, from the same two offers.
-bool holder_writes(const Offer& from, const Offer& into) { return stretches(from.part, from.holds) > stretches(into.part, into.holds); }
+// A group whose members read each other's arenas never writes: a part in its holder's arena is
+// read in place, where a stretch costs what a local one does, and the rest are small.
+bool holder_writes(const PeerMemory& memory, const Offer& from, const Offer& into) {
+  return !memory.reads_in_place() && stretches(from.part, from.holds) > stretches(into.part, into.holds);
+}
 
 // This rank's offer of part `p` to its receiver: straight from `source`, or, where the part
-// lies in short stretches of it, from a packed copy added to `packed` (kept until the end).
-Offer offer_for(const PeerPart& p, const at::Tensor& source, std::vector<at::Tensor>& packed) {
+// lies in short stretches of it that the receiver cannot read in place, from a packed copy
+// added to `packed` (kept until the end).
+Offer offer_for(const PeerMemory& memory, const PeerPart& p, const at::Tensor& source, std::vector<at::Tensor>& packed) {
   const int64_t element = static_cast<int64_t>(source.element_size());
-  if (!in_short_stretches(p.part, p.holder_holds, element))
+  if (!in_short_stretches(p.part, p.holder_holds, element) ||
+      memory.readable_in_place(p.holder, reinterpret_cast<uintptr_t>(source.data_ptr()), source.nbytes()))
     return {OfferKind::ToRead, p.receiver, reinterpret_cast<uintptr_t>(source.data_ptr()), source.nbytes(), element, p.part, p.holder_holds};
   packed.push_back(at::empty(p.part.shape, source.options()));
   packed.back().copy_(view_in(source, p.holder_holds, p.part));
@@ -212,7 +220,7 @@ bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& o
   if (take_injected_copy_failure(error)) return false;
   PeerPart layout{p.holder, p.receiver, p.part, offer.holds, p.receiver_holds};
   at::Tensor staging;
-  if (in_short_stretches(p.part, p.receiver_holds, element)) {
+  if (in_short_stretches(p.part, p.receiver_holds, element) && !exchange.readable_in_place(p.holder, offer.base, offer.extent)) {
     staging = at::empty(p.part.shape, destination.options());
     layout.receiver_holds = p.part;
   }
@@ -221,6 +229,7 @@ bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& o
   for (const ElementRun& r : runs_of(layout))
     runs.push_back({offer.base + static_cast<uint64_t>(r.holder * element), here + r.receiver * element, static_cast<size_t>(r.length * element)});
   const bool ok = exchange.read(p.holder, runs, error);
+  if (ok && exchange.readable_in_place(p.holder, offer.base, offer.extent)) ++parts_read_in_place;
   if (ok && staging.defined()) view_in(destination, p.receiver_holds, p.part).copy_(staging);
   return ok;
 }
@@ -241,11 +250,25 @@ bool write_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& 
   return true;
 }
 
+// Part `p` of a reduce-scatter (this rank is its receiver) where it lies in its holder's
+// arena: a view of the holder's memory with `out`'s shape, read while the exchange lasts.
+at::Tensor in_place_piece(const PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& offer, const at::Tensor& out) {
+  check_offer(exchange, p.holder, p, offer, static_cast<int64_t>(out.element_size()));
+  const at::Tensor holds = at::from_blob(const_cast<char*>(exchange.in_place(p.holder, offer.base)), offer.holds.shape, out.options());
+  ++parts_read_in_place;
+  return view_in(holds, offer.holds, p.part).view(out.sizes());
+}
+
+// The slot of a reduce-scatter's destination that part `p` lands in (reduction.h).
+int64_t slot_of(const PeerPart& p) { return p.part.offsets[0] - p.receiver_holds.offsets[0]; }
+
 }  // namespace
 
 void fail_next_peer_copies(int count) { copies_to_fail = count; }
 
 int64_t peer_parts_written() { return parts_written.load(); }
+
+int64_t peer_parts_read_in_place() { return parts_read_in_place.load(); }
 
 bool take_injected_copy_failure(std::string& error) {
   if (copies_to_fail.load(std::memory_order_relaxed) <= 0) return false;
@@ -256,7 +279,7 @@ bool take_injected_copy_failure(std::string& error) {
 
 bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, const at::Tensor& destination,
                          const std::vector<PeerPart>& parts, const char* counted_as, bool counts,
-                         const std::function<void()>& local_work) {
+                         const std::function<void()>& local_work, const PartReduction* reduction) {
   TORCH_INTERNAL_ASSERT(source.is_contiguous() && destination.is_contiguous());
   const int64_t me = comm.rank();
   std::vector<at::Tensor> packed;
@@ -268,11 +291,11 @@ bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& sourc
     if (p.part.empty()) continue;
     if (p.holder == me) {
       bytes_sent += p.part.numel() * static_cast<int64_t>(source.element_size());
-      held.emplace_back(&p, offer_for(p, source, packed));
+      held.emplace_back(&p, offer_for(memory, p, source, packed));
       append_offer(offers, held.back().second);
     } else if (p.receiver == me) {
       received.emplace_back(&p, Offer{});
-      if (listed_twice(parts, p) || !landing_for(p, destination, received.back().second)) continue;
+      if (listed_twice(parts, p) || memory.reads_in_place() || !landing_for(p, destination, received.back().second)) continue;
       append_offer(offers, received.back().second);
       open_to_writes = true;
     }
@@ -283,21 +306,45 @@ bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& sourc
   std::string error;
   for (const auto& [p, from] : held) {
     Offer into;
-    if (ok && find_offer(exchange.offers_of(p->receiver), OfferKind::ToWrite, me, p->part, into) && holder_writes(from, into))
+    if (ok && find_offer(exchange.offers_of(p->receiver), OfferKind::ToWrite, me, p->part, into) && holder_writes(memory, from, into))
       ok = write_part(exchange, *p, into, source, error);
   }
-  for (const auto& [p, into] : received) {
-    Offer from;
-    TORCH_CHECK(find_offer(exchange.offers_of(p->holder), OfferKind::ToRead, me, p->part, from),
+  std::vector<Offer> offered(received.size());
+  for (size_t i = 0; i < received.size(); ++i) {
+    const PeerPart* p = received[i].first;
+    TORCH_CHECK(find_offer(exchange.offers_of(p->holder), OfferKind::ToRead, me, p->part, offered[i]),
                 "shardtensor: exchange through peer memory failed: group rank ", p->holder, " offers no part ", describe(p->part),
                 " to this rank (group rank ", me, ") in \"", exchange.operation().description,
                 "\": the ranks disagree on the layout (sizes or placements differ between ranks)");
-    const bool written = into.kind == OfferKind::ToWrite && holder_writes(from, into);
-    if (ok && !written) ok = read_part(exchange, *p, from, destination, error);
   }
+  // A reduce-scatter whose every part lies in its holder's arena is combined straight from there,
+  // before this rank reports done (the holders keep their buffers until then); otherwise its parts
+  // land in their slots and are combined once every writer is done.
+  bool combine_in_place = reduction && !received.empty();
+  for (size_t i = 0; i < received.size() && combine_in_place; ++i)
+    combine_in_place = exchange.readable_in_place(received[i].first->holder, offered[i].base, offered[i].extent);
+  std::vector<at::Tensor> pieces(combine_in_place ? static_cast<size_t>(destination.size(0)) : 0);
+  for (size_t i = 0; i < received.size(); ++i) {
+    const auto& [p, into] = received[i];
+    if (combine_in_place) {
+      pieces.at(static_cast<size_t>(slot_of(*p))) = in_place_piece(exchange, *p, offered[i], reduction->out);
+      continue;
+    }
+    const bool written = into.kind == OfferKind::ToWrite && holder_writes(memory, offered[i], into);
+    if (ok && !written) ok = read_part(exchange, *p, offered[i], destination, error);
+  }
+  if (ok && combine_in_place && !take_injected_copy_failure(error)) {
+    fault_point("peer_memory:read");  // reading the holders' memory, as a copy would
+    reduce_pieces_into(reduction->out, reduction->own, pieces, reduction->op, reduction->members);
+  }
+  else if (combine_in_place)
+    ok = false;
   record_collective(counted_as, bytes_sent, counts);
   if (!ok) TORCH_WARN("shardtensor: copying through a peer's memory failed (", error, "); the group goes back to messages.");
-  if (exchange.finish(ok)) return true;
+  if (exchange.finish(ok)) {
+    if (reduction && !combine_in_place) combine_slots(*reduction, destination);
+    return true;
+  }
   // Every member saw the failure and stops with this one.
   stop_peer_memory(comm, ok ? "another member's copy failed" : "a copy failed: " + error);
   return false;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "redistribute/boxes.h"
+#include "redistribute/transports/reduction.h"
 
 namespace shardtensor {
 
@@ -43,6 +44,9 @@ bool take_injected_copy_failure(std::string& error);
 // How many parts this process has written into its peers' memory as their holder (the rest
 // were read by their receivers); tests check which side copied.
 int64_t peer_parts_written();
+// How many parts this process has read in place from its peers' shared arenas (arena.h),
+// copied or combined straight from there.
+int64_t peer_parts_read_in_place();
 
 // Moves every part this rank holds or receives (`parts` lists them; parts this rank keeps are
 // copied by the caller): this rank offers `source` (which covers p.holder_holds of each part it
@@ -54,8 +58,10 @@ int64_t peer_parts_written();
 // when a copy failed: the group has then gone back to messages for good, and the caller moves
 // the data that way. Raises on every member when the ranks disagree on the operation or the
 // parts, or when a member is gone or gave up (see PeerMemory::Exchange).
+// With `reduction` (a reduce-scatter; reduction.h), its result lands in reduction->out: straight
+// from the holders' memory where every received part lies in its holder's arena.
 bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, const at::Tensor& destination,
                          const std::vector<PeerPart>& parts, const char* counted_as, bool counts = true,
-                         const std::function<void()>& local_work = {});
+                         const std::function<void()>& local_work = {}, const PartReduction* reduction = nullptr);
 
 }  // namespace shardtensor

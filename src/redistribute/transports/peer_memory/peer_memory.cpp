@@ -8,6 +8,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -163,8 +164,11 @@ std::unique_ptr<PeerMemory> PeerMemory::probe(Comm& comm, std::string& why_not) 
   const int64_t n = comm.size();
   std::unique_ptr<PeerMemory> candidate(new PeerMemory(comm));
   const uint64_t cookie = candidate->mailbox_->cookie.load();
+  const ArenaRange arena = own_arena();
   at::Tensor mine = at::tensor(std::vector<int64_t>{static_cast<int64_t>(getpid()), static_cast<int64_t>(cookie), host_identity(),
-                                                    static_cast<int64_t>(reinterpret_cast<uintptr_t>(candidate->mailbox_))},
+                                                    static_cast<int64_t>(reinterpret_cast<uintptr_t>(candidate->mailbox_)),
+                                                    static_cast<int64_t>(arena.base), static_cast<int64_t>(arena.capacity), arena.fd,
+                                                    static_cast<int64_t>(arena.cookie)},
                                at::kLong);
   at::Tensor all = at::empty({n, mine.numel()}, at::kLong);
   comm.all_gather(mine, all);
@@ -173,6 +177,7 @@ std::unique_ptr<PeerMemory> PeerMemory::probe(Comm& comm, std::string& why_not) 
     candidate->pids_.push_back(row[0]);
     candidate->cookies_.push_back(static_cast<uint64_t>(row[1]));
     candidate->mailboxes_.push_back(static_cast<uint64_t>(row[3]));
+    candidate->arena_ranges_.push_back({static_cast<uint64_t>(row[4]), static_cast<uint64_t>(row[5]), row[6], static_cast<uint64_t>(row[7])});
   }
   bool ok = true;
   for (int64_t p = 0; p < n && ok; ++p) {
@@ -199,12 +204,28 @@ std::unique_ptr<PeerMemory> PeerMemory::probe(Comm& comm, std::string& why_not) 
       ok = false;
     }
   }
-  at::Tensor verdict = at::tensor(std::vector<int64_t>{ok ? 1 : 0}, at::kLong);
+  // Reads in place need every member's arena mapped by every other one; a member that cannot
+  // map one keeps the group on cross-memory attach.
+  bool maps_every_arena = ok;
+  candidate->arenas_.resize(static_cast<size_t>(n));
+  for (int64_t p = 0; p < n && maps_every_arena; ++p) {
+    if (candidate->arena_ranges_[p].base == 0) maps_every_arena = false;
+    if (p == comm.rank() || !maps_every_arena) continue;
+    std::string error;
+    if (!candidate->arenas_[p].map(candidate->pids_[p], candidate->arena_ranges_[p], error)) {
+      TORCH_WARN_ONCE("shardtensor: cannot map the shared arena of group rank ", p, " (", error,
+                      "); ranks on this host copy through cross-memory attach instead of reading in place.");
+      maps_every_arena = false;
+    }
+  }
+  at::Tensor verdict = at::tensor(std::vector<int64_t>{ok ? 1 : 0, maps_every_arena ? 1 : 0}, at::kLong);
   comm.all_reduce(verdict, ReduceOp::Min);
-  if (verdict.item<int64_t>() == 0) {
+  if (verdict[0].item<int64_t>() == 0) {
     if (why_not.empty()) why_not = "another member of the group cannot read its peers";
     return nullptr;
   }
+  candidate->reads_in_place_ = verdict[1].item<int64_t>() == 1;
+  if (!candidate->reads_in_place_) candidate->arenas_.clear();
   return candidate;
 }
 
@@ -353,6 +374,26 @@ bool PeerMemory::Exchange::finish(bool mine) {
 }
 
 bool PeerMemory::copy(int64_t peer, const std::vector<Run>& runs, std::string& error, Direction direction) const {
+  if (direction == Direction::Read && reads_in_place_) {
+    const MappedArena& arena = arenas_[static_cast<size_t>(peer)];
+    const auto in_arena = [&](const Run& r) { return arena.range().covers(r.remote, r.bytes); };
+    if (std::any_of(runs.begin(), runs.end(), in_arena)) {
+      // The peer's post was read before this: its bytes are there.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      std::vector<Run> elsewhere;
+      for (const Run& r : runs) {
+        if (in_arena(r))
+          std::memcpy(r.local, arena.at(r.remote), r.bytes);
+        else
+          elsewhere.push_back(r);
+      }
+      return elsewhere.empty() || copy_across(peer, elsewhere, error, direction);
+    }
+  }
+  return copy_across(peer, runs, error, direction);
+}
+
+bool PeerMemory::copy_across(int64_t peer, const std::vector<Run>& runs, std::string& error, Direction direction) const {
   std::vector<iovec> local, remote;
   // Up to IOV_MAX runs per call, so that neither side's list can exceed it.
   for (size_t begin = 0; begin < runs.size(); begin += IOV_MAX) {

@@ -43,6 +43,9 @@
 // Whether a group may use it is probed collectively (over c10d), once per communicator: every
 // member must run on this host, in this PID namespace, and be allowed to read and write the
 // others (same user, no seccomp or Yama rule against it). SHARDTENSOR_PEER_MEMORY=0 turns it off.
+// Where every member has a shared arena (arena.h) and maps every other one, parts that lie in
+// their holder's arena are read in place instead: a plain copy, no kernel call, and never
+// written by their holder.
 #pragma once
 
 #include <cstddef>
@@ -55,6 +58,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "comm/fingerprint.h"
+#include "redistribute/transports/peer_memory/arena.h"
 
 namespace shardtensor {
 
@@ -103,6 +107,11 @@ class PeerMemory {
     // gone or gave up.
     bool finish(bool mine);
     const Fingerprint& operation() const { return operation_; }
+    bool readable_in_place(int64_t member, uint64_t address, uint64_t bytes) const {
+      return memory_.readable_in_place(member, address, bytes);
+    }
+    // Where `peer`'s `address` lies here; only for what readable_in_place says lies in its arena.
+    const char* in_place(int64_t peer, uint64_t address) const { return memory_.arenas_[static_cast<size_t>(peer)].at(address); }
 
    private:
     PeerMemory& memory_;
@@ -117,6 +126,16 @@ class PeerMemory {
   // Exchanges started on this group so far: what tells a caller whether a movement went
   // through peer memory at all.
   uint64_t exchanges_started() const { return exchange_; }
+  // Whether `bytes` at `address` of `member` (this one included) lie in its shared arena, which
+  // every member maps (arena.h): then they are read in place, with no kernel call. Every
+  // member gives the same answer for the same words, so holder and receiver agree on who copies.
+  bool readable_in_place(int64_t member, uint64_t address, uint64_t bytes) const {
+    return reads_in_place_ && arena_ranges_[static_cast<size_t>(member)].covers(address, bytes);
+  }
+  // Whether every member has an arena that every other one maps. Such a group only reads: no
+  // member offers memory for writing, so none writes into another's (the PID-reuse window of
+  // the writes below does not exist there).
+  bool reads_in_place() const { return reads_in_place_; }
 
   struct Header;  // a reader's copy of a peer's mailbox
 
@@ -126,6 +145,8 @@ class PeerMemory {
   bool read_mailbox(int64_t peer, Header& header, std::string& error) const;
   enum class Direction { Read, Write };
   bool copy(int64_t peer, const std::vector<Run>& runs, std::string& error, Direction direction = Direction::Read) const;
+  // The same through cross-memory attach only.
+  bool copy_across(int64_t peer, const std::vector<Run>& runs, std::string& error, Direction direction) const;
   std::string name_of(int64_t peer) const;
   // Polls every peer's mailbox until `ready(peer, header)`; raises when a peer is gone or
   // closed, or after the group's timeout.
@@ -141,6 +162,9 @@ class PeerMemory {
   std::vector<int64_t> pids_;         // by group rank
   std::vector<uint64_t> cookies_;     // each member's random identity, by group rank
   std::vector<uint64_t> mailboxes_;   // their addresses, by group rank
+  std::vector<ArenaRange> arena_ranges_;  // each member's shared arena, by group rank
+  std::vector<MappedArena> arenas_;       // the peers' arenas mapped here (this member's: unmapped)
+  bool reads_in_place_ = false;           // every member has an arena and maps every other one
   uint64_t exchange_ = 0;             // exchanges started on this group
   at::Tensor open_to_writes_;         // what the current exchange lets peers write into
   bool closed_ = false;

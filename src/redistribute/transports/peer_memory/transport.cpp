@@ -16,7 +16,8 @@ class PeerMemoryTransport final : public PartTransport {
     if (!memory) return false;
     // Peers compute where a part lies in the holder's tensor from its box: it must be contiguous.
     return copy_through_memory(comm, *memory, exchange.source.contiguous(), exchange.destination, exchange.parts,
-                               exchange.counted_as, exchange.counts, exchange.local_work);
+                               exchange.counted_as, exchange.counts, exchange.local_work,
+                               exchange.reduction ? &*exchange.reduction : nullptr);
   }
 };
 
