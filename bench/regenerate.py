@@ -474,14 +474,19 @@ REDIST_HEADER = ["transition", "shardtensor ms", "raw c10d", "raw ms", "shardten
                  "shardtensor / (raw + copies)", "copy floor ms", "shardtensor / floor"]
 
 
-def render_redistribute(doc, records, figs):
-    rows = []
-    runs = "?"
+def redistribute_table(records, with_ranks):
+    """The rows of every record's redistribute_bench run as one table, and their runs per figure."""
+    rows, runs = [], "?"
     for rec in records:
         if rec.get("data"):
-            rows += redistribute_rows(rec["data"], True)
+            rows += redistribute_rows(rec["data"], with_ranks)
             runs = rec["data"]["runs"]
-    body = table(["ranks"] + REDIST_HEADER, rows) if rows else ""
+    header = (["ranks"] if with_ranks else []) + REDIST_HEADER
+    return (table(header, rows) if rows else ""), runs
+
+
+def render_redistribute(doc, records, figs):
+    body, runs = redistribute_table(records, True)
     doc.section("redistribute from C++ (`redistribute_bench`), peer memory",
                 f"`redistribute()` on 16 MiB float32 ([2048, 2048] even, [2047, 2049] uneven; the 4-rank rows also "
                 f"2x2 meshes and a [256, 128, 128] S(2)->S(1)) against, in turns in the same run, the raw c10d "
@@ -494,12 +499,7 @@ def render_redistribute(doc, records, figs):
 
 
 def render_redistribute_messages(doc, records, figs):
-    rows, runs = [], "?"
-    for rec in records:
-        if rec.get("data"):
-            rows += redistribute_rows(rec["data"], False)
-            runs = rec["data"]["runs"]
-    body = table(REDIST_HEADER, rows) if rows else ""
+    body, runs = redistribute_table(records, False)
     doc.section("redistribute from C++ over Gloo messages (`SHARDTENSOR_PEER_MEMORY=0`)",
                 f"The same program and baselines as above, 4 ranks, with shardtensor's transfers sent as Gloo "
                 f"messages (what runs between hosts) instead of through peer memory; min / median / max over {runs} "
@@ -507,12 +507,7 @@ def render_redistribute_messages(doc, records, figs):
 
 
 def render_redistribute_arena(doc, records, figs):
-    rows, runs = [], "?"
-    for rec in records:
-        if rec.get("data"):
-            rows += redistribute_rows(rec["data"], True)
-            runs = rec["data"]["runs"]
-    body = table(["ranks"] + REDIST_HEADER, rows) if rows else ""
+    body, runs = redistribute_table(records, True)
     doc.section("redistribute from C++ with shared arenas (`SHARDTENSOR_ARENA=1`)",
                 f"The same program and baselines as the peer-memory table, with every rank's large tensors in its "
                 f"shared arena (`src/redistribute/transports/peer_memory/arena.h`): peers read parts in place, and a "
