@@ -41,8 +41,8 @@ using C10dBackend = c10d::ProcessGroup;
 #define SHARDTENSOR_GLOO_HAS_REDUCE_SCATTER 0
 #endif
 
-// c10::Allocator::allocate lost its const in 2.x (checked on 2.15).
-#if TORCH_VERSION_MAJOR >= 2
+// c10::Allocator::allocate lost its const in 2.3 (checked on 2.15), when copy_data became pure.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
 #define SHARDTENSOR_ALLOCATE_CONST
 #else
 #define SHARDTENSOR_ALLOCATE_CONST const

@@ -64,6 +64,23 @@ TEST(ArenaAllocator, AFullArenaFallsBackToTheAllocatorItReplaced) {
   EXPECT_EQ(arena_statistics().blocks_in_use, before.blocks_in_use) << "every block came back";
 }
 
+// c10's raw_allocate / raw_deallocate (some extensions use them): the raw deleter hands each
+// block back to where it came from.
+TEST(ArenaAllocator, RawAllocationsOfEitherKindGoBackWhereTheyCameFrom) {
+  REQUIRE_ARENA();
+  if (small_arena()) GTEST_SKIP() << "the arena may be full here; ctest's arena_asan runs this test with room";
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  const uint64_t in_use = arena_statistics().blocks_in_use;
+  void* large = allocator->raw_allocate(kLarge);
+  void* small = allocator->raw_allocate(64);
+  EXPECT_TRUE(own_arena().covers(reinterpret_cast<uintptr_t>(large), kLarge));
+  EXPECT_FALSE(own_arena().covers(reinterpret_cast<uintptr_t>(small), 64));
+  EXPECT_EQ(arena_statistics().blocks_in_use, in_use + 1);
+  allocator->raw_deallocate(large);
+  allocator->raw_deallocate(small);
+  EXPECT_EQ(arena_statistics().blocks_in_use, in_use);
+}
+
 TEST(MappedArena, APeerSeesWhatTheOwnerWrote) {
   REQUIRE_ARENA();
   const c10::DataPtr block = allocate(kLarge);

@@ -32,9 +32,10 @@ const std::vector<Transition>& transitions() {
   return all;
 }
 
-// Redistributes every transition of a [rows, 96, 24] double tensor (rows uneven over the
-// ranks, 18 KiB a row: every piece lies in the arena) and checks each rank's piece against
-// the slice of the one-process tensor it owns.
+// Redistributes every transition of a [rows, 96, 24] double tensor (18 KiB a row, uneven over
+// the ranks: with 4 rows a rank or more, every piece lies in the arena; with fewer, the Shard
+// pieces lie outside it, and groups mix both) and checks each rank's piece against the slice of
+// the one-process tensor it owns.
 void expect_every_transition_matches_one_process(const DeviceMesh& mesh, int64_t rows) {
   const at::Tensor global = iota({rows, 96, 24}, at::kDouble);
   for (const Transition& t : transitions()) {
@@ -75,9 +76,31 @@ TEST(Arena, PeersReadInPlaceWithOneProcessValues) {
   if (kernel_forbids_peer_memory(comm)) GTEST_SKIP() << "this machine forbids cross-memory attach: " << why_no_peer_memory(comm);
   const UseTransport memory(UseTransport::kMemory);
   const int64_t read_before = peer_parts_read_in_place(), written_before = peer_parts_written();
-  for (int64_t rows : {2 * comm.size() + 1, comm.size() - 1}) expect_every_transition_matches_one_process(mesh, rows);
+  const int64_t combined_before = peer_reductions_in_place();
+  for (int64_t rows : {4 * comm.size() + 1, comm.size() - 1}) expect_every_transition_matches_one_process(mesh, rows);
   EXPECT_GT(peer_parts_read_in_place(), read_before) << "no part was read in place";
+  EXPECT_GT(peer_reductions_in_place(), combined_before) << "no reduce-scatter combined its terms in place";
   EXPECT_EQ(peer_parts_written(), written_before) << "a holder wrote a part that its receiver could read in place";
+}
+
+// A failure while combining in place (injected on one rank) sends the whole group back to
+// messages, which move and combine the terms again: the values are one process's. On a mesh of
+// its own, since its group then stays on messages.
+TEST(Arena, AFailedCombineInPlaceFallsBackToMessages) {
+  REQUIRE_ARENA();
+  if (world_size() == 1) GTEST_SKIP() << "one rank reads from no peer";
+  const DeviceMesh mesh = DeviceMesh::create({world_size()});
+  if (kernel_forbids_peer_memory(mesh.comm(0))) GTEST_SKIP() << "this machine forbids cross-memory attach";
+  const UseTransport memory(UseTransport::kMemory);
+  const at::Tensor global = iota({4 * world_size() + 1, 96, 24}, at::kDouble);
+  const Placements pending{Partial()};
+  const at::Tensor terms = from_local(partial_term(global, mesh, pending), mesh, pending);
+  if (mesh.rank() == 0) fail_next_peer_copies(1);
+  const int64_t combined_before = peer_reductions_in_place();
+  const at::Tensor result = redistribute(terms, {Shard(0)});
+  EXPECT_TRUE(at::allclose(to_local(result), reference_piece(global, mesh.shape(), {Shard(0)}, {}, mesh.coordinate()), 0, 1e-12));
+  EXPECT_EQ(peer_memory_of(mesh.comm(0)), nullptr) << "the group stayed on peer memory after a failed combine";
+  if (mesh.rank() == 0) EXPECT_EQ(peer_reductions_in_place(), combined_before) << "the failed combine was counted";
 }
 
 // Run with SHARDTENSOR_ARENA_BYTES of a few MiB: tensors that no longer fit come from the

@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "comm/fingerprint.h"
+#include "redistribute/transports/peer_memory/arena.h"
 #include "redistribute/transports/peer_memory/copies.h"
 #include "shardtensor/shardtensor.h"
 
@@ -107,6 +108,12 @@ int main(int argc, char** argv) {
   const double timeout_s = std::atof(std::getenv("SHARDTENSOR_TIMEOUT_S"));
   auto last_success = Clock::now();
   try {
+    // The Arena cases must run with the arena, not quietly as the PeerMemory ones.
+    const char* arena_wanted = std::getenv("SHARDTENSOR_ARENA");
+    if (arena_wanted && std::string(arena_wanted) == "1" && own_arena().base == 0) {
+      report("wrong: SHARDTENSOR_ARENA=1, but no shared arena was installed");
+      return 3;
+    }
     DeviceMesh mesh = DeviceMesh::create({world_size()});
     std::ofstream(report_path + ".ready") << "ready\n";  // the driver times outside kills from here
     TransportOptions every_size;

@@ -6,8 +6,6 @@
 // case. Every case is bounded: the driver kills everything it started at its deadline.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-
-#include <algorithm>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -40,6 +41,7 @@ size_t class_bytes(size_t n) {
 }
 
 void release_block(void* block);
+void release_any(void* data);
 
 class ArenaAllocator final : public c10::Allocator {
  public:
@@ -50,7 +52,7 @@ class ArenaAllocator final : public c10::Allocator {
     if (n < kArenaMinBytes || !active_.load(std::memory_order_relaxed)) return fallback_->allocate(n);
     if (char* block = const_cast<ArenaAllocator*>(this)->take(class_bytes(n)))
       return {block, block, &release_block, c10::Device(c10::DeviceType::CPU)};
-    ++const_cast<ArenaAllocator*>(this)->fallbacks_;
+    const_cast<ArenaAllocator*>(this)->fallbacks_.fetch_add(1, std::memory_order_relaxed);
     TORCH_WARN_ONCE("shardtensor: the shared arena (SHARDTENSOR_ARENA_BYTES=", capacity_,
                     ") is full; larger tensors are allocated outside it from now on, and peers on this host copy them through "
                     "cross-memory attach instead of reading them in place.");
@@ -58,6 +60,12 @@ class ArenaAllocator final : public c10::Allocator {
   }
   // Pure in 2.x (a plain memcpy, as c10's own CPU allocator), absent in 1.13.
   void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+  // raw_allocate / raw_deallocate (c10's, used by some extensions): a block of the arena or one
+  // of the allocator it replaced, told apart by address.
+  c10::DeleterFnPtr raw_deleter() const override { return &release_any; }
+
+  bool owns(const void* data) const { return range().covers(reinterpret_cast<uintptr_t>(data), 1); }
+  void release_foreign(void* data) const { fallback_->raw_deleter()(data); }
 
   void give_back(void* block) {
     if (forked_.load(std::memory_order_relaxed)) return;  // a child's copy of the parent's books
@@ -68,22 +76,26 @@ class ArenaAllocator final : public c10::Allocator {
     in_use_.erase(found);
   }
 
-  // In a forked child: the parent's tensors stay as they were at the fork, copy-on-write, and
-  // the child allocates elsewhere (it is no rank its peers know).
+  // In a forked child: what the child writes into the parent's tensors stays its own (a private
+  // mapping of the file, copy-on-write), and it allocates elsewhere (it is no rank its peers
+  // know). Unlike fork's snapshot, a page the child has not written shows the parent's later
+  // writes (arena.h). Where the private mapping cannot be made (no memory to commit it), the
+  // child may only read the arena: a write then faults instead of reaching the parent.
   void after_fork_in_child() {
     forked_.store(true);
     active_.store(false);
-    mmap(base_, capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd_, 0);
+    if (mmap(base_, capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd_, 0) == MAP_FAILED)
+      mprotect(base_, capacity_, PROT_READ);
   }
 
   ArenaRange range() const {
-    if (forked_.load()) return {};
+    if (forked_.load(std::memory_order_relaxed)) return {};
     return {reinterpret_cast<uintptr_t>(base_), capacity_, fd_, cookie_};
   }
 
   ArenaStatistics statistics() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return {in_use_.size(), next_, fallbacks_};
+    return {in_use_.size(), next_, fallbacks_.load(std::memory_order_relaxed)};
   }
 
  private:
@@ -114,13 +126,20 @@ class ArenaAllocator final : public c10::Allocator {
   size_t next_ = kHeaderBytes;                       // the first byte never handed out
   std::map<size_t, std::vector<char*>> free_;        // cached blocks, by class
   std::unordered_map<char*, size_t> in_use_;         // block -> its class
-  uint64_t fallbacks_ = 0;
+  std::atomic<uint64_t> fallbacks_{0};
 };
 
 // Never destroyed: tensors in it may outlive every static.
 ArenaAllocator* arena = nullptr;
 
 void release_block(void* block) { arena->give_back(block); }
+
+void release_any(void* data) {
+  if (arena->owns(data))
+    arena->give_back(data);
+  else
+    arena->release_foreign(data);
+}
 
 uint64_t capacity_from_environment() {
   const char* v = std::getenv("SHARDTENSOR_ARENA_BYTES");
@@ -135,7 +154,13 @@ uint64_t capacity_from_environment() {
 void install() {
   const char* v = std::getenv("SHARDTENSOR_ARENA");
   if (!v || std::string(v) != "1") return;
-  const uint64_t capacity = capacity_from_environment();
+  uint64_t capacity = 0;
+  try {  // at library load: a bad value must not end the process
+    capacity = capacity_from_environment();
+  } catch (const c10::Error& e) {
+    TORCH_WARN(e.what_without_backtrace(), "; the shared arena stays off.");
+    return;
+  }
   const int fd = memfd_create("shardtensor-arena", MFD_CLOEXEC);
   void* base = MAP_FAILED;
   if (fd >= 0 && ftruncate(fd, static_cast<off_t>(capacity)) == 0)
@@ -146,7 +171,14 @@ void install() {
     if (fd >= 0) close(fd);
     return;
   }
-  const uint64_t cookie = ((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) | 1;
+  // A cookie from the address and the clock where the random device is unavailable: it names
+  // this arena among the host's, it guards nothing secret.
+  uint64_t cookie = reinterpret_cast<uintptr_t>(base) ^ static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  try {
+    cookie = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  } catch (const std::exception&) {
+  }
+  cookie |= 1;
   std::memcpy(base, &cookie, sizeof(cookie));
   arena = new ArenaAllocator(c10::GetCPUAllocator(), fd, static_cast<char*>(base), capacity, cookie);
   pthread_atfork(nullptr, nullptr, [] { arena->after_fork_in_child(); });

@@ -16,8 +16,12 @@
 // reuse a block; a peer that reads a block after its owner gave up the exchange fills only its
 // own memory with stale bytes and learns the exchange failed. The mapping outlives its owner (a
 // killed owner's pages stay readable, never a fault), the owner never shrinks it, and no process
-// writes into another's memory through it. A forked child keeps the parent's tensors
-// copy-on-write (its view is remapped private) and allocates outside the arena.
+// writes into another's memory through it. A forked child (a DataLoader worker) remaps its
+// view private, so what it writes stays its own, and allocates outside the arena; unlike a
+// plain fork, pages it has not written keep showing what the parent writes there later. A
+// process forked after the library loaded gets no arena of its own: start ranks with exec
+// (torchrun, shardrun, mp "spawn"). Cached blocks are never returned to the system: the arena's
+// resident size is the most its process ever held at once, per size class.
 //
 // Opt-in: SHARDTENSOR_ARENA=1 installs it when the library loads; SHARDTENSOR_ARENA_BYTES sets
 // how much address space it reserves (default 16 GiB; pages cost memory only once touched).

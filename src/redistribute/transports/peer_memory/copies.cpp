@@ -23,6 +23,7 @@ namespace {
 std::atomic<int> copies_to_fail{0};
 std::atomic<int64_t> parts_written{0};
 std::atomic<int64_t> parts_read_in_place{0};
+std::atomic<int64_t> reductions_in_place{0};
 
 // Row-major strides, in elements, of a contiguous tensor that covers `holds`.
 std::vector<int64_t> strides_of(const Box& holds) {
@@ -148,7 +149,9 @@ std::string describe(const Box& b) { return "offsets [" + join(b.offsets, ", ") 
 // stretch of one's own costs 0.08 µs (bench/cross_memory_stretches.cpp measures both): the copier should be the
 // side with many stretches. Holder and receiver decide alike, from the same two offers.
 // A group whose members read each other's arenas never writes: a part in its holder's arena is
-// read in place, where a stretch costs what a local one does, and the rest are small.
+// read in place, where a stretch costs what a local one does; the rest (small tensors, those of
+// a full arena) are read through cross-memory attach, slower where they lie in many stretches,
+// but no member ever writes into another's memory.
 bool holder_writes(const PeerMemory& memory, const Offer& from, const Offer& into) {
   return !memory.reads_in_place() && stretches(from.part, from.holds) > stretches(into.part, into.holds);
 }
@@ -255,7 +258,6 @@ bool write_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& 
 at::Tensor in_place_piece(const PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& offer, const at::Tensor& out) {
   check_offer(exchange, p.holder, p, offer, static_cast<int64_t>(out.element_size()));
   const at::Tensor holds = at::from_blob(const_cast<char*>(exchange.in_place(p.holder, offer.base)), offer.holds.shape, out.options());
-  ++parts_read_in_place;
   return view_in(holds, offer.holds, p.part).view(out.sizes());
 }
 
@@ -269,6 +271,8 @@ void fail_next_peer_copies(int count) { copies_to_fail = count; }
 int64_t peer_parts_written() { return parts_written.load(); }
 
 int64_t peer_parts_read_in_place() { return parts_read_in_place.load(); }
+
+int64_t peer_reductions_in_place() { return reductions_in_place.load(); }
 
 bool take_injected_copy_failure(std::string& error) {
   if (copies_to_fail.load(std::memory_order_relaxed) <= 0) return false;
@@ -336,6 +340,8 @@ bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& sourc
   if (ok && combine_in_place && !take_injected_copy_failure(error)) {
     fault_point("peer_memory:read");  // reading the holders' memory, as a copy would
     reduce_pieces_into(reduction->out, reduction->own, pieces, reduction->op, reduction->members);
+    parts_read_in_place += static_cast<int64_t>(pieces.size());
+    ++reductions_in_place;
   }
   else if (combine_in_place)
     ok = false;

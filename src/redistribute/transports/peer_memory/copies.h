@@ -47,6 +47,8 @@ int64_t peer_parts_written();
 // How many parts this process has read in place from its peers' shared arenas (arena.h),
 // copied or combined straight from there.
 int64_t peer_parts_read_in_place();
+// How many reduce-scatters this process combined straight from its peers' arenas.
+int64_t peer_reductions_in_place();
 
 // Moves every part this rank holds or receives (`parts` lists them; parts this rank keeps are
 // copied by the caller): this rank offers `source` (which covers p.holder_holds of each part it
