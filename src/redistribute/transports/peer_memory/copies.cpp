@@ -222,8 +222,9 @@ bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& o
   TORCH_INTERNAL_ASSERT(contains(p.receiver_holds, p.part) && destination.nbytes() >= static_cast<size_t>(p.receiver_holds.numel() * element));
   if (take_injected_copy_failure(error)) return false;
   PeerPart layout{p.holder, p.receiver, p.part, offer.holds, p.receiver_holds};
+  const bool in_place = exchange.readable_in_place(p.holder, offer.base, offer.extent);
   at::Tensor staging;
-  if (in_short_stretches(p.part, p.receiver_holds, element) && !exchange.readable_in_place(p.holder, offer.base, offer.extent)) {
+  if (in_short_stretches(p.part, p.receiver_holds, element) && !in_place) {
     staging = at::empty(p.part.shape, destination.options());
     layout.receiver_holds = p.part;
   }
@@ -232,7 +233,7 @@ bool read_part(PeerMemory::Exchange& exchange, const PeerPart& p, const Offer& o
   for (const ElementRun& r : runs_of(layout))
     runs.push_back({offer.base + static_cast<uint64_t>(r.holder * element), here + r.receiver * element, static_cast<size_t>(r.length * element)});
   const bool ok = exchange.read(p.holder, runs, error);
-  if (ok && exchange.readable_in_place(p.holder, offer.base, offer.extent)) ++parts_read_in_place;
+  if (ok && in_place) ++parts_read_in_place;
   if (ok && staging.defined()) view_in(destination, p.receiver_holds, p.part).copy_(staging);
   return ok;
 }
@@ -337,14 +338,15 @@ bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& sourc
     const bool written = into.kind == OfferKind::ToWrite && holder_writes(memory, offered[i], into);
     if (ok && !written) ok = read_part(exchange, *p, offered[i], destination, error);
   }
-  if (ok && combine_in_place && !take_injected_copy_failure(error)) {
-    fault_point("peer_memory:read");  // reading the holders' memory, as a copy would
-    reduce_pieces_into(reduction->out, reduction->own, pieces, reduction->op, reduction->members);
-    parts_read_in_place += static_cast<int64_t>(pieces.size());
-    ++reductions_in_place;
+  if (combine_in_place) {
+    ok = ok && !take_injected_copy_failure(error);
+    if (ok) {
+      fault_point("peer_memory:read");  // reading the holders' memory, as a copy would
+      reduce_pieces_into(reduction->out, reduction->own, pieces, reduction->op, reduction->members);
+      parts_read_in_place += static_cast<int64_t>(pieces.size());
+      ++reductions_in_place;
+    }
   }
-  else if (combine_in_place)
-    ok = false;
   record_collective(counted_as, bytes_sent, counts);
   if (!ok) TORCH_WARN("shardtensor: copying through a peer's memory failed (", error, "); the group goes back to messages.");
   if (exchange.finish(ok)) {
