@@ -74,7 +74,12 @@ class C10dComm final : public Comm {
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
   // Drops the backend (shutdown): the process group can then be destroyed by its owner.
-  void release() { group_.reset(); }
+  // Attachments first: the peer memory transport's waits for its peers to see its last exchange
+  // (peer_memory.h), so that this process's exit cannot fail a slower peer.
+  void release() {
+    drop_attachments();
+    group_.reset();
+  }
 
   void all_gather(const at::Tensor& input, const at::Tensor& output) override {
     TORCH_INTERNAL_ASSERT(output.size(0) == size() && output.is_contiguous());

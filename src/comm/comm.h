@@ -93,6 +93,8 @@ class Comm {
     virtual ~Attachment() = default;
   };
   std::unique_ptr<Attachment>& attachment(const void* key) { return attachments_[key]; }
+  // Destroys them now, before the Comm (at shutdown: release_communicators).
+  void drop_attachments() { attachments_.clear(); }
 
  private:
   std::map<const void*, std::unique_ptr<Attachment>> attachments_;

@@ -13,6 +13,8 @@
 //   skip              skip one redistribute that the others run
 //   reorder_same      run two redistributes that move the same bytes in the other order
 //   reorder_sizes     run two redistributes that move different bytes in the other order
+//   lag_after_done    no fault: in the last round the victim sleeps after each "done" it posts,
+//                     so the others finish the last exchange and exit before it reads theirs
 // Each rank writes REPORT_DIR/rank<R>: "ok", "raised <seconds after its last success> <error>"
 // or "wrong <what>", and exits 0 unless it found a wrong value (3).
 #include <ATen/ATen.h>
@@ -125,6 +127,11 @@ int main(int argc, char** argv) {
     const std::string action = scenario.substr(0, colon);
     const std::string point = colon == std::string::npos ? "" : scenario.substr(colon + 1);
     for (int64_t round = 0;; ++round) {
+      const bool last_round = round == 5;
+      if (is_victim && last_round && scenario == "lag_after_done")
+        set_fault_hook([](const char* at) {
+          if (std::string(at) == "peer_memory:done") std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        });
       if (is_victim && round == fault_round && !point.empty()) {
         // Strike at the (seed % 2 + 1)-th time the point is reached in this round.
         auto hits = std::make_shared<int>(0);
@@ -146,7 +153,7 @@ int main(int argc, char** argv) {
       for (char step : steps) run_step(tensors.at(step), step, round);
       set_fault_hook(nullptr);
       last_success = Clock::now();
-      if (scenario == "none" && round == 5) break;
+      if ((scenario == "none" || scenario == "lag_after_done") && last_round) break;
       if (action == "late_at" && round > fault_round + 3) break;  // the victim woke and went on: done
     }
     report("ok");

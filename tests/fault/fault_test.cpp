@@ -220,6 +220,15 @@ TEST_P(Faults, BaselineIsCorrect) {
   for (const RankOutcome& o : outcomes) EXPECT_EQ(o.report, "ok") << describe(c, outcomes);
 }
 
+// Not a fault: a rank that finished its last exchange and exits at once must not make a peer
+// that has not yet read its "done" (from its memory, gone with it) raise.
+TEST_P(Faults, RankExitingRightAfterItsLastExchangeFailsNoSlowerPeer) {
+  Case c = on_transport();
+  c.scenario = "lag_after_done";
+  const auto outcomes = run_case(c);
+  for (const RankOutcome& o : outcomes) EXPECT_EQ(o.report, "ok") << describe(c, outcomes);
+}
+
 // Kills land 0-1.5 s after every rank has formed its mesh, at random points of the rounds of
 // exchanges (faults during start-up are the launcher's and mesh creation's tests).
 TEST_P(Faults, RankKilledAtRandomTimes) {

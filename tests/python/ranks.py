@@ -12,6 +12,14 @@ The port is free when the parent picks it, and rank 0's store binds it a moment 
 job on the machine can take it in between. A run whose rank 0 could not serve the store on it
 (the store's "already listens on that port" error) is started again on a new port, at most
 `PORT_ATTEMPTS` times in all, so a busy machine does not fail a test.
+
+Ranks start from a fork server that has imported torch and shardtensor once: a fresh
+interpreter spends about 3 s of CPU importing them, which on CI's two cores was most of a short
+multi-rank test. A run that passes its own `env` starts fresh interpreters instead (spawn), since
+torch and the library read some variables at import (TORCH_LOGS, SHARDTENSOR_LOG,
+SHARDTENSOR_ARENA); so does a run that asks for `start_method="spawn"`, such as a test of what
+happens at interpreter exit, which a forked rank never reaches (multiprocessing ends it with
+os._exit).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(body, rank, world_size, port, extra_env, args, errors):
+def _rank_main(body, rank, world_size, port, extra_env, args, errors, forked=False):
     os.environ.update({
         "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
         "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
@@ -54,23 +62,35 @@ def _rank_main(body, rank, world_size, port, extra_env, args, errors):
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001
             pass
+        if forked:
+            # What a process's exit runs (shardtensor releases its communicators), which
+            # multiprocessing skips for a forked child: it ends with os._exit.
+            import atexit
+
+            atexit._run_exitfuncs()
 
 
-def run_ranks(body, world_size: int, *args, timeout: float = 180.0, env: dict | None = None) -> None:
+def run_ranks(body, world_size: int, *args, timeout: float = 180.0, env: dict | None = None,
+              start_method: str = "forkserver") -> None:
+    if env or start_method == "spawn":
+        ctx = multiprocessing.get_context("spawn")
+    else:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "shardtensor"])
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        port_taken = _run_once(body, world_size, args, timeout, env, last_attempt=attempt == PORT_ATTEMPTS)
+        port_taken = _run_once(ctx, body, world_size, args, timeout, env, last_attempt=attempt == PORT_ATTEMPTS)
         if not port_taken:
             return
         print(f"run_ranks: the store's port was taken by another process (attempt {attempt}); "
               "starting the ranks again on a new port")
 
 
-def _run_once(body, world_size, args, timeout, env, last_attempt) -> bool:
+def _run_once(ctx, body, world_size, args, timeout, env, last_attempt) -> bool:
     """Runs the ranks once; True when they must run again because the port was taken."""
-    ctx = multiprocessing.get_context("spawn")
     errors = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(body, r, world_size, port, env or {}, args, errors))
+    procs = [ctx.Process(target=_rank_main, args=(body, r, world_size, port, env or {}, args, errors,
+                                                         ctx.get_start_method() == "forkserver"))
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -36,6 +36,7 @@ struct alignas(64) Mailbox {
   std::atomic<uint64_t> posted{0};  // the last exchange whose operation and offers are below
   std::atomic<uint64_t> done{0};    // 2 * (the last exchange this member finished) + failed
   std::atomic<uint64_t> closed{0};  // non-zero: the exchange this member gave up; it is gone
+  std::atomic<uint64_t> seen{0};    // the last exchange whose every "done" this member has seen
   std::atomic<uint64_t> operation{0};
   std::atomic<uint64_t> table{0};  // address of the offers
   std::atomic<uint64_t> table_words{0};
@@ -45,12 +46,17 @@ struct alignas(64) Mailbox {
 
 // A reader's copy of a mailbox: the same layout, as plain words.
 struct PeerMemory::Header {
-  uint64_t cookie, posted, done, closed, operation, table, table_words;
+  uint64_t cookie, posted, done, closed, seen, operation, table, table_words;
   char description[kDescriptionBytes];
 };
 static_assert(sizeof(PeerMemory::Header) <= sizeof(Mailbox) && offsetof(PeerMemory::Header, description) == offsetof(Mailbox, description),
               "a Header mirrors a Mailbox");
-constexpr size_t kPolledBytes = 4 * sizeof(uint64_t);  // cookie, posted, done, closed
+constexpr size_t kPolledBytes = 5 * sizeof(uint64_t);  // cookie, posted, done, closed, seen
+
+// How long a member that leaves its group waits for its peers to see its last "done": they are
+// normally a scheduling delay behind; one that is stopped must not hold up this process's exit
+// for the whole timeout.
+constexpr std::chrono::milliseconds kLeaveWait{5000};
 
 namespace {
 
@@ -154,9 +160,35 @@ bool peer_memory_enabled() {
 // The mailbox is never freed: a peer may still poll it after this member has finished its last
 // exchange (it saw every "done", the peer has not yet seen this one's), and a freed mailbox could
 // hold anything by then. It is 256 bytes per communicator.
-PeerMemory::PeerMemory(Comm& comm) : comm_(comm), mailbox_(new Mailbox) { mailbox_->cookie.store(random_cookie()); }
+PeerMemory::PeerMemory(Comm& comm) : comm_(comm), me_(comm.rank()), timeout_(comm.timeout()), mailbox_(new Mailbox) {
+  mailbox_->cookie.store(random_cookie());
+}
 PeerMemory::~PeerMemory() {
   if (open_to_writes_.defined()) keep_for_late_writers(open_to_writes_);  // an exchange was never closed: keep what it offered
+  leave();
+}
+
+void PeerMemory::leave() const noexcept {
+  const uint64_t k = exchange_;
+  // A member that gave up, or never finished its last exchange, owes its peers nothing: they
+  // raise on its closed mailbox or at their own end of that exchange.
+  if (k == 0 || closed_ || mailbox_->seen.load(std::memory_order_acquire) != k) return;
+  const auto deadline = std::chrono::steady_clock::now() + std::min(timeout_, kLeaveWait);
+  try {
+    for (size_t p = 0; p < pids_.size(); ++p) {
+      if (static_cast<int64_t>(p) == me_) continue;
+      for (;;) {
+        Header header;
+        std::string error;
+        const bool gone = !copy_across(static_cast<int64_t>(p), {{mailboxes_[p], &header, kPolledBytes}}, error, Direction::Read) ||
+                          header.cookie != cookies_[p];
+        if (gone || header.seen >= k || header.closed != 0) break;
+        if (std::chrono::steady_clock::now() >= deadline) return;
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  } catch (...) {  // an allocation failed: leave without waiting
+  }
 }
 
 std::unique_ptr<PeerMemory> PeerMemory::probe(Comm& comm, std::string& why_not) {
@@ -356,6 +388,7 @@ bool PeerMemory::Exchange::finish(bool mine) {
   fault_point("peer_memory:finish");
   std::atomic_thread_fence(std::memory_order_release);  // this member's copies come before its "done"
   memory_.mailbox_->done.store(2 * k_ + (mine ? 0 : 1), std::memory_order_release);
+  fault_point("peer_memory:done");
   bool everyone = mine;
   memory_.wait_for_everyone("every member to finish copying", k_, [&](int64_t p, const Header& polled) {
     // A peer that marked itself done and then gave up this exchange left it while this member
@@ -368,6 +401,7 @@ bool PeerMemory::Exchange::finish(bool mine) {
     return true;
   });
   std::atomic_thread_fence(std::memory_order_acquire);  // the peers' writes come before their "done"
+  memory_.mailbox_->seen.store(k_, std::memory_order_release);
   finished_ = true;
   memory_.open_to_writes_ = at::Tensor();  // every writer is done
   return everyone;

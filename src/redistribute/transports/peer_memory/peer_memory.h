@@ -33,7 +33,12 @@
 //     offered extent;
 //  4. every member posts "done k" (and whether its copies succeeded) and waits for the others'.
 //     A member returns only when every member is done, so no offered buffer changes while a
-//     peer copies, and no written part is used before its writer is done.
+//     peer copies, and no written part is used before its writer is done; it then posts
+//     "seen k".
+// A peer reads a member's "done" from that member's memory, which ends with its process: a
+// member that leaves the group (its communicator is released, as at exit) first waits until
+// every peer has seen its last exchange (see leave()), so that its going cannot fail a slower
+// peer that had not yet read its "done".
 // A peer that cannot be read any more (it exited), that is not the process that joined (its
 // random cookie is gone: a reused PID), or that closed its mailbox (it gave up) is an error on
 // every member, at whatever step it is found: never a success. A member that leaves an exchange
@@ -48,6 +53,7 @@
 // written by their holder.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -70,6 +76,7 @@ class PeerMemory {
   // Collective over `comm`: every member gets the same answer (null where any member cannot
   // read every other one; `why_not` then says why, on the members that know).
   static std::unique_ptr<PeerMemory> probe(Comm& comm, std::string& why_not);
+  // Leaves the group (leave()).
   ~PeerMemory();
 
   // One contiguous stretch of `bytes`: at address `remote` in the peer and `local` here.
@@ -156,8 +163,13 @@ class PeerMemory {
   void close(uint64_t k);
   // Closes and raises: exchange `k` failed for `why`.
   [[noreturn]] void give_up(uint64_t k, const std::string& why);
+  // Waits, at most kLeaveWait, until every peer has posted "seen" for this member's last
+  // exchange, has given up, or is gone. Uses nothing of comm_, which may be half destroyed.
+  void leave() const noexcept;
 
   Comm& comm_;
+  const int64_t me_;                           // comm_.rank(), for leave()
+  const std::chrono::milliseconds timeout_;    // comm_.timeout(), for leave()
   Mailbox* mailbox_;                  // this member's, read by the others; never freed (see .cpp)
   std::vector<int64_t> pids_;         // by group rank
   std::vector<uint64_t> cookies_;     // each member's random identity, by group rank
