@@ -1,6 +1,7 @@
 // How a redistribution may move bytes between ranks: per-call plan options. Each unset field
 // takes this process's default, read once from the environment (SHARDTENSOR_TRANSPORT,
-// SHARDTENSOR_PEER_MEMORY, SHARDTENSOR_PEER_COPY_BYTES, SHARDTENSOR_MESSAGE_BYTES); nothing
+// SHARDTENSOR_PEER_MEMORY, SHARDTENSOR_PEER_COPY_BYTES, SHARDTENSOR_MESSAGE_BYTES,
+// SHARDTENSOR_ARENA); nothing
 // changes a default afterwards, so what a plan was lowered with is all that decides how it
 // runs. Plans are cached and lowered per options, so a call with other options gets its own
 // plan, and `explain_redistribute` shows the transport of each step. Every rank must pass the
@@ -24,6 +25,10 @@ struct TransportOptions {
   std::optional<bool> peer_memory;         // whether same-host CPU ranks may copy through memory
   std::optional<int64_t> peer_copy_bytes;  // the smallest transfer per rank that may use it
   std::optional<int64_t> message_bytes;    // the size point-to-point messages are cut to (> 0)
+  // Whether same-host peers read the parts that lie in their holder's shared arena in place (a
+  // plain copy, no kernel call; the "shared arena" transport). Default: on where this process
+  // has an arena (SHARDTENSOR_ARENA=1); off, peer memory copies them by cross-memory attach.
+  std::optional<bool> shared_arena;
 };
 
 // The options every movement on this thread takes where its call passes none, while the scope

@@ -30,17 +30,19 @@ def strict(enabled: bool = True):
 
 
 @contextlib.contextmanager
-def transport_options(transport=None, *, peer_memory=None, peer_copy_bytes=None, message_bytes=None):
+def transport_options(transport=None, *, peer_memory=None, peer_copy_bytes=None, message_bytes=None, shared_arena=None):
     """Within the block (this thread), how bytes move where a call does not say: the
     redistributes operators make, their halo exchanges and mid-op reductions, and
     redistribute() calls without transport=/peer_memory=. transport: "auto", "collectives" or
     "messages"; peer_memory: whether same-host CPU ranks may copy through each other's memory;
     peer_copy_bytes: the smallest transfer per rank that may; message_bytes: the size
-    point-to-point messages are cut to. None keeps the outer block's choice (or the process's
-    default, read once from SHARDTENSOR_TRANSPORT, SHARDTENSOR_PEER_MEMORY,
-    SHARDTENSOR_PEER_COPY_BYTES and SHARDTENSOR_MESSAGE_BYTES). Every rank must open the same
+    point-to-point messages are cut to; shared_arena: whether peers read the parts that lie in
+    their holder's shared arena in place (SHARDTENSOR_ARENA=1 installs the arenas). None keeps
+    the outer block's choice (or the process's default, read once from SHARDTENSOR_TRANSPORT,
+    SHARDTENSOR_PEER_MEMORY, SHARDTENSOR_PEER_COPY_BYTES, SHARDTENSOR_MESSAGE_BYTES and
+    SHARDTENSOR_ARENA). Every rank must open the same
     block around the same calls; open it around backward() too."""
-    scope = _C.TransportOptionsScope(transport, peer_memory, peer_copy_bytes, message_bytes)
+    scope = _C.TransportOptionsScope(transport, peer_memory, peer_copy_bytes, message_bytes, shared_arena)
     scope.enter()
     try:
         yield

@@ -95,17 +95,19 @@ void bind_tensor(py::module_& m) {
       py::arg("t"), py::arg("grad_placements"), py::call_guard<py::gil_scoped_release>());
   py::class_<TransportScope>(m, "TransportOptionsScope")
       .def(py::init([](const std::optional<std::string>& transport, std::optional<bool> peer_memory, std::optional<int64_t> peer_copy_bytes,
-                       std::optional<int64_t> message_bytes) {
+                       std::optional<int64_t> message_bytes, std::optional<bool> shared_arena) {
              auto* scope = new TransportScope{transport_options(transport, peer_memory), std::nullopt};
              scope->options.peer_copy_bytes = peer_copy_bytes;
              scope->options.message_bytes = message_bytes;
+             scope->options.shared_arena = shared_arena;
              TORCH_CHECK(!peer_copy_bytes || *peer_copy_bytes >= 0, "transport_options: peer_copy_bytes=", *peer_copy_bytes,
                          " is not a size (an integer >= 0)");
              TORCH_CHECK(!message_bytes || *message_bytes > 0, "transport_options: message_bytes=", *message_bytes,
                          " is not a positive size");
              return scope;
            }),
-           py::arg("transport"), py::arg("peer_memory"), py::arg("peer_copy_bytes"), py::arg("message_bytes"))
+           py::arg("transport"), py::arg("peer_memory"), py::arg("peer_copy_bytes"), py::arg("message_bytes"),
+           py::arg("shared_arena"))
       .def("enter", &TransportScope::enter)
       .def("exit", &TransportScope::exit);
   m.def(

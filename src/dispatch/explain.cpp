@@ -27,8 +27,9 @@ std::string halo_transport(const DeviceMesh& mesh) {
   const ResolvedTransportOptions options = resolve();
   const bool on_cpu = mesh.device_type() == "cpu";
   const StepTransport widest = exchange_transport(mesh, std::numeric_limits<int64_t>::max(), on_cpu, "all_to_all", options);
-  if (widest.kind != TransportKind::PeerMemory) return widest.kind == TransportKind::Messages ? "messages" : "one all_to_all";
-  std::string how = "peer memory where the ranks share a host, else messages";
+  if (widest.kind != TransportKind::PeerMemory && widest.kind != TransportKind::SharedArena)
+    return widest.kind == TransportKind::Messages ? "messages" : "one all_to_all";
+  std::string how = to_string(widest) + " where the ranks share a host, else messages";
   if (options.peer_copy_bytes > 0)
     how += " (from " + std::to_string(options.peer_copy_bytes) + " bytes per rank; below, one all_to_all)";
   return how;

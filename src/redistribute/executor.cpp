@@ -242,7 +242,7 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
     }
   const ResolvedTransportOptions options = resolve();
   const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes_per_rank(target), options);
-  move_parts(group.comm, {through_memory ? TransportKind::PeerMemory : TransportKind::Messages, "scatter", "scatter", options.message_bytes},
+  move_parts(group.comm, {through_memory ? same_host_kind(options) : TransportKind::Messages, "scatter", "scatter", options.message_bytes},
              parts);
   return local;
 }

@@ -56,7 +56,9 @@ using RedistributeStep =
 //   - PeerMemory: same-host copies between the ranks' memory (transports/peer_memory/peer_memory.h);
 //   - Messages: point-to-point messages;
 //   - None: no byte crosses ranks (a local slice, a one-rank group).
-enum class TransportKind { None, Collective, PeerMemory, Messages };
+// SharedArena: peer memory's exchange, with the parts that lie in their holders' shared arenas
+// read in place (transports/peer_memory/arena.h).
+enum class TransportKind { None, Collective, PeerMemory, SharedArena, Messages };
 
 // A part travels as messages of about this many bytes by default, cut along its first dim, so
 // that packing one overlaps sending the one before; smaller messages measured slower on
@@ -83,10 +85,11 @@ struct ResolvedTransportOptions {
   bool peer_memory = true;
   int64_t peer_copy_bytes = 0;
   int64_t message_bytes = kDefaultMessageBytes;
+  bool shared_arena = false;
 
   bool operator==(const ResolvedTransportOptions& o) const {
     return preference == o.preference && peer_memory == o.peer_memory && peer_copy_bytes == o.peer_copy_bytes &&
-           message_bytes == o.message_bytes;
+           message_bytes == o.message_bytes && shared_arena == o.shared_arena;
   }
   bool operator!=(const ResolvedTransportOptions& o) const { return !(*this == o); }
 };

@@ -116,7 +116,7 @@ struct PlanKeyHash {
   size_t operator()(const PlanKey& k) const {
     const ResolvedTransportOptions& o = std::get<3>(k);
     size_t h = hash_combine(hash_combine(std::get<0>(k).hash(), std::get<1>(k).hash()), static_cast<size_t>(std::get<2>(k)));
-    h = hash_combine(h, static_cast<size_t>(o.preference) * 2 + (o.peer_memory ? 1 : 0));
+    h = hash_combine(h, static_cast<size_t>(o.preference) * 4 + (o.peer_memory ? 2 : 0) + (o.shared_arena ? 1 : 0));
     h = hash_combine(h, static_cast<size_t>(o.peer_copy_bytes));
     return hash_combine(h, static_cast<size_t>(o.message_bytes));
   }

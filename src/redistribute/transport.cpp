@@ -35,6 +35,7 @@ ResolvedTransportOptions defaults_from_environment() {
   defaults.peer_memory = peer_memory_enabled();
   defaults.peer_copy_bytes = bytes_from_environment("SHARDTENSOR_PEER_COPY_BYTES", kDefaultPeerCopyBytes, 0);
   defaults.message_bytes = bytes_from_environment("SHARDTENSOR_MESSAGE_BYTES", kDefaultMessageBytes, 1);
+  defaults.shared_arena = own_arena().base != 0;  // SHARDTENSOR_ARENA=1 installed it when the library loaded
   return defaults;
 }
 
@@ -139,6 +140,7 @@ TransportOptionsScope::TransportOptionsScope(const TransportOptions& options) : 
   if (options.peer_memory) scoped_options.peer_memory = options.peer_memory;
   if (options.peer_copy_bytes) scoped_options.peer_copy_bytes = options.peer_copy_bytes;
   if (options.message_bytes) scoped_options.message_bytes = options.message_bytes;
+  if (options.shared_arena) scoped_options.shared_arena = options.shared_arena;
 }
 
 TransportOptionsScope::~TransportOptionsScope() { scoped_options = outer_; }
@@ -155,7 +157,14 @@ ResolvedTransportOptions resolve(const TransportOptions& options) {
   resolved.peer_memory = options.peer_memory.value_or(scoped.peer_memory.value_or(defaults.peer_memory));
   resolved.peer_copy_bytes = options.peer_copy_bytes.value_or(scoped.peer_copy_bytes.value_or(defaults.peer_copy_bytes));
   resolved.message_bytes = options.message_bytes.value_or(scoped.message_bytes.value_or(defaults.message_bytes));
+  resolved.shared_arena = options.shared_arena.value_or(scoped.shared_arena.value_or(defaults.shared_arena));
   return resolved;
+}
+
+TransportKind same_host_kind(const ResolvedTransportOptions& options) {
+  // Reading in place is a plain copy where cross-memory attach is a kernel call that pins the
+  // peer's pages: never slower, so it is taken wherever the options allow it.
+  return options.shared_arena ? TransportKind::SharedArena : TransportKind::PeerMemory;
 }
 
 bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const ResolvedTransportOptions& options) {
@@ -177,7 +186,7 @@ StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec&
     return {TransportKind::Collective, native_collective(step, from, to), counted};
   const int64_t bytes = bytes_moved(step, from);
   // Peer memory falls back to messages where the group turns out unable (part_transport.h).
-  if (uses_peer_memory(mesh, bytes, options)) return {TransportKind::PeerMemory, counted, counted, options.message_bytes};
+  if (uses_peer_memory(mesh, bytes, options)) return {same_host_kind(options), counted, counted, options.message_bytes};
   return {TransportKind::Messages, counted, counted, options.message_bytes};
 }
 
@@ -186,7 +195,7 @@ StepTransport reduction_transport(const DeviceMesh& mesh, int64_t mesh_dim, int6
   if (mesh.size(mesh_dim) == 1) return {TransportKind::None, "", ""};
   if (mesh.device_type() != "cpu" || options.preference == TransportPreference::Collectives)
     return {TransportKind::Collective, "all_reduce", "all_reduce"};
-  if (uses_peer_memory(mesh, bytes_per_rank, options)) return {TransportKind::PeerMemory, "all_reduce", "all_reduce", options.message_bytes};
+  if (uses_peer_memory(mesh, bytes_per_rank, options)) return {same_host_kind(options), "all_reduce", "all_reduce", options.message_bytes};
   if (bytes_per_rank < kMessagesAllReduceBytes) return {TransportKind::Collective, "all_reduce", "all_reduce"};
   return {TransportKind::Messages, "all_reduce", "all_reduce", options.message_bytes};
 }
@@ -194,7 +203,7 @@ StepTransport reduction_transport(const DeviceMesh& mesh, int64_t mesh_dim, int6
 StepTransport exchange_transport(const DeviceMesh& mesh, int64_t bytes_per_rank, bool on_cpu, const char* counted_as,
                                  const ResolvedTransportOptions& options) {
   if (on_cpu && uses_peer_memory(mesh, bytes_per_rank, options))
-    return {TransportKind::PeerMemory, "all_to_all", counted_as, options.message_bytes};
+    return {same_host_kind(options), "all_to_all", counted_as, options.message_bytes};
   if (on_cpu && mesh.device_type() == "cpu" && options.preference == TransportPreference::Messages)
     return {TransportKind::Messages, "all_to_all", counted_as, options.message_bytes};
   return {TransportKind::Collective, "all_to_all", counted_as, options.message_bytes};
@@ -205,6 +214,7 @@ std::string to_string(const StepTransport& transport) {
     case TransportKind::None: return "local";
     case TransportKind::Collective: return std::string(transport.collective) + " (c10d collective)";
     case TransportKind::PeerMemory: return "peer memory";
+    case TransportKind::SharedArena: return "shared arena";
     case TransportKind::Messages: return "messages";
   }
   TORCH_INTERNAL_ASSERT(false, "unknown TransportKind");

@@ -11,6 +11,9 @@
 //   - PeerMemory: same-host copies between the ranks' memory (transports/peer_memory/peer_memory.h); the CPU
 //     default at every size (see kDefaultPeerCopyBytes). Where the group's members turn out not to share a
 //     host (the probe fails), or a copy fails, the executor sends messages instead.
+//   - SharedArena: the same, where the options say shared_arena (the default with SHARDTENSOR_ARENA=1):
+//     parts that lie in their holders' shared arenas are read in place, and no member writes into
+//     another. Where a member has no arena, the group copies as PeerMemory does.
 //   - Messages: Gloo point-to-point messages, posted as they become ready, so that packing
 //     and local copies overlap the transfers.
 //   - None: no byte crosses ranks (a local slice, a one-rank group).
@@ -52,6 +55,9 @@ StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec&
 // redistribute step's choice, and a halo exchange's (domain/halo.h). Every member must pass
 // the same `bytes_per_rank`.
 bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const ResolvedTransportOptions& options = resolve());
+// Which same-host transport such a transfer takes: SharedArena where the options allow reading
+// in place, else PeerMemory.
+TransportKind same_host_kind(const ResolvedTransportOptions& options);
 
 // The transport of an exchange of parts in which each member of a group on `mesh` moves at most
 // `bytes_per_rank`, of tensors on the CPU or not (`on_cpu`): a halo exchange's and a zigzag
@@ -67,7 +73,7 @@ StepTransport exchange_transport(const DeviceMesh& mesh, int64_t bytes_per_rank,
 StepTransport reduction_transport(const DeviceMesh& mesh, int64_t mesh_dim, int64_t bytes_per_rank,
                                   const ResolvedTransportOptions& options = resolve());
 
-// "all_gather (c10d collective)", "peer memory", "messages", "local".
+// "all_gather (c10d collective)", "peer memory", "shared arena", "messages", "local".
 std::string to_string(const StepTransport& transport);
 
 // Whether `step`'s pieces are equal over its group, so that a fixed-size collective

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dist/dist_fixture.h"
+#include "redistribute/plan.h"
 #include "redistribute/transports/peer_memory/arena.h"
 
 using namespace shardtensor;
@@ -81,6 +82,40 @@ TEST(Arena, PeersReadInPlaceWithOneProcessValues) {
   EXPECT_GT(peer_parts_read_in_place(), read_before) << "no part was read in place";
   EXPECT_GT(peer_reductions_in_place(), combined_before) << "no reduce-scatter combined its terms in place";
   EXPECT_EQ(peer_parts_written(), written_before) << "a holder wrote a part that its receiver could read in place";
+}
+
+// Reading in place is a transport of its own ("shared arena"): explain names it, and the plan
+// option shared_arena = false, per call or in a scope, moves the same exchanges by cross-memory
+// attach instead (reductions and their in-place combines included), with the same values and no
+// part read in place.
+TEST(Arena, ExplainNamesItAndThePlanOptionTurnsItOff) {
+  REQUIRE_ARENA();
+  const DeviceMesh& mesh = test_meshes().front();
+  Comm& comm = mesh.comm(0);
+  if (comm.size() == 1) GTEST_SKIP() << "one rank reads from no peer";
+  if (kernel_forbids_peer_memory(comm)) GTEST_SKIP() << "this machine forbids cross-memory attach: " << why_no_peer_memory(comm);
+  const UseTransport memory(UseTransport::kMemory);
+  const int64_t rows = 4 * comm.size() + 1;
+  const at::Tensor global = iota({rows, 96, 24}, at::kDouble);
+  const at::Tensor x = distribute_tensor(global, mesh, {Shard(0)});
+  const ShardTensorSpec replicated = relayout(spec(x), {Replicate()}, {});
+  TransportOptions off;
+  off.shared_arena = false;
+  const std::string in_place = explain_redistribute(spec(x), replicated), by_copies = explain_redistribute(spec(x), replicated, off);
+  EXPECT_NE(in_place.find("by shared arena"), std::string::npos) << in_place;
+  EXPECT_NE(by_copies.find("by peer memory"), std::string::npos) << by_copies;
+  EXPECT_EQ(by_copies.find("shared arena"), std::string::npos) << by_copies;
+
+  const int64_t read_before = peer_parts_read_in_place(), combined_before = peer_reductions_in_place();
+  EXPECT_TRUE(at::equal(to_local(redistribute(x, {Replicate()}, off)), global));
+  {
+    const TransportOptionsScope scope(off);
+    expect_every_transition_matches_one_process(mesh, rows);
+  }
+  EXPECT_EQ(peer_parts_read_in_place(), read_before) << "a part was read in place with shared_arena off";
+  EXPECT_EQ(peer_reductions_in_place(), combined_before) << "a reduce-scatter combined in place with shared_arena off";
+  EXPECT_TRUE(at::equal(to_local(redistribute(x, {Replicate()})), global));
+  EXPECT_GT(peer_parts_read_in_place(), read_before) << "the default did not read in place";
 }
 
 // A failure while combining in place (injected on one rank) sends the whole group back to

@@ -7,6 +7,7 @@
 
 #include "comm/comm.h"
 #include "dist/dist_fixture.h"
+#include "redistribute/transports/peer_memory/arena.h"
 #include "redistribute/transports/peer_memory/copies.h"
 
 using namespace shardtensor;
@@ -260,8 +261,10 @@ TEST(Halo, ATransportScopeSetsTheTransportOfOperators) {
   {
     const TransportOptionsScope by_messages(TransportOptions{TransportPreference::Messages, std::nullopt, std::nullopt});
     const std::string inside = explain_redistribute(spec(sx), by_columns);
-    EXPECT_NE(outside.find("peer memory"), std::string::npos) << outside;
-    EXPECT_EQ(inside.find("peer memory"), std::string::npos) << inside;
+    // Peer memory, or its in-place form where the ranks' arenas are on (SHARDTENSOR_ARENA=1).
+    const char* same_host = own_arena().base != 0 ? "shared arena" : "peer memory";
+    EXPECT_NE(outside.find(same_host), std::string::npos) << outside;
+    EXPECT_EQ(inside.find(same_host), std::string::npos) << inside;
     {
       // An inner scope overrides only what it sets.
       const TransportOptionsScope inner(TransportOptions{std::nullopt, false, std::nullopt});

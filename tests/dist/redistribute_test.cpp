@@ -413,8 +413,11 @@ TEST(Redistribute, PerCallTransportOptionsMoveTheSameValuesAndGradients) {
     const char* transport;  // what explain_redistribute names for the gather-free exchange
   };
   const bool memory = peer_memory_enabled();
+  TransportOptions by_copies;  // peer memory by cross-memory attach, where arenas would be read in place
+  by_copies.shared_arena = false;
   const std::vector<Choice> choices = {
-      {TransportOptions{}, memory ? "by peer memory" : "by messages"},
+      {TransportOptions{}, !memory ? "by messages" : own_arena().base != 0 ? "by shared arena" : "by peer memory"},
+      {by_copies, memory ? "by peer memory" : "by messages"},
       {TransportOptions{TransportPreference::Messages}, "by messages"},
       {TransportOptions{TransportPreference::Collectives}, "by all_to_all (c10d collective)"},
       {TransportOptions{TransportPreference::Auto, /*peer_memory=*/false}, "by messages"},

@@ -172,6 +172,27 @@ def test_distribute_redistribute_full_tensor(world_size):
     run_ranks(layouts_body, world_size)
 
 
+def shared_arena_body(rank, world_size):
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    g = torch.arange(9 * 96 * 24, dtype=torch.float64).reshape(9, 96, 24)  # pieces of 18 KiB rows: in the arenas
+    x = st.distribute_tensor(g, mesh, [st.Shard(0)])
+    # The arenas' in-place reads are a transport of their own, which a transport_options block
+    # turns off (peer memory then copies by cross-memory attach); the values are one process's.
+    assert "by shared arena" in st.explain_redistribute(x, [st.Replicate()])
+    assert_close(x.redistribute(mesh, [st.Replicate()]).to_local(), g, "through the shared arenas")
+    with st.transport_options(shared_arena=False):
+        plan = st.explain_redistribute(x, [st.Replicate()])
+        assert "by peer memory" in plan and "shared arena" not in plan, plan
+        assert_close(x.redistribute(mesh, [st.Shard(1)]).to_local(),
+                     local_of(g, [rank], [world_size], [st.Shard(1)], None), "by cross-memory attach")
+
+
+def test_shared_arena_is_a_transport_that_transport_options_turns_off():
+    run_ranks(shared_arena_body, 3, env={"SHARDTENSOR_ARENA": "1"})
+
+
 def from_local_body(rank, world_size):
     import shardtensor as st
 

@@ -14,14 +14,21 @@ at::Tensor view_of_part(const at::Tensor& t, const Box& holds, const Box& part) 
 }
 
 StepTransport available_on(Comm& comm, StepTransport how) {
-  if (how.kind == TransportKind::PeerMemory && !peer_memory_of(comm)) how.kind = TransportKind::Messages;
+  if (how.kind != TransportKind::PeerMemory && how.kind != TransportKind::SharedArena) return how;
+  const PeerMemory* memory = peer_memory_of(comm);
+  if (!memory)
+    how.kind = TransportKind::Messages;
+  else if (!memory->reads_in_place())
+    how.kind = TransportKind::PeerMemory;  // a member has no arena, or cannot map another's
   return how;
 }
 
 void move_parts(Comm& comm, const StepTransport& how, const PartExchange& exchange) {
-  switch (available_on(comm, how).kind) {
+  const StepTransport available = available_on(comm, how);
+  switch (available.kind) {
     case TransportKind::PeerMemory:
-      if (peer_memory_transport().move(comm, exchange, how)) return;
+    case TransportKind::SharedArena:
+      if (peer_memory_transport().move(comm, exchange, available)) return;
       break;  // the group has gone back to messages for good
     case TransportKind::Collective:
       all_to_all_transport().move(comm, exchange, how);

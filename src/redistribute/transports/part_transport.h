@@ -8,7 +8,8 @@
 //   - messages_transport.cpp:    point-to-point messages, posted as they become ready;
 //   - collective_transport.cpp:  one c10d all_to_all with split sizes (uneven parts travel
 //                                unpadded), and the native collectives of equal-piece steps;
-//   - peer_memory/transport.cpp: same-host copies straight between the members' memory
+//   - peer_memory/transport.cpp: same-host copies straight between the members' memory, or
+//                                in place from their shared arenas (SharedArena)
 // Which one runs is the step's StepTransport, chosen once per plan (redistribute/transport.h).
 #pragma once
 
@@ -73,13 +74,15 @@ const PartTransport& messages_transport();
 const PartTransport& all_to_all_transport();
 const PartTransport& peer_memory_transport();
 
-// The transport a group can run `how` with now: a PeerMemory step becomes Messages where the
-// group has no peer memory (its members do not share a host, or an earlier copy failed). The
-// first call on a group with peer memory switched on probes it, on every member together.
+// The transport a group can run `how` with now: a PeerMemory or SharedArena step becomes
+// Messages where the group has no peer memory (its members do not share a host, or an earlier
+// copy failed), and a SharedArena one PeerMemory where a member cannot read the others' arenas.
+// The first call on a group with peer memory switched on probes it, on every member together.
 StepTransport available_on(Comm& comm, StepTransport how);
 
 // Moves `exchange` by `how`'s transport (None, Collective and Messages: as messages or one
-// all_to_all; PeerMemory: through memory, or as messages where that turns out unable).
+// all_to_all; PeerMemory and SharedArena: through memory, or as messages where that turns out
+// unable).
 void move_parts(Comm& comm, const StepTransport& how, const PartExchange& exchange);
 
 // The part of `t`, which covers `holds`, that covers `part`, as a view; `t` may lack

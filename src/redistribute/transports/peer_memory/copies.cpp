@@ -152,17 +152,17 @@ std::string describe(const Box& b) { return "offsets [" + join(b.offsets, ", ") 
 // read in place, where a stretch costs what a local one does; the rest (small tensors, those of
 // a full arena) are read through cross-memory attach, slower where they lie in many stretches,
 // but no member ever writes into another's memory.
-bool holder_writes(const PeerMemory& memory, const Offer& from, const Offer& into) {
-  return !memory.reads_in_place() && stretches(from.part, from.holds) > stretches(into.part, into.holds);
+bool holder_writes(bool in_place, const Offer& from, const Offer& into) {
+  return !in_place && stretches(from.part, from.holds) > stretches(into.part, into.holds);
 }
 
 // This rank's offer of part `p` to its receiver: straight from `source`, or, where the part
 // lies in short stretches of it that the receiver cannot read in place, from a packed copy
 // added to `packed` (kept until the end).
-Offer offer_for(const PeerMemory& memory, const PeerPart& p, const at::Tensor& source, std::vector<at::Tensor>& packed) {
+Offer offer_for(const PeerMemory& memory, bool in_place, const PeerPart& p, const at::Tensor& source, std::vector<at::Tensor>& packed) {
   const int64_t element = static_cast<int64_t>(source.element_size());
   if (!in_short_stretches(p.part, p.holder_holds, element) ||
-      memory.readable_in_place(p.holder, reinterpret_cast<uintptr_t>(source.data_ptr()), source.nbytes()))
+      (in_place && memory.readable_in_place(p.holder, reinterpret_cast<uintptr_t>(source.data_ptr()), source.nbytes())))
     return {OfferKind::ToRead, p.receiver, reinterpret_cast<uintptr_t>(source.data_ptr()), source.nbytes(), element, p.part, p.holder_holds};
   packed.push_back(at::empty(p.part.shape, source.options()));
   packed.back().copy_(view_in(source, p.holder_holds, p.part));
@@ -284,9 +284,10 @@ bool take_injected_copy_failure(std::string& error) {
 
 bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, const at::Tensor& destination,
                          const std::vector<PeerPart>& parts, const char* counted_as, bool counts,
-                         const std::function<void()>& local_work, const PartReduction* reduction) {
+                         const std::function<void()>& local_work, const PartReduction* reduction, bool in_place_asked) {
   TORCH_INTERNAL_ASSERT(source.is_contiguous() && destination.is_contiguous());
   const int64_t me = comm.rank();
+  const bool in_place = in_place_asked && memory.reads_in_place();
   std::vector<at::Tensor> packed;
   std::vector<uint64_t> offers;
   std::vector<std::pair<const PeerPart*, Offer>> held, received;  // this rank's offers, part by part
@@ -296,22 +297,22 @@ bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& sourc
     if (p.part.empty()) continue;
     if (p.holder == me) {
       bytes_sent += p.part.numel() * static_cast<int64_t>(source.element_size());
-      held.emplace_back(&p, offer_for(memory, p, source, packed));
+      held.emplace_back(&p, offer_for(memory, in_place, p, source, packed));
       append_offer(offers, held.back().second);
     } else if (p.receiver == me) {
       received.emplace_back(&p, Offer{});
-      if (listed_twice(parts, p) || memory.reads_in_place() || !landing_for(p, destination, received.back().second)) continue;
+      if (listed_twice(parts, p) || in_place || !landing_for(p, destination, received.back().second)) continue;
       append_offer(offers, received.back().second);
       open_to_writes = true;
     }
   }
   PeerMemory::Exchange exchange(memory, fingerprint_of(std::string(counted_as) + " of " + std::string(c10::toString(source.scalar_type()))),
-                                offers, local_work, open_to_writes ? destination : at::Tensor());
+                                offers, in_place, local_work, open_to_writes ? destination : at::Tensor());
   bool ok = true;
   std::string error;
   for (const auto& [p, from] : held) {
     Offer into;
-    if (ok && find_offer(exchange.offers_of(p->receiver), OfferKind::ToWrite, me, p->part, into) && holder_writes(memory, from, into))
+    if (ok && find_offer(exchange.offers_of(p->receiver), OfferKind::ToWrite, me, p->part, into) && holder_writes(in_place, from, into))
       ok = write_part(exchange, *p, into, source, error);
   }
   std::vector<Offer> offered(received.size());
@@ -335,7 +336,7 @@ bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& sourc
       pieces.at(static_cast<size_t>(slot_of(*p))) = in_place_piece(exchange, *p, offered[i], reduction->out);
       continue;
     }
-    const bool written = into.kind == OfferKind::ToWrite && holder_writes(memory, offered[i], into);
+    const bool written = into.kind == OfferKind::ToWrite && holder_writes(in_place, offered[i], into);
     if (ok && !written) ok = read_part(exchange, *p, offered[i], destination, error);
   }
   if (combine_in_place) {

@@ -62,8 +62,12 @@ int64_t peer_reductions_in_place();
 // parts, or when a member is gone or gave up (see PeerMemory::Exchange).
 // With `reduction` (a reduce-scatter; reduction.h), its result lands in reduction->out: straight
 // from the holders' memory where every received part lies in its holder's arena.
+// With `in_place` (the SharedArena transport, the same on every member) and a group whose
+// members map each other's arenas, parts that lie in their holder's arena are read in place and
+// no member writes into another; otherwise every part crosses by cross-memory attach.
 bool copy_through_memory(Comm& comm, PeerMemory& memory, const at::Tensor& source, const at::Tensor& destination,
                          const std::vector<PeerPart>& parts, const char* counted_as, bool counts = true,
-                         const std::function<void()>& local_work = {}, const PartReduction* reduction = nullptr);
+                         const std::function<void()>& local_work = {}, const PartReduction* reduction = nullptr,
+                         bool in_place = false);
 
 }  // namespace shardtensor

@@ -22,8 +22,8 @@ constexpr size_t kOfferWords = 3;  // receiver, address, bytes
 
 class PeerMemoryMessages final : public Messages {
  public:
-  PeerMemoryMessages(Comm& comm, PeerMemory& memory, const char* counted_as, bool counts)
-      : comm_(comm), memory_(memory), counted_as_(counted_as), counts_(counts) {}
+  PeerMemoryMessages(Comm& comm, PeerMemory& memory, const char* counted_as, bool counts, bool in_place)
+      : comm_(comm), memory_(memory), counted_as_(counted_as), counts_(counts), in_place_(in_place) {}
 
   void announce(const std::vector<int64_t>& bytes_to, const std::vector<int64_t>& bytes_from, const std::vector<int64_t>&) override {
     announced_ = {bytes_to, bytes_from};
@@ -54,7 +54,7 @@ class PeerMemoryMessages final : public Messages {
     for (int64_t b : bytes_to) bytes_sent += b;
     record_collective(counted_as_, bytes_sent, counts_);
 
-    PeerMemory::Exchange exchange(memory_, fingerprint_of(std::string(counted_as_) + " (messages through peer memory)"), offers);
+    PeerMemory::Exchange exchange(memory_, fingerprint_of(std::string(counted_as_) + " (messages through peer memory)"), offers, in_place_);
     // As with messages, the k-th receive from a peer takes the k-th message that peer addressed
     // to this rank.
     std::vector<size_t> next(comm_.size(), 0);
@@ -102,6 +102,7 @@ class PeerMemoryMessages final : public Messages {
   PeerMemory& memory_;
   const char* counted_as_;
   bool counts_;
+  bool in_place_;  // messages that lie in their sender's shared arena are read there (TransportOptions::shared_arena)
   std::optional<std::pair<std::vector<int64_t>, std::vector<int64_t>>> announced_;
   std::vector<Message> sends_, receives_;
 };
@@ -114,7 +115,8 @@ std::unique_ptr<Messages> start_same_host_messages(Comm& comm, bool on_cpu, cons
   // member, NCCL, SHARDTENSOR_PEER_MEMORY=0 or a failed probe.
   const ResolvedTransportOptions options = resolve();
   if (on_cpu && options.preference == TransportPreference::Auto && options.peer_memory)
-    if (PeerMemory* memory = peer_memory_of(comm)) return std::make_unique<PeerMemoryMessages>(comm, *memory, counted_as, counts);
+    if (PeerMemory* memory = peer_memory_of(comm))
+      return std::make_unique<PeerMemoryMessages>(comm, *memory, counted_as, counts, options.shared_arena);
   return comm.start_messages(counted_as, counts);
 }
 

@@ -317,9 +317,9 @@ void PeerMemory::wait_for_everyone(const char* what, uint64_t k, Ready&& ready) 
   }
 }
 
-PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers,
+PeerMemory::Exchange::Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers, bool in_place,
                                const std::function<void()>& while_peers_post, const at::Tensor& open_to_writes)
-    : memory_(memory), operation_(operation), k_(++memory.exchange_), offers_(memory.comm_.size()) {
+    : memory_(memory), in_place_(in_place), operation_(operation), k_(++memory.exchange_), offers_(memory.comm_.size()) {
   TORCH_CHECK(!memory.closed_, "shardtensor: internal error: an exchange started on a closed peer memory");
   TORCH_INTERNAL_ASSERT(!memory.open_to_writes_.defined(), "an exchange started while the last one still offers a buffer");
   memory.open_to_writes_ = open_to_writes;  // before the post: from then on a peer may write
@@ -367,7 +367,7 @@ PeerMemory::Exchange::~Exchange() {
 
 bool PeerMemory::Exchange::read(int64_t peer, const std::vector<Run>& runs, std::string& error) {
   fault_point("peer_memory:read");
-  return memory_.copy(peer, runs, error);
+  return memory_.copy(peer, runs, error, Direction::Read, in_place_);
 }
 
 bool PeerMemory::Exchange::write(int64_t peer, const std::vector<Run>& runs, std::string& error) {
@@ -407,8 +407,8 @@ bool PeerMemory::Exchange::finish(bool mine) {
   return everyone;
 }
 
-bool PeerMemory::copy(int64_t peer, const std::vector<Run>& runs, std::string& error, Direction direction) const {
-  if (direction == Direction::Read && reads_in_place_) {
+bool PeerMemory::copy(int64_t peer, const std::vector<Run>& runs, std::string& error, Direction direction, bool in_place) const {
+  if (direction == Direction::Read && in_place && reads_in_place_) {
     const MappedArena& arena = arenas_[static_cast<size_t>(peer)];
     const auto in_arena = [&](const Run& r) { return arena.range().covers(r.remote, r.bytes); };
     if (std::any_of(runs.begin(), runs.end(), in_arena)) {

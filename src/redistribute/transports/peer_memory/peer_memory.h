@@ -95,8 +95,9 @@ class PeerMemory {
     // and its wait for the others (step 2): local work that then overlaps the peers' posting.
     // `open_to_writes`, when defined, is the buffer the offers let peers write into: one this
     // member allocated for the exchange and returns to no one else. Should the exchange fail,
-    // it is kept for good instead of freed (see above).
-    Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers,
+    // it is kept for good instead of freed (see above). With `in_place` (the same on every
+    // member), what lies in a peer's shared arena is read in place, where the group can.
+    Exchange(PeerMemory& memory, const Fingerprint& operation, const std::vector<uint64_t>& offers, bool in_place,
              const std::function<void()>& while_peers_post = {}, const at::Tensor& open_to_writes = {});
     ~Exchange();
     Exchange(const Exchange&) = delete;
@@ -115,13 +116,14 @@ class PeerMemory {
     bool finish(bool mine);
     const Fingerprint& operation() const { return operation_; }
     bool readable_in_place(int64_t member, uint64_t address, uint64_t bytes) const {
-      return memory_.readable_in_place(member, address, bytes);
+      return in_place_ && memory_.readable_in_place(member, address, bytes);
     }
     // Where `peer`'s `address` lies here; only for what readable_in_place says lies in its arena.
     const char* in_place(int64_t peer, uint64_t address) const { return memory_.arenas_[static_cast<size_t>(peer)].at(address); }
 
    private:
     PeerMemory& memory_;
+    const bool in_place_;
     Fingerprint operation_;
     uint64_t k_;
     std::vector<std::vector<uint64_t>> offers_;
@@ -151,7 +153,9 @@ class PeerMemory {
   // Reads `peer`'s mailbox words [0, words); false (and why) when it cannot.
   bool read_mailbox(int64_t peer, Header& header, std::string& error) const;
   enum class Direction { Read, Write };
-  bool copy(int64_t peer, const std::vector<Run>& runs, std::string& error, Direction direction = Direction::Read) const;
+  // Reads what lies in the peer's arena in place where `in_place` and the group can.
+  bool copy(int64_t peer, const std::vector<Run>& runs, std::string& error, Direction direction = Direction::Read,
+            bool in_place = false) const;
   // The same through cross-memory attach only.
   bool copy_across(int64_t peer, const std::vector<Run>& runs, std::string& error, Direction direction) const;
   std::string name_of(int64_t peer) const;

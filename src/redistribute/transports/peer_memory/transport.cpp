@@ -11,13 +11,13 @@ namespace {
 
 class PeerMemoryTransport final : public PartTransport {
  public:
-  bool move(Comm& comm, const PartExchange& exchange, const StepTransport& /*how*/) const override {
+  bool move(Comm& comm, const PartExchange& exchange, const StepTransport& how) const override {
     PeerMemory* memory = peer_memory_of(comm);
     if (!memory) return false;
     // Peers compute where a part lies in the holder's tensor from its box: it must be contiguous.
     return copy_through_memory(comm, *memory, exchange.source.contiguous(), exchange.destination, exchange.parts,
                                exchange.counted_as, exchange.counts, exchange.local_work,
-                               exchange.reduction ? &*exchange.reduction : nullptr);
+                               exchange.reduction ? &*exchange.reduction : nullptr, how.kind == TransportKind::SharedArena);
   }
 };
 
