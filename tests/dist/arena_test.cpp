@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dist/dist_fixture.h"
@@ -50,6 +51,13 @@ void expect_every_transition_matches_one_process(const DeviceMesh& mesh, int64_t
   }
 }
 
+// Why this rank has no peer whose memory it may read over `comm` (empty where it has).
+std::string why_no_peer_to_read(Comm& comm) {
+  if (comm.size() == 1) return "one rank reads from no peer";
+  if (kernel_forbids_peer_memory(comm)) return "this machine forbids cross-memory attach: " + why_no_peer_memory(comm);
+  return "";
+}
+
 #define REQUIRE_ARENA()                                                                                                 \
   if (own_arena().base == 0) GTEST_SKIP() << "the shared arena is off here (SHARDTENSOR_ARENA is not 1): ctest's " \
                                              "dist_arena_n2 and dist_arena_n4 run this test with it on"
@@ -73,8 +81,7 @@ TEST(Arena, PeersReadInPlaceWithOneProcessValues) {
   REQUIRE_ARENA();
   const DeviceMesh& mesh = test_meshes().front();
   Comm& comm = mesh.comm(0);
-  if (comm.size() == 1) GTEST_SKIP() << "one rank reads from no peer";
-  if (kernel_forbids_peer_memory(comm)) GTEST_SKIP() << "this machine forbids cross-memory attach: " << why_no_peer_memory(comm);
+  if (const std::string why = why_no_peer_to_read(comm); !why.empty()) GTEST_SKIP() << why;
   const UseTransport memory(UseTransport::kMemory);
   const int64_t read_before = peer_parts_read_in_place(), written_before = peer_parts_written();
   const int64_t combined_before = peer_reductions_in_place();
@@ -92,8 +99,7 @@ TEST(Arena, ExplainNamesItAndThePlanOptionTurnsItOff) {
   REQUIRE_ARENA();
   const DeviceMesh& mesh = test_meshes().front();
   Comm& comm = mesh.comm(0);
-  if (comm.size() == 1) GTEST_SKIP() << "one rank reads from no peer";
-  if (kernel_forbids_peer_memory(comm)) GTEST_SKIP() << "this machine forbids cross-memory attach: " << why_no_peer_memory(comm);
+  if (const std::string why = why_no_peer_to_read(comm); !why.empty()) GTEST_SKIP() << why;
   const UseTransport memory(UseTransport::kMemory);
   const int64_t rows = 4 * comm.size() + 1;
   const at::Tensor global = iota({rows, 96, 24}, at::kDouble);
