@@ -412,12 +412,15 @@ TEST(Redistribute, PerCallTransportOptionsMoveTheSameValuesAndGradients) {
     TransportOptions options;
     const char* transport;  // what explain_redistribute names for the gather-free exchange
   };
-  const bool memory = peer_memory_enabled();
+  // Options that leave the transport unset take the process's default (SHARDTENSOR_TRANSPORT).
+  const TransportPreference preference = process_transport_defaults().preference;
+  const bool memory = peer_memory_enabled() && preference == TransportPreference::Auto;
+  const char* by_default = preference == TransportPreference::Collectives ? "by all_to_all (c10d collective)" : "by messages";
   TransportOptions by_copies;  // peer memory by cross-memory attach, where arenas would be read in place
   by_copies.shared_arena = false;
   const std::vector<Choice> choices = {
-      {TransportOptions{}, !memory ? "by messages" : own_arena().base != 0 ? "by shared arena" : "by peer memory"},
-      {by_copies, memory ? "by peer memory" : "by messages"},
+      {TransportOptions{}, !memory ? by_default : own_arena().base != 0 ? "by shared arena" : "by peer memory"},
+      {by_copies, memory ? "by peer memory" : by_default},
       {TransportOptions{TransportPreference::Messages}, "by messages"},
       {TransportOptions{TransportPreference::Collectives}, "by all_to_all (c10d collective)"},
       {TransportOptions{TransportPreference::Auto, /*peer_memory=*/false}, "by messages"},
