@@ -506,13 +506,21 @@ def render_redistribute_messages(doc, records, figs):
                 f"runs.", records, body)
 
 
+def floor_bar_verdict(rows, bar=1.5):
+    """Issue 53's bar on a table's rows (ranks first, shardtensor / floor last): each at most `bar`."""
+    over = [f"{r[0]} ranks {r[1]} ({r[-1]}x)" for r in rows if r[-1] and float(r[-1]) > bar]
+    return (f"Issue 53's bar, every row at most {bar}x its copy floor: "
+            + ("met." if not over else f"not met by {len(over)} of {len(rows)} rows: " + ", ".join(over) + "."))
+
+
 def render_redistribute_arena(doc, records, figs):
     body, runs = redistribute_table(records, True)
+    rows = [row for rec in records if rec.get("data") for row in redistribute_rows(rec["data"], True)]
     doc.section("redistribute from C++ with shared arenas (`SHARDTENSOR_ARENA=1`)",
                 f"The same program and baselines as the peer-memory table, with every rank's large tensors in its "
                 f"shared arena (`src/redistribute/transports/peer_memory/arena.h`): peers read parts in place, and a "
                 f"reduce-scatter combines its terms straight from the holders' memory; min / median / max over {runs} "
-                f"runs.", records, body)
+                f"runs. {floor_bar_verdict(rows)}", records, body)
 
 
 def render_planning(doc, records, figs):
