@@ -201,9 +201,10 @@ def settings(quick):
     if quick:
         return dict(py_ops=["--op-number", "100", "--op-rounds", "5"], py_tp=["--tp-steps", "5", "--tp-sizes", "32x256x1024"],
                     py_redist=["--redist-runs", "5"], dispatch=["--reps", "200"], runs=["--runs", "5"],
-                    halo=["--steps", "3"], attention=["--seq", "1024", "--steps", "2"], checkpoint_launches=1)
+                    halo=["--steps", "3"], attention=["--seq", "1024", "--steps", "2"], checkpoint_launches=1,
+                    tp=["--steps", "5"], arena_rounds=1)
     return dict(py_ops=[], py_tp=[], py_redist=[], dispatch=[], runs=[], halo=[],
-                attention=["--seq", "4096,16384"], checkpoint_launches=3)
+                attention=["--seq", "4096,16384"], checkpoint_launches=3, tp=[], arena_rounds=5)
 
 
 def run_python_bench(r, key, ranks, sections, extra, timeout):
@@ -243,6 +244,18 @@ def bench_redistribute_messages(r, s):
 def bench_redistribute_arena(r, s):
     return [run_cxx(r, f"redistribute_arena_{n}ranks", n, "redistribute_bench", s["runs"], 600,
                     env={"SHARDTENSOR_ARENA": "1"}) for n in (4, 2)]
+
+
+def bench_arena_apps(r, s):
+    """The halo convolution and the C++ TP-MLP at 4 ranks without and with shared arenas, in turns
+    (the arena replaces a process's allocator, so each setting is a process of its own)."""
+    records = []
+    for round_ in range(s["arena_rounds"]):
+        for arena in ("0", "1"):
+            env = {"SHARDTENSOR_ARENA": arena}
+            records.append(run_cxx(r, f"arena_apps_halo_{arena}_{round_}", 4, "halo_conv_bench", s["halo"], 300, env=env))
+            records.append(run_cxx(r, f"arena_apps_tp_{arena}_{round_}", 4, "tp_mlp_bench", s["tp"], 300, env=env))
+    return records
 
 
 def bench_small(r, s):
@@ -312,6 +325,7 @@ BENCHES = {
     "python_redistribute": bench_python_redistribute,  # vs DTensor and raw torch.distributed, 4 ranks
     "redistribute_messages": bench_redistribute_messages,  # C++, 4 ranks, Gloo messages
     "redistribute_arena": bench_redistribute_arena,  # C++, 4 and 2 ranks, peer memory read in place from shared arenas
+    "arena_apps": bench_arena_apps,            # halo conv and TP-MLP, 4 ranks, without and with shared arenas in turns
     "small": bench_small,                      # small transfers
     "halo": bench_halo,
     "attention": bench_attention,
@@ -521,6 +535,45 @@ def render_redistribute_arena(doc, records, figs):
                 f"shared arena (`src/redistribute/transports/peer_memory/arena.h`): peers read parts in place, and a "
                 f"reduce-scatter combines its terms straight from the holders' memory; min / median / max over {runs} "
                 f"runs. {floor_bar_verdict(rows)}", records, body)
+
+
+def arena_apps_rows(records):
+    """(what, [medians without arena], [medians with]) per figure of the arena_apps runs."""
+    figures = {}
+    for rec in records:
+        d, arena = rec.get("data"), rec["key"].split("_")[3]
+        if not d:
+            continue
+        if d["bench"] == "halo_conv_bench":
+            found = [(f"halo conv2d {d['shape']} fwd+bwd, sharded step", d["sharded_ms"])]
+        else:
+            found = [(f"TP-MLP {x['size']} step", x["sharded_ms"]) for x in d["sizes"]]
+        for what, stat in found:
+            figures.setdefault(what, ([], []))[arena == "1"].append(med(stat))
+    return [(what, off, on) for what, (off, on) in figures.items()]
+
+
+def render_arena_apps(doc, records, figs):
+    rows, slower, spread = [], [], []
+    for what, off, on in arena_apps_rows(records):
+        if not off or not on:
+            continue
+        off_m, on_m = statistics.median(off), statistics.median(on)
+        # Slower only when every run with arenas is slower than every run without: 5 runs each make
+        # that 1 chance in 252 by noise alone; the medians alone flip with the machine's drift.
+        verdict = "no slower" if on_m <= off_m else ("slower" if min(on) > max(off) else "within the runs' spread")
+        {"slower": slower, "within the runs' spread": spread}.get(verdict, []).append(what)
+        rows.append([what, " / ".join(f"{x:.2f}" for x in off), " / ".join(f"{x:.2f}" for x in on),
+                     ratio(on_m, off_m), verdict])
+    body = table(["step", "without arena: each run's median ms", "with SHARDTENSOR_ARENA=1: each run's median ms",
+                  "with / without (median of the runs)", "issue 53's bar"], rows) if rows else ""
+    bar = ("Issue 53's bar (no slower with arenas than without): "
+           + ("not met by " + ", ".join(slower) + "." if slower else
+              "met" + (f" ({', '.join(spread)} within the runs' own spread)." if spread else ".")))
+    doc.section("Halo convolution and TP-MLP with shared arenas",
+                "`halo_conv_bench` and the C++ `tp_mlp_bench` (the sharded step; 4 ranks), run without and with "
+                "`SHARDTENSOR_ARENA=1` in turns, each setting a process group of its own (the arena replaces the "
+                f"process's CPU allocator). {bar}", records, body)
 
 
 def render_planning(doc, records, figs):
@@ -955,6 +1008,7 @@ def render(results, args, machine_text, cxx_torch_text, total_s, out, tree):
         ("redistribute", render_redistribute, figs_cpp),
         ("redistribute_messages", render_redistribute_messages, figs),
         ("redistribute_arena", render_redistribute_arena, figs),
+        ("arena_apps", render_arena_apps, figs),
         ("small", render_small, figs),
         ("redistribute", lambda d, r, f: render_planning(d, [x for x in r if x.get("data") and x["data"]["world"] == 4]
                                                          or r[:1], f), figs),
