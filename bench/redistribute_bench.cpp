@@ -8,11 +8,13 @@
 //                                                        --json FILE: min / median / max as JSON)
 //
 // Every row also reports the copy floor (copy_floor.h): the same result made by plain copies
-// among pieces that all ranks map, timed in the same turns.
+// among pieces that all ranks map, timed in the same turns; and one empty exchange: what any
+// transport pays to learn that its peers' pieces are ready and that they are done with its own,
+// which the floor program leaves out.
 //
 // Tensors: 16 MiB of float ([2048, 2048], even) and an awkward [2047, 2049] (uneven). Each
-// figure is the median of 61 runs after 3 warm-ups, with a barrier before every run; the
-// slowest rank's time counts (max over ranks of each run); a transition and its raw
+// figure is the median of 61 runs after 3 warm-ups, with a barrier before every run; a run
+// lasts from the first rank's start to the last rank's end (run_ms); a transition and its raw
 // collectives run in turns. Rank 0 prints a Markdown table (and with --json writes every
 // figure's min, median and max over the runs to FILE, for bench/regenerate.py).
 #include <ATen/ATen.h>
@@ -46,14 +48,25 @@ namespace {
 constexpr int kWarmup = 3;
 int runs = 61;  // --runs N
 
-// One run of fn: the slowest rank's time in milliseconds.
-double run_ms(const DeviceMesh& mesh, const std::function<void()>& fn) {
+// One run of fn, in milliseconds, two ways. `slowest`: the longest of the ranks' own durations,
+// each from its leaving the barrier to its result. `span`: from the first rank's start to the
+// last rank's end. They differ where ranks share cores: a program whose ranks do not wait for
+// each other (the copy floor) then has ranks that only start once another has finished, and its
+// slowest duration is less than the copying all of them together need; the span counts that,
+// and also how far apart the ranks leave the barrier. The ranks of one host read the same steady
+// clock (CLOCK_MONOTONIC), which is where this program runs them.
+struct RunMs {
+  double slowest, span;
+};
+RunMs run_ms(const DeviceMesh& mesh, const std::function<void()>& fn) {
+  const auto ms_of = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(t.time_since_epoch()).count(); };
   mesh.mesh_comm().barrier();
   const auto start = Clock::now();
   fn();
-  at::Tensor t = at::tensor(std::vector<double>{std::chrono::duration<double, std::milli>(Clock::now() - start).count()}, at::kDouble);
-  mesh.mesh_comm().all_reduce(t, ReduceOp::Max);
-  return t.item<double>();
+  const auto end = Clock::now();
+  at::Tensor t = at::tensor(std::vector<double>{ms_of(end) - ms_of(start), -ms_of(start), ms_of(end)}, at::kDouble);
+  mesh.mesh_comm().all_reduce(t, ReduceOp::Max);  // the longest duration, -(first start), last end
+  return {t[0].item<double>(), t[1].item<double>() + t[2].item<double>()};
 }
 
 // The median run of each of `fns`, taken in turns (fns[0], fns[1], ..., fns[0], ...) so that
@@ -61,8 +74,10 @@ double run_ms(const DeviceMesh& mesh, const std::function<void()>& fn) {
 // drifted apart by up to 30%.
 // The raw collectives (fns[1...]) run as bare c10d runs them: without shardtensor's fingerprint
 // check, which shardtensor's own transfers (fns[0]) pay on messages (fingerprint.h).
-// `first_raw` says where the raw ones begin. Returns min, median and max over the runs.
-std::vector<Stats> time_ms(const DeviceMesh& mesh, const std::vector<std::function<void()>>& given, size_t first_raw = 1) {
+// `first_raw` says where the raw ones begin. Returns min, median and max over the runs of the
+// slowest rank's durations (run_ms), and, in `spans` where given, of the runs' spans.
+std::vector<Stats> time_ms(const DeviceMesh& mesh, const std::vector<std::function<void()>>& given, size_t first_raw = 1,
+                           std::vector<Stats>* spans = nullptr) {
   std::vector<std::function<void()>> fns = given;
   for (size_t f = first_raw; f < fns.size(); ++f)
     fns[f] = [raw = given[f]] {
@@ -73,11 +88,19 @@ std::vector<Stats> time_ms(const DeviceMesh& mesh, const std::vector<std::functi
     };
   for (int i = 0; i < kWarmup; ++i)
     for (const auto& fn : fns) fn();
-  std::vector<std::vector<double>> samples(fns.size());
+  std::vector<std::vector<double>> samples(fns.size()), span_samples(fns.size());
   for (int i = 0; i < runs; ++i)
-    for (size_t f = 0; f < fns.size(); ++f) samples[f].push_back(run_ms(mesh, fns[f]));
+    for (size_t f = 0; f < fns.size(); ++f) {
+      const RunMs ms = run_ms(mesh, fns[f]);
+      samples[f].push_back(ms.slowest);
+      span_samples[f].push_back(ms.span);
+    }
   std::vector<Stats> stats;
   for (const auto& s : samples) stats.push_back(bench_report::stats_of(s));
+  if (spans) {
+    spans->clear();
+    for (const auto& s : span_samples) spans->push_back(bench_report::stats_of(s));
+  }
   return stats;
 }
 
@@ -88,6 +111,8 @@ struct Row {
   Stats hand_written;  // the program one writes by hand around that collective (hand_written())
   Stats copies;        // the copies no program on contiguous messages avoids (copies_alone())
   Stats floor;         // the copy floor: the result copied out of pieces every rank maps (copy_floor.h)
+  Stats one_exchange;  // redistribute's exchange of one element per rank (one_exchange())
+  Stats ours_span, floor_span;  // the same runs as spans: first rank's start to last rank's end (run_ms)
   std::string raw_with_own_name = "all_to_all (minimal bytes, own part included)";
   bool exchange = false;  // hand_written and copies were timed
   double ours_ms() const { return ours.median; }
@@ -96,6 +121,7 @@ struct Row {
   double hand_written_ms() const { return hand_written.median; }
   double copies_ms() const { return copies.median; }
   double floor_ms() const { return floor.median; }
+  double one_exchange_ms() const { return one_exchange.median; }
 };
 
 std::string only;  // --only SUBSTRING: just the transitions whose name contains it
@@ -282,6 +308,12 @@ std::function<void()> copy_floor_of(const ShardTensorSpec& src, const ShardTenso
   return [mapping, stretches] { copy_floor::run(mapping->data(), stretches); };
 }
 
+// One exchange through redistribute with (almost) nothing in it: S(0) -> R of a [ranks]
+// tensor on a 1-D mesh of every rank, by the transport the options in force choose. Its time is
+// the synchronization of an exchange plus how far apart the ranks leave the barrier before a
+// run; the copy floor pays neither.
+std::function<void()> one_exchange;
+
 Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const ShardTensorSpec& dst) {
   if (!only.empty() && name.find(only) == std::string::npos) return {name, "skipped"};
   const DeviceMesh& mesh = src.mesh();
@@ -304,12 +336,14 @@ Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const 
   std::vector<int64_t> send_splits_all = send_splits, recv_splits_all = recv_splits;
   send_splits_all[parts.own] = recv_splits_all[parts.own] = own;
   at::Tensor send_all = at::rand({s + own}), recv_all = at::empty({r + own});
+  std::vector<Stats> spans;
   // The raw collectives: all_to_alls with exactly those sizes, buffers prepared in advance.
-  const std::vector<Stats> ms = time_ms(mesh, {[&] { redistribute(x, dst.placements(), dst.shard_sizes()); },
+  const std::vector<Stats> ms = time_ms(mesh, {[&] { redistribute(x, dst.placements(), dst.shard_sizes()); }, one_exchange,
                                                [&] { mesh.mesh_comm().all_to_all(recv, send, recv_splits, send_splits); },
                                                [&] { mesh.mesh_comm().all_to_all(recv_all, send_all, recv_splits_all, send_splits_all); },
-                                               hand_written(x, src, dst), copies_alone(x, src, dst), copy_floor_of(src, dst)});
-  Row row{name, "all_to_all (minimal bytes)", ms[0], ms[1], ms[2], ms[3], ms[4], ms[5]};
+                                               hand_written(x, src, dst), copies_alone(x, src, dst), copy_floor_of(src, dst)},
+                                        2, &spans);
+  Row row{name, "all_to_all (minimal bytes)", ms[0], ms[2], ms[3], ms[4], ms[5], ms[6], ms[1], spans[0], spans[6]};
   row.exchange = true;
   return row;
 }
@@ -325,15 +359,17 @@ std::string hand_written_cells(const Row& r) {
 
 void print(const std::vector<Row>& rows, int64_t world) {
   std::cout << "\n| transition (" << world << " ranks) | shardtensor ms | raw c10d | raw ms | ratio | raw ms, own part included | ratio "
-            << "| hand-written ms (pack, all_to_all, place) | ratio | copies alone ms | ours / (raw + copies) | copy floor ms | ours / floor |\n"
-            << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+            << "| hand-written ms (pack, all_to_all, place) | ratio | copies alone ms | ours / (raw + copies) | copy floor ms | ours / floor "
+            << "| one empty exchange ms | ours / floor, as spans |\n"
+            << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows)
     if (r.raw_name != "skipped")
       std::cout << "| " << r.name << " | " << std::fixed << std::setprecision(3) << r.ours_ms() << " | " << r.raw_name << " | "
               << r.raw_ms() << " | " << std::setprecision(2) << r.ours_ms() / r.raw_ms() << " | " << std::setprecision(3)
               << r.raw_with_own_ms() << " | " << std::setprecision(2) << r.ours_ms() / r.raw_with_own_ms() << " | "
               << (r.exchange ? hand_written_cells(r) : "(reduction: no hand-written program) | | | |") << " " << std::setprecision(3)
-              << r.floor_ms() << " | " << std::setprecision(2) << r.ours_ms() / r.floor_ms() << " |\n";
+              << r.floor_ms() << " | " << std::setprecision(2) << r.ours_ms() / r.floor_ms() << " | " << std::setprecision(3)
+              << r.one_exchange_ms() << " | " << std::setprecision(2) << r.ours_span.median / r.floor_span.median << " |\n";
 }
 
 // Min, median and max over 15 batches of the mean time per plan in a batch of `reps`.
@@ -416,7 +452,7 @@ bench_report::Object json_of(const Row& r) {
   o.add("name", r.name).add("raw_name", r.raw_name).add("ours", r.ours).add("raw", r.raw);
   if (r.raw_with_own_name != "") o.add("raw_with_own_name", r.raw_with_own_name).add("raw_with_own", r.raw_with_own);
   if (r.exchange) o.add("hand_written", r.hand_written).add("copies", r.copies);
-  o.add("floor", r.floor);
+  o.add("floor", r.floor).add("one_exchange", r.one_exchange).add("ours_span", r.ours_span).add("floor_span", r.floor_span);
   return o;
 }
 
@@ -440,6 +476,8 @@ int main(int argc, char** argv) {
   }
   const int64_t world = world_size();
   DeviceMesh mesh = DeviceMesh::create({world});
+  const at::Tensor tiny = distribute_tensor(at::rand({world}), mesh, {Shard(0)});
+  one_exchange = [&] { redistribute(tiny, {Replicate()}); };
   std::vector<Row> rows;
   for (auto shape : planning_only ? std::vector<std::vector<int64_t>>{} : std::vector<std::vector<int64_t>>{{2048, 2048}, {2047, 2049}}) {
     const std::string tag = shape[0] == 2048 ? " even" : " uneven";
@@ -449,11 +487,16 @@ int main(int argc, char** argv) {
     rows.push_back(measure_exchange("S(0)->S(1)" + tag, s0, s1));
     // Partial: the raw baselines are all_reduce and an all_to_all of the reduce-scatter bytes.
     at::Tensor px = from_local(at::rand(shape), mesh, {Partial()}, ShardSizing::given({}));
+    std::vector<Stats> spans;
     at::Tensor dense = at::rand(shape);
-    const std::vector<Stats> to_replicate =
-        time_ms(mesh, {[&] { redistribute(px, {Replicate()}); }, [&] { mesh.comm(0).all_reduce(dense, ReduceOp::Sum); }, copy_floor_of(p, r)}, 1);
-    rows.push_back({"P(sum)->R" + tag, "all_reduce", to_replicate[0], to_replicate[1], to_replicate[1]});
-    rows.back().floor = to_replicate[2];
+    const std::vector<Stats> to_replicate = time_ms(
+        mesh, {[&] { redistribute(px, {Replicate()}); }, one_exchange, [&] { mesh.comm(0).all_reduce(dense, ReduceOp::Sum); }, copy_floor_of(p, r)},
+        2, &spans);
+    rows.push_back({"P(sum)->R" + tag, "all_reduce", to_replicate[0], to_replicate[2], to_replicate[2]});
+    rows.back().floor = to_replicate[3];
+    rows.back().one_exchange = to_replicate[1];
+    rows.back().ours_span = spans[0];
+    rows.back().floor_span = spans[3];
     rows.back().raw_with_own_name = "";  // the all_reduce's output is the whole result
     at::Tensor flat = at::rand({dense.numel()}), flat_out = at::empty({dense.numel()});
     std::vector<int64_t> splits;
@@ -462,15 +505,19 @@ int main(int argc, char** argv) {
     at::Tensor recv_buf = at::empty({world * splits[mesh.coordinate()[0]]});
     // Gloo has no reduce-scatter: by hand it is this all_to_all, then a sum of the pieces
     // (the last column).
-    const std::vector<Stats> to_shard = time_ms(mesh, {[&] { redistribute(px, {Shard(0)}); },
+    const std::vector<Stats> to_shard = time_ms(mesh, {[&] { redistribute(px, {Shard(0)}); }, one_exchange,
                                                         [&] { mesh.comm(0).all_to_all(recv_buf, flat, recv, splits); },
                                                         [&] {
                                                           mesh.comm(0).all_to_all(recv_buf, flat, recv, splits);
                                                           at::sum(recv_buf.view({world, -1}), 0);
                                                         },
-                                                        copy_floor_of(p, s0)});
-    rows.push_back({"P(sum)->S(0)" + tag, "all_to_all (reduce-scatter bytes)", to_shard[0], to_shard[1], to_shard[2]});
-    rows.back().floor = to_shard[3];
+                                                        copy_floor_of(p, s0)},
+                                                2, &spans);
+    rows.push_back({"P(sum)->S(0)" + tag, "all_to_all (reduce-scatter bytes)", to_shard[0], to_shard[2], to_shard[3]});
+    rows.back().floor = to_shard[4];
+    rows.back().one_exchange = to_shard[1];
+    rows.back().ours_span = spans[0];
+    rows.back().floor_span = spans[4];
     rows.back().raw_with_own_name = "all_to_all, then the sum of the pieces (a reduce-scatter by hand)";
   }
   if (world == 4 && !planning_only) {

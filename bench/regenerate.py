@@ -478,6 +478,8 @@ def redistribute_rows(d, with_ranks):
         else:
             row += ["(a reduction: none)", "", "", ""]
         row += [mmm(r["floor"]), ratio(ours, med(r["floor"]))] if "floor" in r else ["", ""]
+        row += [mmm(r["one_exchange"])] if "one_exchange" in r else [""]
+        row += [ratio(med(r["ours_span"]), med(r["floor_span"]))] if "floor_span" in r else [""]
         rows.append(row)
     return rows
 
@@ -485,7 +487,8 @@ def redistribute_rows(d, with_ranks):
 REDIST_HEADER = ["transition", "shardtensor ms", "raw c10d", "raw ms", "shardtensor / raw",
                  "raw ms, own part included (P(sum)->S(0): then summed)", "shardtensor / it",
                  "hand-written ms (pack, all_to_all, place)", "shardtensor / hand-written", "copies alone ms",
-                 "shardtensor / (raw + copies)", "copy floor ms", "shardtensor / floor"]
+                 "shardtensor / (raw + copies)", "copy floor ms", "shardtensor / floor", "one empty exchange ms",
+                 "shardtensor / floor, as spans"]
 
 
 def redistribute_table(records, with_ranks):
@@ -508,7 +511,13 @@ def render_redistribute(doc, records, figs):
                 f"part, the program one writes by hand around it, the local copies alone, and the copy floor "
                 f"(`bench/copy_floor.h`: every rank's piece and result in one shared mapping, each result made by plain "
                 f"copies of exactly its bytes, or one summing pass from a pending sum; checked once against the "
-                f"expected values); ms of the slowest rank, min / median / max over {runs} runs; ratios of medians.",
+                f"expected values), and one empty exchange (redistribute S(0)->R of a [ranks] tensor: the "
+                f"synchronization any exchange needs, and how far apart the ranks leave the barrier before each run, "
+                f"both of which the floor program leaves out); ms of the slowest rank (each rank's own duration), "
+                f"min / median / max over {runs} runs; ratios of medians. The last column times the same runs as spans, "
+                f"from the first rank's start to the last rank's end: with more ranks than cores, a floor rank that "
+                f"waits for a core starts its own clock late, so its slowest duration is less than the copying all "
+                f"ranks need (4 ranks on 2 cores), while the span counts it (and the ranks' skew leaving the barrier).",
                 records, body, figure=figs.get("redistribute"))
 
 
@@ -520,21 +529,41 @@ def render_redistribute_messages(doc, records, figs):
                 f"runs.", records, body)
 
 
-def floor_bar_verdict(rows, bar=1.5):
-    """Issue 53's bar on a table's rows (ranks first, shardtensor / floor last): each at most `bar`."""
-    over = [f"{r[0]} ranks {r[1]} ({r[-1]}x)" for r in rows if r[-1] and float(r[-1]) > bar]
-    return (f"Issue 53's bar, every row at most {bar}x its copy floor: "
+def floor_bar_verdict(records, bar=1.5):
+    """Issue 53's bar on the rows of redistribute_bench runs: each at most `bar` times its copy
+    floor; and the bar proposed instead where the rows carry an empty exchange: at most `bar`
+    times the floor plus that one synchronization, which the floor program does not pay."""
+    rows = [(rec["data"]["world"], r) for rec in records if rec.get("data") for r in rec["data"].get("rows", []) if "floor" in r]
+    over, over_proposed = [], []
+    for world, r in rows:
+        ours, floor = med(r["ours"]), med(r["floor"])
+        if ours > bar * floor:
+            over.append(f"{world} ranks {r['name']} ({ratio(ours, floor)}x)")
+        if "one_exchange" in r and ours > bar * floor + med(r["one_exchange"]):
+            over_proposed.append(f"{world} ranks {r['name']}")
+    text = (f"Issue 53's bar, every row at most {bar}x its copy floor: "
             + ("met." if not over else f"not met by {len(over)} of {len(rows)} rows: " + ", ".join(over) + "."))
+    if all("floor_span" in r for _, r in rows) and rows:
+        spans = [(world, r, med(r["ours_span"]) / med(r["floor_span"])) for world, r in rows]
+        over_spans = [f"{world} ranks {r['name']} ({x:.2f}x)" for world, r, x in spans if x > bar]
+        text += (f" Timed as spans instead (from the first rank's start to the last rank's end, which counts the "
+                 f"copying that ranks sharing cores do one after another, and the ranks' skew leaving the barrier), "
+                 f"shardtensor is {min(x for *_, x in spans):.2f}x to {max(x for *_, x in spans):.2f}x the floor"
+                 + (" (every row within the bar)." if not over_spans else ", over the bar: " + ", ".join(over_spans) + "."))
+    if all("one_exchange" in r for _, r in rows) and rows:
+        text += (f" The bar proposed instead, at most {bar}x the floor plus one empty exchange (both medians of the same run): "
+                 + ("met by every row." if not over_proposed else
+                    f"not met by {len(over_proposed)} of {len(rows)} rows: " + ", ".join(over_proposed) + "."))
+    return text
 
 
 def render_redistribute_arena(doc, records, figs):
     body, runs = redistribute_table(records, True)
-    rows = [row for rec in records if rec.get("data") for row in redistribute_rows(rec["data"], True)]
     doc.section("redistribute from C++ with shared arenas (`SHARDTENSOR_ARENA=1`)",
                 f"The same program and baselines as the peer-memory table, with every rank's large tensors in its "
                 f"shared arena (`src/redistribute/transports/peer_memory/arena.h`): peers read parts in place, and a "
                 f"reduce-scatter combines its terms straight from the holders' memory; min / median / max over {runs} "
-                f"runs. {floor_bar_verdict(rows)}", records, body)
+                f"runs. {floor_bar_verdict(records)}", records, body)
 
 
 def arena_apps_rows(records):
