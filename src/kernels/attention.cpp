@@ -48,29 +48,37 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
     auto travelling = [n](const at::Tensor& t) { return n > 1 ? t.contiguous() : t; };
     KeyBlock held{me, {travelling(key), travelling(value)}}, next;
     for (int64_t step = 0; step < n; ++step) {
-      const auto messages = start_pass(plan, step, held, &next);
-      const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
-      for (const BlockCall& c : calls) {
-        BlockForward r = forward_block(plan, op, args, rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), c);
-        if (first_others.empty()) first_others = std::move(r.others);
-        const bool whole = rows.size() == 1 && c.visible.rows == rows[0];
-        if (!out.defined() && whole && n == 1 && calls.size() == 1) {  // one block over every row: the operator's own result (split keys merge it after)
-          out = r.out;
-          lse = r.lse;
-        } else {
-          if (!out.defined()) {
-            out = at::zeros(out_shape, query.options().dtype(acc));
-            lse = at::full(lse_shape, -std::numeric_limits<double>::infinity(), query.options().dtype(acc));
+      const auto batch = start_pass(plan, step, held, &next);
+      // This step's blocks, computed while the next block travels.
+      const auto compute = [&] {
+        const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
+        for (const BlockCall& c : calls) {
+          BlockForward r = forward_block(plan, op, args, rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c), c);
+          if (first_others.empty()) first_others = std::move(r.others);
+          const bool whole = rows.size() == 1 && c.visible.rows == rows[0];
+          if (!out.defined() && whole && n == 1 && calls.size() == 1) {  // one block over every row: the operator's own result (split keys merge it after)
+            out = r.out;
+            lse = r.lse;
+          } else {
+            if (!out.defined()) {
+              out = at::zeros(out_shape, query.options().dtype(acc));
+              lse = at::full(lse_shape, -std::numeric_limits<double>::infinity(), query.options().dtype(acc));
+            }
+            at::Tensor o = rows_of(out, c), l = lse.narrow(2, c.row_offset, c.visible.rows.size());
+            const at::Tensor block_lse = r.lse.to(acc), merged = at::logaddexp(l, block_lse);
+            at::Tensor term = r.out.to(acc);  // the operator's fresh output, weighted in place: no output-sized temporary
+            term.mul_((block_lse - merged).exp().unsqueeze(-1));
+            o.mul_((l - merged).exp().unsqueeze(-1)).add_(term);
+            l.copy_(merged);
           }
-          at::Tensor o = rows_of(out, c), l = lse.narrow(2, c.row_offset, c.visible.rows.size());
-          const at::Tensor block_lse = r.lse.to(acc), merged = at::logaddexp(l, block_lse);
-          at::Tensor term = r.out.to(acc);  // the operator's fresh output, weighted in place: no output-sized temporary
-          term.mul_((block_lse - merged).exp().unsqueeze(-1));
-          o.mul_((l - merged).exp().unsqueeze(-1)).add_(term);
-          l.copy_(merged);
         }
+      };
+      if (!batch) {
+        compute();
+        continue;
       }
-      if (messages) finish_pass(messages.get(), &held, &next);
+      batch->run(compute);
+      finish_pass(&held, &next);
     }
     if (!out.defined()) {  // no rows here, or none of them saw a key
       out = at::zeros(out_shape, query.options().dtype(acc));

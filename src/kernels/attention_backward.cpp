@@ -19,7 +19,6 @@
 #include <map>
 #include <memory>
 
-#include "comm/comm.h"
 #include "kernels/attention_blocks.h"
 #include "kernels/stack.h"
 
@@ -28,17 +27,31 @@ namespace {
 
 using Gradients = std::vector<at::Tensor>;  // a block's key and value gradients (accumulated)
 
-// Buffers shaped like the key and value gradients of block `block` (zeros, or uninitialised
-// for a receive): `like` is this rank's own, whose length along the sequence (dim 2) is
-// replaced by the block's.
-Gradients block_gradients(const AttentionPlan& plan, int64_t block, const Gradients& like, bool zeroed) {
-  Gradients buffers;
+// The shapes of block `block`'s key and value gradients: `like` is this rank's own, whose
+// length along the sequence (dim 2) is replaced by the block's.
+std::vector<std::vector<int64_t>> block_shapes(const AttentionPlan& plan, int64_t block, const Gradients& like) {
+  std::vector<std::vector<int64_t>> shapes;
   for (const at::Tensor& l : like) {
-    std::vector<int64_t> shape = l.sizes().vec();
-    shape[2] = length(plan.local_keys(block));
-    buffers.push_back(zeroed ? at::zeros(shape, l.options()) : at::empty(shape, l.options()));
+    shapes.push_back(l.sizes().vec());
+    shapes.back()[2] = length(plan.local_keys(block));
   }
-  return buffers;
+  return shapes;
+}
+
+// Zeroed accumulators for block `block`: views of one buffer, so that a ring batch sends them on
+// as they lie (domain/message_batch.h).
+Gradients block_gradients(const AttentionPlan& plan, int64_t block, const Gradients& like) {
+  const std::vector<std::vector<int64_t>> shapes = block_shapes(plan, block, like);
+  int64_t total = 0;
+  for (const auto& shape : shapes) total += c10::multiply_integers(shape);
+  const at::Tensor buffer = at::zeros({total}, like.at(0).options());
+  Gradients views;
+  int64_t at = 0;
+  for (const auto& shape : shapes) {
+    views.push_back(buffer.narrow(0, at, c10::multiply_integers(shape)).view(shape));
+    at += views.back().numel();
+  }
+  return views;
 }
 
 // The ring's gradient state on one rank: the accumulators of the block it holds, those parked
@@ -52,7 +65,7 @@ struct RingGradients {
 
   // The held block's accumulators, zeros where nothing was added to them yet.
   Gradients& accumulators(const AttentionPlan& plan) {
-    if (held.empty()) held = block_gradients(plan, held_index, like, /*zeroed=*/true);
+    if (held.empty()) held = block_gradients(plan, held_index, like);
     return held;
   }
 };
@@ -71,24 +84,12 @@ void pass_gradients(const AttentionPlan& plan, int64_t step, int64_t next_index,
   const bool goes_home = plan.last_step(block) == step && plan.returns_during_ring(block);  // its last step: here, not moving on
   const bool own_comes_home = plan.last_step(me) == step && plan.returns_during_ring(me);
 
-  std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0), checked = {to, from};
-  Gradients incoming = plan.sends(next_index, step) ? block_gradients(plan, next_index, state->like, /*zeroed=*/false) : Gradients{};
-  if (moves_on) bytes_to[to] += bytes_of(state->held);
-  if (goes_home) bytes_to[block] += bytes_of(state->held), checked.push_back(block);
-  bytes_from[from] += bytes_of(incoming);
-  if (own_comes_home) {
-    state->mine = block_gradients(plan, me, state->like, /*zeroed=*/false);
-    bytes_from[holder] += bytes_of(state->mine);
-    checked.push_back(holder);
-  }
-  auto messages = start_ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingGradientPass));
-  messages->announce(bytes_to, bytes_from, checked);
+  auto batch = ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingGradientPass), state->like);
   if (moves_on || goes_home)
-    for (const at::Tensor& g : state->held) messages->send(moves_on ? to : block, g);
-  for (const at::Tensor& g : incoming) messages->receive(from, g);
-  if (own_comes_home)
-    for (const at::Tensor& g : state->mine) messages->receive(holder, g);
-  messages->wait();
+    for (const at::Tensor& g : state->held) batch->send(moves_on ? to : block, g);
+  Gradients incoming = plan.sends(next_index, step) ? batch->receive(from, block_shapes(plan, next_index, state->like)) : Gradients{};
+  if (own_comes_home) state->mine = batch->receive(holder, block_shapes(plan, me, state->like));
+  batch->run();
   if (here && !moves_on && !goes_home) state->parked[block] = std::move(state->held);
   state->held = std::move(incoming);
   state->held_index = next_index;
@@ -102,17 +103,16 @@ Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients 
   bool any = false;
   for (int64_t b = 0; b < n; ++b) any = any || returns_after_ring(b);
   if (!any) return state.mine.empty() ? state.parked.at(me) : state.mine;
-  auto messages = start_ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingReturn));
+  auto batch = ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingReturn), state.like);
   for (const auto& [block, grads] : state.parked)
     if (block != me)
-      for (const at::Tensor& g : grads) messages->send(block, g);
+      for (const at::Tensor& g : grads) batch->send(block, g);
   if (plan.gradient_holder(me) == me) {
     state.mine = state.parked.at(me);
   } else if (returns_after_ring(me)) {
-    state.mine = block_gradients(plan, me, state.like, /*zeroed=*/false);
-    for (const at::Tensor& g : state.mine) messages->receive(plan.gradient_holder(me), g);
+    state.mine = batch->receive(plan.gradient_holder(me), block_shapes(plan, me, state.like));
   }
-  messages->wait();
+  batch->run();
   return state.mine;
 }
 
@@ -155,36 +155,41 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
     // Shapes and dtypes of this rank's own key and value gradients (one element, expanded).
     grads.like = {at::empty({}, key.options().dtype(acc)).expand(key.sizes()), at::empty({}, value.options().dtype(acc)).expand(value.sizes())};
     for (int64_t step = 0; step < n; ++step) {
-      auto messages = start_pass(plan, step, held, &next);
-      const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
-      for (const BlockCall& c : calls) {
-        const std::vector<at::Tensor> r =
-            backward_block(plan, op, args, rows_of(grad_out, c), rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c),
-                           rows_of(out, c), lse.narrow(2, c.row_offset, c.visible.rows.size()), c);
-        if (!grad_query.defined() && c.row_offset == 0 && c.visible.rows.size() == query.size(2)) {
-          grad_query = r[0].to(acc);
-        } else {
-          if (!grad_query.defined()) grad_query = at::zeros(query.sizes(), query.options().dtype(acc));
-          rows_of(grad_query, c).add_(r[0]);
+      auto batch = start_pass(plan, step, held, &next);
+      // This step's blocks, computed while the next block travels.
+      const auto compute = [&] {
+        const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
+        for (const BlockCall& c : calls) {
+          const std::vector<at::Tensor> r =
+              backward_block(plan, op, args, rows_of(grad_out, c), rows_of(query, c), keys_of(held.parts[0], c), keys_of(held.parts[1], c),
+                             rows_of(out, c), lse.narrow(2, c.row_offset, c.visible.rows.size()), c);
+          if (!grad_query.defined() && c.row_offset == 0 && c.visible.rows.size() == query.size(2)) {
+            grad_query = r[0].to(acc);
+          } else {
+            if (!grad_query.defined()) grad_query = at::zeros(query.sizes(), query.options().dtype(acc));
+            rows_of(grad_query, c).add_(r[0]);
+          }
+          if (grads.held.empty() && calls.size() == 1 && c.key_offset == 0 && c.visible.keys.size() == held.parts[0].size(2)) {
+            // The first contribution, over every key: the operator's own (contiguous: it travels).
+            grads.held = {r[1].to(acc).contiguous(), r[2].to(acc).contiguous()};
+          } else {
+            Gradients& sums = grads.accumulators(plan);
+            keys_of(sums[0], c).add_(r[1]);
+            keys_of(sums[1], c).add_(r[2]);
+          }
         }
-        if (grads.held.empty() && calls.size() == 1 && c.key_offset == 0 && c.visible.keys.size() == held.parts[0].size(2)) {
-          // The first contribution, over every key: the operator's own (contiguous: it travels).
-          grads.held = {r[1].to(acc).contiguous(), r[2].to(acc).contiguous()};
-        } else {
-          Gradients& sums = grads.accumulators(plan);
-          keys_of(sums[0], c).add_(r[1]);
-          keys_of(sums[1], c).add_(r[2]);
-        }
-      }
-      if (!messages) {  // no block moves any more: this one's gradients stay here
+      };
+      if (!batch) {  // no block moves any more: this one's gradients stay here
+        compute();
         if (plan.present(held.index, step)) grads.parked[held.index] = std::move(grads.accumulators(plan));
         continue;
       }
-      finish_pass(messages.get(), &held, &next);
+      batch->run(compute);
+      finish_pass(&held, &next);
       // The keys and values just computed are not kept through the gradients' batch: neither
-      // here nor in the batch (a packed batch holds its sent tensors until it is destroyed).
+      // here nor in the batch (which packs what it sends, and holds it until it is destroyed).
       next.parts.clear();
-      messages.reset();
+      batch.reset();
       pass_gradients(plan, step, held.index, &grads);
     }
     const Gradients key_value_grads =

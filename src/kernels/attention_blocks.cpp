@@ -1,11 +1,11 @@
 // See attention_blocks.h.
 #include "kernels/attention_blocks.h"
 
-#include "redistribute/transports/peer_memory/messages.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
 #include <limits>
 
 namespace shardtensor {
@@ -113,49 +113,41 @@ void merge_over_key_shards(const AttentionPlan& plan, const DeclaredGather& gath
   *lse = merged;
 }
 
-int64_t bytes_of(const std::vector<at::Tensor>& parts) {
-  int64_t bytes = 0;
-  for (const at::Tensor& part : parts) bytes += static_cast<int64_t>(part.nbytes());
-  return bytes;
+std::unique_ptr<MessageBatch> ring_batch(const AttentionPlan& plan, const char* counted_as, const std::vector<at::Tensor>& like) {
+  // The widest block's bytes: the layout's, the same on every rank, as the transport's choice must be.
+  int64_t row_bytes = 0, widest_rows = 0;
+  for (const at::Tensor& t : like) {
+    int64_t row = static_cast<int64_t>(t.element_size());  // every dim but the sequence's: a rank without keys counts alike
+    for (int64_t d = 0; d < t.dim(); ++d)
+      if (d != 2) row *= t.size(d);
+    row_bytes += row;
+  }
+  for (const Pieces& rows : plan.key_rows) widest_rows = std::max(widest_rows, length(rows));
+  return std::make_unique<MessageBatch>(plan.mesh, plan.seq_mesh_dim, counted_as, row_bytes * widest_rows, like.at(0).options());
 }
 
-std::unique_ptr<Messages> start_ring_batch(const AttentionPlan& plan, const char* counted_as) {
-  return start_same_host_messages(plan.mesh.comm(plan.seq_mesh_dim), plan.mesh.device_type() == "cpu", counted_as);
-}
-
-std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, KeyBlock* next) {
+std::unique_ptr<MessageBatch> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, KeyBlock* next) {
   const int64_t n = plan.ring_size();
   if (step + 1 >= n || !plan.any_send(step)) return nullptr;
-  Comm& comm = plan.mesh.comm(plan.seq_mesh_dim);
-  const int64_t me = comm.rank();
-  auto messages = start_ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingPass));
+  const int64_t me = plan.mesh.coordinate()[plan.seq_mesh_dim];
+  auto batch = ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingPass), held.parts);
   const int64_t to = (me + 1) % n, from = (me - 1 + n) % n;
   next->index = ((me - step - 1) % n + n) % n;
   next->parts.clear();
-  const bool sending = plan.sends(held.index, step), receiving = plan.sends(next->index, step);
-  if (receiving) {
+  if (plan.sends(held.index, step))
+    for (const at::Tensor& part : held.parts) batch->send(to, part);
+  if (plan.sends(next->index, step)) {
+    std::vector<std::vector<int64_t>> shapes;
     for (const at::Tensor& like : held.parts) {
-      std::vector<int64_t> shape = like.sizes().vec();
-      shape[2] = length(plan.key_rows[next->index]);
-      next->parts.push_back(at::empty(shape, like.options()));
+      shapes.push_back(like.sizes().vec());
+      shapes.back()[2] = length(plan.key_rows[next->index]);
     }
+    next->parts = batch->receive(from, shapes);
   }
-  // Announced up front, each rank's receive is posted as soon as its sender's fingerprint record
-  // matched, so the block moves while this step computes, not after every rank's wait().
-  // The records go to the two neighbours, whatever moves: a neighbour running another schedule
-  // is caught here, and no other rank ever sends to this one.
-  std::vector<int64_t> bytes_to(n, 0), bytes_from(n, 0);
-  if (sending) bytes_to[to] = bytes_of(held.parts);
-  bytes_from[from] = bytes_of(next->parts);
-  messages->announce(bytes_to, bytes_from, {to, from});
-  if (sending)
-    for (const at::Tensor& part : held.parts) messages->send(to, part);
-  for (const at::Tensor& part : next->parts) messages->receive(from, part);
-  return messages;
+  return batch;
 }
 
-void finish_pass(Messages* messages, KeyBlock* held, KeyBlock* next) {
-  messages->wait();
+void finish_pass(KeyBlock* held, KeyBlock* next) {
   if (next->parts.empty()) {
     held->index = next->index;
   } else {

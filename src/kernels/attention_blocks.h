@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "comm/comm.h"
 #include "domain/declared_reductions.h"
+#include "domain/message_batch.h"
 #include "kernels/stack.h"
 #include "rules/attention.h"
 
@@ -53,9 +53,6 @@ inline at::Tensor rows_of(const at::Tensor& t, const BlockCall& c) { return t.na
 inline at::Tensor keys_of(const at::Tensor& t, const BlockCall& c) { return t.narrow(2, c.key_offset, c.visible.keys.size()); }
 inline c10::IValue optional_tensor(const at::Tensor& t) { return t.defined() ? c10::IValue(t) : c10::IValue(); }
 
-// The bytes of `parts` together (what a ring message batch announces for them).
-int64_t bytes_of(const std::vector<at::Tensor>& parts);
-
 // The caller's mask (attn_mask; attn_bias for the efficient and cuDNN operators), where there is one.
 c10::optional<at::Tensor> caller_mask(const OpArguments& args);
 
@@ -89,21 +86,22 @@ struct KeyBlock {
   std::vector<at::Tensor> parts;
 };
 
-// A message batch on the ring's group, named `counted_as` in CommDebugMode: through peer memory
-// on same-host CPU ranks, Gloo messages otherwise (transports/peer_memory/messages.h). Every rank of
-// the ring starts each batch.
-std::unique_ptr<Messages> start_ring_batch(const AttentionPlan& plan, const char* counted_as);
+// A message batch on the ring's group, named `counted_as` in CommDebugMode, for blocks of
+// tensors shaped like `like` (keys and values, or their gradients) but along the sequence:
+// moved through the transport seam by the transport the options in force choose
+// (domain/message_batch.h). Every rank of the ring runs each batch.
+std::unique_ptr<MessageBatch> ring_batch(const AttentionPlan& plan, const char* counted_as, const std::vector<at::Tensor>& like);
 
-// Starts the message batch of ring step `step`: the parts of the block held here (its keys and
-// values) go to the next rank where the block moves on; the previous rank's block arrives in
-// `next` (fresh buffers shaped like `held.parts` with that block's length) where it comes. Null
-// after the last step, or where no block moves after this step on any rank (every rank decides
-// alike, from the plan).
-std::unique_ptr<Messages> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, KeyBlock* next);
+// The message batch of ring step `step`, ready to run: the parts of the block held here (its
+// keys and values) go to the next rank where the block moves on; the previous rank's block
+// arrives in `next` (views of one fresh buffer, shaped like `held.parts` with that block's
+// length, which the next step sends on as they lie) where it comes. Null after the last step, or where no block moves after this step on any rank (every
+// rank decides alike, from the plan).
+std::unique_ptr<MessageBatch> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, KeyBlock* next);
 
-// After a step's batch landed: the block that arrived, or (none arrived) only its index, since
+// After a step's batch ran: the block that arrived, or (none arrived) only its index, since
 // no rank needs it here or further on.
-void finish_pass(Messages* messages, KeyBlock* held, KeyBlock* next);
+void finish_pass(KeyBlock* held, KeyBlock* next);
 
 // Split keys (AttentionPlan::keys_split): turns this rank's block result (`out` and `lse` in
 // the accumulation type, -inf where its rows saw no key) into its share of the merged output,

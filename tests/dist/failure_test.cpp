@@ -11,7 +11,7 @@
 #include "redistribute/transports/peer_memory/peer_memory.h"
 #include "dist/dist_fixture.h"
 #include "redistribute/transports/peer_memory/copies.h"
-#include "redistribute/transports/peer_memory/messages.h"
+#include "domain/message_batch.h"
 
 using namespace shardtensor;
 using namespace shardtensor::testing;
@@ -123,18 +123,17 @@ TEST(Failure, CausalRingBackwardWhoseMemberFailedRaisesAfterTheTimeout) {
   on_survivors_within_30s(healthy, [&] { EXPECT_ERROR_CONTAINS(loss.backward(), "timed out"); });
 }
 
-// Message batches through peer memory (redistribute/transports/peer_memory/messages.h), as attention's ring sends
-// them: each rank passes a block to the next. Returns what this rank received from the previous
-// one, `receive_elements` long.
+// Message batches through peer memory (domain/message_batch.h), as attention's ring sends them:
+// each rank passes a block to the next. Returns what this rank received from the previous one,
+// `receive_elements` long.
 namespace {
-at::Tensor pass_round_the_ring(Comm& comm, int64_t send_elements, int64_t receive_elements) {
-  const int64_t n = comm.size(), me = comm.rank();
+at::Tensor pass_round_the_ring(const DeviceMesh& mesh, int64_t send_elements, int64_t receive_elements) {
+  const int64_t n = mesh.size(0), me = mesh.comm(0).rank();
   const at::Tensor block = at::full({send_elements}, static_cast<double>(me), at::kDouble);
-  const at::Tensor into = at::full({receive_elements}, -1.0, at::kDouble);
-  auto messages = start_same_host_messages(comm, /*on_cpu=*/true, "ring_test");
-  messages->send((me + 1) % n, block);
-  messages->receive((me + n - 1) % n, into);
-  messages->wait();
+  MessageBatch batch(mesh, 0, "ring_test", 8 * 8, at::TensorOptions().dtype(at::kDouble));
+  batch.send((me + 1) % n, block);
+  const at::Tensor into = batch.receive((me + n - 1) % n, {{receive_elements}})[0];
+  batch.run();
   return into;
 }
 
@@ -149,14 +148,14 @@ TEST(Failure, MessageBatchesThroughPeerMemoryDeliverAndGoBackToGlooWhenACopyFail
   if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << why_no_peer_memory(mesh.comm(0));
   Comm& comm = mesh.comm(0);
   const double previous = static_cast<double>((comm.rank() + comm.size() - 1) % comm.size());
-  EXPECT_TRUE(at::equal(pass_round_the_ring(comm, 5, 5), at::full({5}, previous, at::kDouble)));
+  EXPECT_TRUE(at::equal(pass_round_the_ring(mesh, 5, 5), at::full({5}, previous, at::kDouble)));
   ASSERT_NE(peer_memory_of(comm), nullptr) << "the batch left peer memory";
   // Rank 0's copy fails: every rank learns it, the batch still arrives (as Gloo messages), and
   // the group stays on messages.
   if (world_rank() == 0) fail_next_peer_copies(1);
-  EXPECT_TRUE(at::equal(pass_round_the_ring(comm, 7, 7), at::full({7}, previous, at::kDouble)));
+  EXPECT_TRUE(at::equal(pass_round_the_ring(mesh, 7, 7), at::full({7}, previous, at::kDouble)));
   EXPECT_EQ(peer_memory_of(comm), nullptr);
-  EXPECT_TRUE(at::equal(pass_round_the_ring(comm, 3, 3), at::full({3}, previous, at::kDouble)));
+  EXPECT_TRUE(at::equal(pass_round_the_ring(mesh, 3, 3), at::full({3}, previous, at::kDouble)));
 }
 
 TEST(Failure, MessageBatchThroughPeerMemoryWithOtherSizesRaisesOnEveryRank) {
@@ -164,11 +163,11 @@ TEST(Failure, MessageBatchThroughPeerMemoryWithOtherSizesRaisesOnEveryRank) {
   DeviceMesh healthy = DeviceMesh::create({world_size()});
   DeviceMesh mesh = mesh_with_a_short_timeout();
   if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << why_no_peer_memory(mesh.comm(0));
-  // Rank 1 expects 8 elements from rank 0, which sends 4: rank 1 raises naming both sizes, before
-  // any byte lands; the others raise since it gave up the exchange.
+  // Rank 1 expects 8 elements from rank 0, which sends 4: rank 1 raises naming the part it found
+  // no offer of, before any byte lands; the others raise since it gave up the exchange.
   const bool wrong = world_rank() == 1;
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_ERROR_CONTAINS(pass_round_the_ring(mesh.comm(0), 4, wrong ? 8 : 4), wrong ? "disagree on the sizes" : "gave up");
+  EXPECT_ERROR_CONTAINS(pass_round_the_ring(mesh, 4, wrong ? 8 : 4), wrong ? "offers no part offsets [0] shape [8]" : "gave up");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
   healthy.comm(0).barrier();
 }
@@ -179,19 +178,20 @@ TEST(Failure, MessageBatchThroughPeerMemoryWithAnUnreceivedMessageRaisesOnEveryR
   DeviceMesh mesh = mesh_with_a_short_timeout();
   if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << why_no_peer_memory(mesh.comm(0));
   // Rank 0 sends rank 1 a second message that rank 1 never receives: rank 1 raises instead of
-  // dropping it, and the others raise since it gave up the exchange.
+  // dropping it (what rank 0 sends it is one part, longer than the one rank 1 expects), and the
+  // others raise since it gave up the exchange.
   Comm& comm = mesh.comm(0);
   const int64_t n = comm.size(), me = comm.rank();
   const auto start = std::chrono::steady_clock::now();
   const auto batch = [&] {
-    auto messages = start_same_host_messages(comm, /*on_cpu=*/true, "ring_test");
-    const at::Tensor block = at::ones({4}), extra = at::ones({2}), into = at::empty({4});
-    messages->send((me + 1) % n, block);
-    if (me == 0) messages->send(1, extra);
-    messages->receive((me + n - 1) % n, into);
-    messages->wait();
+    MessageBatch messages(mesh, 0, "ring_test", 6 * 4, at::TensorOptions().dtype(at::kFloat));
+    const at::Tensor block = at::ones({4}), extra = at::ones({2});
+    messages.send((me + 1) % n, block);
+    if (me == 0) messages.send(1, extra);
+    messages.receive((me + n - 1) % n, {{4}});
+    messages.run();
   };
-  EXPECT_ERROR_CONTAINS(batch(), me == 1 ? "more messages than it receives" : "gave up");
+  EXPECT_ERROR_CONTAINS(batch(), me == 1 ? "offers no part offsets [0] shape [4]" : "gave up");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
   healthy.comm(0).barrier();
 }

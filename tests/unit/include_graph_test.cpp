@@ -149,17 +149,13 @@ TEST(IncludeGraph, NoCycleInsideALayer) {
 
 // Kernels reach other ranks only through the moves their plans declare: the halo exchange
 // (domain/halo.h, lowered from the plan's halo), the declared mid-op reductions
-// (domain/declared_reductions.h) and, for now, the ring's message batches. The executor and
-// the transports are not theirs to call, so a kernel cannot move bytes that explain does not
-// print (tests/dist/explained_moves_test.cpp counts what they move).
+// (domain/declared_reductions.h) and the ring's message batches (domain/message_batch.h), each
+// an exchange of parts through the one transport seam. The executor and the transports are not
+// theirs to call, so a kernel cannot move bytes that explain does not print
+// (tests/dist/explained_moves_test.cpp counts what they move).
 TEST(IncludeGraph, KernelsMoveBytesOnlyThroughDeclaredMoves) {
-  // What ring attention still takes from below the seam: its message batches (Comm's Messages,
-  // through peer memory on one host) and the per-row statistics' all_gather. Random draws agree
-  // on their key with the mesh (a check, not a data move).
+  // Random draws agree on their key with the mesh: a check, not a data move.
   const std::set<std::pair<std::string, std::string>> allowed_below = {
-      {"kernels/attention_blocks.h", "comm/comm.h"},
-      {"kernels/attention_backward.cpp", "comm/comm.h"},
-      {"kernels/attention_blocks.cpp", "redistribute/transports/peer_memory/messages.h"},
       {"kernels/random.cpp", "comm/agreement.h"},
   };
   for (const Include& inc : includes_of_src()) {
