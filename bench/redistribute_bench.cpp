@@ -348,6 +348,17 @@ Row measure_exchange(const std::string& name, const ShardTensorSpec& src, const 
   return row;
 }
 
+// A reduction's row from time_ms over {ours, one_exchange, raw, [raw with its own part,] floor}
+// and the same runs' spans.
+Row reduction_row(const std::string& name, const std::string& raw_name, const std::vector<Stats>& ms, const std::vector<Stats>& spans) {
+  Row row{name, raw_name, ms[0], ms[2], ms[ms.size() - 2]};
+  row.one_exchange = ms[1];
+  row.floor = ms.back();
+  row.ours_span = spans[0];
+  row.floor_span = spans.back();
+  return row;
+}
+
 // "hand-written ms | ours / it | copies alone ms | ours / (raw + copies) |"
 std::string hand_written_cells(const Row& r) {
   std::ostringstream cells;
@@ -492,11 +503,7 @@ int main(int argc, char** argv) {
     const std::vector<Stats> to_replicate = time_ms(
         mesh, {[&] { redistribute(px, {Replicate()}); }, one_exchange, [&] { mesh.comm(0).all_reduce(dense, ReduceOp::Sum); }, copy_floor_of(p, r)},
         2, &spans);
-    rows.push_back({"P(sum)->R" + tag, "all_reduce", to_replicate[0], to_replicate[2], to_replicate[2]});
-    rows.back().floor = to_replicate[3];
-    rows.back().one_exchange = to_replicate[1];
-    rows.back().ours_span = spans[0];
-    rows.back().floor_span = spans[3];
+    rows.push_back(reduction_row("P(sum)->R" + tag, "all_reduce", to_replicate, spans));
     rows.back().raw_with_own_name = "";  // the all_reduce's output is the whole result
     at::Tensor flat = at::rand({dense.numel()}), flat_out = at::empty({dense.numel()});
     std::vector<int64_t> splits;
@@ -513,11 +520,7 @@ int main(int argc, char** argv) {
                                                         },
                                                         copy_floor_of(p, s0)},
                                                 2, &spans);
-    rows.push_back({"P(sum)->S(0)" + tag, "all_to_all (reduce-scatter bytes)", to_shard[0], to_shard[2], to_shard[3]});
-    rows.back().floor = to_shard[4];
-    rows.back().one_exchange = to_shard[1];
-    rows.back().ours_span = spans[0];
-    rows.back().floor_span = spans[4];
+    rows.push_back(reduction_row("P(sum)->S(0)" + tag, "all_to_all (reduce-scatter bytes)", to_shard, spans));
     rows.back().raw_with_own_name = "all_to_all, then the sum of the pieces (a reduce-scatter by hand)";
   }
   if (world == 4 && !planning_only) {

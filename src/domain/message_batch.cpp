@@ -32,6 +32,20 @@ at::Tensor already_flat(const std::vector<at::Tensor>& tensors) {
 
 }  // namespace
 
+std::pair<at::Tensor, std::vector<at::Tensor>> views_of_one_buffer(const std::vector<std::vector<int64_t>>& shapes,
+                                                                   const c10::TensorOptions& options, bool zeroed) {
+  int64_t total = 0;
+  for (const auto& shape : shapes) total += c10::multiply_integers(shape);
+  const at::Tensor buffer = zeroed ? at::zeros({total}, options) : at::empty({total}, options);
+  std::vector<at::Tensor> views;
+  int64_t at = 0;
+  for (const auto& shape : shapes) {
+    views.push_back(buffer.narrow(0, at, c10::multiply_integers(shape)).view(shape));
+    at += views.back().numel();
+  }
+  return {buffer, views};
+}
+
 MessageBatch::MessageBatch(const DeviceMesh& mesh, int64_t mesh_dim, const char* counted_as, int64_t widest_bytes,
                            const c10::TensorOptions& options)
     : mesh_(mesh), mesh_dim_(mesh_dim), counted_as_(counted_as), widest_bytes_(widest_bytes), options_(options),
@@ -44,16 +58,7 @@ void MessageBatch::send(int64_t to, const at::Tensor& tensor) {
 
 std::vector<at::Tensor> MessageBatch::receive(int64_t from, const std::vector<std::vector<int64_t>>& shapes) {
   TORCH_INTERNAL_ASSERT(from >= 0 && from < static_cast<int64_t>(sends_.size()));
-  int64_t total = 0;
-  for (const auto& shape : shapes) total += c10::multiply_integers(shape);
-  const at::Tensor buffer = at::empty({total}, options_);
-  std::vector<at::Tensor> views;
-  int64_t at = 0;
-  for (const auto& shape : shapes) {
-    const int64_t n = c10::multiply_integers(shape);
-    views.push_back(buffer.narrow(0, at, n).view(shape));
-    at += n;
-  }
+  auto [buffer, views] = views_of_one_buffer(shapes, options_);
   arrivals_.push_back({from, buffer});
   return views;
 }
@@ -64,17 +69,18 @@ std::vector<at::Tensor> MessageBatch::receive(int64_t from, const std::vector<st
 void MessageBatch::run(const std::function<void()>& while_moving) {
   Comm& comm = mesh_.comm(mesh_dim_);
   const int64_t me = comm.rank(), members = comm.size();
-  // The source: one run per receiver, straight from the tensors where they already are one.
-  std::vector<int64_t> send_at(members, 0);
-  int64_t sending_to = -1, total = 0;
+  // The source: one run per receiver; where this rank sends to one peer only, straight from the
+  // tensors if they already lie as one run.
+  std::vector<int64_t> send_at(members, 0), receivers;
+  int64_t total = 0;
   for (int64_t q = 0; q < members; ++q) {
     send_at[q] = total;
     total += elements_of(sends_[q]);
-    if (!sends_[q].empty()) sending_to = sending_to == -1 ? q : members;  // members: more than one
+    if (!sends_[q].empty()) receivers.push_back(q);
   }
-  at::Tensor source = sending_to >= 0 && sending_to < members ? already_flat(sends_[sending_to]) : at::Tensor();
+  at::Tensor source = receivers.size() == 1 ? already_flat(sends_[receivers[0]]) : at::Tensor();
   if (source.defined()) {
-    send_at[sending_to] = 0;
+    send_at[receivers[0]] = 0;
   } else {
     source = at::empty({total}, options_);
     for (int64_t q = 0; q < members; ++q) {

@@ -16,11 +16,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "shardtensor/device_mesh.h"
 
 namespace shardtensor {
+
+// Tensors of `shapes` that are views of one fresh flat buffer (zeros where `zeroed`), and that
+// buffer: what a batch sends on as it lies.
+std::pair<at::Tensor, std::vector<at::Tensor>> views_of_one_buffer(const std::vector<std::vector<int64_t>>& shapes,
+                                                                   const c10::TensorOptions& options, bool zeroed = false);
 
 class MessageBatch {
  public:

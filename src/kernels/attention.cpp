@@ -43,10 +43,9 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
     const at::ScalarType acc = accumulation_type(query.scalar_type());
     at::Tensor out, lse;  // merged so far: nothing yet
     std::vector<c10::IValue> first_others;  // of this rank's first block call: the operator's other outputs
-    // Keys and values travel as messages, which need them contiguous; with nothing to pass, the
-    // operator reads them as they are (a copy would double their memory).
-    auto travelling = [n](const at::Tensor& t) { return n > 1 ? t.contiguous() : t; };
-    KeyBlock held{me, {travelling(key), travelling(value)}}, next;
+    // As they are: the first ring batch packs them into one run (domain/message_batch.h), and
+    // with nothing to pass the operator reads them in place.
+    KeyBlock held{me, {key, value}}, next;
     for (int64_t step = 0; step < n; ++step) {
       const auto batch = start_pass(plan, step, held, &next);
       // This step's blocks, computed while the next block travels.

@@ -41,17 +41,7 @@ std::vector<std::vector<int64_t>> block_shapes(const AttentionPlan& plan, int64_
 // Zeroed accumulators for block `block`: views of one buffer, so that a ring batch sends them on
 // as they lie (domain/message_batch.h).
 Gradients block_gradients(const AttentionPlan& plan, int64_t block, const Gradients& like) {
-  const std::vector<std::vector<int64_t>> shapes = block_shapes(plan, block, like);
-  int64_t total = 0;
-  for (const auto& shape : shapes) total += c10::multiply_integers(shape);
-  const at::Tensor buffer = at::zeros({total}, like.at(0).options());
-  Gradients views;
-  int64_t at = 0;
-  for (const auto& shape : shapes) {
-    views.push_back(buffer.narrow(0, at, c10::multiply_integers(shape)).view(shape));
-    at += views.back().numel();
-  }
-  return views;
+  return views_of_one_buffer(block_shapes(plan, block, like), like.at(0).options(), /*zeroed=*/true).second;
 }
 
 // The ring's gradient state on one rank: the accumulators of the block it holds, those parked
