@@ -62,6 +62,10 @@ def _ensure_process_group(device_type: str) -> None:
                            f"them agree")
 
 
+# The meshes compiled graphs name, by position (DeviceMesh.__fx_repr__).
+_IN_GRAPHS: list = []
+
+
 class DeviceMesh(_TorchDeviceMesh):
     """An n-d array of ranks with one process group per slice along each mesh dim.
 
@@ -196,6 +200,12 @@ class DeviceMesh(_TorchDeviceMesh):
 
     def __hash__(self):
         return hash(self._cpp)
+
+    def __fx_repr__(self):
+        """How a compiled graph names this mesh, a constant of the trace (_compile.py)."""
+        if self not in _IN_GRAPHS:
+            _IN_GRAPHS.append(self)
+        return f"_shardtensor_mesh({_IN_GRAPHS.index(self)})", {"_shardtensor_mesh": _IN_GRAPHS.__getitem__}
 
     def __repr__(self):
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""

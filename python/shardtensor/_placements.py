@@ -25,6 +25,14 @@ class Placement:
     def is_partial(self, reduce_op: str | None = None) -> bool:
         return False
 
+    def __fx_repr__(self):
+        """How a compiled graph writes this placement, a constant of the trace (_compile.py)."""
+        name = type(self).__name__
+        return f"{name}(*{self._arguments()!r})", {name: type(self)}
+
+    def _arguments(self) -> tuple:
+        return ()
+
 
 class Shard(Placement):
     """Splits tensor dim `dim` over the ranks of a mesh dim (uneven splits allowed)."""
@@ -35,6 +43,9 @@ class Shard(Placement):
         if not isinstance(dim, int):
             raise TypeError(f"Shard(dim): dim must be an int, got {type(dim).__name__}")
         self.dim = dim
+
+    def _arguments(self) -> tuple:
+        return (self.dim,)
 
     def is_shard(self, dim: int | None = None) -> bool:
         return dim is None or dim == self.dim
@@ -77,6 +88,9 @@ class Partial(Placement):
             raise ValueError(f"Partial(reduce_op={reduce_op!r}): allowed are {', '.join(map(repr, _REDUCE_OPS))}")
         self.reduce_op = reduce_op
 
+    def _arguments(self) -> tuple:
+        return (self.reduce_op,)
+
     def is_partial(self, reduce_op: str | None = None) -> bool:
         return reduce_op is None or reduce_op == self.reduce_op
 
@@ -100,6 +114,9 @@ class NormPartial(Partial):
     def __init__(self, norm_type: float = 2.0):
         self.reduce_op = "norm"
         self.norm_type = float(norm_type)
+
+    def _arguments(self) -> tuple:
+        return (self.norm_type,)
 
     def is_partial(self, reduce_op: str | None = None) -> bool:
         return reduce_op in (None, "norm")

@@ -13,11 +13,19 @@ from __future__ import annotations
 
 import torch
 
-from . import _C, _handlers, _placements
+from . import _C, _handlers, _placements, _traceable
 from ._mesh import DeviceMesh, mesh_of_cpp
 from ._spec import ShardTensorSpec
 
-is_shard_tensor = _C.is_shard_tensor
+_Traced = _traceable.TraceableShardTensor
+
+
+def is_shard_tensor(t) -> bool:
+    """Whether ``t`` is a ShardTensor (inside a compiled region, its traceable form)."""
+    if isinstance(t, _Traced):
+        return True
+    # In a compiled region every ShardTensor is a traceable one (_traceable.py).
+    return not torch.compiler.is_compiling() and isinstance(t, torch.Tensor) and _C.is_shard_tensor(t)
 
 
 class _ShardTensorMeta(type):
@@ -157,6 +165,11 @@ def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=Fal
     """
     if not isinstance(local_tensor, torch.Tensor):
         raise TypeError(f"from_local: local_tensor must be a torch.Tensor, got {type(local_tensor).__name__}")
+    if torch.compiler.is_compiling():
+        # dynamo treats a mesh as opaque: it is resolved inside, where the layout is built.
+        encoded = None if placements is None else _placements.encode(placements)
+        return _traceable.from_local_in_graph(local_tensor, device_mesh, encoded, sharding_shapes,
+                                              None if shape is None else [int(s) for s in shape], _trusted_sizes)
     mesh, encoded = _mesh_and_placements(device_mesh, placements, "from_local")
     if isinstance(sharding_shapes, str):
         if sharding_shapes not in ("chunk", "infer"):
@@ -185,6 +198,10 @@ def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_ran
         raise TypeError(f"distribute_tensor: src_data_rank must be an int or None, got {src_data_rank!r}")
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"distribute_tensor: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if torch.compiler.is_compiling() and src_data_rank is None:
+        # Each rank keeps its piece of its own tensor: a replicated from_local, then a local slice.
+        whole = _traceable.from_local_in_graph(tensor, device_mesh, None, "chunk", None, False)
+        return whole if placements is None else _redistribute(whole, device_mesh, placements, sharding_shapes=sharding_shapes)
     mesh, encoded = _mesh_and_placements(device_mesh, placements, "distribute_tensor")
     sizes = _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
     return _C.distribute_tensor(tensor, mesh._cpp, encoded, sizes, src_data_rank)
@@ -209,23 +226,33 @@ def scatter_tensor(tensor, global_src, mesh, placements, global_shape=None, dtyp
 # ---- the methods every torch.Tensor gains -----------------------------------------------
 
 def _placements_of(self):
+    if isinstance(self, _Traced):
+        return _traceable.placements_of(self)
     if not _C.is_shard_tensor(self):
         raise AttributeError("placements: this tensor is not a ShardTensor")
     return _placements.decode(_C.placements(self))
 
 
 def _device_mesh_of(self):
+    if isinstance(self, _Traced):
+        return mesh_of_cpp(self._layout.mesh)
     if not _C.is_shard_tensor(self):
         raise AttributeError("device_mesh: this tensor is not a ShardTensor")
     return mesh_of_cpp(_C.mesh(self))
 
 
 def _to_local(self, *, grad_placements=None):
+    if isinstance(self, _Traced):
+        return _traceable.to_local_in_graph(
+            self, None if grad_placements is None else _traceable._flat_placements(_placements.encode(grad_placements)))
     _require(self, "to_local")
     return _C.to_local(self, None if grad_placements is None else _placements.encode(grad_placements))
 
 
 def _full_tensor(self, *, grad_placements=None):
+    if isinstance(self, _Traced):
+        return _traceable.full_tensor_in_graph(
+            self, None if grad_placements is None else _traceable._flat_placements(_placements.encode(grad_placements)))
     _require(self, "full_tensor")
     return _C.full_tensor(self, None if grad_placements is None else _placements.encode(grad_placements))
 
@@ -235,6 +262,11 @@ def _redistribute(self, device_mesh=None, placements=None, *, async_op=False, sh
     # transport: "auto", "collectives" or "messages"; peer_memory: whether same-host CPU ranks may
     # copy through each other's memory. None takes this process's default (SHARDTENSOR_TRANSPORT,
     # SHARDTENSOR_PEER_MEMORY). Every rank must pass the same.
+    if isinstance(self, _Traced):  # on the same mesh (a compiled region cannot compare meshes)
+        if placements is None:
+            return self
+        encoded = _placements.encode(placements)
+        return _traceable.redistribute(self, encoded, _encode_sizes(sharding_shapes, _placements.decode(encoded), None))
     _require(self, "redistribute")
     mesh = mesh_of_cpp(_C.mesh(self)) if device_mesh is None else _mesh_or_current(device_mesh, "redistribute")
     if placements is None:
@@ -252,6 +284,8 @@ def _local_shape(self):
 def _shard_sizes(self):
     """{tensor dim: [size of every piece]} for each sharded tensor dim: what rebuilds the layout
     (from_local's and redistribute's ``sharding_shapes`` take it back)."""
+    if isinstance(self, _Traced):
+        return _traceable.shard_sizes_of(self._layout)
     _require(self, "shard_sizes")
     return {dim: list(sizes) for dim, sizes in _C.shard_sizes(self)}
 

@@ -30,5 +30,6 @@ void bind_tensor(py::module_& m);
 void bind_dispatch(py::module_& m);
 void bind_checkpoint(py::module_& m);
 void bind_rules(py::module_& m);
+void bind_tracing(py::module_& m);
 
 }  // namespace shardtensor::python

@@ -74,4 +74,5 @@ PYBIND11_MODULE(_C, m) {
   shardtensor::python::bind_dispatch(m);
   shardtensor::python::bind_checkpoint(m);
   shardtensor::python::bind_rules(m);
+  shardtensor::python::bind_tracing(m);
 }

@@ -15,6 +15,7 @@
 #include "comm/c10d_comm.h"
 #include "comm/comm_debug.h"
 #include "comm/fingerprint.h"
+#include "comm/traced_collectives.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -59,13 +60,14 @@ class C10dComm final : public Comm {
  public:
   using Group = C10dBackend;
   C10dComm(c10::intrusive_ptr<Group> group, std::vector<int64_t> global_ranks, int64_t my_group_rank,
-           std::chrono::milliseconds timeout)
+           std::chrono::milliseconds timeout, std::string registered_name)
       : group_(std::move(group)),
         gloo_(group_->getBackendName() == "gloo"),
         nccl_(group_->getBackendName() == "nccl"),
         ranks_(std::move(global_ranks)),
         rank_(my_group_rank),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        traced_(std::move(registered_name), static_cast<int64_t>(ranks_.size()), group_name()) {}
 
   int64_t rank() const override { return rank_; }
   int64_t size() const override { return static_cast<int64_t>(ranks_.size()); }
@@ -83,6 +85,11 @@ class C10dComm final : public Comm {
 
   void all_gather(const at::Tensor& input, const at::Tensor& output) override {
     TORCH_INTERNAL_ASSERT(output.size(0) == size() && output.is_contiguous());
+    if (tracing_collectives()) {
+      record_collective("all_gather", input.nbytes());
+      output.copy_(traced_.all_gather(input.reshape({1, -1})).view(output.sizes()));
+      return;
+    }
     std::vector<at::Tensor> inputs{movable(input.contiguous())};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(movable(output).select(0, i));
@@ -97,6 +104,11 @@ class C10dComm final : public Comm {
 
   void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
     // Other backends (a user's own ProcessGroup) may lack it: they get Comm's all_to_all form.
+    if (tracing_collectives()) {
+      record_collective("reduce_scatter", (size() - 1) * static_cast<int64_t>(output.nbytes()));
+      output.copy_(traced_.reduce_scatter(input.view({size(), -1}), op).view(output.sizes()));
+      return;
+    }
     if (!nccl_ && !(gloo_ && SHARDTENSOR_GLOO_HAS_REDUCE_SCATTER)) return Comm::reduce_scatter(output, input, op);
     TORCH_INTERNAL_ASSERT(input.is_contiguous() && output.is_contiguous() && input.numel() == size() * output.numel());
     // Flat: Gloo checks that the input's first dim is size() times the output's.
@@ -111,6 +123,11 @@ class C10dComm final : public Comm {
 
   void all_reduce(const at::Tensor& tensor, ReduceOp op) override {
     TORCH_INTERNAL_ASSERT(tensor.is_contiguous());
+    if (tracing_collectives()) {
+      record_collective("all_reduce", tensor.nbytes());
+      tensor.copy_(traced_.all_reduce(tensor, op));
+      return;
+    }
     std::vector<at::Tensor> tensors{reducible(tensor, op)};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
@@ -121,6 +138,11 @@ class C10dComm final : public Comm {
 
   void broadcast(const at::Tensor& tensor, int64_t root) override {
     TORCH_INTERNAL_ASSERT(tensor.is_contiguous());
+    if (tracing_collectives()) {
+      record_collective("broadcast", rank_ == root ? tensor.nbytes() : 0);
+      tensor.copy_(traced_.broadcast(tensor, root));
+      return;
+    }
     std::vector<at::Tensor> tensors{movable(tensor)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
@@ -129,17 +151,23 @@ class C10dComm final : public Comm {
   }
 
   void barrier() override {
+    if (tracing_collectives()) return;  // a graph orders its collectives by their data alone
     run("barrier", 0, [&] { return group()->barrier(); }, [] { return std::string("barrier"); });
   }
 
   void all_to_all(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
                   const std::vector<int64_t>& input_splits) override {
     TORCH_INTERNAL_ASSERT(input.dim() == 1 && output.dim() == 1 && input.is_contiguous() && output.is_contiguous());
+    int64_t sent = 0;
+    for (size_t q = 0; q < input_splits.size(); ++q)
+      if (static_cast<int64_t>(q) != rank_) sent += input_splits[q];
+    if (tracing_collectives()) {
+      record_collective("all_to_all", sent * static_cast<int64_t>(input.element_size()));
+      output.copy_(traced_.all_to_all(input, output_splits, input_splits));
+      return;
+    }
     at::Tensor in = movable(input), out = movable(output);
     std::vector<int64_t> out_splits = output_splits, in_splits = input_splits;
-    int64_t sent = 0;
-    for (size_t q = 0; q < in_splits.size(); ++q)
-      if (static_cast<int64_t>(q) != rank_) sent += in_splits[q];
     // Split sizes differ per rank: the fingerprint names the dtype only; the split sizes follow
     // from the operation, which the fingerprint does name.
     run("all_to_all", sent * static_cast<int64_t>(input.element_size()), [&] { return group()->alltoall_base(out, in, out_splits, in_splits); },
@@ -147,8 +175,9 @@ class C10dComm final : public Comm {
   }
 
   std::unique_ptr<Messages> start_messages(const char* counted_as, bool counts) override {
-    // NCCL would need a batched group (ncclGroupStart) for messages posted one by one.
-    if (!gloo_) return Comm::start_messages(counted_as, counts);
+    // NCCL would need a batched group (ncclGroupStart) for messages posted one by one; a traced
+    // graph has no point-to-point messages.
+    if (!gloo_ || tracing_collectives()) return Comm::start_messages(counted_as, counts);
     check_usable();
     return std::make_unique<PostedMessages>(*this, counted_as, counts);
   }
@@ -439,6 +468,7 @@ class C10dComm final : public Comm {
   std::vector<int64_t> ranks_;
   int64_t rank_;
   std::chrono::milliseconds timeout_;
+  TracedCollectives traced_;  // what this group's collectives record while tracing
 };
 
 // Every C10dComm made, so that release_communicators() can drop their backends at shutdown.
@@ -463,8 +493,8 @@ void release_communicators() {
 }
 
 std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<C10dBackend> group, std::vector<int64_t> global_ranks,
-                                     int64_t my_group_rank, std::chrono::milliseconds timeout) {
-  auto comm = std::make_shared<C10dComm>(std::move(group), std::move(global_ranks), my_group_rank, timeout);
+                                     int64_t my_group_rank, std::chrono::milliseconds timeout, std::string registered_name) {
+  auto comm = std::make_shared<C10dComm>(std::move(group), std::move(global_ranks), my_group_rank, timeout, std::move(registered_name));
   CommRegistry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.comms.erase(std::remove_if(r.comms.begin(), r.comms.end(), [](const auto& w) { return w.expired(); }), r.comms.end());

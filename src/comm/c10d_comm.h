@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/comm.h"
@@ -16,8 +17,11 @@ namespace shardtensor {
 // A Comm over a c10d backend (ProcessGroupGloo, ProcessGroupNCCL; on 2.x a user's
 // ProcessGroup is first reduced to its backend by compat::backend_of) whose group rank i is
 // global rank `global_ranks[i]`. Collectives wait at most `timeout` and then raise with the
-// group's ranks in the message.
+// group's ranks in the message. `registered_name`: the group's name in torch.distributed's
+// registry, by which torch.compile's graphs name it (empty: one that was not registered there,
+// whose collectives cannot be traced: comm/traced_collectives.h).
 std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<C10dBackend> group, std::vector<int64_t> global_ranks,
-                                     int64_t my_group_rank, std::chrono::milliseconds timeout);
+                                     int64_t my_group_rank, std::chrono::milliseconds timeout,
+                                     std::string registered_name = "");
 
 }  // namespace shardtensor

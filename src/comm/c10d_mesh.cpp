@@ -368,7 +368,7 @@ DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vect
     impl->comms.push_back(group_ranks.size() == 1
                               ? make_self_comm(env.rank)
                               : make_c10d_comm(compat::backend_of(groups[d], impl->device.type()), group_ranks,
-                                               impl->coordinate[d], options.timeout));
+                                               impl->coordinate[d], options.timeout, compat::registered_name(groups[d])));
   }
   if (impl->shape.size() == 1) {
     impl->mesh_comm = impl->comms.front();
@@ -379,7 +379,8 @@ DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vect
                 mesh_group->getRank(), "; it must span all ", impl->ranks.size(),
                 " ranks with this rank at its row-major position ", position, ".");
     impl->mesh_comm =
-        make_c10d_comm(compat::backend_of(mesh_group, impl->device.type()), impl->ranks, position, options.timeout);
+        make_c10d_comm(compat::backend_of(mesh_group, impl->device.type()), impl->ranks, position, options.timeout,
+                       compat::registered_name(mesh_group));
   }
   return DeviceMesh(std::move(impl));
 }

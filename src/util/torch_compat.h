@@ -183,6 +183,17 @@ inline c10::intrusive_ptr<C10dBackend> backend_of(const c10::intrusive_ptr<c10d:
 #endif
 }
 
+// The name torch.distributed registered `group` under, by which its functional collectives find
+// it (comm/traced_collectives.h); empty on 1.13, which has neither.
+inline std::string registered_name(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+#if SHARDTENSOR_C10D_HAS_BACKEND
+  return group->getGroupName();
+#else
+  (void)group;
+  return "";
+#endif
+}
+
 // A ProcessGroup (what a user of torch.distributed holds) over one backend, such as a
 // ProcessGroupGloo built in C++. On 1.13 the backend already is one.
 inline c10::intrusive_ptr<c10d::ProcessGroup> process_group_over(c10::intrusive_ptr<C10dBackend> backend,

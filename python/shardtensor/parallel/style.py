@@ -21,7 +21,7 @@ from torch import nn
 
 from .. import _C, _placements
 from .._placements import Replicate, Shard
-from .._tensor import distribute_tensor, from_local
+from .._tensor import distribute_tensor, from_local, is_shard_tensor
 from .api import distribute_module
 
 __all__ = ["ColwiseParallel", "ParallelStyle", "PrepareModuleInput", "PrepareModuleInputOutput", "PrepareModuleOutput",
@@ -52,7 +52,7 @@ def _as_shard_tensor(t, mesh, placement, sizes=None):
     """`t` as a ShardTensor on `mesh`: a ShardTensor as it is, a plain tensor as this rank's piece
     of a tensor laid out by `placement`. `sizes` (every rank's piece along the split dim) gives
     the global size of a split piece; without them one small all-gather infers it."""
-    if _C.is_shard_tensor(t):
+    if is_shard_tensor(t):
         if t.device_mesh != mesh:
             raise ValueError(f"parallel style: an input is a ShardTensor on {t.device_mesh}, but the module is "
                              f"parallelized over {mesh}; redistribute it onto that mesh first")
@@ -85,7 +85,7 @@ def _redistributed(t, mesh, placement, sizes=None):
 
 
 def _output(outputs, mesh, placement, use_local_output):
-    if _C.is_shard_tensor(outputs):
+    if is_shard_tensor(outputs):
         outputs = _redistributed(outputs, mesh, placement)
         return outputs.to_local() if use_local_output else outputs
     return outputs
@@ -93,7 +93,7 @@ def _output(outputs, mesh, placement, use_local_output):
 
 def _parameter(param, mesh, placement, src_data_rank):
     """An nn.Parameter holding `param` laid out by `placement` (torch.chunk sizes)."""
-    if _C.is_shard_tensor(param):
+    if is_shard_tensor(param):
         sharded = _redistributed(param.detach(), mesh, placement)
     else:
         sharded = distribute_tensor(param.detach(), mesh, [placement], src_data_rank=src_data_rank)
@@ -218,7 +218,7 @@ class SequenceParallel(ParallelStyle):
         return (_redistributed(x, mesh, self.sequence_sharding[0]), *inputs[1:])
 
     def _prepare_output(self, module, outputs, mesh):
-        return outputs.to_local() if self.use_local_output and _C.is_shard_tensor(outputs) else outputs
+        return outputs.to_local() if self.use_local_output and is_shard_tensor(outputs) else outputs
 
     def _apply(self, module, device_mesh):
         return distribute_module(module, device_mesh, self._replicate, self._prepare_input, self._prepare_output)

@@ -3,6 +3,7 @@
 #include "redistribute/transports/part_transport.h"
 
 #include "comm/comm.h"
+#include "comm/traced_collectives.h"
 #include "redistribute/transports/peer_memory/peer_memory.h"
 
 namespace shardtensor {
@@ -14,6 +15,11 @@ at::Tensor view_of_part(const at::Tensor& t, const Box& holds, const Box& part) 
 }
 
 StepTransport available_on(Comm& comm, StepTransport how) {
+  // A graph holds collectives only (comm/traced_collectives.h): every exchange is an all_to_all.
+  if (tracing_collectives() && how.kind != TransportKind::None) {
+    how.kind = TransportKind::Collective;
+    return how;
+  }
   if (how.kind != TransportKind::PeerMemory && how.kind != TransportKind::SharedArena) return how;
   const PeerMemory* memory = peer_memory_of(comm);
   if (!memory)

@@ -1,0 +1,41 @@
+// What torch.compile's traceable wrapper (python/shardtensor/_traceable.py) needs to run
+// shardtensor's dispatch on traced local pieces: a ShardTensor over a given piece and layout,
+// the piece back, and the scope in which collectives are recorded as torch's functional ones
+// (src/comm/traced_collectives.h) instead of moving bytes. C++ programs have no use for it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "shardtensor/spec.h"
+
+namespace shardtensor {
+
+// A ShardTensor over `local` (this rank's piece: its shape must be spec's local shape here)
+// with the layout `spec` and global strides `global_strides` (empty: contiguous). No
+// communication and no autograd link: the wrapper calls it below autograd.
+at::Tensor shard_tensor_over(const at::Tensor& local, const ShardTensorSpec& spec, std::vector<int64_t> global_strides = {});
+
+// The piece a ShardTensor holds, as it is (to_local() is its differentiable form).
+at::Tensor local_piece_of(const at::Tensor& t);
+
+// Whether this thread is tracing (a TracingScope is open).
+bool tracing_collectives();
+
+// Open while the traceable wrapper runs one operator on traced pieces: every collective is then
+// recorded as torch's functional collective of the same meaning, and every transport gives way
+// to those collectives.
+class TracingScope {
+ public:
+  TracingScope();
+  ~TracingScope();
+  TracingScope(const TracingScope&) = delete;
+  TracingScope& operator=(const TracingScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+}  // namespace shardtensor

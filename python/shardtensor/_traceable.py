@@ -1,0 +1,395 @@
+"""A ShardTensor as torch.compile traces it: its local piece plus its layout, as a traceable
+wrapper subclass.
+
+dynamo and AOTAutograd trace tensor subclasses through Python's protocol
+(``__tensor_flatten__``, ``__tensor_unflatten__``, ``__torch_dispatch__``); a ShardTensor is a C++
+tensor, which they cannot look into. So a traced region sees each ShardTensor as a
+``TraceableShardTensor``: its one inner tensor is the local piece (fake or functional while
+tracing), and its flatten context is the layout, a hashable constant (the C++ spec: mesh,
+placements, global shape, every shard size), which is what guards compare and what a graph is
+specialised on.
+
+Each ATen operator on one runs shardtensor's own C++ dispatch (sharding propagation, planning,
+the kernels) on the traced pieces: the wrapper rebuilds C++ ShardTensors over them, calls the
+operator's shardtensor kernel directly (below the tracing modes, which then see every local
+operator the kernel runs), and wraps the results again. A ``TracingScope`` is open meanwhile,
+so every move the kernel makes is recorded as torch's functional collectives
+(src/comm/traced_collectives.h). The Python here runs only while tracing; a compiled graph holds
+local ATen operators and collectives, and eager mode never meets this class.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+from . import _C
+
+# The layouts compiled graphs name, by position: a layout is a constant of the trace.
+_IN_GRAPHS: list = []
+
+
+def _layout_fx_repr(layout):
+    if layout not in _IN_GRAPHS:
+        _IN_GRAPHS.append(layout)
+    return f"_shardtensor_layout({_IN_GRAPHS.index(layout)})", {"_shardtensor_layout": _IN_GRAPHS.__getitem__}
+
+
+_C.Layout.__fx_repr__ = _layout_fx_repr
+
+_SHARDTENSOR_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+
+
+class TraceableShardTensor(torch.Tensor):
+    """A ShardTensor's local piece and layout, for tracing (see the module's docstring)."""
+
+    _local: torch.Tensor
+    _layout: "_C.Layout"
+    _strides: tuple
+
+    @staticmethod
+    def __new__(cls, local: torch.Tensor, layout, strides, requires_grad: bool = False):
+        out = torch.Tensor._make_wrapper_subclass(
+            cls, tuple(layout.shape), strides=tuple(strides), dtype=local.dtype, device=local.device,
+            requires_grad=requires_grad)
+        out._local = local
+        out._layout = layout
+        out._strides = tuple(strides)
+        return out
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __tensor_flatten__(self):
+        return ["_local"], (self._layout, self._strides)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, context, outer_size, outer_stride):
+        layout, strides = context
+        return TraceableShardTensor(inner["_local"], layout, strides)
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        """The gradient AOTAutograd's compiled backward was traced for: the same values in the
+        layout that the trace guessed (a Replicate gradient of a Partial output, say)."""
+        if expected_type is not None and expected_type is not TraceableShardTensor:
+            return None
+        if (self._layout, self._strides) == expected_metadata:
+            return self
+        layout, strides = expected_metadata
+        piece = _in_layout(_over(self), layout)
+        return TraceableShardTensor(piece, layout, strides)
+
+    # The ShardTensor methods, defined here so that dynamo inlines them (it would otherwise take
+    # the ones shardtensor installs on torch.Tensor for operators to put in the graph).
+    def redistribute(self, device_mesh=None, placements=None, *, async_op=False, sharding_shapes=None, transport=None,
+                     peer_memory=None):
+        from ._tensor import _redistribute
+
+        return _redistribute(self, device_mesh, placements, sharding_shapes=sharding_shapes)
+
+    def to_local(self, *, grad_placements=None):
+        from ._tensor import _to_local
+
+        return _to_local(self, grad_placements=grad_placements)
+
+    def full_tensor(self, *, grad_placements=None):
+        from ._tensor import _full_tensor
+
+        return _full_tensor(self, grad_placements=grad_placements)
+
+    def shard_sizes(self):
+        return shard_sizes_of(self._layout)
+
+    @property
+    def placements(self):
+        return placements_of(self)
+
+    @property
+    def device_mesh(self):
+        from ._mesh import mesh_of_cpp
+
+        return mesh_of_cpp(self._layout.mesh)
+
+    def __repr__(self) -> str:
+        return f"TraceableShardTensor({self._layout}, local={self._local!r})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.shardtensor.redistribute.default:
+            return _redistribute_traced(*args, **(kwargs or {}))
+        wrapped = {}
+
+        def to_cpp(t: TraceableShardTensor) -> torch.Tensor:
+            cpp = _C.shard_tensor_over(t._local, t._layout, list(t._strides))
+            wrapped[id(cpp)] = (t, cpp)
+            return cpp
+
+        cpp_args, cpp_kwargs = tree_map_only(TraceableShardTensor, to_cpp, (args, kwargs or {}))
+        cpp_args = _numbers_wrapped(func, cpp_args)
+        out = _traced(func.redispatch, _SHARDTENSOR_KERNEL, *cpp_args, **cpp_kwargs)
+        # An in-place operator may have given an argument a new piece: the traced one takes its
+        # values, so that the mutation is one the tracer sees.
+        if func._schema.is_mutable:
+            for t, cpp in wrapped.values():
+                piece = _C.local_piece_of(cpp)
+                if piece is not t._local:
+                    t._local.copy_(piece)
+        return tree_map_only(torch.Tensor, lambda x: _from_cpp(x, wrapped), out)
+
+
+_NUMBERS = (bool, int, float, complex)
+
+
+def _numbers_wrapped(func, args):
+    """``args`` with each Python number that stands for a Tensor argument (``x * 2``) as the
+    wrapped number the C++ dispatcher would have made of it: redispatch takes tensors only."""
+    schema = func._schema.arguments
+    if not any(isinstance(a, _NUMBERS) for a in args):
+        return args
+    return tuple(_C.wrapped_number(a) if isinstance(a, _NUMBERS) and i < len(schema) and
+                 isinstance(schema[i].type, torch.TensorType) else a for i, a in enumerate(args))
+
+
+def _over(t: TraceableShardTensor) -> torch.Tensor:
+    return _C.shard_tensor_over(t._local, t._layout, list(t._strides))
+
+
+def _traced(fn, *args):
+    scope = _C.TracingScope()
+    scope.enter()
+    try:
+        return fn(*args)
+    finally:
+        scope.exit()
+
+
+# ---- redistribute, as an operator that a graph can hold ----
+# The target layout travels as integers: placements as (kind, value) pairs of the C++ encoding,
+# flattened, and shard sizes as (tensor dim, count, sizes...) runs.
+
+def _flat_placements(encoded) -> list:
+    return [v for pair in encoded for v in pair]
+
+
+def _pairs(flat) -> list:
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+def _flat_sizes(encoded) -> list:
+    flat = []
+    for dim, sizes in encoded:
+        flat += [dim, len(sizes), *sizes]
+    return flat
+
+
+def _runs(flat) -> list:
+    runs, i = [], 0
+    while i < len(flat):
+        dim, n = flat[i], flat[i + 1]
+        runs.append((dim, list(flat[i + 2:i + 2 + n])))
+        i += 2 + n
+    return runs
+
+
+@torch.library.custom_op("shardtensor::redistribute", mutates_args=())
+def redistribute_op(x: torch.Tensor, placements: list[int], sizes: list[int]) -> torch.Tensor:
+    """``x.redistribute`` inside a traced region (x a TraceableShardTensor; the dispatch above
+    runs it). A plain tensor never carries a layout to move."""
+    raise TypeError("shardtensor::redistribute takes a ShardTensor inside a compiled region; got a plain tensor")
+
+
+@redistribute_op.register_fake
+def _(x, placements, sizes):
+    raise TypeError("shardtensor::redistribute takes a ShardTensor inside a compiled region; got a plain tensor")
+
+
+def _redistribute_traced(x: TraceableShardTensor, placements, sizes) -> TraceableShardTensor:
+    out = _traced(_C.redistribute, _over(x), x._layout.mesh, _pairs(placements), _runs(sizes) or None)
+    return TraceableShardTensor(_C.local_piece_of(out), _C.layout_of(out), out.stride())
+
+
+def _gradient_placements(layout) -> list:
+    """The layout a redistribute's gradient goes back to: its input's, with every Partial
+    replicated (a gradient is never pending a reduction), as eager mode's backward does."""
+    return [(_REPLICATE, 0) if kind == _PARTIAL else (kind, value) for kind, value in layout.placements]
+
+
+def _redistribute_setup(ctx, inputs, output):
+    ctx.source = inputs[0]._layout
+
+
+def _redistribute_backward(ctx, grad):
+    layout = ctx.source
+    return redistribute_op(grad, _flat_placements(_gradient_placements(layout)), _flat_sizes(layout.shard_sizes)), None, None
+
+
+redistribute_op.register_autograd(_redistribute_backward, setup_context=_redistribute_setup)
+
+
+def redistribute(x: TraceableShardTensor, placements, sizes=None) -> TraceableShardTensor:
+    """``x`` in ``placements`` (C++-encoded pairs) with ``sizes`` (encoded, or None), traceably."""
+    return redistribute_op(x, _flat_placements(placements), _flat_sizes(sizes or []))
+
+
+# ---- to_local, from_local and full_tensor inside a traced region ----
+# dynamo does not trace these (they are marked nonstrict_trace when dynamo loads: _compile.py);
+# AOTAutograd runs them as Python on the traced pieces, so they may build layouts in C++.
+
+class _ToLocal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, grad_placements):
+        ctx.layout, ctx.strides, ctx.grad_placements = x._layout, x._strides, grad_placements
+        return x._local.view_as(x._local)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # The gradient arrives as this rank's piece of a tensor laid out as the input was (or as
+        # grad_placements says): the piece of a ShardTensor in that layout.
+        layout = ctx.layout
+        if ctx.grad_placements is not None and _pairs(ctx.grad_placements) != layout.placements:
+            cpp = _C.from_local(grad, layout.mesh, _pairs(ctx.grad_placements), "trusted", list(layout.shape),
+                                layout.shard_sizes, False)
+            return TraceableShardTensor(_C.local_piece_of(cpp), _C.layout_of(cpp), cpp.stride()), None
+        return TraceableShardTensor(grad.contiguous(), layout, ctx.strides), None
+
+
+class _FromLocal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local, layout, strides):
+        return TraceableShardTensor(local.view_as(local), layout, strides)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # A Partial gradient's piece is not a gradient of the piece: reduce it first, as eager
+        # from_local's backward does.
+        if any(kind == _PARTIAL for kind, _ in grad._layout.placements):
+            grad = redistribute(grad, _gradient_placements(grad._layout), grad._layout.shard_sizes)
+        return grad._local, None, None
+
+
+def to_local_in_graph(x: TraceableShardTensor, grad_placements=None) -> torch.Tensor:
+    """``x.to_local(grad_placements=...)`` in a traced region (placements C++-encoded, flat)."""
+    return _ToLocal.apply(x, grad_placements)
+
+
+def from_local_in_graph(local: torch.Tensor, device_mesh, placements, sharding_shapes, shape, trusted: bool):
+    """``from_local`` in a traced region: the layout is built in C++ from the piece's shape, with
+    no collective (torch.chunk sizes, or given ones), and the piece wrapped in it. ``placements``
+    are C++-encoded pairs (None: Replicate on every mesh dim)."""
+    layout, strides = layout_for_piece(device_mesh, placements, sharding_shapes, shape, trusted, list(local.shape),
+                                       local.dtype)
+    return _FromLocal.apply(local, layout, strides)
+
+
+def layout_for_piece(device_mesh, placements, sharding_shapes, shape, trusted, local_shape, dtype):
+    """The layout from_local gives a piece of ``local_shape``: a constant of the trace (dynamo
+    calls it once, at trace time: _compile.py)."""
+    from . import _placements
+    from ._tensor import _encode_sizes, _mesh_or_current
+
+    mesh = _mesh_or_current(device_mesh, "from_local")
+    placements = [(_REPLICATE, 0)] * mesh.ndim if placements is None else [tuple(p) for p in placements]
+    if isinstance(sharding_shapes, str):
+        if sharding_shapes != "chunk":
+            raise NotImplementedError(
+                f"from_local(sharding_shapes={sharding_shapes!r}) inside torch.compile: the sizes would come from "
+                f"a collective at run time, which a graph specialised on them cannot hold; pass them "
+                f"(sharding_shapes={{dim: [...]}}) or call from_local outside the compiled region")
+        mode, sizes = "chunk", None
+    else:
+        mode, sizes = "trusted" if trusted else "given", _encode_sizes(sharding_shapes, _placements.decode(placements), mesh)
+    piece = torch.empty(local_shape, dtype=dtype, device=mesh.device_type)  # once, at trace time
+    cpp = _C.from_local(piece, mesh._cpp, placements, mode, shape, sizes, False)
+    return _C.layout_of(cpp), cpp.stride()
+
+
+def full_tensor_in_graph(x: TraceableShardTensor, grad_placements=None) -> torch.Tensor:
+    whole = redistribute(x, [(_REPLICATE, 0)] * len(placements_of_layout(x._layout)))
+    return to_local_in_graph(whole, grad_placements)
+
+
+def placements_of(x: TraceableShardTensor):
+    return placements_of_layout(x._layout)
+
+
+# What traced code reads of a layout: constants of the trace (dynamo evaluates them once).
+def placements_of_layout(layout) -> tuple:
+    from . import _placements
+
+    return tuple(_placements.decode(layout.placements))
+
+
+def shard_sizes_of(layout) -> dict:
+    return {dim: list(sizes) for dim, sizes in layout.shard_sizes}
+
+
+def _from_cpp(x: torch.Tensor, wrapped=None):
+    if not _C.is_shard_tensor(x):
+        return x
+    if wrapped and id(x) in wrapped and wrapped[id(x)][1] is x:
+        return wrapped[id(x)][0]  # an in-place operator returns its argument
+    return TraceableShardTensor(_C.local_piece_of(x), _C.layout_of(x), x.stride())
+
+
+_PARTIAL, _REPLICATE = 2, 1  # the placement kinds of the C++ encoding (_placements.py)
+_SUM, _PRODUCT = 0, 4          # ReduceOp codes whose pieces are not the value itself
+
+
+def _in_layout(x: torch.Tensor, layout) -> torch.Tensor:
+    """The local piece of ShardTensor ``x`` in ``layout``, which may hold Partial placements that
+    ``x`` lacks (a redistribute never makes one): each such mesh dim gets its replicated value
+    split as the Partial's op combines it (for a sum, the value at coordinate 0 and zeros
+    elsewhere)."""
+    target = layout.placements
+    unreduced = [(_REPLICATE, 0) if kind == _PARTIAL else (kind, value) for kind, value in target]
+    x = _C.redistribute(x, layout.mesh, unreduced, layout.shard_sizes)
+    piece = _C.local_piece_of(x)
+    for mesh_dim, (kind, op) in enumerate(target):
+        if kind == _PARTIAL and op in (_SUM, _PRODUCT) and layout.mesh.coordinate[mesh_dim] != 0:
+            piece = torch.zeros_like(piece) if op == _SUM else torch.ones_like(piece)
+    return piece
+
+
+class _ToTraceable(torch.autograd.Function):
+    """A ShardTensor into a traced region; its gradient back out as a ShardTensor."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return TraceableShardTensor(_C.local_piece_of(x), _C.layout_of(x), x.stride())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return from_traceable_piece(grad)
+
+
+class _FromTraceable(torch.autograd.Function):
+    """A traced region's result out as a ShardTensor; its gradient back in as a traceable one."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return _over(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return TraceableShardTensor(_C.local_piece_of(grad), _C.layout_of(grad), grad.stride())
+
+
+def from_traceable_piece(t):
+    if t is None or not isinstance(t, TraceableShardTensor):
+        return t
+    return _over(t)
+
+
+def guard_view(x: torch.Tensor) -> TraceableShardTensor:
+    """What dynamo's guards compare a ShardTensor argument by: its traceable form, without an
+    autograd link (guards only read its type, layout and metadata)."""
+    return TraceableShardTensor(_C.local_piece_of(x), _C.layout_of(x), x.stride(), requires_grad=x.requires_grad)
+
+
+def as_traceable(x: torch.Tensor) -> TraceableShardTensor:
+    """``x`` (a ShardTensor) as a traced region takes it, differentiably."""
+    return _ToTraceable.apply(x)
+
+
+def from_traceable(t: TraceableShardTensor) -> torch.Tensor:
+    """A compiled region's result back as a ShardTensor, differentiably."""
+    return _FromTraceable.apply(t)

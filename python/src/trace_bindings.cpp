@@ -1,0 +1,66 @@
+// What torch.compile's traceable wrapper (shardtensor/_traceable.py) needs: a ShardTensor's
+// layout as a hashable constant (Layout, the C++ spec), the wrapper's piece and layout back to a
+// C++ ShardTensor and out again, and the tracing scope (shardtensor/tracing.h).
+#include <ATen/ScalarOps.h>
+#include <pybind11/complex.h>
+
+#include "bindings.h"
+#include "shardtensor/shard_tensor.h"
+#include "shardtensor/tracing.h"
+
+namespace shardtensor::python {
+namespace {
+
+struct TracingContext {
+  std::optional<TracingScope> scope;
+  void enter() { scope.emplace(); }
+  void exit() { scope.reset(); }
+};
+
+}  // namespace
+
+void bind_tracing(py::module_& m) {
+  py::class_<ShardTensorSpec>(m, "Layout")
+      .def("__eq__", [](const ShardTensorSpec& a, const ShardTensorSpec& b) { return a == b; })
+      .def("__hash__", [](const ShardTensorSpec& s) { return s.hash(); })
+      .def("__repr__", [](const ShardTensorSpec& s) { return s.to_string(); })
+      // Immutable: dynamo's guards keep their context by deepcopy.
+      .def("__copy__", [](const ShardTensorSpec& s) { return s; })
+      .def("__deepcopy__", [](const ShardTensorSpec& s, const py::dict&) { return s; })
+      .def_property_readonly("mesh", &ShardTensorSpec::mesh)
+      .def_property_readonly("placements", [](const ShardTensorSpec& s) { return encode_placements(s.placements()); })
+      .def_property_readonly("shape", &ShardTensorSpec::shape)
+      .def_property_readonly("shard_sizes", [](const ShardTensorSpec& s) { return encode_sizes(s.shard_sizes()); })
+      .def_property_readonly("local_shape", py::overload_cast<>(&ShardTensorSpec::local_shape, py::const_));
+  m.def("layout_of", [](const at::Tensor& t) { return spec(t); }, py::arg("t"));
+  m.def("shard_tensor_over", &shard_tensor_over, py::arg("local"), py::arg("layout"), py::arg("global_strides"));
+  // A Python number where the schema takes a tensor (x * 2), as the C++ dispatcher passes it: a
+  // wrapped number, which takes no part in type promotion.
+  m.def(
+      "wrapped_number",
+      [](const py::object& number) {
+        at::Scalar value;
+        if (py::isinstance<py::bool_>(number))
+          value = number.cast<bool>();
+        else if (py::isinstance<py::int_>(number))
+          value = number.cast<int64_t>();
+        else if (PyComplex_Check(number.ptr()))
+          value = c10::complex<double>(number.cast<std::complex<double>>());
+        else
+          value = number.cast<double>();
+        at::Tensor t = c10::scalar_to_tensor(value);
+        t.unsafeGetTensorImpl()->set_wrapped_number(true);
+        return t;
+      },
+      py::arg("value"));
+  m.def("local_piece_of", &local_piece_of, py::arg("t"));
+  m.def(
+      "from_local_with_layout",
+      [](const at::Tensor& local, const ShardTensorSpec& layout) {
+        return from_local(local, layout.mesh(), layout.placements(), ShardSizing::trusted(layout.shard_sizes()), false);
+      },
+      py::arg("local"), py::arg("layout"), py::call_guard<py::gil_scoped_release>());
+  py::class_<TracingContext>(m, "TracingScope").def(py::init<>()).def("enter", &TracingContext::enter).def("exit", &TracingContext::exit);
+}
+
+}  // namespace shardtensor::python

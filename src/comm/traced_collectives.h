@@ -1,0 +1,54 @@
+// Collectives on traced pieces: how a ShardTensor's moves appear in a torch.compile graph.
+//
+// Under torch.compile, the Python traceable wrapper (python/shardtensor/_traceable.py) runs
+// shardtensor's C++ dispatch on local pieces that hold no bytes (dynamo's fake tensors,
+// AOTAutograd's functional ones). Propagation, planning and the kernels run as in eager mode;
+// only the bytes cannot move. While a TracingScope is open on the thread, every collective a
+// Comm over torch.distributed groups is asked for is recorded instead as torch's functional
+// collective of the same meaning (torch.ops._c10d_functional: all_reduce,
+// all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single with split sizes for uneven
+// parts and halos, broadcast), followed by its wait_tensor, so the compiled graph holds local
+// ATen ops and collectives that Inductor can schedule. Every transport gives way to those
+// collectives while tracing (part_transport.h: available_on): peer memory and point-to-point
+// messages have no functional form. Nothing here runs outside tracing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardtensor/placement.h"
+#include "shardtensor/tracing.h"  // tracing_collectives(), TracingScope
+
+namespace at {
+class Tensor;
+}
+
+namespace shardtensor {
+
+// The functional collectives over one torch.distributed group, by its registered name. Each
+// returns a new tensor (the inputs are untouched), as the functional ops do.
+class TracedCollectives {
+ public:
+  // `group_name`: the group's name in torch.distributed's registry (empty: a group that
+  // torch.distributed did not make, which cannot be traced: every call raises saying so).
+  TracedCollectives(std::string group_name, int64_t group_size, std::string described_as);
+
+  at::Tensor all_reduce(const at::Tensor& input, ReduceOp op) const;
+  // [group_size * input.size(0), ...]: every member's input, in group-rank order, along dim 0.
+  at::Tensor all_gather(const at::Tensor& input) const;
+  // `input` holds group_size blocks along dim 0; returns this member's block reduced.
+  at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op) const;
+  at::Tensor all_to_all(const at::Tensor& input, const std::vector<int64_t>& output_splits,
+                        const std::vector<int64_t>& input_splits) const;
+  at::Tensor broadcast(const at::Tensor& input, int64_t root) const;
+
+ private:
+  const std::string& name() const;
+
+  std::string group_name_;
+  int64_t group_size_;
+  std::string described_as_;  // "the group of global ranks [0, 1]", for errors
+};
+
+}  // namespace shardtensor
