@@ -34,7 +34,7 @@ import importlib.util
 import sys
 import warnings
 
-from . import _C, _placements, _traceable
+from . import _C, _placements, _tensor, _traceable
 
 _DYNAMO = "torch._dynamo"
 
@@ -77,7 +77,10 @@ def _teach(dynamo) -> None:
 
     def wrap_tensor(self, value):
         if _C.is_shard_tensor(value):
-            return cls(self.tx, TraceableSource(self.get_source()))(_traceable.guard_view(value))
+            traceable = _traceable.guard_view(value)
+            # A graph is specialised on the layout, and so on every size: no dynamic shapes.
+            dynamo.mark_static(traceable)
+            return cls(self.tx, TraceableSource(self.get_source()))(traceable)
         return original(self, value)
 
     wrap_tensor._traces_shard_tensors = True
@@ -91,13 +94,20 @@ def _teach(dynamo) -> None:
 
     register_custom_class(DeviceMesh, typ="constant")
     register_custom_class(_C.Layout, typ="constant",
-                          members={m: MemberType.USE_REAL for m in ("mesh", "placements", "shape", "shard_sizes", "local_shape")})
+                          members={m: MemberType.USE_REAL for m in ("placements", "shape", "shard_sizes", "local_shape")})
     for placement in (_placements.Shard, _placements.Replicate, _placements.Partial, _placements.NormPartial):
-        register_custom_class(placement, typ="constant")
+        members = [m for m in _PLACEMENT_MEMBERS if m in dir(placement) or m in getattr(placement, "__slots__", ())]
+        register_custom_class(placement, typ="constant", members={m: MemberType.USE_REAL for m in members})
     # to_local's backward makes a traced ShardTensor of a plain gradient, which AOTAutograd runs
     # as Python; the layout a from_local gives is computed once, when dynamo meets it.
     _traceable.to_local_in_graph = dynamo.nonstrict_trace(_traceable.to_local_in_graph)
-    for name in ("layout_for_piece", "placements_of_layout", "shard_sizes_of"):
+    # The conversions a compiled frame's bytecode runs around its graph are not themselves traced.
+    for name in ("as_traceable", "from_traceable", "guard_view"):
+        setattr(_traceable, name, dynamo.disable(getattr(_traceable, name)))
+    _tensor._from_local_outside_graph = dynamo.disable(_tensor._from_local_outside_graph,
+                                                       reason="from_local(sharding_shapes='infer') gathers the pieces' "
+                                                              "sizes, which a graph cannot be specialised on")
+    for name in ("layout_for_piece", "placements_of_layout", "shard_sizes_of", "mesh_of_layout"):
         setattr(_traceable, name, dynamo.assume_constant_result(getattr(_traceable, name)))
     dynamo.config.traceable_tensor_subclasses.add(_traceable.TraceableShardTensor)
 
@@ -116,6 +126,8 @@ def _teach(dynamo) -> None:
         return self._cached_guard_managers[name]
 
     guards.get_guard_manager_from_source = get_guard_manager_from_source
+    # Where dynamo evaluates a guard's source by name (its failure reasons, say).
+    dynamo.guards._get_closure_vars()["___shardtensor_traceable"] = _traceable.guard_view
 
     # shardtensor installs its methods on torch.Tensor, so dynamo would put a call of one in the
     # graph as a tensor method; on a traced ShardTensor it inlines the traceable class's own.
@@ -154,10 +166,15 @@ def _teach(dynamo) -> None:
     output_graph.call_user_compiler = call_user_compiler_returning_shard_tensors
 
 
+_PLACEMENT_MEMBERS = ("dim", "reduce_op", "norm_type", "is_shard", "is_replicate", "is_partial", "__eq__", "__ne__",
+                      "__hash__", "__repr__")
 _TRACEABLE_METHODS = ("redistribute", "to_local", "full_tensor", "shard_sizes")
 
 
 def _returning_shard_tensors(compiled):
+    import torch._dynamo
+
+    @torch._dynamo.disable
     def run(*args, **kwargs):
         out = compiled(*args, **kwargs)
         if isinstance(out, (list, tuple)) and any(isinstance(o, _traceable.TraceableShardTensor) for o in out):

@@ -14,7 +14,7 @@ _REDUCE_OPS = ("sum", "avg", "max", "min", "product")
 class Placement:
     """Base of the three placements; the is_* queries match DTensor's."""
 
-    __slots__ = ()
+    __slots__ = ("__weakref__",)  # compiled graphs hold placements as constants, weakly
 
     def is_shard(self, dim: int | None = None) -> bool:
         return False

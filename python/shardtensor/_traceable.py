@@ -105,9 +105,7 @@ class TraceableShardTensor(torch.Tensor):
 
     @property
     def device_mesh(self):
-        from ._mesh import mesh_of_cpp
-
-        return mesh_of_cpp(self._layout.mesh)
+        return mesh_of_layout(self._layout)
 
     def __repr__(self) -> str:
         return f"TraceableShardTensor({self._layout}, local={self._local!r})"
@@ -153,11 +151,11 @@ def _over(t: TraceableShardTensor) -> torch.Tensor:
     return _C.shard_tensor_over(t._local, t._layout, list(t._strides))
 
 
-def _traced(fn, *args):
+def _traced(fn, *args, **kwargs):
     scope = _C.TracingScope()
     scope.enter()
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     finally:
         scope.exit()
 
@@ -316,6 +314,12 @@ def placements_of_layout(layout) -> tuple:
     from . import _placements
 
     return tuple(_placements.decode(layout.placements))
+
+
+def mesh_of_layout(layout):
+    from ._mesh import mesh_of_cpp
+
+    return mesh_of_cpp(layout.mesh)
 
 
 def shard_sizes_of(layout) -> dict:

@@ -45,6 +45,10 @@ def _layouts(layouts):
 
 
 def _normalized(placement, ndim: int):
+    if torch.compiler.is_compiling():
+        # A placement is a constant of the trace, which dynamo cannot build from the integers
+        # it may have made symbolic; a negative dim counts from the end in the layout too.
+        return placement
     return Shard(placement.dim % ndim) if placement.is_shard() and ndim > 0 else placement
 
 
@@ -78,9 +82,10 @@ def _as_shard_tensor(t, mesh, placement, sizes=None):
 def _redistributed(t, mesh, placement, sizes=None):
     """`t` laid out by `placement` (with `sizes` along its split dim, where given)."""
     target = _normalized(placement, t.ndim)
-    if t.placements == (target,) and (sizes is None or t.shard_sizes().get(target.dim) == list(sizes)):
+    dim = target.dim % t.ndim if target.is_shard() else None
+    if t.placements == (target,) and (sizes is None or t.shard_sizes().get(dim) == list(sizes)):
         return t
-    shapes = {target.dim: list(sizes)} if sizes is not None else None
+    shapes = {dim: list(sizes)} if sizes is not None else None
     return t.redistribute(mesh, [target], sharding_shapes=shapes)
 
 
