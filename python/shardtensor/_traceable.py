@@ -21,7 +21,7 @@ local ATen operators and collectives, and eager mode never meets this class.
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 from . import _C
 
@@ -114,6 +114,7 @@ class TraceableShardTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         if func is torch.ops.shardtensor.redistribute.default:
             return _redistribute_traced(*args, **(kwargs or {}))
+        _refuse_plain_tensors_with_gradients(func, args, kwargs)
         wrapped = {}
 
         def to_cpp(t: TraceableShardTensor) -> torch.Tensor:
@@ -132,6 +133,34 @@ class TraceableShardTensor(torch.Tensor):
                 if piece is not t._local:
                     t._local.copy_(piece)
         return tree_map_only(torch.Tensor, lambda x: _from_cpp(x, wrapped), out)
+
+
+def _refuse_plain_tensors_with_gradients(func, args, kwargs) -> None:
+    """A plain tensor that requires grad (a plain weight) beside a ShardTensor: eager mode
+    replicates it implicitly and hands its gradient back plain and whole (summed over the ranks),
+    which a traced graph cannot do yet; dynamo breaks the graph here, and the operator runs
+    eagerly, as it does without torch.compile."""
+    plain = [a for a in tree_flatten((args, kwargs))[0]
+             if isinstance(a, torch.Tensor) and not isinstance(a, TraceableShardTensor) and a.requires_grad]
+    if plain and _dynamo_is_tracing():
+        from torch._dynamo.exc import unimplemented
+
+        unimplemented(
+            gb_type="A plain tensor that requires grad meets a ShardTensor",
+            context=f"{func}: a plain tensor of shape {tuple(plain[0].shape)} that requires grad",
+            explanation="shardtensor replicates a plain tensor that meets a ShardTensor and hands its gradient back "
+                        "plain and summed over the ranks; traced graphs do not do that yet, so this operator runs "
+                        "eagerly (the same values and gradients as without torch.compile)",
+            hints=["Make the weight a ShardTensor (distribute_tensor(w, mesh, [Replicate()])) to keep the graph whole."])
+
+
+def _dynamo_is_tracing() -> bool:
+    """Whether dynamo is translating a frame now (running an operator on fake values to learn its
+    result), where a graph break can still be taken; AOTAutograd only traces graphs dynamo took."""
+    import sys
+
+    convert = sys.modules.get("torch._dynamo.symbolic_convert")
+    return convert is not None and getattr(convert.tls, "current_tx", None) is not None
 
 
 _NUMBERS = (bool, int, float, complex)

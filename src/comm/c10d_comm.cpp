@@ -86,7 +86,6 @@ class C10dComm final : public Comm {
   void all_gather(const at::Tensor& input, const at::Tensor& output) override {
     TORCH_INTERNAL_ASSERT(output.size(0) == size() && output.is_contiguous());
     if (tracing_collectives()) {
-      record_collective("all_gather", input.nbytes());
       output.copy_(traced_.all_gather(input.reshape({1, -1})).view(output.sizes()));
       return;
     }
@@ -105,7 +104,6 @@ class C10dComm final : public Comm {
   void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
     // Other backends (a user's own ProcessGroup) may lack it: they get Comm's all_to_all form.
     if (tracing_collectives()) {
-      record_collective("reduce_scatter", (size() - 1) * static_cast<int64_t>(output.nbytes()));
       output.copy_(traced_.reduce_scatter(input.view({size(), -1}), op).view(output.sizes()));
       return;
     }
@@ -124,7 +122,6 @@ class C10dComm final : public Comm {
   void all_reduce(const at::Tensor& tensor, ReduceOp op) override {
     TORCH_INTERNAL_ASSERT(tensor.is_contiguous());
     if (tracing_collectives()) {
-      record_collective("all_reduce", tensor.nbytes());
       tensor.copy_(traced_.all_reduce(tensor, op));
       return;
     }
@@ -139,7 +136,6 @@ class C10dComm final : public Comm {
   void broadcast(const at::Tensor& tensor, int64_t root) override {
     TORCH_INTERNAL_ASSERT(tensor.is_contiguous());
     if (tracing_collectives()) {
-      record_collective("broadcast", rank_ == root ? tensor.nbytes() : 0);
       tensor.copy_(traced_.broadcast(tensor, root));
       return;
     }
@@ -162,7 +158,6 @@ class C10dComm final : public Comm {
     for (size_t q = 0; q < input_splits.size(); ++q)
       if (static_cast<int64_t>(q) != rank_) sent += input_splits[q];
     if (tracing_collectives()) {
-      record_collective("all_to_all", sent * static_cast<int64_t>(input.element_size()));
       output.copy_(traced_.all_to_all(input, output_splits, input_splits));
       return;
     }

@@ -1,5 +1,6 @@
 // See comm_debug.h and CommDebugMode in shardtensor/dispatch.h.
 #include "comm/comm_debug.h"
+#include "shardtensor/tracing.h"
 
 #include <algorithm>
 #include <iomanip>
@@ -22,7 +23,8 @@ CurrentOperatorScope::CurrentOperatorScope(const std::string* name) : previous_(
 CurrentOperatorScope::~CurrentOperatorScope() { current_op = previous_; }
 
 void record_collective(const char* kind, int64_t bytes, bool counts) {
-  if (active_mode) active_mode->record(kind, current_operator(), bytes, counts);
+  // A trace moves no bytes (comm/traced_collectives.h): its graph's collectives run as torch's.
+  if (active_mode && !tracing_collectives()) active_mode->record(kind, current_operator(), bytes, counts);
 }
 
 CommDebugPause::CommDebugPause() : paused_(active_mode) { active_mode = nullptr; }

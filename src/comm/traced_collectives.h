@@ -10,7 +10,9 @@
 // parts and halos, broadcast), followed by its wait_tensor, so the compiled graph holds local
 // ATen ops and collectives that Inductor can schedule. Every transport gives way to those
 // collectives while tracing (part_transport.h: available_on): peer memory and point-to-point
-// messages have no functional form. Nothing here runs outside tracing.
+// messages have no functional form. Nothing here runs outside tracing, and nothing is counted by
+// shardtensor's CommDebugMode: a trace moves no bytes, and a compiled graph's collectives run
+// as torch's.
 #pragma once
 
 #include <cstdint>
