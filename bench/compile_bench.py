@@ -11,9 +11,10 @@ compiled (torch's DTensor traces to functional collectives, which Inductor sees)
 demo's model (examples/heat_unet_demo.py, float32, Replicate parameters) on its 250 x 190 field
 split unevenly over H, forward and loss compiled, eager and compiled.
 
-shardtensor's operators on ShardTensors run eagerly under torch.compile (graph breaks: see
-python/shardtensor/_compile.py), so its compiled step measures what dynamo's breaks cost around
-the same C++ work. Variants take turns, a barrier before each step; median of --steps steps
+Under torch.compile shardtensor's operators are traced (python/shardtensor/_compile.py): the
+compiled step runs one graph of local operators and functional collectives, as DTensor's does,
+where the U-Net's batch norm and upsampling, which reach shardtensor decomposed while tracing,
+gather their inputs (see docs/python.md#torchcompile). Variants take turns, a barrier before each step; median of --steps steps
 after warm-up (the compile happens there), the slowest rank's time. Each variant's first loss is
 checked against shardtensor's eager one from the same weights before anything is timed.
 """

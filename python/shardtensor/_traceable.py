@@ -20,6 +20,8 @@ local ATen operators and collectives, and eager mode never meets this class.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
@@ -124,7 +126,7 @@ class TraceableShardTensor(torch.Tensor):
 
         cpp_args, cpp_kwargs = tree_map_only(TraceableShardTensor, to_cpp, (args, kwargs or {}))
         cpp_args = _numbers_wrapped(func, cpp_args)
-        out = _traced(func.redispatch, _SHARDTENSOR_KERNEL, *cpp_args, **cpp_kwargs)
+        out = _run_or_break(func, cpp_args, cpp_kwargs)
         # An in-place operator may have given an argument a new piece: the traced one takes its
         # values, so that the mutation is one the tracer sees.
         if func._schema.is_mutable:
@@ -152,6 +154,32 @@ def _refuse_plain_tensors_with_gradients(func, args, kwargs) -> None:
                         "plain and summed over the ranks; traced graphs do not do that yet, so this operator runs "
                         "eagerly (the same values and gradients as without torch.compile)",
             hints=["Make the weight a ShardTensor (distribute_tensor(w, mesh, [Replicate()])) to keep the graph whole."])
+
+
+def _run_or_break(func, cpp_args, cpp_kwargs):
+    """The operator's shardtensor kernel on the traced pieces. While dynamo traces, an operator
+    without a sharding rule (often one that reached shardtensor decomposed, as batch norm does
+    under tracing) breaks the graph instead of falling back to gathering: run eagerly, the whole
+    operator has its kernel."""
+    if not _dynamo_is_tracing():
+        return _traced(func.redispatch, _SHARDTENSOR_KERNEL, *cpp_args, **cpp_kwargs)
+    strict = _C.is_strict()
+    _C.set_strict(True)
+    try:
+        return _traced(func.redispatch, _SHARDTENSOR_KERNEL, *cpp_args, **cpp_kwargs)
+    except NotImplementedError as e:
+        if "no sharding rule" not in str(e):
+            raise
+        from torch._dynamo.exc import unimplemented
+
+        unimplemented(
+            gb_type="An operator without a sharding rule on a ShardTensor",
+            context=str(func),
+            explanation=f"{func} has no sharding rule here (composite operators reach shardtensor decomposed while "
+                        f"tracing); it runs eagerly, where the operator it came from has its kernel",
+            hints=["Register a rule for it (shardtensor.register_sharding), or leave the graph break."])
+    finally:
+        _C.set_strict(strict)
 
 
 def _dynamo_is_tracing() -> bool:
@@ -387,7 +415,7 @@ class _ToTraceable(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        return TraceableShardTensor(_C.local_piece_of(x), _C.layout_of(x), x.stride())
+        return TraceableShardTensor(_own_view(_C.local_piece_of(x)), _C.layout_of(x), x.stride())
 
     @staticmethod
     def backward(ctx, grad):
@@ -412,10 +440,30 @@ def from_traceable_piece(t):
     return _over(t)
 
 
+_GUARD_VIEWS: dict = {}  # id(ShardTensor) -> (weak reference to it, its piece, its view)
+
+
 def guard_view(x: torch.Tensor) -> TraceableShardTensor:
     """What dynamo's guards compare a ShardTensor argument by: its traceable form, without an
-    autograd link (guards only read its type, layout and metadata)."""
-    return TraceableShardTensor(_C.local_piece_of(x), _C.layout_of(x), x.stride(), requires_grad=x.requires_grad)
+    autograd link. One object per ShardTensor while its piece, layout and requires_grad stay: the
+    guards compare tensors by identity (no two arguments may alias), and temporaries made afresh
+    on each read could share an address."""
+    piece, layout = _C.local_piece_of(x), _C.layout_of(x)
+    cached = _GUARD_VIEWS.get(id(x))
+    if cached is not None and cached[0]() is x and cached[1] is piece:
+        view = cached[2]
+        if view._layout == layout and view.requires_grad == x.requires_grad and view._strides == tuple(x.stride()):
+            return view
+    view = TraceableShardTensor(_own_view(piece), layout, x.stride(), requires_grad=x.requires_grad)
+    key = id(x)
+    _GUARD_VIEWS[key] = (weakref.ref(x, lambda _: _GUARD_VIEWS.pop(key, None)), piece, view)
+    return view
+
+
+def _own_view(piece: torch.Tensor) -> torch.Tensor:
+    """A view of the piece of its own: ShardTensors that share a piece (a tensor and its detached
+    alias) enter a graph as distinct inputs, as the guards found them."""
+    return piece.view_as(piece)
 
 
 def as_traceable(x: torch.Tensor) -> TraceableShardTensor:

@@ -1,15 +1,15 @@
 """torch.compile on models that hold or take ShardTensors: a tensor-parallel MLP, torchtitan's
-llama block plan, the demo's U-Net on an H split and a transformer block on a sequence split,
-each under the eager, aot_eager and inductor backends, on sizes the mesh does not divide. Values
-and gradients are compared with the same model on one process. ShardTensors are traced
-(shardtensor._compile, _traceable): the MLP, the U-Net and the attention block compile with
-fullgraph=True, and the MLP's graph holds its all-reduce as a functional collective. The llama
-plan breaks the graph where a parallel style infers shard sizes with a collective. A graph is
-specialised on the layout: another split of the same shape recompiles."""
+llama block plan, the demo's U-Net on an H split and a transformer block on a sequence split
+(ring attention), each under the eager, aot_eager and inductor backends, on sizes the mesh does
+not divide. Values and gradients are compared with the same model on one process. Operators on
+ShardTensors run eagerly behind graph breaks (shardtensor._compile says why); plain work beside
+them is compiled, and its gradients, which arrive as ShardTensors, are right under Inductor's
+generated kernels too. fullgraph=True refuses with dynamo's error naming ShardTensor."""
 
 import copy
 import importlib.util
 import os
+import warnings
 
 import pytest
 import torch
@@ -33,9 +33,9 @@ def _load(name):
     return module
 
 
-def _compiled(model, backend, fullgraph=True):
+def _compiled(model, backend):
     torch._dynamo.reset()  # each backend traces afresh
-    return torch.compile(model, backend=backend, fullgraph=fullgraph)
+    return torch.compile(model, backend=backend)
 
 
 def _check_gradients(model, single, what):
@@ -86,9 +86,7 @@ def llama_block(mesh, backend):
     torch.manual_seed(0)
     single = llama.Llama(vocab, dim, heads, kv_heads, hidden, layers, seqlen).double()
     model = llama.parallelize(copy.deepcopy(single), mesh, heads % world == 0 and kv_heads % world == 0)
-    # SequenceParallel takes a plain piece whose split it learns by a collective (sharding_shapes
-    # "infer"), which runs eagerly between graphs.
-    compiled = _compiled(model, backend, fullgraph=False)
+    compiled = _compiled(model, backend)
     tokens, labels = torch.randint(0, vocab, (2, seqlen)), torch.randint(0, vocab, (2, seqlen))
     pred = compiled(tokens)
     with loss_parallel():
@@ -141,28 +139,25 @@ def ring_attention(mesh, backend):
     expected.sum().backward()
     assert_close(out.full_tensor(), expected.detach(), f"ring attention, {backend}: output", **TOL)
     _check_gradients(model, single, f"ring attention, {backend}")
-    # Traced, scaled_dot_product_attention reaches shardtensor decomposed (its math, not the
-    # ring), which moves the keys and values whole: one all-gather or more where ranks share it.
     counts = comms.get_comm_counts()
-    assert (sum(counts.values()) > 0) == (mesh.size() > 1), comms.table()
+    assert (counts.get("ring_send_recv", 0) > 0) == (mesh.size() > 1), comms.table()
 
 
 MODELS = {"tp_mlp": tp_mlp, "llama": llama_block, "unet": unet, "ring_attention": ring_attention}
-
-
-# Traced, composite operators reach shardtensor decomposed: batch norm and nearest upsampling
-# (the U-Net) then have no rule and fall back to gathering, correct but moving whole tensors.
-TRACED_FALLBACKS = {"aten::_native_batch_norm_legit", "aten::_unsafe_index.Tensor", "aten::_unsafe_index_put"}
 
 
 def models_body(rank, world_size, models):
     import shardtensor as st
 
     mesh = st.init_device_mesh("cpu", (world_size,))
-    for name in models:
-        for backend in BACKENDS:
-            MODELS[name](mesh, backend)
-    assert set(st.fallback_operators()) <= TRACED_FALLBACKS, st.fallback_operators()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for name in models:
+            for backend in BACKENDS:
+                MODELS[name](mesh, backend)
+    said = [str(w.message) for w in caught if str(w.message).startswith("torch.compile: a ShardTensor")]
+    assert len(said) == 1 and "run eagerly" in said[0], f"expected one warning about compile, got {said}"
+    assert st.fallback_operators() == [], st.fallback_operators()
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
@@ -177,10 +172,9 @@ def _plain_around_sharded(x, w):
 
 
 def plain_work_body(rank, world_size):
-    """A plain weight beside sharded work: traced whole where it needs no gradient; where it
-    does, the sharded operator it meets runs eagerly behind a graph break (a traced graph cannot
-    yet hand a plain gradient back summed over the ranks), and the plain work around it is
-    compiled, its gradient reaching the plain weight in full."""
+    """Plain work before and after the sharded operators is compiled, and its gradient, which
+    the sharded operators hand back as a ShardTensor (a Partial sum), reaches the plain weight
+    in full: Inductor's kernels read data pointers, which a ShardTensor has none of."""
     import shardtensor as st
 
     mesh = st.init_device_mesh("cpu", (world_size,))
@@ -193,7 +187,7 @@ def plain_work_body(rank, world_size):
     for backend in BACKENDS:
         torch._dynamo.reset()
         explained = torch._dynamo.explain(_plain_around_sharded)(sx, w)
-        assert explained.graph_count == 1 and not explained.break_reasons, explained  # traced whole
+        assert explained.graph_count >= 1 and explained.break_reasons, explained
         compiled = torch.compile(_plain_around_sharded, backend=backend)
         for call in range(2):
             pw = w.clone().requires_grad_()
@@ -257,79 +251,26 @@ def _split_sum(x):
 
 
 def layouts_body(rank, world_size):
-    """The same global shape split three ways through one compiled function (fullgraph=True):
-    each split traces its own graph (the guards compare layouts), each call gives its own
-    layout's answer, and a split met again reuses its graph."""
+    """The same global shape split two ways through one compiled function: each call gives its
+    own layout's answer (no graph is built on a ShardTensor, so none can be reused for another
+    layout); and fullgraph=True refuses with dynamo's error, which names ShardTensor."""
     import shardtensor as st
+    from torch._dynamo.exc import Unsupported
 
     mesh = st.init_device_mesh("cpu", (world_size,))
     x = torch.arange(10 * 3, dtype=torch.float64).view(10, 3)
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    compiled = torch.compile(_split_sum, backend=counting, fullgraph=True)
-    splits = [chunk_sizes(10, world_size), list(reversed(chunk_sizes(10, world_size))), [10] + [0] * (world_size - 1)]
-    layouts = set()
-    for sizes in splits + splits[:1]:
+    compiled = torch.compile(_split_sum, backend="inductor")
+    for sizes in (chunk_sizes(10, world_size), list(reversed(chunk_sizes(10, world_size))), [10] + [0] * (world_size - 1)):
         sx = st.distribute_tensor(x, mesh, [st.Shard(0)], sharding_shapes={0: sizes})
         out = compiled(sx)
-        layouts.add(tuple(sizes))
-        assert st.is_shard_tensor(out) and out.placements == (st.Partial(),), out
+        assert out.placements == (st.Partial(),), out.placements
         assert_close(out.to_local(), _split_sum(x.narrow(0, sum(sizes[:rank]), sizes[rank])), f"split {sizes}: local sum", **TOL)
         assert_close(out.full_tensor(), _split_sum(x), f"split {sizes}: full sum", **TOL)
-        assert len(graphs) == len(layouts), f"{len(graphs)} graphs traced for the {len(layouts)} splits met so far"
+    torch._dynamo.reset()  # dynamo remembers that _split_sum's frame runs eagerly, and would not trace it again
+    with pytest.raises(Unsupported, match="ShardTensor"):
+        torch.compile(_split_sum, backend="eager", fullgraph=True)(sx)
 
 
 @pytest.mark.parametrize("world_size", [1, 4])
-def test_a_compiled_graph_is_specialised_on_the_split(world_size):
+def test_a_compiled_function_follows_each_split_and_fullgraph_refuses_clearly(world_size):
     run_ranks(layouts_body, world_size, env=ENV)
-
-
-def graph_collectives_body(rank, world_size):
-    """The TP-MLP's compiled forward and backward hold local ATen operators and torch's
-    functional collectives: the row-parallel layer's all-reduce is in the graph, and no
-    collective runs outside it."""
-    import shardtensor as st
-    from torch._dynamo.backends.common import aot_autograd
-
-    mesh = st.init_device_mesh("cpu", (world_size,))
-    graphs = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    single = MLP(16, 30).double()
-    model = parallelize_module(copy.deepcopy(single), mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
-    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep), fullgraph=True)
-    x = torch.randn(13, 16, dtype=torch.float64)
-    compiled(x).sum().backward()  # traces both graphs
-    model.zero_grad()
-    # shardtensor's own counter, without CommDebugMode's module hooks (global hooks make dynamo
-    # retrace a module: torch warns of it).
-    counter = st._C.CommCounter()
-    counter.start()
-    out = compiled(x)
-    out.sum().backward()
-    counter.stop()
-    counter.snapshot()
-    assert_close(out, single(x).detach(), "TP-MLP output", **TOL)
-    forward = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
-    assert ("_c10d_functional.all_reduce.default" in forward) == (world_size > 1), sorted(forward)
-    assert "_c10d_functional.wait_tensor.default" in forward or world_size == 1, sorted(forward)
-    # shardtensor's CommDebugMode counts its eager collectives: a compiled step runs none (its
-    # collectives are torch's functional ones, in the graphs).
-    assert counter.total == 0, counter.table
-
-
-@pytest.mark.parametrize("world_size", [1, 3])
-def test_a_compiled_graph_holds_functional_collectives(world_size):
-    run_ranks(graph_collectives_body, world_size, env=ENV)
