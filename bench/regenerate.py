@@ -315,8 +315,14 @@ def bench_compile(r, s):
                   + steps, timeout=930)]
 
 
+def bench_compile_traced(r, s):
+    steps = ["--steps", "5"] if r.args.quick else []
+    return [r.run("compile_traced_4ranks", [r.py_shardrun, "-n", "4", "--timeout", "900", r.python, "bench/compile_bench.py"]
+                  + steps, env={"SHARDTENSOR_COMPILE": "trace"}, timeout=930)]
+
+
 # Benchmarks that run only the installed Python package (no C++ program of build-torch2).
-PYTHON_ONLY = {"collectives", "handlers", "tp_block", "unet_dp", "compile"}
+PYTHON_ONLY = {"collectives", "handlers", "tp_block", "unet_dp", "compile", "compile_traced"}
 
 BENCHES = {
     "python_ops": bench_python_ops,            # per-op overhead and the TP-MLP step from Python, 2 ranks
@@ -335,6 +341,7 @@ BENCHES = {
     "tp_block": bench_tp_block,                # a TP transformer block through parallelize_module, vs DTensor and by hand
     "unet_dp": bench_unet_dp,                  # the U-Net step under DDP x domain: ms and bytes against the fewest
     "compile": bench_compile,                  # torch.compile against eager: TP-MLP (vs DTensor) and the U-Net
+    "compile_traced": bench_compile_traced,    # the same with ShardTensors traced (SHARDTENSOR_COMPILE=trace)
 }
 
 
@@ -731,7 +738,7 @@ def render_unet_dp(doc, records, figs):
                 f"{d.get('torch', '?')} (Python {d.get('python', '?')})")
 
 
-def render_compile(doc, records, figs):
+def render_compile(doc, records, figs, traced=False):
     d = next((rec["data"] for rec in records if rec.get("data")), None) or {}
     variants = ["shardtensor eager", "shardtensor compiled", "DTensor eager", "DTensor compiled"]
     rows = [[f"TP-MLP {r['batch']} x {r['dim']} x {r['hidden']}", *(mmm(r[v]) for v in variants),
@@ -743,13 +750,17 @@ def render_compile(doc, records, figs):
                      mmm(u["compiled"], 1), "", "", ratio(med(u["compiled"]), med(u["eager"])), ""])
     body = table(["step", "shardtensor eager ms", "shardtensor compiled ms", "DTensor eager ms", "DTensor compiled ms",
                   "shardtensor compiled / eager", "shardtensor compiled / DTensor compiled"], rows) if rows else ""
-    if rows:
-        body += ("\n\nshardtensor's operators on ShardTensors are not traced yet: under torch.compile they run eagerly "
-                 "behind graph breaks (`python/shardtensor/_compile.py`), so its compiled step is its eager C++ work plus "
-                 "what dynamo's frame checks cost, and Inductor fuses nothing of it. Issue 50's bars (compiled ≤ eager, "
-                 "≤ DTensor compiled) are met by these numbers, but not the way the issue means: the fused, traced "
-                 "step it asks for does not exist yet.")
-    doc.section("torch.compile against eager",
+    if rows and traced:
+        body += ("\n\nWith `SHARDTENSOR_COMPILE=trace` shardtensor's operators are traced (`python/shardtensor/"
+                 "_compile_trace.py`): the compiled TP-MLP step is one graph of local operators and functional "
+                 "collectives, as DTensor's is, which Inductor compiles. The U-Net's batch norm and upsampling reach "
+                 "shardtensor decomposed while tracing and run eagerly behind graph breaks.")
+    elif rows:
+        body += ("\n\nBy default shardtensor's operators on ShardTensors are not traced: under torch.compile they run "
+                 "eagerly behind graph breaks (`python/shardtensor/_compile.py`), so its compiled step is its eager C++ "
+                 "work plus what dynamo's frame checks cost, and Inductor fuses nothing of it. The traced mode's "
+                 "figures are in the next table.")
+    doc.section("torch.compile against eager, ShardTensors traced" if traced else "torch.compile against eager",
                 f"One training step, {d.get('world', '?')} ranks (`bench/compile_bench.py`): the tensor-parallel MLP "
                 f"(W1 Shard(0), W2 Shard(1); forward and mean-square loss under `torch.compile(backend=\"inductor\")`, "
                 f"backward and SGD eager) with shardtensor and with torch's DTensor, eager and compiled; the demo's "
@@ -1050,6 +1061,7 @@ def render(results, args, machine_text, cxx_torch_text, total_s, out, tree):
         ("tp_block", render_tp_block, figs),
         ("unet_dp", render_unet_dp, figs),
         ("compile", render_compile, figs),
+        ("compile_traced", lambda d, r, f: render_compile(d, r, f, traced=True), figs),
     ]
     for key, fn, f in order:
         if results.get(key):
