@@ -11,10 +11,12 @@ compiled (torch's DTensor traces to functional collectives, which Inductor sees)
 demo's model (examples/heat_unet_demo.py, float32, Replicate parameters) on its 250 x 190 field
 split unevenly over H, forward and loss compiled, eager and compiled.
 
-Under torch.compile shardtensor's operators are traced (python/shardtensor/_compile.py): the
-compiled step runs one graph of local operators and functional collectives, as DTensor's does,
-where the U-Net's batch norm and upsampling, which reach shardtensor decomposed while tracing,
-gather their inputs (see docs/python.md#torchcompile). Variants take turns, a barrier before each step; median of --steps steps
+By default shardtensor's operators run eagerly behind graph breaks under torch.compile
+(python/shardtensor/_compile.py). With SHARDTENSOR_COMPILE=trace they are traced: the compiled
+TP-MLP step is one graph of local operators and shardtensor's moves (exchange_parts through peer
+memory on one host, else torch's functional collectives), as DTensor's is one graph of local
+operators and functional collectives; the U-Net's batch norms and upsampling break its graph
+(docs/python.md#torchcompile). Variants take turns, a barrier before each step; median of --steps steps
 after warm-up (the compile happens there), the slowest rank's time. Each variant's first loss is
 checked against shardtensor's eager one from the same weights before anything is timed.
 """

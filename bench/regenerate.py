@@ -752,9 +752,11 @@ def render_compile(doc, records, figs, traced=False):
                   "shardtensor compiled / eager", "shardtensor compiled / DTensor compiled"], rows) if rows else ""
     if rows and traced:
         body += ("\n\nWith `SHARDTENSOR_COMPILE=trace` shardtensor's operators are traced (`python/shardtensor/"
-                 "_compile_trace.py`): the compiled TP-MLP step is one graph of local operators and functional "
-                 "collectives, as DTensor's is, which Inductor compiles. The U-Net's batch norm and upsampling reach "
-                 "shardtensor decomposed while tracing and run eagerly behind graph breaks.")
+                 "_compile_trace.py`): the compiled TP-MLP step is one graph of local operators and shardtensor's "
+                 "moves, which Inductor compiles; on these same-host ranks the moves are `shardtensor::exchange_parts` "
+                 "calls through peer memory, eager mode's transport (torch's functional collectives on Gloo made the "
+                 "step 2-3x slower than eager). The U-Net's batch norm and upsampling reach shardtensor decomposed "
+                 "while tracing and run eagerly behind graph breaks.")
     elif rows:
         body += ("\n\nBy default shardtensor's operators on ShardTensors are not traced: under torch.compile they run "
                  "eagerly behind graph breaks (`python/shardtensor/_compile.py`), so its compiled step is its eager C++ "
@@ -763,7 +765,7 @@ def render_compile(doc, records, figs, traced=False):
     doc.section("torch.compile against eager, ShardTensors traced" if traced else "torch.compile against eager",
                 f"One training step, {d.get('world', '?')} ranks (`bench/compile_bench.py`): the tensor-parallel MLP "
                 f"(W1 Shard(0), W2 Shard(1); forward and mean-square loss under `torch.compile(backend=\"inductor\")`, "
-                f"backward and SGD eager) with shardtensor and with torch's DTensor, eager and compiled; the demo's "
+                f"with the backward compiled alongside, and an eager SGD update) with shardtensor and with torch's DTensor, eager and compiled; the demo's "
                 f"U-Net (float32, Replicate parameters) on its field split unevenly over H, eager and compiled. In "
                 f"turns, ms of the slowest rank, min / median / max over {d.get('steps', '?')} steps after the compiling "
                 f"warm-up; each variant's first loss checked against shardtensor's eager one first.", records, body,

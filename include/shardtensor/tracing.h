@@ -24,9 +24,9 @@ at::Tensor local_piece_of(const at::Tensor& t);
 // Whether this thread is tracing (a TracingScope is open).
 bool tracing_collectives();
 
-// Open while the traceable wrapper runs one operator on traced pieces: every collective is then
-// recorded as torch's functional collective of the same meaning, and every transport gives way
-// to those collectives.
+// Open while the traceable wrapper runs one operator on traced pieces: every move is then
+// recorded as an operator of the graph instead of moving bytes (torch's functional collective of
+// the same meaning, or, for a peer-memory step, shardtensor::exchange_parts).
 class TracingScope {
  public:
   TracingScope();

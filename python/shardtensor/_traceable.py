@@ -245,6 +245,14 @@ def _runs(flat) -> list:
     return runs
 
 
+# The C++ operator that a peer-memory exchange is traced as (src/redistribute/transports/
+# traced_exchange.h) moves bytes between ranks, so every rank must run its calls in the order
+# traced: ordered effects keep graph passes, Inductor's scheduler among them, from reordering
+# them against each other (two independent exchanges could otherwise run in different orders on
+# different ranks, which the transport refuses).
+torch.library._register_effectful_op("shardtensor::exchange_parts", torch._library.effects.EffectType.ORDERED)
+
+
 @torch.library.custom_op("shardtensor::redistribute", mutates_args=())
 def redistribute_op(x: torch.Tensor, placements: list[int], sizes: list[int]) -> torch.Tensor:
     """``x.redistribute`` inside a traced region (x a TraceableShardTensor; the dispatch above

@@ -487,6 +487,14 @@ void release_communicators() {
   r.comms.clear();
 }
 
+std::shared_ptr<Comm> c10d_comm_numbered(int64_t number) {
+  CommRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& weak : r.comms)
+    if (auto comm = weak.lock(); comm && comm->number() == number) return comm;
+  return nullptr;
+}
+
 std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<C10dBackend> group, std::vector<int64_t> global_ranks,
                                      int64_t my_group_rank, std::chrono::milliseconds timeout, std::string registered_name) {
   auto comm = std::make_shared<C10dComm>(std::move(group), std::move(global_ranks), my_group_rank, timeout, std::move(registered_name));

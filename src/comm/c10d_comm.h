@@ -24,4 +24,8 @@ std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<C10dBackend> group, std:
                                      int64_t my_group_rank, std::chrono::milliseconds timeout,
                                      std::string registered_name = "");
 
+// The live communicator made by make_c10d_comm whose number() is `number`, or null once it is
+// gone (its mesh destroyed).
+std::shared_ptr<Comm> c10d_comm_numbered(int64_t number);
+
 }  // namespace shardtensor

@@ -15,6 +15,8 @@
 #include <ATen/ops/prod.h>
 #include <ATen/ops/sum.h>
 
+#include <atomic>
+
 namespace shardtensor {
 namespace {
 
@@ -85,7 +87,10 @@ class PackedMessages final : public Messages {
 
 }  // namespace
 
-Comm::Comm() = default;
+Comm::Comm() {
+  static std::atomic<int64_t> made{0};
+  number_ = ++made;
+}
 
 std::string Comm::group_name() const { return "the group of global ranks [" + join(global_ranks(), ", ") + "]"; }
 Comm::~Comm() = default;

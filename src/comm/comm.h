@@ -56,6 +56,9 @@ class Comm {
   virtual std::string backend_name() const = 0;
   // "the group of global ranks [0, 2]": how errors name this group.
   std::string group_name() const;
+  // A number no other Comm of this process has had: how a compiled graph's traced exchanges
+  // name the group they run on (redistribute/transports/traced_exchange.h).
+  int64_t number() const { return number_; }
   // How long a member waits for the others in a collective before it raises.
   virtual std::chrono::milliseconds timeout() const = 0;
 
@@ -98,6 +101,7 @@ class Comm {
 
  private:
   std::map<const void*, std::unique_ptr<Attachment>> attachments_;
+  int64_t number_;
 };
 
 // The group of a mesh dim of size 1: every collective is a local copy.

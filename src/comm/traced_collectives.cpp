@@ -51,6 +51,9 @@ bool tracing_collectives() { return tracing; }
 TracingScope::TracingScope() : previous_(tracing) { tracing = true; }
 TracingScope::~TracingScope() { tracing = previous_; }
 
+TracingPause::TracingPause() : previous_(tracing) { tracing = false; }
+TracingPause::~TracingPause() { tracing = previous_; }
+
 TracedCollectives::TracedCollectives(std::string group_name, int64_t group_size, std::string described_as)
     : group_name_(std::move(group_name)), group_size_(group_size), described_as_(std::move(described_as)) {}
 

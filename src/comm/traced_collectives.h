@@ -8,11 +8,11 @@
 // collective of the same meaning (torch.ops._c10d_functional: all_reduce,
 // all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single with split sizes for uneven
 // parts and halos, broadcast), followed by its wait_tensor, so the compiled graph holds local
-// ATen ops and collectives that Inductor can schedule. Every transport gives way to those
-// collectives while tracing (part_transport.h: available_on): peer memory and point-to-point
-// messages have no functional form. Nothing here runs outside tracing, and nothing is counted by
-// shardtensor's CommDebugMode: a trace moves no bytes, and a compiled graph's collectives run
-// as torch's.
+// ATen ops and collectives that Inductor can schedule. Point-to-point messages give way to an
+// all_to_all while tracing (part_transport.h: available_on); peer-memory steps are recorded as
+// shardtensor's own operator instead (redistribute/transports/traced_exchange.h). Nothing here
+// runs outside tracing, and nothing is counted by shardtensor's CommDebugMode: a trace moves no
+// bytes, and a compiled graph's collectives run as torch's.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,20 @@ class Tensor;
 }
 
 namespace shardtensor {
+
+// Closes this thread's TracingScope for its life: an operator that a graph recorded and that now
+// runs, inside a region that still traces (dynamo's eager backend runs graphs on real pieces),
+// moves its bytes as eager mode does.
+class TracingPause {
+ public:
+  TracingPause();
+  ~TracingPause();
+  TracingPause(const TracingPause&) = delete;
+  TracingPause& operator=(const TracingPause&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // The functional collectives over one torch.distributed group, by its registered name. Each
 // returns a new tensor (the inputs are untouched), as the functional ops do.

@@ -1,13 +1,13 @@
 """torch.compile tracing ShardTensors (SHARDTENSOR_COMPILE=trace: shardtensor._compile_trace,
-_traceable): a tensor-parallel MLP, the demo's U-Net on an H split and a transformer block on a
-sequence split, each under the eager, aot_eager and inductor backends, on sizes the mesh does not
-divide, values and gradients against the same model on one process. The MLP and the attention
-block compile with fullgraph=True, and the MLP's graphs hold its all-reduce as a functional
-collective; a graph is specialised on the layout (another split of the same shape recompiles).
+_traceable): a tensor-parallel MLP, torchtitan's llama plan, the demo's U-Net on an H split and a
+transformer block on a sequence split, each under the eager, aot_eager and inductor backends, on
+sizes the mesh does not divide, values and gradients against the same model on one process. The
+MLP and the attention block compile with fullgraph=True; a graph holds the moves of eager mode
+(shardtensor::exchange_parts where ranks share memory, torch's functional collectives without
+peer memory); a graph is specialised on the layout (another split of the same shape recompiles).
 
-Not here yet: torchtitan's llama plan, which at 3 ranks (a key/value head split 1, 0, 0) runs
-mismatched collectives under tracing (Gloo aborts on the size mismatch); test_compile.py covers
-it, and the rest, in the default mode."""
+Not here yet: llama traced with torch's functional collectives (SHARDTENSOR_PEER_MEMORY=0) at 3
+ranks, which runs mismatched collectives (Gloo aborts on the size mismatch)."""
 
 import copy
 import importlib.util
@@ -78,6 +78,35 @@ def tp_mlp(mesh, backend):
         _check_gradients(model, single, what)
 
 
+def llama_block(mesh, backend):
+    """torchtitan's llama plan (RowwiseParallel embedding, SequenceParallel norms, colwise and
+    rowwise projections, loss_parallel) on a 3-head, 1-key/value-head model: at 3 ranks the key
+    and value heads split 1, 0, 0. The sequence-parallel norms take their input as a plain
+    tensor and rebuild its layout with from_local(sharding_shapes="infer"), which gathers the
+    pieces' sizes eagerly: a graph break."""
+    import shardtensor as st
+    from shardtensor.parallel import loss_parallel
+
+    llama = _load("llama_tensor_parallel")
+    world = mesh.size()
+    vocab, dim, heads, kv_heads, hidden, layers, seqlen = 37, 12, 3, 1, 22, 1, 13
+    torch.manual_seed(0)
+    single = llama.Llama(vocab, dim, heads, kv_heads, hidden, layers, seqlen).double()
+    model = llama.parallelize(copy.deepcopy(single), mesh, heads % world == 0 and kv_heads % world == 0)
+    # dynamic=False: automatic dynamic shapes would make the styles' sizes symbolic on a recompile.
+    compiled = _compiled(model, backend, fullgraph=False, dynamic=False)
+    tokens, labels = torch.randint(0, vocab, (2, seqlen)), torch.randint(0, vocab, (2, seqlen))
+    pred = compiled(tokens)
+    with loss_parallel():
+        loss = F.cross_entropy(pred.flatten(0, 1), labels.flatten(0, 1))
+        loss.backward()
+    expected = F.cross_entropy(single(tokens).flatten(0, 1), labels.flatten(0, 1))
+    expected.backward()
+    assert_close(loss.full_tensor() if st.is_shard_tensor(loss) else loss, expected.detach(),
+                 f"llama, {backend}: loss", **TOL)
+    _check_gradients(model, single, f"llama, {backend}")
+
+
 def unet(mesh, backend):
     import shardtensor as st
 
@@ -126,7 +155,7 @@ def ring_attention(mesh, backend):
     assert (sum(counts.values()) > 0) == (mesh.size() > 1), comms.table()
 
 
-MODELS = {"tp_mlp": tp_mlp, "unet": unet, "ring_attention": ring_attention}
+MODELS = {"tp_mlp": tp_mlp, "llama": llama_block, "unet": unet, "ring_attention": ring_attention}
 
 
 def models_body(rank, world_size, models):
@@ -220,10 +249,31 @@ def test_a_compiled_graph_is_specialised_on_the_split(world_size):
     run_ranks(layouts_body, world_size, env=ENV)
 
 
-def graph_collectives_body(rank, world_size):
-    """The TP-MLP's compiled forward and backward hold local ATen operators and torch's
-    functional collectives: the row-parallel layer's all-reduce is in the graph, and no
-    collective runs outside it."""
+def _counted(step):
+    """The collectives shardtensor counts while `step` runs (its own counter, without
+    CommDebugMode's module hooks: global hooks make dynamo retrace a module, torch warns of it)."""
+    import shardtensor as st
+
+    counter = st._C.CommCounter()
+    counter.start()
+    step()
+    counter.stop()
+    counter.snapshot()
+    return counter
+
+
+def _calls(graph) -> list:
+    """The operators a graph calls, an ordered-effects wrapper (with_effects) named by the one it wraps."""
+    return [str(n.args[1] if n.target is torch.ops.higher_order.with_effects else n.target)
+            for n in graph.graph.nodes if n.op == "call_function"]
+
+
+def graph_collectives_body(rank, world_size, peer_memory):
+    """The TP-MLP's compiled forward and backward hold local ATen operators and the moves of
+    eager mode: where the ranks move bytes through each other's memory, as
+    shardtensor::exchange_parts calls (the same transport, so shardtensor counts the same
+    collectives as for the eager step); without peer memory, as torch's functional collectives,
+    which shardtensor does not count (no collective runs outside the graphs)."""
     import shardtensor as st
     from torch._dynamo.backends.common import aot_autograd
 
@@ -244,23 +294,26 @@ def graph_collectives_body(rank, world_size):
     x = torch.randn(13, 16, dtype=torch.float64)
     compiled(x).sum().backward()  # traces both graphs
     model.zero_grad()
-    # shardtensor's own counter, without CommDebugMode's module hooks (global hooks make dynamo
-    # retrace a module: torch warns of it).
-    counter = st._C.CommCounter()
-    counter.start()
-    out = compiled(x)
-    out.sum().backward()
-    counter.stop()
-    counter.snapshot()
-    assert_close(out, single(x).detach(), "TP-MLP output", **TOL)
-    forward = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
-    assert ("_c10d_functional.all_reduce.default" in forward) == (world_size > 1), sorted(forward)
-    assert "_c10d_functional.wait_tensor.default" in forward or world_size == 1, sorted(forward)
-    # shardtensor's CommDebugMode counts its eager collectives: a compiled step runs none (its
-    # collectives are torch's functional ones, in the graphs).
-    assert counter.total == 0, counter.table
+    eager = _counted(lambda: model(x).sum().backward())
+    model.zero_grad()
+    outputs = []
+    in_graphs = _counted(lambda: outputs.append(compiled(x)) or outputs[0].sum().backward())
+    assert_close(outputs[0], single(x).detach(), "TP-MLP output", **TOL)
+    forward = _calls(graphs[0])
+    exchanges = [c for c in forward if "exchange_parts" in c]
+    functional = [c for c in forward if c.startswith("_c10d_functional.all_reduce")]
+    if world_size == 1:
+        assert not exchanges and not functional and in_graphs.total == 0, forward
+    elif peer_memory:
+        # The row-parallel layer's all-reduce: a reduce-scatter and an all-gather of parts.
+        assert len(exchanges) == 2 and not functional, forward
+        assert in_graphs.counts == eager.counts and eager.total > 0, (in_graphs.table, eager.table)
+    else:
+        assert len(functional) == 1 and not exchanges, forward
+        assert in_graphs.total == 0, in_graphs.table
 
 
-@pytest.mark.parametrize("world_size", [1, 3])
-def test_a_compiled_graph_holds_functional_collectives(world_size):
-    run_ranks(graph_collectives_body, world_size, env=ENV)
+@pytest.mark.parametrize("world_size,peer_memory", [(1, True), (3, True), (3, False)])
+def test_a_compiled_graph_holds_the_moves_of_eager_mode(world_size, peer_memory):
+    env = dict(ENV, SHARDTENSOR_PEER_MEMORY="1" if peer_memory else "0")
+    run_ranks(graph_collectives_body, world_size, peer_memory, env=env)

@@ -5,6 +5,7 @@
 #include "comm/comm.h"
 #include "comm/traced_collectives.h"
 #include "redistribute/transports/peer_memory/peer_memory.h"
+#include "redistribute/transports/traced_exchange.h"
 
 namespace shardtensor {
 
@@ -15,12 +16,14 @@ at::Tensor view_of_part(const at::Tensor& t, const Box& holds, const Box& part) 
 }
 
 StepTransport available_on(Comm& comm, StepTransport how) {
-  // A graph holds collectives only (comm/traced_collectives.h): every exchange is an all_to_all.
-  if (tracing_collectives() && how.kind != TransportKind::None) {
+  const bool through_memory = how.kind == TransportKind::PeerMemory || how.kind == TransportKind::SharedArena;
+  // A graph holds torch's functional collectives (comm/traced_collectives.h), or, for the steps
+  // that go through peer memory, shardtensor::exchange_parts (traced_exchange.h).
+  if (tracing_collectives() && how.kind != TransportKind::None && !through_memory) {
     how.kind = TransportKind::Collective;
     return how;
   }
-  if (how.kind != TransportKind::PeerMemory && how.kind != TransportKind::SharedArena) return how;
+  if (!through_memory) return how;
   const PeerMemory* memory = peer_memory_of(comm);
   if (!memory)
     how.kind = TransportKind::Messages;
@@ -34,13 +37,17 @@ void move_parts(Comm& comm, const StepTransport& how, const PartExchange& exchan
   switch (available.kind) {
     case TransportKind::PeerMemory:
     case TransportKind::SharedArena:
+      if (tracing_collectives()) return trace_exchange(comm, available, exchange);
       if (peer_memory_transport().move(comm, exchange, available)) return;
       break;  // the group has gone back to messages for good
     case TransportKind::Collective:
       all_to_all_transport().move(comm, exchange, how);
       return;
     case TransportKind::None:
-    case TransportKind::Messages: break;
+    case TransportKind::Messages:
+      if (!tracing_collectives()) break;
+      all_to_all_transport().move(comm, exchange, how);  // a graph holds no messages
+      return;
   }
   messages_transport().move(comm, exchange, how);
 }

@@ -9,7 +9,10 @@
 //   - collective_transport.cpp:  one c10d all_to_all with split sizes (uneven parts travel
 //                                unpadded), and the native collectives of equal-piece steps;
 //   - peer_memory/transport.cpp: same-host copies straight between the members' memory, or
-//                                in place from their shared arenas (SharedArena)
+//                                in place from their shared arenas (SharedArena);
+//   - traced_exchange.cpp:       while torch.compile traces, a peer-memory step as one
+//                                shardtensor::exchange_parts node of the graph, which moves it
+//                                through peer memory when the graph runs
 // Which one runs is the step's StepTransport, chosen once per plan (redistribute/transport.h).
 #pragma once
 
