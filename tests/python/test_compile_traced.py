@@ -12,6 +12,8 @@ ranks, which runs mismatched collectives (Gloo aborts on the size mismatch)."""
 import copy
 import importlib.util
 import os
+import signal
+import time
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from oracle import assert_close, chunk_sizes
-from ranks import run_ranks
+from ranks import COLLECTIVE_TIMEOUT_S, run_ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BACKENDS = ["eager", "aot_eager", "inductor"]
@@ -317,3 +319,47 @@ def graph_collectives_body(rank, world_size, peer_memory):
 def test_a_compiled_graph_holds_the_moves_of_eager_mode(world_size, peer_memory):
     env = dict(ENV, SHARDTENSOR_PEER_MEMORY="1" if peer_memory else "0")
     run_ranks(graph_collectives_body, world_size, peer_memory, env=env)
+
+
+def peer_fails_body(rank, world_size, out_dir, fault):
+    """The last rank dies, or stops, before a compiled TP-MLP step whose graph exchanges parts
+    through peer memory: every other rank raises within the collective timeout, from inside the
+    graph, and none gets an output."""
+    import shardtensor as st
+    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    torch.manual_seed(0)
+    model = parallelize_module(MLP(16, 30).double(), mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(13, 16, dtype=torch.float64)
+    compiled(x).sum().backward()  # one healthy step, which also compiles
+    if rank == world_size - 1:
+        if fault == "stops":  # until rank 0 has its report; then it leaves
+            with open(os.path.join(out_dir, "stopped.pid"), "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGSTOP)
+        os._exit(0)  # the parent checks the other ranks' reports, not this exit code
+    started = time.monotonic()
+    try:
+        out = compiled(x)
+        outcome = f"no error: an output of shape {tuple(out.shape)}"
+    except Exception as error:  # noqa: BLE001 - the kind is what the graph's operator raised
+        outcome = f"raised {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+        f.write(f"{time.monotonic() - started:.1f}\n{outcome}\n")
+    if rank == 0 and fault == "stops":
+        with open(os.path.join(out_dir, "stopped.pid")) as f:
+            os.kill(int(f.read()), signal.SIGCONT)
+    os._exit(0)  # the group is broken: leave without the exit handlers' collectives
+
+
+@pytest.mark.parametrize("fault", ["dies", "stops"])
+def test_a_peer_failing_before_a_compiled_step_is_an_error_on_every_other_rank(fault, tmp_path):
+    run_ranks(peer_fails_body, 3, str(tmp_path), fault, timeout=240, env=ENV)
+    limit = float(COLLECTIVE_TIMEOUT_S) + 15
+    for rank in range(2):
+        took, outcome = (tmp_path / f"rank{rank}").read_text().splitlines()
+        assert outcome.startswith("raised") and "shardtensor" in outcome, f"rank {rank}, the last rank {fault}: {outcome}"
+        assert float(took) <= limit, f"rank {rank} raised after {took} s (limit {limit} s): {outcome}"
+    assert not (tmp_path / "rank2").exists()
