@@ -118,6 +118,41 @@ TORCH_LIBRARY_FRAGMENT(shardtensor, m) {
 TORCH_LIBRARY_IMPL(shardtensor, CPU, m) { m.impl("exchange_parts", TORCH_FN(exchange_parts_cpu)); }
 TORCH_LIBRARY_IMPL(shardtensor, Meta, m) { m.impl("exchange_parts", TORCH_FN(exchange_parts_meta)); }
 
+// The bytes a traced tensor names: its storage (held weakly, so that a freed one never matches a
+// new one at its address), where in it, and the version of its values.
+struct TracedBytes {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  const c10::StorageImpl* address = nullptr;
+  int64_t offset = 0;
+  std::vector<int64_t> sizes, strides;
+  uint32_t version = 0;
+
+  explicit TracedBytes(const at::Tensor& t)
+      : storage(t.storage().getWeakStorageImpl()),
+        address(t.storage().unsafeGetStorageImpl()),
+        offset(t.storage_offset()),
+        sizes(t.sizes().vec()),
+        strides(t.strides().vec()),
+        version(t._version()) {}
+  bool same_as(const TracedBytes& o) const {
+    return address == o.address && !storage.expired() && offset == o.offset && sizes == o.sizes && strides == o.strides &&
+           version == o.version;
+  }
+};
+
+// An exchange already recorded in the graph being traced: the same move of the same bytes again
+// (autograd's saved input, moved a second time by a derivative: pow's uses x, which eager mode
+// saves already moved) takes its result instead of a second exchange.
+struct RecordedExchange {
+  TracedBytes source;
+  c10::optional<TracedBytes> own;
+  std::vector<int64_t> arguments;  // comm, transport, reduction and parts
+  at::Tensor received;
+};
+
+thread_local std::vector<RecordedExchange> recorded;
+constexpr size_t kRecordedExchanges = 32;  // per thread: enough for the moves of one operator's backward
+
 }  // namespace
 
 void trace_exchange(Comm& comm, const StepTransport& how, const PartExchange& exchange) {
@@ -128,19 +163,50 @@ void trace_exchange(Comm& comm, const StepTransport& how, const PartExchange& ex
     reduction = {static_cast<int64_t>(exchange.reduction->op), exchange.reduction->members};
     own = exchange.reduction->own;
   }
-  torch::jit::Stack stack{exchange.source,
-                          own,
-                          comm.number(),
-                          encode_parts(exchange.parts),
-                          exchange.destination.sizes().vec(),
-                          reduction,
-                          static_cast<int64_t>(how.kind),
-                          std::string(how.collective),
-                          std::string(exchange.counted_as),
-                          exchange.counts,
-                          how.message_bytes};
-  op.callBoxed(stack);
-  const at::Tensor received = stack.at(0).toTensor();
+  const std::vector<int64_t> parts = encode_parts(exchange.parts);
+  std::vector<int64_t> arguments{comm.number(), static_cast<int64_t>(how.kind), static_cast<int64_t>(reduction.size())};
+  arguments.insert(arguments.end(), reduction.begin(), reduction.end());
+  arguments.insert(arguments.end(), parts.begin(), parts.end());
+  const auto shape = exchange.destination.sizes();
+  arguments.insert(arguments.end(), shape.begin(), shape.end());
+  // Only traced pieces (fake or functional): a real piece (dynamo's eager backend runs its graph
+  // on them) may hold the same bytes twice while a peer's changed.
+  const auto traced = [](const at::Tensor& t) {
+    return t.has_storage() && (t.is_meta() || t.key_set().has(c10::DispatchKey::Python) || t.key_set().has(c10::DispatchKey::Functionalize));
+  };
+  const bool reusable = traced(exchange.source) && (!own || traced(*own));
+  at::Tensor received;
+  c10::optional<RecordedExchange> record;
+  if (reusable) {
+    record = RecordedExchange{TracedBytes(exchange.source), own ? c10::optional<TracedBytes>(TracedBytes(*own)) : c10::nullopt,
+                              std::move(arguments), at::Tensor()};
+    for (const RecordedExchange& r : recorded)
+      if (r.arguments == record->arguments && r.source.same_as(record->source) && r.own.has_value() == record->own.has_value() &&
+          (!r.own || r.own->same_as(*record->own))) {
+        received = r.received;
+        break;
+      }
+  }
+  if (!received.defined()) {
+    torch::jit::Stack stack{exchange.source,
+                            own,
+                            comm.number(),
+                            parts,
+                            exchange.destination.sizes().vec(),
+                            reduction,
+                            static_cast<int64_t>(how.kind),
+                            std::string(how.collective),
+                            std::string(exchange.counted_as),
+                            exchange.counts,
+                            how.message_bytes};
+    op.callBoxed(stack);
+    received = stack.at(0).toTensor();
+    if (record) {
+      if (recorded.size() == kRecordedExchanges) recorded.erase(recorded.begin());
+      record->received = received;
+      recorded.push_back(std::move(*record));
+    }
+  }
   if (exchange.reduction) {
     exchange.reduction->out.copy_(received);
   } else {
