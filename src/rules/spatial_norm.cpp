@@ -131,6 +131,8 @@ std::string SpatialNormPlan::name() const {
 
 void register_spatial_norm_rules(RuleRegistry& registry) {
   registry.add("aten::native_batch_norm", batch_norm_rule);
+  // What batch_norm decomposes into while torch.compile traces (the same arguments by name).
+  registry.add("aten::_native_batch_norm_legit", batch_norm_rule);
   registry.add("aten::native_batch_norm_backward", batch_norm_backward_rule);
   registry.add("aten::native_group_norm", group_norm_rule);
   registry.add("aten::native_group_norm_backward", group_norm_backward_rule);

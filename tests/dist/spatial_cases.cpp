@@ -1,6 +1,8 @@
 // Sweep cases for domain parallelism. The random layouts of the sweep shard any dim,
 // spatial ones included, with torch.chunk or random uneven sizes (size-0 shards too), on
 // 1-D, 2-D (H and W at once) and 3-D meshes; each case checks outputs and all gradients.
+#include <torch/version.h>
+
 #include "dist/sweep_case.h"
 #include "shardtensor/shardtensor.h"
 
@@ -155,6 +157,20 @@ std::vector<Case> spatial_cases() {
                        at::Tensor out = at::batch_norm(x[0] * 2 + 1, x[1], x[2], running_mean, running_var, true, 0.1, 1e-5, false);
                        return out + (running_mean * 3 + running_var).view({1, 4, 1, 1});  // the updated statistics count too
                      }));
+#if TORCH_VERSION_MAJOR >= 2
+  // What batch_norm decomposes into while torch.compile traces (torch 2.x).
+  cases.push_back(on("_native_batch_norm_legit training", [] { return Tensors{normal({3, 4, 7, 5}), normal({4}), normal({4})}; },
+                     [](const Tensors& x) {
+                       at::Tensor running_mean = at::zeros({4}, at::kDouble), running_var = at::ones({4}, at::kDouble);
+                       if (is_shard_tensor(x[0])) {
+                         const DeviceMesh& mesh = spec(x[0]).mesh();
+                         running_mean = distribute_tensor(running_mean, mesh, Placements(mesh.ndim(), Replicate()));
+                         running_var = distribute_tensor(running_var, mesh, Placements(mesh.ndim(), Replicate()));
+                       }
+                       at::Tensor out = std::get<0>(at::_native_batch_norm_legit(x[0] - 1, x[1], x[2], running_mean, running_var, true, 0.1, 1e-5));
+                       return out + (running_mean * 3 + running_var).view({1, 4, 1, 1});
+                     }));
+#endif
   cases.push_back(on("batch_norm eval / instance_norm", [] { return Tensors{normal({3, 4, 7, 5}), normal({4}), normal({4}), unit({4}), unit({4})}; },
                      [](const Tensors& x) {
                        return at::batch_norm(x[0], x[1], x[2], x[3], x[4], false, 0.1, 1e-5, false) +

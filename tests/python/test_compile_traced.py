@@ -116,8 +116,8 @@ def unet(mesh, backend):
     torch.manual_seed(11)
     single = demo.UNet().double()
     model = demo.replicate_module(copy.deepcopy(single), mesh)
-    # Batch norm and nearest upsampling reach shardtensor decomposed while tracing, with no
-    # rule there: they run eagerly between graphs, where their whole-operator kernels run.
+    # Nearest upsampling reaches shardtensor decomposed while tracing (_unsafe_index), with no
+    # rule there: it runs eagerly between graphs, where its whole-operator kernel runs.
     compiled = _compiled(model, backend, fullgraph=False)
     height = 6 * mesh.size() + 4  # even pieces (the pooling windows), unequal ones
     sizes = [2 * (3 + (r % 2)) for r in range(mesh.size() - 1)]
