@@ -246,7 +246,7 @@ def _runs(flat) -> list:
 
 
 # The C++ operator that a peer-memory exchange is traced as (src/redistribute/transports/
-# traced_exchange.h) moves bytes between ranks, so every rank must run its calls in the order
+# traced_exchange.cpp) moves bytes between ranks, so every rank must run its calls in the order
 # traced: ordered effects keep graph passes, Inductor's scheduler among them, from reordering
 # them against each other (two independent exchanges could otherwise run in different orders on
 # different ranks, which the transport refuses).

@@ -57,7 +57,7 @@ class Comm {
   // "the group of global ranks [0, 2]": how errors name this group.
   std::string group_name() const;
   // A number no other Comm of this process has had: how a compiled graph's traced exchanges
-  // name the group they run on (redistribute/transports/traced_exchange.h).
+  // name the group they run on (redistribute/transports/traced_exchange.cpp).
   int64_t number() const { return number_; }
   // How long a member waits for the others in a collective before it raises.
   virtual std::chrono::milliseconds timeout() const = 0;

@@ -10,7 +10,7 @@
 // parts and halos, broadcast), followed by its wait_tensor, so the compiled graph holds local
 // ATen ops and collectives that Inductor can schedule. Point-to-point messages give way to an
 // all_to_all while tracing (part_transport.h: available_on); peer-memory steps are recorded as
-// shardtensor's own operator instead (redistribute/transports/traced_exchange.h). Nothing here
+// shardtensor's own operator instead (redistribute/transports/traced_exchange.cpp). Nothing here
 // runs outside tracing, and nothing is counted by shardtensor's CommDebugMode: a trace moves no
 // bytes, and a compiled graph's collectives run as torch's.
 #pragma once

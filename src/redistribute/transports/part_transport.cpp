@@ -5,7 +5,6 @@
 #include "comm/comm.h"
 #include "comm/traced_collectives.h"
 #include "redistribute/transports/peer_memory/peer_memory.h"
-#include "redistribute/transports/traced_exchange.h"
 
 namespace shardtensor {
 
@@ -18,7 +17,7 @@ at::Tensor view_of_part(const at::Tensor& t, const Box& holds, const Box& part) 
 StepTransport available_on(Comm& comm, StepTransport how) {
   const bool through_memory = how.kind == TransportKind::PeerMemory || how.kind == TransportKind::SharedArena;
   // A graph holds torch's functional collectives (comm/traced_collectives.h), or, for the steps
-  // that go through peer memory, shardtensor::exchange_parts (traced_exchange.h).
+  // that go through peer memory, shardtensor::exchange_parts (traced_exchange.cpp).
   if (tracing_collectives() && how.kind != TransportKind::None && !through_memory) {
     how.kind = TransportKind::Collective;
     return how;
@@ -37,7 +36,7 @@ void move_parts(Comm& comm, const StepTransport& how, const PartExchange& exchan
   switch (available.kind) {
     case TransportKind::PeerMemory:
     case TransportKind::SharedArena:
-      if (tracing_collectives()) return trace_exchange(comm, available, exchange);
+      if (tracing_collectives()) return static_cast<void>(traced_exchange_transport().move(comm, exchange, available));
       if (peer_memory_transport().move(comm, exchange, available)) return;
       break;  // the group has gone back to messages for good
     case TransportKind::Collective:

@@ -76,6 +76,9 @@ class PartTransport {
 const PartTransport& messages_transport();
 const PartTransport& all_to_all_transport();
 const PartTransport& peer_memory_transport();
+// While torch.compile traces: a PeerMemory or SharedArena step as one shardtensor::exchange_parts
+// node of the graph, moved through peer memory when the graph runs (traced_exchange.cpp).
+const PartTransport& traced_exchange_transport();
 
 // The transport a group can run `how` with now: a PeerMemory or SharedArena step becomes
 // Messages where the group has no peer memory (its members do not share a host, or an earlier

@@ -1,7 +1,22 @@
-// See traced_exchange.h. The exchange travels through the graph as plain integers: each part as
-// holder, receiver and its three boxes; each box as (nothing, rank, offsets..., shape...).
-#include "redistribute/transports/traced_exchange.h"
-
+// Peer-memory exchanges in a torch.compile graph (part_transport.h: traced_exchange_transport):
+// the transport a traced exchange of parts runs with where its group's members share memory.
+//
+// While a TracingScope is open (comm/traced_collectives.h), a move has no bytes to move; it is
+// recorded as an operator of the graph. Where the step's transport is Collective or Messages the
+// record is torch's functional collectives, which Inductor knows. Where it is PeerMemory or
+// SharedArena (CPU ranks on one host: redistribute/transport.h), a Gloo collective in its place
+// measured 2-3x slower than the eager step it was traced from (bench/RESULTS.md, "torch.compile
+// against eager"), so the record is instead one call of the custom operator
+//
+//     shardtensor::exchange_parts(source, own, comm, parts, destination_shape, reduction,
+//                                 transport, collective, counted_as, counts, message_bytes)
+//
+// whose CPU kernel rebuilds the PartExchange and moves it through the same transport as eager
+// mode (its agreement checks, timeouts and fallback to messages included) and whose Meta kernel
+// gives the result's shape to the tracer. The exchange's local_work runs in the graph after it.
+//
+// The exchange travels through the graph as plain integers: each part as holder, receiver and its
+// three boxes; each box as (nothing, rank, offsets..., shape...).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -153,9 +168,21 @@ struct RecordedExchange {
 thread_local std::vector<RecordedExchange> recorded;
 constexpr size_t kRecordedExchanges = 32;  // per thread: enough for the moves of one operator's backward
 
+// Records the exchange as a shardtensor::exchange_parts node, copies what it receives into the
+// exchange's destination (or reduction's out) and runs its local_work. Only while tracing.
+class TracedExchangeTransport final : public PartTransport {
+ public:
+  bool move(Comm& comm, const PartExchange& exchange, const StepTransport& how) const override;
+};
+
 }  // namespace
 
-void trace_exchange(Comm& comm, const StepTransport& how, const PartExchange& exchange) {
+const PartTransport& traced_exchange_transport() {
+  static const TracedExchangeTransport transport;
+  return transport;
+}
+
+bool TracedExchangeTransport::move(Comm& comm, const PartExchange& exchange, const StepTransport& how) const {
   static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("shardtensor::exchange_parts", "");
   std::vector<int64_t> reduction;
   c10::optional<at::Tensor> own;
@@ -218,6 +245,7 @@ void trace_exchange(Comm& comm, const StepTransport& how, const PartExchange& ex
         view_of_part(exchange.destination, p.receiver_holds, p.part).copy_(view_of_part(received, p.receiver_holds, p.part));
   }
   if (exchange.local_work) exchange.local_work();
+  return true;
 }
 
 }  // namespace shardtensor
