@@ -3,11 +3,23 @@
 // 1-D, 2-D (H and W at once) and 3-D meshes; each case checks outputs and all gradients.
 #include <torch/version.h>
 
+#include <utility>
+
 #include "dist/sweep_case.h"
 #include "shardtensor/shardtensor.h"
 
 namespace shardtensor::testing {
 namespace {
+
+// Batch norm's running mean and variance for 4 channels, beside `x`: updated in place, so
+// replicated like module buffers where x is a ShardTensor.
+std::pair<at::Tensor, at::Tensor> running_statistics(const at::Tensor& x) {
+  at::Tensor mean = at::zeros({4}, at::kDouble), var = at::ones({4}, at::kDouble);
+  if (!is_shard_tensor(x)) return {mean, var};
+  const DeviceMesh& mesh = spec(x).mesh();
+  const Placements whole(mesh.ndim(), Replicate());
+  return {distribute_tensor(mean, mesh, whole), distribute_tensor(var, mesh, whole)};
+}
 
 struct Conv {
   int64_t spatial, kernel, stride, padding, dilation, groups;
@@ -147,13 +159,7 @@ std::vector<Case> spatial_cases() {
   // Normalisation over sharded batch and spatial dims.
   cases.push_back(on("batch_norm training", [] { return Tensors{normal({3, 4, 7, 5}), normal({4}), normal({4})}; },
                      [](const Tensors& x) {
-                       // Running statistics are updated in place, so they are replicated like module buffers.
-                       at::Tensor running_mean = at::zeros({4}, at::kDouble), running_var = at::ones({4}, at::kDouble);
-                       if (is_shard_tensor(x[0])) {
-                         const DeviceMesh& mesh = spec(x[0]).mesh();
-                         running_mean = distribute_tensor(running_mean, mesh, Placements(mesh.ndim(), Replicate()));
-                         running_var = distribute_tensor(running_var, mesh, Placements(mesh.ndim(), Replicate()));
-                       }
+                       auto [running_mean, running_var] = running_statistics(x[0]);
                        at::Tensor out = at::batch_norm(x[0] * 2 + 1, x[1], x[2], running_mean, running_var, true, 0.1, 1e-5, false);
                        return out + (running_mean * 3 + running_var).view({1, 4, 1, 1});  // the updated statistics count too
                      }));
@@ -161,12 +167,7 @@ std::vector<Case> spatial_cases() {
   // What batch_norm decomposes into while torch.compile traces (torch 2.x).
   cases.push_back(on("_native_batch_norm_legit training", [] { return Tensors{normal({3, 4, 7, 5}), normal({4}), normal({4})}; },
                      [](const Tensors& x) {
-                       at::Tensor running_mean = at::zeros({4}, at::kDouble), running_var = at::ones({4}, at::kDouble);
-                       if (is_shard_tensor(x[0])) {
-                         const DeviceMesh& mesh = spec(x[0]).mesh();
-                         running_mean = distribute_tensor(running_mean, mesh, Placements(mesh.ndim(), Replicate()));
-                         running_var = distribute_tensor(running_var, mesh, Placements(mesh.ndim(), Replicate()));
-                       }
+                       auto [running_mean, running_var] = running_statistics(x[0]);
                        at::Tensor out = std::get<0>(at::_native_batch_norm_legit(x[0] - 1, x[1], x[2], running_mean, running_var, true, 0.1, 1e-5));
                        return out + (running_mean * 3 + running_var).view({1, 4, 1, 1});
                      }));
