@@ -119,7 +119,8 @@ install_python_package() {
 # and docs/) included.
 run_pytest() {
   echo "== Python package on torch $TORCH_WHEEL_VERSION: pytest tests/python (world sizes 1-4) =="
-  "$VENV/bin/python" -m pytest -q -rs tests/python   # -rs: every skip prints its reason
+  # -rs: every skip prints its reason; --durations: where the suite's time goes (CI has 90 minutes)
+  "$VENV/bin/python" -m pytest -q -rs --durations=15 tests/python
 }
 
 test_python() {

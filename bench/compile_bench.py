@@ -15,8 +15,8 @@ By default shardtensor's operators run eagerly behind graph breaks under torch.c
 (python/shardtensor/_compile.py). With SHARDTENSOR_COMPILE=trace they are traced: the compiled
 TP-MLP step is one graph of local operators and shardtensor's moves (exchange_parts through peer
 memory on one host, else torch's functional collectives), as DTensor's is one graph of local
-operators and functional collectives; the U-Net's nearest upsampling breaks its graph
-(docs/python.md#torchcompile). Variants take turns, a barrier before each step; median of --steps steps
+operators and functional collectives; the U-Net is one graph too, halos and upsampling
+included (docs/python.md#torchcompile). Variants take turns, a barrier before each step; median of --steps steps
 after warm-up (the compile happens there), the slowest rank's time. Each variant's first loss is
 checked against shardtensor's eager one from the same weights before anything is timed.
 """

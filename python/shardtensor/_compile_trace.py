@@ -22,7 +22,9 @@ What dynamo is taught, and why each is needed:
 - redistribute, to_local, full_tensor and shard_sizes, which shardtensor installs on
   torch.Tensor, are inlined from the traceable class instead of recorded as tensor methods;
 - a traced ShardTensor's layout reads as a constant;
-- compiled functions hand ShardTensors back (call_user_compiler).
+- compiled functions hand ShardTensors back (call_user_compiler);
+- the composite operators that eager mode takes whole or decomposes its own way (upsampling,
+  linear) reach a traced ShardTensor the same way (_traced_composites.py).
 
 _compile.py teaches dynamo this when ``torch._dynamo`` is first imported, where the environment
 asks for it.
@@ -30,7 +32,7 @@ asks for it.
 
 from __future__ import annotations
 
-from . import _C, _placements, _tensor, _traceable
+from . import _C, _placements, _tensor, _traceable, _traced_composites
 
 
 
@@ -99,9 +101,6 @@ def teach(dynamo) -> None:
     # The conversions a compiled frame's bytecode runs around its graph are not themselves traced.
     for name in ("as_traceable", "from_traceable", "guard_view"):
         setattr(_traceable, name, dynamo.disable(getattr(_traceable, name)))
-    _tensor._from_local_outside_graph = dynamo.disable(_tensor._from_local_outside_graph,
-                                                       reason="from_local(sharding_shapes='infer') gathers the pieces' "
-                                                              "sizes, which a graph cannot be specialised on")
     for name in ("layout_for_piece", "placements_of_layout", "shard_sizes_of", "mesh_of_layout"):
         setattr(_traceable, name, dynamo.assume_constant_result(getattr(_traceable, name)))
     dynamo.config.traceable_tensor_subclasses.add(_traceable.TraceableShardTensor)
@@ -159,6 +158,7 @@ def teach(dynamo) -> None:
         return _returning_shard_tensors(call_user_compiler(self, gm, example_inputs))
 
     output_graph.call_user_compiler = call_user_compiler_returning_shard_tensors
+    _traced_composites.keep_whole()
 
 
 _PLACEMENT_MEMBERS = ("dim", "reduce_op", "norm_type", "is_shard", "is_replicate", "is_partial", "__eq__", "__ne__",

@@ -166,11 +166,6 @@ def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=Fal
     if not isinstance(local_tensor, torch.Tensor):
         raise TypeError(f"from_local: local_tensor must be a torch.Tensor, got {type(local_tensor).__name__}")
     if torch.compiler.is_compiling():
-        if sharding_shapes == "infer":
-            # The sizes come from a collective over the ranks' shapes, which a graph specialised
-            # on them could not check: this call runs eagerly, behind a graph break.
-            return _from_local_outside_graph(local_tensor, device_mesh, placements, run_check=run_check, shape=shape,
-                                             stride=stride, sharding_shapes=sharding_shapes)
         # dynamo treats a mesh as opaque: it is resolved inside, where the layout is built.
         encoded = None if placements is None else _placements.encode(placements)
         return _traceable.from_local_in_graph(local_tensor, device_mesh, encoded, sharding_shapes,
@@ -191,12 +186,6 @@ def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=Fal
         raise ValueError(f"from_local: stride={tuple(stride)} does not describe the global tensor of shape "
                          f"{tuple(out.shape)} laid out like the local piece, whose strides are {out.stride()}")
     return out
-
-
-def _from_local_outside_graph(*args, **kwargs):
-    """from_local, run eagerly where it is called from a compiled region (dynamo is taught to
-    leave it there: _compile.py)."""
-    return from_local(*args, **kwargs)
 
 
 def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0, sharding_shapes=None):

@@ -31,10 +31,15 @@ from . import _C
 _IN_GRAPHS: list = []
 
 
-def _layout_fx_repr(layout):
+def layout_number(layout) -> int:
+    """The layout's number in _IN_GRAPHS, by which a graph names it (a constant of the trace)."""
     if layout not in _IN_GRAPHS:
         _IN_GRAPHS.append(layout)
-    return f"_shardtensor_layout({_IN_GRAPHS.index(layout)})", {"_shardtensor_layout": _IN_GRAPHS.__getitem__}
+    return _IN_GRAPHS.index(layout)
+
+
+def _layout_fx_repr(layout):
+    return f"_shardtensor_layout({layout_number(layout)})", {"_shardtensor_layout": _IN_GRAPHS.__getitem__}
 
 
 _C.Layout.__fx_repr__ = _layout_fx_repr
@@ -335,34 +340,62 @@ def to_local_in_graph(x: TraceableShardTensor, grad_placements=None) -> torch.Te
 
 
 def from_local_in_graph(local: torch.Tensor, device_mesh, placements, sharding_shapes, shape, trusted: bool):
-    """``from_local`` in a traced region: the layout is built in C++ from the piece's shape, with
-    no collective (torch.chunk sizes, or given ones), and the piece wrapped in it. ``placements``
-    are C++-encoded pairs (None: Replicate on every mesh dim)."""
-    layout, strides = layout_for_piece(device_mesh, placements, sharding_shapes, shape, trusted, list(local.shape),
-                                       local.dtype)
+    """``from_local`` in a traced region: the layout is built in C++ from the piece's shape once,
+    when tracing (torch.chunk sizes, given ones, or the ranks' sizes gathered), and the piece
+    wrapped in it. ``placements`` are C++-encoded pairs (None: Replicate on every mesh dim).
+
+    With ``sharding_shapes="infer"`` the graph is specialised on the sizes the ranks' pieces had
+    when it was traced, and each run gathers them again (as eager mode's from_local does) and
+    checks them: a rank's graph is guarded on its own piece only."""
+    # int(): a graph is specialised on the piece's size (a recompile would make it symbolic).
+    layout, strides, number = layout_for_piece(device_mesh, placements, sharding_shapes, shape, trusted,
+                                               [int(s) for s in local.shape], local.dtype)
+    if sharding_shapes == "infer":
+        torch.ops.shardtensor.check_inferred_layout(local, number)
     return _FromLocal.apply(local, layout, strides)
 
 
+@torch.library.custom_op("shardtensor::check_inferred_layout", mutates_args=())
+def check_inferred_layout(local: torch.Tensor, layout: int) -> None:
+    """Raises on every rank where the pieces' sizes, gathered now, give another layout than the
+    one a graph was traced for (layout: its number in _IN_GRAPHS)."""
+    traced = _IN_GRAPHS[layout]
+    mesh = mesh_of_layout(traced)
+    now = _C.layout_of(_C.from_local(local, mesh._cpp, [tuple(p) for p in traced.placements], "infer", None, None, False))
+    if now != traced:
+        raise ValueError(f"from_local(sharding_shapes='infer') in a compiled graph: the ranks' pieces now make {now}, "
+                         f"where the graph was traced for {traced}; every rank's piece must keep the size it had when "
+                         f"the graph was traced (torch._dynamo.reset() and call again to trace anew)")
+
+
+@check_inferred_layout.register_fake
+def _(local, layout):
+    return None
+
+
+# Kept, and run in program order with the moves, although nothing reads a result.
+torch.library._register_effectful_op("shardtensor::check_inferred_layout", torch._library.effects.EffectType.ORDERED)
+
+
 def layout_for_piece(device_mesh, placements, sharding_shapes, shape, trusted, local_shape, dtype):
-    """The layout from_local gives a piece of ``local_shape``: a constant of the trace (dynamo
-    calls it once, at trace time: _compile.py)."""
+    """The layout from_local gives a piece of ``local_shape``, its global strides and its number
+    (layout_number): constants of the trace (dynamo calls it once, at trace time: _compile.py)."""
     from . import _placements
     from ._tensor import _encode_sizes, _mesh_or_current
 
     mesh = _mesh_or_current(device_mesh, "from_local")
     placements = [(_REPLICATE, 0)] * mesh.ndim if placements is None else [tuple(p) for p in placements]
     if isinstance(sharding_shapes, str):
-        if sharding_shapes != "chunk":
-            raise NotImplementedError(
-                f"from_local(sharding_shapes={sharding_shapes!r}) inside torch.compile: the sizes would come from "
-                f"a collective at run time, which a graph specialised on them cannot hold; pass them "
-                f"(sharding_shapes={{dim: [...]}}) or call from_local outside the compiled region")
-        mode, sizes = "chunk", None
+        if sharding_shapes not in ("chunk", "infer"):
+            raise ValueError(f"from_local: sharding_shapes={sharding_shapes!r}; allowed are 'chunk', 'infer' or a dict")
+        # "infer" gathers the ranks' shapes now, on every rank (they trace together).
+        mode, sizes = sharding_shapes, None
     else:
         mode, sizes = "trusted" if trusted else "given", _encode_sizes(sharding_shapes, _placements.decode(placements), mesh)
     piece = torch.empty(local_shape, dtype=dtype, device=mesh.device_type)  # once, at trace time
     cpp = _C.from_local(piece, mesh._cpp, placements, mode, shape, sizes, False)
-    return _C.layout_of(cpp), cpp.stride()
+    layout = _C.layout_of(cpp)
+    return layout, cpp.stride(), layout_number(layout)
 
 
 def full_tensor_in_graph(x: TraceableShardTensor, grad_placements=None) -> torch.Tensor:

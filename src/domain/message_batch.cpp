@@ -8,6 +8,7 @@
 #include "redistribute/boxes.h"
 #include "redistribute/transport.h"
 #include "redistribute/transports/part_transport.h"
+#include "shardtensor/tracing.h"
 
 namespace shardtensor {
 namespace {
@@ -19,9 +20,10 @@ int64_t elements_of(const std::vector<at::Tensor>& tensors) {
 }
 
 // `tensors` as one flat tensor over the memory they already share, where they lie one after
-// another in one storage; undefined otherwise.
+// another in one storage; undefined otherwise. Never while tracing: a compiled graph may give
+// each of them a buffer of its own (Inductor does), where such a view reaches past the first.
 at::Tensor already_flat(const std::vector<at::Tensor>& tensors) {
-  if (tensors.empty() || !tensors[0].is_contiguous()) return {};
+  if (tensors.empty() || !tensors[0].is_contiguous() || tracing_collectives()) return {};
   int64_t next = tensors[0].storage_offset();
   for (const at::Tensor& t : tensors) {
     if (!t.is_contiguous() || !t.is_alias_of(tensors[0]) || t.storage_offset() != next) return {};

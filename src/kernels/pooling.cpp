@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "domain/halo.h"
+#include "kernels/host_values.h"
 #include "kernels/stack.h"
 #include "rules/pooling.h"
 
@@ -22,7 +23,7 @@ at::Tensor divisor_of(const PoolPlan& plan, int64_t ndim) {
     const std::vector<double> factors(plan.divisor_factors[i].begin() + mine.begin, plan.divisor_factors[i].begin() + mine.end);
     std::vector<int64_t> shape(ndim, 1);
     shape[ndim - plan.spatial + i] = mine.size();
-    divisor = divisor * at::tensor(factors, at::TensorOptions().dtype(at::kDouble).device(plan.halo.mesh.device())).view(shape);
+    divisor = divisor * as_operand(host_tensor(factors, plan.halo.mesh.device())).view(shape);
   }
   return divisor;
 }

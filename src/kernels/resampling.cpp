@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "domain/halo.h"
+#include "kernels/host_values.h"
 #include "kernels/stack.h"
 #include "rules/resampling.h"
 
@@ -23,7 +24,7 @@ struct LocalMap {
 at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t window_begin, c10::Device device) {
   std::vector<int64_t> v(all.begin() + mine.begin, all.begin() + mine.end);
   for (int64_t& i : v) i -= window_begin;
-  return at::tensor(v, at::TensorOptions().dtype(at::kLong).device(device));
+  return host_tensor(v, device);
 }
 
 LocalMap slice_for_this_rank(const MapAxis& a, const DeviceMesh& mesh, int64_t ndim) {
@@ -37,9 +38,7 @@ LocalMap slice_for_this_rank(const MapAxis& a, const DeviceMesh& mesh, int64_t n
     local.sources.push_back(local_indices(a.map.taps[k], mine, a.halo.window[me].begin, mesh.device()));
     if (a.map.weights.empty()) continue;
     const std::vector<double>& w = a.map.weights[k];
-    local.weights.push_back(at::tensor(std::vector<double>(w.begin() + mine.begin, w.begin() + mine.end),
-                                       at::TensorOptions().dtype(at::kDouble).device(mesh.device()))
-                                .view(shape));
+    local.weights.push_back(host_tensor(std::vector<double>(w.begin() + mine.begin, w.begin() + mine.end), mesh.device()).view(shape));
   }
   return local;
 }
@@ -49,12 +48,12 @@ at::Tensor apply_forward(const DeviceMesh& mesh, const std::vector<LocalMap>& ma
     const int64_t d = a.halo.axis.tensor_dim;
     x = gather_window(x, a.halo, mesh, 0.0);
     if (a.weights.empty()) {
-      x = x.index_select(d, a.sources[0].to(x.device()));
+      x = x.index_select(d, as_operand(a.sources[0]).to(x.device()));
       continue;
     }
     at::Tensor sum;
     for (size_t k = 0; k < a.sources.size(); ++k) {
-      const at::Tensor term = x.index_select(d, a.sources[k].to(x.device())) * a.weights[k].to(x.options());
+      const at::Tensor term = x.index_select(d, as_operand(a.sources[k]).to(x.device())) * as_operand(a.weights[k]).to(x.options());
       sum = k == 0 ? term : sum + term;
     }
     x = sum;
@@ -70,7 +69,8 @@ at::Tensor apply_backward(const DeviceMesh& mesh, const std::vector<LocalMap>& m
     shape[d] = a.halo.axis.window[a.halo.me].size();
     at::Tensor g = at::zeros(shape, grad.options());
     for (size_t k = 0; k < a.sources.size(); ++k)
-      g.index_add_(d, a.sources[k].to(grad.device()), a.weights.empty() ? grad : grad * a.weights[k].to(grad.options()));
+      g.index_add_(d, as_operand(a.sources[k]).to(grad.device()),
+                   a.weights.empty() ? grad : grad * as_operand(a.weights[k]).to(grad.options()));
     grad = scatter_add_window(g, a.halo, mesh);
   }
   return grad;

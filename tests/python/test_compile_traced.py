@@ -1,8 +1,8 @@
 """torch.compile tracing ShardTensors (SHARDTENSOR_COMPILE=trace: shardtensor._compile_trace,
 _traceable): a tensor-parallel MLP, torchtitan's llama plan, the demo's U-Net on an H split and a
 transformer block on a sequence split, each under the eager, aot_eager and inductor backends, on
-sizes the mesh does not divide, values and gradients against the same model on one process. The
-MLP and the attention block compile with fullgraph=True; a graph holds the moves of eager mode
+sizes the mesh does not divide, values and gradients against the same model on one process. All
+four compile with fullgraph=True; a graph holds the moves of eager mode
 (shardtensor::exchange_parts where ranks share memory, torch's functional collectives without
 peer memory); a graph is specialised on the layout (another split of the same shape recompiles).
 
@@ -84,8 +84,8 @@ def llama_block(mesh, backend):
     """torchtitan's llama plan (RowwiseParallel embedding, SequenceParallel norms, colwise and
     rowwise projections, loss_parallel) on a 3-head, 1-key/value-head model: at 3 ranks the key
     and value heads split 1, 0, 0. The sequence-parallel norms take their input as a plain
-    tensor and rebuild its layout with from_local(sharding_shapes="infer"), which gathers the
-    pieces' sizes eagerly: a graph break."""
+    tensor and rebuild its layout with from_local(sharding_shapes="infer"): the graph holds the
+    sizes gathered when it was traced, and a check that gathers them again each run."""
     import shardtensor as st
     from shardtensor.parallel import loss_parallel
 
@@ -96,7 +96,7 @@ def llama_block(mesh, backend):
     single = llama.Llama(vocab, dim, heads, kv_heads, hidden, layers, seqlen).double()
     model = llama.parallelize(copy.deepcopy(single), mesh, heads % world == 0 and kv_heads % world == 0)
     # dynamic=False: automatic dynamic shapes would make the styles' sizes symbolic on a recompile.
-    compiled = _compiled(model, backend, fullgraph=False, dynamic=False)
+    compiled = _compiled(model, backend, dynamic=False)
     tokens, labels = torch.randint(0, vocab, (2, seqlen)), torch.randint(0, vocab, (2, seqlen))
     pred = compiled(tokens)
     with loss_parallel():
@@ -116,9 +116,7 @@ def unet(mesh, backend):
     torch.manual_seed(11)
     single = demo.UNet().double()
     model = demo.replicate_module(copy.deepcopy(single), mesh)
-    # Nearest upsampling reaches shardtensor decomposed while tracing (_unsafe_index), with no
-    # rule there: it runs eagerly between graphs, where its whole-operator kernel runs.
-    compiled = _compiled(model, backend, fullgraph=False)
+    compiled = _compiled(model, backend)
     height = 6 * mesh.size() + 4  # even pieces (the pooling windows), unequal ones
     sizes = [2 * (3 + (r % 2)) for r in range(mesh.size() - 1)]
     sizes.append(height - sum(sizes))
@@ -141,20 +139,32 @@ def ring_attention(mesh, backend):
     torch.manual_seed(0)
     single = Block(8, 2).double()
     model = shard_parameters(copy.deepcopy(single), mesh, lambda name, p: [st.Replicate()])
-    compiled = _compiled(model, backend)
     seq = 4 * mesh.size() + 3
     x = torch.randn(2, seq, 8, dtype=torch.float64)
+    sx = st.distribute_tensor(x, mesh, [st.Shard(1)])
+    with st.CommDebugMode() as eager_comms:
+        model(sx).sum().backward()
+    model.zero_grad(set_to_none=True)
+    compiled = _compiled(model, backend)
     with st.CommDebugMode() as comms:
-        out = compiled(st.distribute_tensor(x, mesh, [st.Shard(1)]))
+        out = compiled(sx)
         out.sum().backward()
     expected = single(x)
     expected.sum().backward()
     assert_close(out.full_tensor(), expected.detach(), f"ring attention, {backend}: output", **TOL)
     _check_gradients(model, single, f"ring attention, {backend}")
-    # Traced, scaled_dot_product_attention reaches shardtensor decomposed (its math, not the
-    # ring), which moves the keys and values whole: one all-gather or more where ranks share it.
-    counts = comms.get_comm_counts()
-    assert (sum(counts.values()) > 0) == (mesh.size() > 1), comms.table()
+    # Traced by AOTAutograd, the compiled step moves what the eager one does: the ring's steps
+    # (the linears keep the sequence split, as eager mode's do), nothing gathered, no more bytes
+    # (at 2 ranks the compiled backward goes without one small reshard, an all_to_all, that
+    # eager's makes for a weight gradient's mm). dynamo's eager backend runs its graph's calls as they are, where linear
+    # decomposes torch's way and gathers (the same values).
+    if backend != "eager":
+        compiled_counts, eager_counts = comms.get_comm_counts(), eager_comms.get_comm_counts()
+        both = f"{comms.table()}\neager:\n{eager_comms.table()}"
+        assert ({k: n for k, n in compiled_counts.items() if k.startswith("ring")} ==
+                {k: n for k, n in eager_counts.items() if k.startswith("ring")}), both
+        assert "all_gather" not in compiled_counts and comms.get_bytes() <= eager_comms.get_bytes(), both
+    assert ("ring_send_recv" in eager_comms.get_comm_counts()) == (mesh.size() > 1), eager_comms.table()
 
 
 MODELS = {"tp_mlp": tp_mlp, "llama": llama_block, "unet": unet, "ring_attention": ring_attention}
@@ -244,6 +254,41 @@ def layouts_body(rank, world_size):
         assert_close(out.to_local(), _split_sum(x.narrow(0, sum(sizes[:rank]), sizes[rank])), f"split {sizes}: local sum", **TOL)
         assert_close(out.full_tensor(), _split_sum(x), f"split {sizes}: full sum", **TOL)
         assert len(graphs) == len(layouts), f"{len(graphs)} graphs traced for the {len(layouts)} splits met so far"
+
+
+def _gathered(local, mesh):
+    import shardtensor as st
+
+    return st.from_local(local, mesh, [st.Shard(0)], sharding_shapes="infer").full_tensor()
+
+
+def inferred_sizes_body(rank, world_size):
+    """from_local(sharding_shapes="infer") in a graph (fullgraph=True): the sizes gathered when
+    tracing are the graph's, and each run gathers them again. Rank 0 keeps its piece's size,
+    so it keeps its graph, while rank 1's piece grows: rank 0's check refuses, naming both
+    layouts, and rank 1 (which traces afresh) fails too, never a gather with the old sizes."""
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    torch._dynamo.reset()
+    # dynamic=False: automatic dynamic shapes would make a recompile's piece size symbolic.
+    compiled = torch.compile(_gathered, backend="aot_eager", fullgraph=True, dynamic=False)
+    whole = torch.arange(5 * 2, dtype=torch.float64).view(5, 2)
+    for call in range(2):  # sizes [3, 2]; the second call runs the first one's graph
+        local = whole[:3] if rank == 0 else whole[3:]
+        assert_close(compiled(local, mesh), whole, f"call {call}", **TOL)
+    grown = torch.cat([whole, whole])[:3] if rank == 0 else torch.cat([whole, whole])[3:6]
+    with pytest.raises((ValueError, RuntimeError)) as refused:
+        compiled(grown, mesh)
+    if rank == 0:
+        assert "traced for" in str(refused.value) and "dim 0 sizes [3, 2]" in str(refused.value), refused.value
+    else:  # its check's gather, with rank 0 gone
+        assert "shardtensor" in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_a_graph_checks_the_sizes_it_inferred_each_run(world_size):
+    run_ranks(inferred_sizes_body, world_size, timeout=400, env=ENV)
 
 
 @pytest.mark.parametrize("world_size", [1, 4])

@@ -23,6 +23,8 @@
 
 #include "comm/comm.h"
 #include "comm/comm_debug.h"
+#include "comm/traced_collectives.h"
+#include "util/below_tracer_modes.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -132,6 +134,11 @@ PeerMemory* peer_memory_of(Comm& comm) {
   if (comm.size() == 1 || !peer_memory_enabled() || comm.backend_name() == "nccl") return nullptr;
   PeerMemoryState& state = state_of(comm);
   if (!state.probed) {
+    // The first move on a group may come while torch.compile traces (a from_local inside the
+    // compiled region): the probe's messages and tensors are real even then, below the tracer's
+    // modes; the graph records the moves that use the memory, not the probe.
+    const TracingPause real_messages;
+    const BelowTracerModes real_tensors;
     state.memory = PeerMemory::probe(comm, state.why_not);
     state.probed = true;
   }
