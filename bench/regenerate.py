@@ -755,8 +755,9 @@ def render_compile(doc, records, figs, traced=False):
                  "_compile_trace.py`): the compiled TP-MLP step is one graph of local operators and shardtensor's "
                  "moves, which Inductor compiles; on these same-host ranks the moves are `shardtensor::exchange_parts` "
                  "calls through peer memory, eager mode's transport (torch's functional collectives on Gloo made the "
-                 "step 2-3x slower than eager). The U-Net's nearest upsampling reaches shardtensor decomposed "
-                 "while tracing and runs eagerly behind graph breaks.")
+                 "step 2-3x slower than eager). The U-Net step is one graph too: its halos, batch-norm statistics "
+                 "and upsampling traced. What the compiled steps still pay over eager is Python in AOTAutograd's "
+                 "runtime wrappers around the subclass, per call.")
     elif rows:
         body += ("\n\nBy default shardtensor's operators on ShardTensors are not traced: under torch.compile they run "
                  "eagerly behind graph breaks (`python/shardtensor/_compile.py`), so its compiled step is its eager C++ "
