@@ -347,9 +347,8 @@ def from_local_in_graph(local: torch.Tensor, device_mesh, placements, sharding_s
     With ``sharding_shapes="infer"`` the graph is specialised on the sizes the ranks' pieces had
     when it was traced, and each run gathers them again (as eager mode's from_local does) and
     checks them: a rank's graph is guarded on its own piece only."""
-    # int(): a graph is specialised on the piece's size (a recompile would make it symbolic).
     layout, strides, number = layout_for_piece(device_mesh, placements, sharding_shapes, shape, trusted,
-                                               [int(s) for s in local.shape], local.dtype)
+                                               list(local.shape), local.dtype)
     if sharding_shapes == "infer":
         torch.ops.shardtensor.check_inferred_layout(local, number)
     return _FromLocal.apply(local, layout, strides)
