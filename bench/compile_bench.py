@@ -2,6 +2,7 @@
 torch's DTensor, and the demo's U-Net step on an H split. Results: bench/RESULTS.md.
 
     .venv/bin/shardrun -n 4 .venv/bin/python bench/compile_bench.py [--json FILE] [--steps N]
+    shardrun -n 1 python3 bench/compile_bench.py --device cuda   # on a GPU (tools/gpu_check/run.sh)
 
 TP-MLP (bench/python_bench.py's section 3, sizes 32 x 256 x 1024 and 64 x 512 x 2048): W1
 Shard(0), W2 Shard(1), input and target Replicate; a step is the forward and the mean-square loss
@@ -18,7 +19,13 @@ memory on one host, else torch's functional collectives), as DTensor's is one gr
 operators and functional collectives; the U-Net is one graph too, halos and upsampling
 included (docs/python.md#torchcompile). Variants take turns, a barrier before each step; median of --steps steps
 after warm-up (the compile happens there), the slowest rank's time. Each variant's first loss is
-checked against shardtensor's eager one from the same weights before anything is timed.
+checked against shardtensor's eager one from the same weights, and each variant's weights after
+that first step (so its gradients) against eager's, before anything is timed.
+
+--device cuda: CUDA pieces on a cuda mesh (NCCL, one GPU per rank), Inductor's Triton kernels;
+each timed step ends in torch.cuda.synchronize(), and the TP-MLP adds a size large enough for the
+GPU to be busy. Values are compared with a float32 tolerance of 1e-4: Inductor's fused reductions
+and cuDNN's convolution algorithms sum in other orders than eager's kernels.
 """
 
 import argparse
@@ -40,11 +47,36 @@ from python_bench import Stat, check, mlp_loss, run_ms, sgd_step
 from unet_dp_domain_bench import load_demo
 
 TP_SIZES = [(32, 256, 1024), (64, 512, 2048)]
+CUDA_TP_SIZES = TP_SIZES + [(1024, 1024, 4096)]
 LR = 1e-3
 
 
 def full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+class Device:
+    """Where the pieces live, and what "equal" and "done" mean there."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.rtol, self.atol = (1e-5, 1e-7) if kind == "cpu" else (1e-4, 1e-6)
+
+    def put(self, t):
+        return t.to(self.kind)
+
+    def close(self, a, b) -> bool:
+        return torch.allclose(a, b, rtol=self.rtol, atol=self.atol)
+
+    def timed(self, step):
+        """The step as timed: on CUDA until its kernels have finished."""
+        if self.kind == "cpu":
+            return step
+        return lambda: (step(), torch.cuda.synchronize())
+
+
+def max_difference(a, b) -> float:
+    return (a - b).abs().max().item()
 
 
 def time_variants(steps_of: dict, steps: int, warmup: int = 3) -> dict:
@@ -59,12 +91,12 @@ def time_variants(steps_of: dict, steps: int, warmup: int = 3) -> dict:
     return {name: Stat(s) for name, s in samples.items()}
 
 
-def tp_rows(mesh, tmesh, steps):
+def tp_rows(mesh, tmesh, steps, device):
     rows = []
-    for batch, dim, hidden in TP_SIZES:
+    for batch, dim, hidden in (TP_SIZES if device.kind == "cpu" else CUDA_TP_SIZES):
         torch.manual_seed(0)
-        x, target = torch.randn(batch, dim), torch.randn(batch, dim)
-        w1, w2 = torch.randn(hidden, dim) * 0.02, torch.randn(dim, hidden) * 0.02
+        x, target = device.put(torch.randn(batch, dim)), device.put(torch.randn(batch, dim))
+        w1, w2 = device.put(torch.randn(hidden, dim) * 0.02), device.put(torch.randn(dim, hidden) * 0.02)
         compiled = torch.compile(mlp_loss, backend="inductor")
 
         def ours():
@@ -77,25 +109,34 @@ def tp_rows(mesh, tmesh, steps):
 
         args = {"shardtensor eager": ours(), "shardtensor compiled": ours(), "DTensor eager": theirs(), "DTensor compiled": theirs()}
         fns = {"shardtensor eager": mlp_loss, "shardtensor compiled": compiled, "DTensor eager": mlp_loss, "DTensor compiled": compiled}
-        steps_of = {name: (lambda f=fns[name], a=args[name]: sgd_step(*a, LR, loss_fn=f)) for name in args}
-        first = {name: full(f()).detach() for name, f in steps_of.items()}
+        steps_of = {name: device.timed(lambda f=fns[name], a=args[name]: sgd_step(*a, LR, loss_fn=f)) for name in args}
+        first = {name: full(sgd_step(*args[name], LR, loss_fn=fns[name])).detach() for name in args}
+        what = f"TP-MLP {batch}x{dim}x{hidden}"
+        differences = {}
         for name, loss in first.items():
-            check(torch.allclose(loss, first["shardtensor eager"], rtol=1e-5, atol=1e-7),
-                  f"TP-MLP {batch}x{dim}x{hidden}: {name}'s loss {loss} against eager shardtensor's {first['shardtensor eager']}")
-        rows.append(dict(batch=batch, dim=dim, hidden=hidden, **{k: v.json() for k, v in time_variants(steps_of, steps).items()}))
+            check(device.close(loss, first["shardtensor eager"]),
+                  f"{what}: {name}'s loss {loss} against eager shardtensor's {first['shardtensor eager']}")
+            weights = [full(w).detach() for w in args[name][1:3]]
+            reference = [full(w).detach() for w in args["shardtensor eager"][1:3]]
+            for w, ref, label in zip(weights, reference, ("w1", "w2")):
+                check(device.close(w, ref), f"{what}: {name}'s {label} after one step differs from eager shardtensor's "
+                                            f"by up to {max_difference(w, ref):.3g}")
+            differences[name] = max(max_difference(w, ref) for w, ref in zip(weights, reference))
+        rows.append(dict(batch=batch, dim=dim, hidden=hidden, weight_difference=differences,
+                         **{k: v.json() for k, v in time_variants(steps_of, steps).items()}))
     return rows
 
 
-def unet_row(mesh, steps):
+def unet_row(mesh, steps, device):
     demo = load_demo()
     world = mesh.size()
     fields, targets = demo.heat_dataset()
-    u, target = fields[:demo.BATCH].float(), targets[:demo.BATCH].float()
+    u, target = device.put(fields[:demo.BATCH].float()), device.put(targets[:demo.BATCH].float())
     sizes = {2: demo.uneven_split(demo.HEIGHT, world)}
     su = st.distribute_tensor(u, mesh, [st.Shard(2)], sharding_shapes=sizes)
     starget = st.distribute_tensor(target, mesh, [st.Shard(2)], sharding_shapes=sizes)
     torch.manual_seed(11)
-    eager_model = demo.replicate_module(demo.UNet(), mesh)
+    eager_model = demo.replicate_module(demo.UNet().to(device.kind), mesh)
     compiled_model = copy.deepcopy(eager_model)
     compiled_forward = torch.compile(compiled_model, backend="inductor")
 
@@ -110,9 +151,14 @@ def unet_row(mesh, steps):
 
     steps_of = {"eager": lambda: step(eager_model, eager_model), "compiled": lambda: step(compiled_model, compiled_forward)}
     first = {name: f().full_tensor().detach() for name, f in steps_of.items()}
-    check(torch.allclose(first["compiled"], first["eager"], rtol=1e-5, atol=1e-7),
-          f"U-Net: compiled loss {first['compiled']} against eager {first['eager']}")
-    return dict(height=demo.HEIGHT, width=demo.WIDTH, batch=demo.BATCH, sizes=sizes[2],
+    check(device.close(first["compiled"], first["eager"]), f"U-Net: compiled loss {first['compiled']} against eager {first['eager']}")
+    difference = 0.0
+    for (name, p), q in zip(compiled_model.named_parameters(), eager_model.parameters()):
+        p, q = full(p.detach()), full(q.detach())
+        check(device.close(p, q), f"U-Net: compiled {name} after one step differs from eager's by up to {max_difference(p, q):.3g}")
+        difference = max(difference, max_difference(p, q))
+    steps_of = {name: device.timed(f) for name, f in steps_of.items()}
+    return dict(height=demo.HEIGHT, width=demo.WIDTH, batch=demo.BATCH, sizes=sizes[2], weight_difference=difference,
                 **{k: v.json() for k, v in time_variants(steps_of, steps).items()})
 
 
@@ -120,25 +166,34 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=30, help="timed steps per variant (default 30)")
     p.add_argument("--json", metavar="FILE", help="rank 0 also writes the figures to FILE")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where the pieces live (cuda: one GPU per rank, a cuda mesh over NCCL)")
     args = p.parse_args()
-    mesh = st.init_device_mesh("cpu", (int(os.environ.get("WORLD_SIZE", "1")),))
+    device = Device(args.device)
+    if device.kind == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    mesh = st.init_device_mesh(device.kind, (int(os.environ.get("WORLD_SIZE", "1")),))
     tmesh = mesh.to_torch()
     t0 = time.time()
-    tp = tp_rows(mesh, tmesh, args.steps)
-    unet = unet_row(mesh, args.steps)
+    tp = tp_rows(mesh, tmesh, args.steps, device)
+    unet = unet_row(mesh, args.steps, device)
     dist.barrier()
     if dist.get_rank() == 0:
-        print(f"torch.compile (inductor) against eager, {mesh.size()} ranks, torch {torch.__version__}, "
-              f"{time.strftime('%Y-%m-%d %H:%M')}; median ms of {args.steps} steps, slowest rank")
+        where = torch.cuda.get_device_name() if device.kind == "cuda" else platform.processor() or "cpu"
+        mode = os.environ.get("SHARDTENSOR_COMPILE", "eager")
+        print(f"torch.compile (inductor, SHARDTENSOR_COMPILE={mode}) against eager, {mesh.size()} ranks on {where}, "
+              f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}; median ms of {args.steps} steps, slowest rank")
         for r in tp:
             print(f"TP-MLP {r['batch']} x {r['dim']} x {r['hidden']}: " + ", ".join(
-                f"{k} {r[k]['median']:.3f}" for k in ("shardtensor eager", "shardtensor compiled", "DTensor eager", "DTensor compiled")))
+                f"{k} {r[k]['median']:.3f}" for k in ("shardtensor eager", "shardtensor compiled", "DTensor eager", "DTensor compiled"))
+                + "; weights after one step within " + f"{max(r['weight_difference'].values()):.2g} of eager shardtensor's")
         print(f"U-Net {unet['height']} x {unet['width']}, batch {unet['batch']}, H split {unet['sizes']}: "
-              f"eager {unet['eager']['median']:.1f}, compiled {unet['compiled']['median']:.1f}")
+              f"eager {unet['eager']['median']:.1f}, compiled {unet['compiled']['median']:.1f}; "
+              f"weights after one step within {unet['weight_difference']:.2g} of eager's")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"bench": "compile_bench", "torch": torch.__version__, "python": platform.python_version(),
-                           "world": mesh.size(), "steps": args.steps, "tp_mlp": tp, "unet": unet,
+                           "world": mesh.size(), "device": device.kind, "steps": args.steps, "tp_mlp": tp, "unet": unet,
                            "seconds": time.time() - t0}, f, indent=1)
 
 

@@ -32,6 +32,8 @@ import importlib.util
 import sys
 import warnings
 
+import torch
+
 from . import _C
 
 _DYNAMO = "torch._dynamo"
@@ -82,9 +84,14 @@ def _teach(dynamo) -> None:
     if traces():
         from . import _compile_trace
 
-        _compile_trace.teach(dynamo)
-    else:
-        _teach_graph_breaks(dynamo)
+        missing = _compile_trace.missing_support(dynamo)
+        if missing is None:
+            _compile_trace.teach(dynamo)
+            return
+        warnings.warn(f"SHARDTENSOR_COMPILE=trace: torch {torch.__version__} lacks {missing}, which tracing "
+                      f"ShardTensors needs; their operators run eagerly behind graph breaks instead, as in the "
+                      f"default mode (the same values)")
+    _teach_graph_breaks(dynamo)
 
 
 def _teach_graph_breaks(dynamo) -> None:

@@ -36,6 +36,20 @@ from . import _C, _placements, _tensor, _traceable, _traced_composites
 
 
 
+def missing_support(dynamo) -> str | None:
+    """What this torch lacks that tracing ShardTensors needs, or None. Asked before anything
+    is patched, so that an older torch compiles as the default mode does instead of half-taught
+    (torch 2.11 has no constant opaque types, for one)."""
+    try:
+        from torch._library.opaque_object import MemberType, register_custom_class  # noqa: F401
+    except ImportError as e:
+        return f"constant opaque types (torch._library.opaque_object.register_custom_class: {e})"
+    for name in ("nonstrict_trace", "assume_constant_result", "mark_static"):
+        if not hasattr(dynamo, name):
+            return f"torch._dynamo.{name}"
+    return None
+
+
 def teach(dynamo) -> None:
     """Makes dynamo trace ShardTensors as their traceable form (_traceable.py)."""
     cls = dynamo.variables.builder.VariableBuilder
@@ -56,10 +70,10 @@ def teach(dynamo) -> None:
         def _name_template(self) -> str:
             return "___shardtensor_traceable({0})"
 
-        def get_value(self, globals, locals, cache, *, on_error=None):
+        def get_value(self, globals, locals, cache, **options):  # options: on_error, where torch has it
             if self in cache:
                 return cache[self]
-            value = _traceable.guard_view(self.base.get_value(globals, locals, cache, on_error=on_error))
+            value = _traceable.guard_view(self.base.get_value(globals, locals, cache, **options))
             cache[self] = value
             return value
 

@@ -121,6 +121,14 @@ bool recorded_by_autograd(const at::Tensor& t) {
 }
 }  // namespace
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> batch_norm_as_native(
+    const at::Tensor& input, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+    const c10::optional<at::Tensor>& running_mean, const c10::optional<at::Tensor>& running_var, bool training,
+    double momentum, double eps, bool /*cudnn_enabled*/) {
+  auto [out, mean, invstd] = at::native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps);
+  return {out, mean, invstd, at::empty({0}, input.options().dtype(at::kByte)), 0};
+}
+
 at::Tensor linear_on_shards(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   if (input.dim() == 2 && weight.dim() == 2 && !recorded_by_autograd(input) && !recorded_by_autograd(weight) &&
       !(bias && recorded_by_autograd(*bias)))

@@ -7,6 +7,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <tuple>
+
 namespace torch {
 class Library;
 }
@@ -32,6 +34,16 @@ at::Tensor dist_as_norm(const at::Tensor& self, const at::Tensor& other, const a
 // (a local copy, no message); the result moves back. A 2-D call that autograd does not record
 // runs as one operator (direct_kernel.h); other inputs take libtorch's own decomposition.
 at::Tensor linear_on_shards(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);
+
+// _batch_norm_impl_index (what batch_norm calls) as native_batch_norm, the operator the
+// normalization rule reads. libtorch picks cuDNN's (or MIOpen's) batch norm for CUDA inputs,
+// and a rule for cudnn_batch_norm would need its reserve space kept per shard; the native
+// operator computes the same statistics and output on any device. Its fourth result, which only
+// cuDNN's backward reads, is empty, and the index 0 says "native", as libtorch's own CPU path.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> batch_norm_as_native(
+    const at::Tensor& input, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+    const c10::optional<at::Tensor>& running_mean, const c10::optional<at::Tensor>& running_var, bool training,
+    double momentum, double eps, bool cudnn_enabled);
 
 // Registers the `.vec` upsample overloads (output size or scale factors) as their sized
 // overloads, computing the output size as libtorch does, on the libtorch lines where they do

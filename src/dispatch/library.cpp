@@ -63,6 +63,8 @@ void register_everything() {
   whole_autograd->impl("_pad_circular", TORCH_FN(circular_pad));
   whole->impl("linear", TORCH_FN(linear_on_shards));
   whole_autograd->impl("linear", TORCH_FN(linear_on_shards));
+  whole->impl("_batch_norm_impl_index", TORCH_FN(batch_norm_as_native));
+  whole_autograd->impl("_batch_norm_impl_index", TORCH_FN(batch_norm_as_native));
   whole->impl("dist", TORCH_FN(dist_as_norm));
   whole_autograd->impl("dist", TORCH_FN(dist_as_norm));
   register_upsample_vec_decompositions(*whole, *whole_autograd);

@@ -75,3 +75,41 @@ def cuda_attention_body(rank, world_size):
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_cuda_attention_on_sequence_shards(world_size):
     run_ranks_on_gpus(cuda_attention_body, world_size)
+
+
+def cuda_batch_norm_body(rank, world_size):
+    """BatchNorm2d on an H split of CUDA pieces: libtorch takes cuDNN's batch norm for CUDA
+    tensors, which has no sharding rule; shardtensor must run its own (statistics summed across
+    the ranks, nothing gathered), in strict mode, values and gradients as on one GPU."""
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cuda", (world_size,))
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.manual_seed(3)
+    x, grad = (torch.randn(2, 3, 4 * world_size + 1, 5, device=device) for _ in range(2))
+    single = torch.nn.BatchNorm2d(3).to(device)
+    whole = x.clone().requires_grad_()
+    expected = single(whole)
+    (expected * grad).sum().backward()
+
+    sharded_norm = torch.nn.BatchNorm2d(3).to(device)
+    for name, p in list(sharded_norm.named_parameters()):
+        setattr(sharded_norm, name, torch.nn.Parameter(st.distribute_tensor(p.detach(), mesh, [st.Replicate()])))
+    for name, b in list(sharded_norm.named_buffers()):
+        sharded_norm.register_buffer(name, st.distribute_tensor(b, mesh, [st.Replicate()]))
+    piece = st.distribute_tensor(x, mesh, [st.Shard(2)]).requires_grad_()
+    with st.strict(), st.CommDebugMode() as comms:
+        out = sharded_norm(piece)
+        (out * st.distribute_tensor(grad, mesh, [st.Shard(2)])).sum().backward()
+    assert comms.get_comm_counts().get("all_gather", 0) == 0, comms.table()
+    assert_close(out.full_tensor(), expected.detach(), "batch norm output", rtol=1e-4, atol=1e-5)
+    assert_close(piece.grad.full_tensor(), whole.grad, "input gradient", rtol=1e-4, atol=1e-5)
+    for name, p in sharded_norm.named_parameters():
+        assert_close(p.grad.full_tensor(), getattr(single, name).grad, f"{name} gradient", rtol=1e-4, atol=1e-5)
+    for name in ("running_mean", "running_var"):
+        assert_close(getattr(sharded_norm, name).full_tensor(), getattr(single, name), name, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_cuda_batch_norm_on_spatial_shards(world_size):
+    run_ranks_on_gpus(cuda_batch_norm_body, world_size)

@@ -7,11 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 carry=.gpu-carry
-for needed in /usr/src/googletest/CMakeLists.txt /usr/include/gloo/config.h; do
-  [ -e "$needed" ] || { echo "gpu_check/prepare.sh: $needed is missing; apt-get install googletest libgloo-dev" >&2; exit 1; }
+for needed in /usr/src/googletest/CMakeLists.txt /usr/include/gloo/config.h /usr/include/xxhash.h; do
+  [ -e "$needed" ] || { echo "gpu_check/prepare.sh: $needed is missing; apt-get install googletest libgloo-dev libxxhash-dev" >&2; exit 1; }
 done
 rm -rf "$carry"
 mkdir -p "$carry/include"
 cp -r /usr/src/googletest "$carry/googletest"
 cp -r /usr/include/gloo "$carry/include/gloo"
+cp /usr/include/xxhash.h "$carry/include/"  # the checkpoint checksum's XXH64, compiled in (header only)
 echo "gpu_check/prepare.sh: $carry/ holds $(du -sh "$carry" | cut -f1); carry it: run(command=\"bash tools/gpu_check/run.sh\", carry=[\"$carry\"])"

@@ -59,8 +59,11 @@ if grep -q 'CMake Error at cmake/SharedLibstdcxx.cmake' "$out/compiler_check.txt
   echo "gpu_check/run.sh: the configure check refused \$CXX; building with $CXX ($($CXX --version | head -1))" | tee -a "$out/environment.txt"
 fi
 rm -rf build-gpu-compiler-check
+# The device tool brings back at most 8 files: logs that served their purpose fold into others.
+{ echo "== compiler_check (configure without tests)"; cat "$out/compiler_check.txt"; } >> "$out/environment.txt"; rm "$out/compiler_check.txt"
 step googletest bash -c "cmake -S '$carry/googletest' -B '$carry/googletest-build' ${generator[*]} -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_INSTALL_PREFIX='$carry/gtest' && cmake --build '$carry/googletest-build' -j $jobs --target install" || exit 1
+rm "$out/googletest.txt"
 gtest_dir=$(dirname "$(find "$carry/gtest" -name GTestConfig.cmake | head -1)")
 # NCCL's header and library: the wheel's nvidia-nccl package (its folder differs between CUDA
 # lines: nvidia/nccl, nvidia/cu13), else the toolkit's. Named explicitly so that Torch.cmake's hints
@@ -76,7 +79,7 @@ python_args=(-DSHARDTENSOR_PYTHON=OFF)
 python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' &&
   python_args=(-DSHARDTENSOR_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)")
 step configure cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTorch_DIR="$torch_dir" \
-    -DGLOO_INCLUDE_DIR="$carry/include" -DGTest_DIR="$gtest_dir" -DSHARDTENSOR_BUILD_EXAMPLES=OFF \
+    -DGLOO_INCLUDE_DIR="$carry/include" -DXXHASH_INCLUDE_DIR="$carry/include" -DGTest_DIR="$gtest_dir" -DSHARDTENSOR_BUILD_EXAMPLES=OFF \
     "${nccl_args[@]}" "${python_args[@]}" || exit 1
 grep -q 'SHARDTENSOR_HAVE_NCCL=ON' "$out/configure.txt" || echo "gpu_check/run.sh: the configure log does not say NCCL is on (see configure.txt)"
 [ "${1:-}" = --configure-only ] && exit 0
@@ -106,15 +109,23 @@ if [ "${python_args[0]}" = -DSHARDTENSOR_PYTHON=ON ]; then
     resolve_frames "$out/python_smoke.txt" > "$out/python_smoke_stack.txt"
     echo "== native stack (python_smoke_stack.txt)"; head -60 "$out/python_smoke_stack.txt"
   }
-  # Per-op overhead from Python (section 1 of bench/python_bench.py: plain torch, shardtensor and
-  # torch's DTensor), a figure from a machine other than the 2-core development VM: on this
-  # machine's CPU at 2 ranks, then on CUDA pieces at one rank (a cuda mesh over NCCL wants one
-  # GPU per rank), the host cost of each op's launch. One file for both: the device tool brings
-  # back a limited number of files. Timing only: it does not change the status.
-  step python_per_op env PYTHONPATH="$PWD/build-gpu/pkg" OMP_NUM_THREADS=1 bash -c '
+  # Python benchmarks, timing only (they do not change the status), into one file (the device
+  # tool brings back a limited number of files):
+  # - per-op overhead from Python (section 1 of bench/python_bench.py: plain torch, shardtensor
+  #   and torch's DTensor), on this machine's CPU at 2 ranks, then on CUDA pieces at one rank (a
+  #   cuda mesh over NCCL wants one GPU per rank): the host cost of each op's launch;
+  # - torch.compile against eager on CUDA at one rank (bench/compile_bench.py --device cuda:
+  #   the TP-MLP against DTensor, and the U-Net; Inductor's Triton kernels), with shardtensor's
+  #   operators behind graph breaks (eager, the default) and traced (SHARDTENSOR_COMPILE=trace).
+  step python_bench env PYTHONPATH="$PWD/build-gpu/pkg" OMP_NUM_THREADS=1 bash -c '
+    shardrun=build-gpu/tools/shardrun/shardrun
     bench=(bench/python_bench.py --sections 1 --cxx none --cxx-dispatch none)
-    timeout 150 build-gpu/tools/shardrun/shardrun -n 2 python3 "${bench[@]}"
-    timeout 150 build-gpu/tools/shardrun/shardrun -n 1 python3 "${bench[@]}" --device cuda'
+    timeout 150 $shardrun -n 2 python3 "${bench[@]}"
+    timeout 150 $shardrun -n 1 python3 "${bench[@]}" --device cuda
+    for mode in eager trace; do
+      echo "== compile_bench --device cuda, SHARDTENSOR_COMPILE=$mode"
+      SHARDTENSOR_COMPILE=$mode timeout 200 $shardrun -n 1 --timeout 200 python3 bench/compile_bench.py --device cuda --steps 20
+    done'
 else
   echo "gpu_check/run.sh: python3 has no Python.h here; the Python CUDA tests did not run" | tee -a "$out/environment.txt"
 fi
