@@ -18,10 +18,12 @@
 
 #include "comm/comm.h"
 #include "comm/fingerprint.h"
+#include "comm/traced_collectives.h"
 #include "redistribute/boxes.h"
 #include "redistribute/transport.h"
 #include "redistribute/transports/collective_transport.h"
 #include "redistribute/transports/part_transport.h"
+#include "redistribute/transports/traced_bytes.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -268,8 +270,50 @@ void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_di
   }
 }
 
+namespace {
+
+// A redistribute already recorded in the graph being traced (traced_bytes.h): the same bytes from
+// the same layout to the same one again take a copy of its result, so that a derivative reads
+// what its forward moved (which AOTAutograd then saves) instead of moving it again in backward.
+// The result's version is compared too: one written since is no longer what the move gave.
+struct RecordedRedistribute {
+  TracedBytes source;
+  ShardTensorSpec from, to;
+  at::Tensor result;
+  int64_t result_version;
+};
+
+thread_local std::vector<RecordedRedistribute> recorded_redistributes;
+// Per thread: a forward's moves stay findable through a block's backward.
+constexpr size_t kRecordedRedistributes = 256;
+
+const RecordedRedistribute* recorded_redistribute(const at::Tensor& local, const ShardTensorSpec& from, const ShardTensorSpec& to) {
+  const TracedBytes bytes(local);
+  for (const RecordedRedistribute& r : recorded_redistributes)
+    if (r.source.same_as(bytes) && r.result._version() == r.result_version && r.from == from && r.to == to) return &r;
+  return nullptr;
+}
+
+at::Tensor execute_plan(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
+                        const ResolvedTransportOptions& options);
+
+}  // namespace
+
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
                                 const ResolvedTransportOptions& options) {
+  if (plan.empty() || !tracing_collectives() || !is_traced_piece(local)) return execute_plan(local, source, plan, options);
+  const ShardTensorSpec& target = plan.steps.back().after;
+  if (const RecordedRedistribute* r = recorded_redistribute(local, source, target)) return fresh_copy(r->result);
+  at::Tensor result = execute_plan(local, source, plan, options);
+  if (recorded_redistributes.size() == kRecordedRedistributes) recorded_redistributes.erase(recorded_redistributes.begin());
+  recorded_redistributes.push_back(RecordedRedistribute{TracedBytes(local), source, target, result, result._version()});
+  return result;
+}
+
+namespace {
+
+at::Tensor execute_plan(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
+                        const ResolvedTransportOptions& options) {
   if (plan.empty()) return fresh_copy(local);
   // Outside the mesh a piece is empty in every layout: nothing to move, nobody to move it with.
   if (!source.mesh().includes_this_rank()) return piece_outside_mesh(plan.steps.back().after, local.options());
@@ -314,5 +358,7 @@ at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& 
   }
   return current_local;
 }
+
+}  // namespace
 
 }  // namespace shardtensor

@@ -358,14 +358,18 @@ def graph_collectives_body(rank, world_size, peer_memory):
         assert len(exchanges) == 2 and not functional, forward
         assert in_graphs.counts == eager.counts and eager.total > 0, (in_graphs.table, eager.table)
         # A derivative that uses a moved input (square's uses its input, the all-reduced output)
-        # takes the move the forward made, as eager mode's saved input does: no second exchange.
-        squared = torch.compile(lambda t: model(t).square().mean(), backend="aot_eager", fullgraph=True)
-        squared(x).backward()
-        model.zero_grad()
-        eager = _counted(lambda: model(x).square().mean().backward())
-        model.zero_grad()
-        in_graphs = _counted(lambda: squared(x).backward())
-        assert in_graphs.counts == eager.counts, (in_graphs.table, eager.table)
+        # takes the move the forward made, as eager mode's saved input does: no second exchange,
+        # not even of the all-reduce's second half (counted by its bytes alone), under either
+        # partitioner.
+        for backend in ("aot_eager", "inductor"):
+            squared = torch.compile(lambda t: model(t).square().mean(), backend=backend, fullgraph=True)
+            squared(x).backward()
+            model.zero_grad()
+            eager = _counted(lambda: model(x).square().mean().backward())
+            model.zero_grad()
+            in_graphs = _counted(lambda: squared(x).backward())
+            model.zero_grad()
+            assert in_graphs.counts == eager.counts and in_graphs.bytes == eager.bytes, (backend, in_graphs.table, eager.table)
     else:
         assert len(functional) == 1 and not exchanges, forward
         assert in_graphs.total == 0, in_graphs.table

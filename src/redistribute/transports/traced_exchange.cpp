@@ -31,6 +31,7 @@
 #include "comm/c10d_comm.h"
 #include "comm/traced_collectives.h"
 #include "redistribute/transports/part_transport.h"
+#include "redistribute/transports/traced_bytes.h"
 
 namespace shardtensor {
 namespace {
@@ -133,28 +134,6 @@ TORCH_LIBRARY_FRAGMENT(shardtensor, m) {
 TORCH_LIBRARY_IMPL(shardtensor, CPU, m) { m.impl("exchange_parts", TORCH_FN(exchange_parts_cpu)); }
 TORCH_LIBRARY_IMPL(shardtensor, Meta, m) { m.impl("exchange_parts", TORCH_FN(exchange_parts_meta)); }
 
-// The bytes a traced tensor names: its storage (held weakly, so that a freed one never matches a
-// new one at its address), where in it, and the version of its values.
-struct TracedBytes {
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-  const c10::StorageImpl* address = nullptr;
-  int64_t offset = 0;
-  std::vector<int64_t> sizes, strides;
-  uint32_t version = 0;
-
-  explicit TracedBytes(const at::Tensor& t)
-      : storage(t.storage().getWeakStorageImpl()),
-        address(t.storage().unsafeGetStorageImpl()),
-        offset(t.storage_offset()),
-        sizes(t.sizes().vec()),
-        strides(t.strides().vec()),
-        version(t._version()) {}
-  bool same_as(const TracedBytes& o) const {
-    return address == o.address && !storage.expired() && offset == o.offset && sizes == o.sizes && strides == o.strides &&
-           version == o.version;
-  }
-};
-
 // An exchange already recorded in the graph being traced: the same move of the same bytes again
 // (autograd's saved input, moved a second time by a derivative: pow's uses x, which eager mode
 // saves already moved) takes its result instead of a second exchange.
@@ -196,12 +175,7 @@ bool TracedExchangeTransport::move(Comm& comm, const PartExchange& exchange, con
   arguments.insert(arguments.end(), parts.begin(), parts.end());
   const auto shape = exchange.destination.sizes();
   arguments.insert(arguments.end(), shape.begin(), shape.end());
-  // Only traced pieces (fake or functional): a real piece (dynamo's eager backend runs its graph
-  // on them) may hold the same bytes twice while a peer's changed.
-  const auto traced = [](const at::Tensor& t) {
-    return t.has_storage() && (t.is_meta() || t.key_set().has(c10::DispatchKey::Python) || t.key_set().has(c10::DispatchKey::Functionalize));
-  };
-  const bool reusable = traced(exchange.source) && (!own || traced(*own));
+  const bool reusable = is_traced_piece(exchange.source) && (!own || is_traced_piece(*own));
   at::Tensor received;
   c10::optional<RecordedExchange> record;
   if (reusable) {
