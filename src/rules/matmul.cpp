@@ -98,11 +98,23 @@ Product plan_product(const Einsum& e, const ShardTensorSpec& a, const ShardTenso
   }
   ShardTensorSpec ta = with_placements(a, qa);
   ShardTensorSpec tb = with_placements(b, qb);
-  // Same label sharded on both sides: b follows a's shard sizes.
-  for (const DimSharding& s : ta.shardings()) {
-    const size_t in_b = e.b.find(e.a[s.tensor_dim]);
-    if (in_b != std::string::npos && tb.sharding_of(static_cast<int64_t>(in_b)))
-      tb = with_dim_sizes(tb, static_cast<int64_t>(in_b), s.sizes);
+  // Same label sharded on both sides: one side takes the other's shard sizes. A side that was
+  // Replicate is cut to its partner's split (a local slice, whatever the sizes); otherwise b
+  // follows a, and realigning b is an all-to-all.
+  const auto kept_its_split = [](const ShardTensorSpec& before, const ShardTensorSpec& after, int64_t dim) {
+    const DimSharding* was = before.sharding_of(dim);
+    const DimSharding* is = after.sharding_of(dim);
+    return was && is && was->mesh_dims == is->mesh_dims;
+  };
+  const std::vector<DimSharding> a_shardings = ta.shardings();
+  for (const DimSharding& s : a_shardings) {
+    const size_t found = e.b.find(e.a[s.tensor_dim]);
+    const int64_t in_b = static_cast<int64_t>(found);
+    if (found == std::string::npos || !tb.sharding_of(in_b)) continue;
+    if (!kept_its_split(a, ta, s.tensor_dim) && kept_its_split(b, tb, in_b))
+      ta = with_dim_sizes(ta, s.tensor_dim, tb.sharding_of(in_b)->sizes);
+    else
+      tb = with_dim_sizes(tb, in_b, s.sizes);
   }
   OutputLayout layout{out, {}};
   for (int64_t d = 0; d < static_cast<int64_t>(e.out.size()); ++d) {

@@ -163,6 +163,17 @@ TEST(MatmulRules, ContractingShardedDimsGivesPartialSum) {
   EXPECT_EQ(a.outputs, "[P(sum)]");
 }
 
+TEST(MatmulRules, AReplicatedOperandIsCutToItsPartnersUnevenSplit) {
+  // A weight gradient's mm: the replicated side is sliced to the rows the other side already
+  // holds, so nothing moves (cut to even sizes, the split side would need an all-to-all).
+  const Answer a = call_rule("aten::mm", {spec({2}, {Replicate()}, {8, 22}), spec({2}, {Shard(0)}, {22, 5}, {{0, {12, 10}}})});
+  EXPECT_EQ(a.targets, "[S(1)]{1: 12,10} | [S(0)]{0: 12,10}");
+  EXPECT_EQ(a.outputs, "[P(sum)]");
+  // Both split already: the second follows the first.
+  const Answer b = call_rule("aten::mm", {spec({2}, {Shard(1)}, {8, 22}, {{1, {9, 13}}}), spec({2}, {Shard(0)}, {22, 5}, {{0, {12, 10}}})});
+  EXPECT_EQ(b.targets, "[S(1)]{1: 9,13} | [S(0)]{0: 9,13}");
+}
+
 // ---- views ----
 
 TEST(ViewRules, SplittingAnUnshardedDimKeepsTheSharding) {
