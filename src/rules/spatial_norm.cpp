@@ -29,9 +29,8 @@ int64_t global_count(const ShardTensorSpec& spec, const std::vector<int64_t>& di
 
 ShardTensorSpec channels_whole(const ShardTensorSpec& spec) { return spatial_layout(spec, spec.ndim() - 2, true); }
 
-RuleResult batch_norm_rule(const OpMeta& op) {
+RuleResult batch_norm_rule_in(const OpMeta& op, bool training) {
   const ShardTensorSpec in = channels_whole(op.inputs[0].spec);
-  const bool training = bool_arg(op, "training");
   if (training)
     for (const char* stat_name : {"running_mean", "running_var"})
       if (const TensorInput* stat = op.input_named(stat_name))
@@ -52,6 +51,11 @@ RuleResult batch_norm_rule(const OpMeta& op) {
     r.kernel_plan = empty_safe({}, {Follows::AllDims, Follows::Nothing, Follows::Nothing});
   return r;
 }
+
+RuleResult batch_norm_rule(const OpMeta& op) { return batch_norm_rule_in(op, bool_arg(op, "training")); }
+
+// Eval mode's batch norm while torch.compile traces: the running statistics, no training argument.
+RuleResult batch_norm_no_training_rule(const OpMeta& op) { return batch_norm_rule_in(op, /*training=*/false); }
 
 RuleResult batch_norm_backward_rule(const OpMeta& op) {
   const ShardTensorSpec in = channels_whole(op.input_named("input")->spec);
@@ -133,6 +137,7 @@ void register_spatial_norm_rules(RuleRegistry& registry) {
   registry.add("aten::native_batch_norm", batch_norm_rule);
   // What batch_norm decomposes into while torch.compile traces (the same arguments by name).
   registry.add("aten::_native_batch_norm_legit", batch_norm_rule);
+  registry.add("aten::_native_batch_norm_legit_no_training", batch_norm_no_training_rule);
   registry.add("aten::native_batch_norm_backward", batch_norm_backward_rule);
   registry.add("aten::native_group_norm", group_norm_rule);
   registry.add("aten::native_group_norm_backward", group_norm_backward_rule);
