@@ -109,19 +109,20 @@ def tp_rows(mesh, tmesh, steps, device):
 
         args = {"shardtensor eager": ours(), "shardtensor compiled": ours(), "DTensor eager": theirs(), "DTensor compiled": theirs()}
         fns = {"shardtensor eager": mlp_loss, "shardtensor compiled": compiled, "DTensor eager": mlp_loss, "DTensor compiled": compiled}
-        steps_of = {name: device.timed(lambda f=fns[name], a=args[name]: sgd_step(*a, LR, loss_fn=f)) for name in args}
-        first = {name: full(sgd_step(*args[name], LR, loss_fn=fns[name])).detach() for name in args}
+        steps_of = {name: (lambda f=fns[name], a=args[name]: sgd_step(*a, LR, loss_fn=f)) for name in args}
+        first = {name: full(f()).detach() for name, f in steps_of.items()}
         what = f"TP-MLP {batch}x{dim}x{hidden}"
+        reference = [full(w).detach() for w in args["shardtensor eager"][1:3]]
         differences = {}
         for name, loss in first.items():
             check(device.close(loss, first["shardtensor eager"]),
                   f"{what}: {name}'s loss {loss} against eager shardtensor's {first['shardtensor eager']}")
             weights = [full(w).detach() for w in args[name][1:3]]
-            reference = [full(w).detach() for w in args["shardtensor eager"][1:3]]
             for w, ref, label in zip(weights, reference, ("w1", "w2")):
                 check(device.close(w, ref), f"{what}: {name}'s {label} after one step differs from eager shardtensor's "
                                             f"by up to {max_difference(w, ref):.3g}")
             differences[name] = max(max_difference(w, ref) for w, ref in zip(weights, reference))
+        steps_of = {name: device.timed(f) for name, f in steps_of.items()}
         rows.append(dict(batch=batch, dim=dim, hidden=hidden, weight_difference=differences,
                          **{k: v.json() for k, v in time_variants(steps_of, steps).items()}))
     return rows

@@ -471,10 +471,7 @@ def eval_batch_norm_body(rank, world_size):
     norm.eval()
     x = torch.randn(2, 3, 4 * world_size + 1, 5, dtype=torch.float64)
     expected = norm(x)
-    for name, p in list(norm.named_parameters()):
-        setattr(norm, name, nn.Parameter(st.distribute_tensor(p.detach(), mesh, [st.Replicate()])))
-    for name, b in list(norm.named_buffers()):
-        norm.register_buffer(name, st.distribute_tensor(b, mesh, [st.Replicate()]))
+    st.distribute_module(norm, mesh)  # parameters and running statistics replicated
     sx = st.distribute_tensor(x, mesh, [st.Shard(2)])
     with st.strict():
         for backend in ("aot_eager", "inductor"):

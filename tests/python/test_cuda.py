@@ -92,11 +92,7 @@ def cuda_batch_norm_body(rank, world_size):
     expected = single(whole)
     (expected * grad).sum().backward()
 
-    sharded_norm = torch.nn.BatchNorm2d(3).to(device)
-    for name, p in list(sharded_norm.named_parameters()):
-        setattr(sharded_norm, name, torch.nn.Parameter(st.distribute_tensor(p.detach(), mesh, [st.Replicate()])))
-    for name, b in list(sharded_norm.named_buffers()):
-        sharded_norm.register_buffer(name, st.distribute_tensor(b, mesh, [st.Replicate()]))
+    sharded_norm = st.distribute_module(torch.nn.BatchNorm2d(3).to(device), mesh)  # parameters and statistics replicated
     piece = st.distribute_tensor(x, mesh, [st.Shard(2)]).requires_grad_()
     with st.strict(), st.CommDebugMode() as comms:
         out = sharded_norm(piece)

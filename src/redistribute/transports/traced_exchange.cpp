@@ -135,8 +135,9 @@ TORCH_LIBRARY_IMPL(shardtensor, CPU, m) { m.impl("exchange_parts", TORCH_FN(exch
 TORCH_LIBRARY_IMPL(shardtensor, Meta, m) { m.impl("exchange_parts", TORCH_FN(exchange_parts_meta)); }
 
 // An exchange already recorded in the graph being traced: the same move of the same bytes again
-// (autograd's saved input, moved a second time by a derivative: pow's uses x, which eager mode
-// saves already moved) takes its result instead of a second exchange.
+// takes its result instead of a second exchange. A whole redistribute repeated by a derivative
+// is caught before it gets here (execute_redistribute, the same traced_bytes.h); this catches
+// the moves that are no redistribute: a halo or a mid-op reduction that a derivative repeats.
 struct RecordedExchange {
   TracedBytes source;
   c10::optional<TracedBytes> own;
