@@ -65,11 +65,11 @@ std::string explain_operator(const std::string& op_name, std::vector<c10::IValue
   }
   if (p.result.kernel_plan) {
     os << "  kernel: " << p.result.kernel_plan->name() << "\n";
-    const std::vector<DeclaredMove> moves = p.result.kernel_plan->moves();
+    const std::vector<MoveStep> moves = p.result.kernel_plan->moves();
     if (moves.empty()) os << "    moves nothing between ranks\n";
-    for (const DeclaredMove& m : moves) {
-      const bool halo = m.kind == DeclaredMove::Kind::HaloGather || m.kind == DeclaredMove::Kind::HaloScatterAdd;
-      os << "    " << m.to_string() << (halo && !p.meta.inputs.empty() ? ", by " + halo_transport(p.meta.inputs[0].spec.mesh()) : "") << "\n";
+    for (const MoveStep& m : moves) {
+      const bool halo = is_halo_step(m) && !p.meta.inputs.empty();
+      os << "    " << to_string(m) << (halo ? ", by " + halo_transport(p.meta.inputs[0].spec.mesh()) : "") << "\n";
     }
   } else {
     os << "  kernel: the operator on the local pieces\n";

@@ -137,9 +137,9 @@ std::vector<int64_t> permuted_global_strides(const std::string& name, c10::Array
 // meta pieces alike (distribute_tensor checks it), so every rank raises here, before moving.
 void check_kernel_can_run_on_meta(const Propagation& p) {
   if (!p.result.kernel_plan) return;
-  const std::vector<DeclaredMove> moves = p.result.kernel_plan->moves();
+  const std::vector<MoveStep> moves = p.result.kernel_plan->moves();
   TORCH_CHECK(moves.empty(), p.meta.name, ": its pieces are on the meta device and hold no values, but its kernel (",
-              p.result.kernel_plan->name(), ") moves data between ranks (", moves.front().to_string(),
+              p.result.kernel_plan->name(), ") moves data between ranks (", to_string(moves.front()),
               "). Materialise the tensors first (Module.to_empty(device=...), or empty_like(x, device=...)), then "
               "initialise them.");
 }

@@ -9,20 +9,21 @@
 
 namespace shardtensor {
 
-DeclaredReductions::DeclaredReductions(DeviceMesh mesh, const std::vector<DeclaredMove>& declared) : mesh_(std::move(mesh)) {
-  for (const DeclaredMove& move : declared)
-    if (move.kind == DeclaredMove::Kind::AllReduce) steps_.emplace_back(move.mesh_dim, move.reduce);
+DeclaredReductions::DeclaredReductions(DeviceMesh mesh, const std::vector<MoveStep>& declared) : mesh_(std::move(mesh)) {
+  for (const MoveStep& move : declared)
+    if (const auto* reduction = std::get_if<AllReduceStep>(&move)) steps_.emplace_back(*reduction);
 }
 
 void DeclaredReductions::run(const at::Tensor& tensor) const {
-  for (const auto& [mesh_dim, op] : steps_) all_reduce_over(mesh_, {mesh_dim}, tensor, op);
+  for (const LoweredStep& step : steps_) reduce_in_place(step, mesh_, tensor);
 }
 
-DeclaredGather::DeclaredGather(DeviceMesh mesh, const std::vector<DeclaredMove>& declared) : mesh_(std::move(mesh)) {
-  for (const DeclaredMove& move : declared) {
-    if (move.kind != DeclaredMove::Kind::AllGather) continue;
+DeclaredGather::DeclaredGather(DeviceMesh mesh, const std::vector<MoveStep>& declared) : mesh_(std::move(mesh)) {
+  for (const MoveStep& move : declared) {
+    const auto* gather = std::get_if<StatisticsGatherStep>(&move);
+    if (!gather) continue;
     TORCH_INTERNAL_ASSERT(!mesh_dim_, "a plan declared two gathers; DeclaredGather runs one");
-    mesh_dim_ = move.mesh_dim;
+    mesh_dim_ = gather->mesh_dim;
   }
 }
 

@@ -3,9 +3,9 @@
 // Norms, the losses' global means, global comparisons and the random draws' checks reduce a
 // small tensor over the groups of some mesh dims in the middle of their op; attention over
 // split keys gathers its per-row statistics. The plan declares each of those all-reduces and
-// all-gathers (rules/kernel_plan.h: DeclaredMove), and explain prints them; the kernel runs
-// exactly those, through this, lowered with the plan: it cannot reduce or gather over a group
-// its plan did not declare, and what it runs is what explain printed
+// gathers (rules/kernel_plan.h: AllReduceStep and StatisticsGatherStep, in the vocabulary of
+// redistribute plans), and explain prints them; the kernel runs exactly those, through this,
+// lowered with the plan: it cannot reduce or gather over a group its plan did not declare, and what it runs is what explain printed
 // (tests/dist/explained_moves_test.cpp counts both). Kernels reach the executor through nothing
 // else (tests/unit/include_graph_test.cpp).
 #pragma once
@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "redistribute/lowered_step.h"
 #include "rules/kernel_plan.h"
 #include "shardtensor/device_mesh.h"
 
@@ -26,10 +27,10 @@ namespace shardtensor {
 
 class DeclaredReductions {
  public:
-  // The AllReduce moves of `declared` (a plan's moves()), on `mesh`.
-  DeclaredReductions(DeviceMesh mesh, const std::vector<DeclaredMove>& declared);
+  // The AllReduceSteps of `declared` (a plan's moves()), on `mesh`.
+  DeclaredReductions(DeviceMesh mesh, const std::vector<MoveStep>& declared);
 
-  // Reduces `tensor` in place over each declared group in turn, with each move's op, by the
+  // Reduces `tensor` in place over each declared group in turn, with each step's op, by the
   // transport the options in force choose (redistribute/transport.h: reduction_transport).
   // Every member of each group must call it, with a tensor of the same shape.
   void run(const at::Tensor& tensor) const;
@@ -38,13 +39,13 @@ class DeclaredReductions {
 
  private:
   DeviceMesh mesh_;
-  std::vector<std::pair<int64_t, ReduceOp>> steps_;  // (mesh dim, op), in the declared order
+  std::vector<LoweredStep> steps_;  // the AllReduceSteps, in the declared order
 };
 
 class DeclaredGather {
  public:
-  // The one AllGather move of `declared` (a plan's moves()), on `mesh`, if it declares one.
-  DeclaredGather(DeviceMesh mesh, const std::vector<DeclaredMove>& declared);
+  // The one StatisticsGatherStep of `declared` (a plan's moves()), on `mesh`, if it declares one.
+  DeclaredGather(DeviceMesh mesh, const std::vector<MoveStep>& declared);
 
   // Every member's `mine` (one shape on all of them), stacked along a new dim 0 in group rank
   // order, over the declared group; `mine` alone (as a stack of one) where none was declared.

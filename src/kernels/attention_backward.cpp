@@ -74,7 +74,7 @@ void pass_gradients(const AttentionPlan& plan, int64_t step, int64_t next_index,
   const bool goes_home = plan.last_step(block) == step && plan.returns_during_ring(block);  // its last step: here, not moving on
   const bool own_comes_home = plan.last_step(me) == step && plan.returns_during_ring(me);
 
-  auto batch = ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingGradientPass), state->like);
+  auto batch = ring_batch(plan, counted_as(RingPhase::GradientPass), state->like);
   if (moves_on || goes_home)
     for (const at::Tensor& g : state->held) batch->send(moves_on ? to : block, g);
   Gradients incoming = plan.sends(next_index, step) ? batch->receive(from, block_shapes(plan, next_index, state->like)) : Gradients{};
@@ -93,7 +93,7 @@ Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients 
   bool any = false;
   for (int64_t b = 0; b < n; ++b) any = any || returns_after_ring(b);
   if (!any) return state.mine.empty() ? state.parked.at(me) : state.mine;
-  auto batch = ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingReturn), state.like);
+  auto batch = ring_batch(plan, counted_as(RingPhase::Return), state.like);
   for (const auto& [block, grads] : state.parked)
     if (block != me)
       for (const at::Tensor& g : grads) batch->send(block, g);

@@ -130,7 +130,7 @@ std::unique_ptr<MessageBatch> start_pass(const AttentionPlan& plan, int64_t step
   const int64_t n = plan.ring_size();
   if (step + 1 >= n || !plan.any_send(step)) return nullptr;
   const int64_t me = plan.mesh.coordinate()[plan.seq_mesh_dim];
-  auto batch = ring_batch(plan, DeclaredMove::counted_as_of(DeclaredMove::Kind::RingPass), held.parts);
+  auto batch = ring_batch(plan, counted_as(RingPhase::Pass), held.parts);
   const int64_t to = (me + 1) % n, from = (me - 1 + n) % n;
   next->index = ((me - step - 1) % n + n) % n;
   next->parts.clear();

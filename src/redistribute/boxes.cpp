@@ -43,6 +43,10 @@ bool feeds(const ShardTensorSpec& source, const std::vector<int64_t>& sender, co
 
 std::vector<std::vector<int64_t>> members_along(const DeviceMesh& mesh, int64_t mesh_dim) {
   std::vector<std::vector<int64_t>> members;
+  if (mesh_dim < 0) {
+    for (int64_t rank : mesh.ranks()) members.push_back(mesh.coordinate_of(rank));
+    return members;
+  }
   std::vector<int64_t> member = mesh.coordinate();
   for (int64_t i = 0; i < mesh.size(mesh_dim); ++i) {
     member[mesh_dim] = i;

@@ -26,6 +26,14 @@ struct Box {
   bool empty() const { return numel() == 0; }
 };
 
+// A part that moves from group member `holder` to group member `receiver`. The boxes share one
+// coordinate system: the holder's source tensor (contiguous) covers `holder_holds`, the
+// receiver's destination tensor (contiguous) covers `receiver_holds`.
+struct PeerPart {
+  int64_t holder, receiver;
+  Box part, holder_holds, receiver_holds;
+};
+
 Box box_of(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate);
 // All of a tensor of `shape`, except along `dim`: there [begin, begin + size). Exchanges that
 // move stretches of one dim (halos, zigzag's reorder) describe their parts with it.
@@ -33,7 +41,8 @@ Box box_along(const std::vector<int64_t>& shape, int64_t dim, int64_t begin, int
 Box intersect(const Box& a, const Box& b);  // shape all-zero-extent when disjoint
 
 // The coordinates of the members of `mesh_dim`'s group that this rank belongs to, in the
-// communicator's rank order (group rank i is coordinate i along `mesh_dim`).
+// communicator's rank order (group rank i is coordinate i along `mesh_dim`); with mesh_dim -1,
+// every rank of the mesh, in the mesh communicator's order.
 std::vector<std::vector<int64_t>> members_along(const DeviceMesh& mesh, int64_t mesh_dim);
 
 // Whether `sender` feeds `receiver` under `source` (see the file comment).

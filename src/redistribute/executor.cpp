@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <functional>
 #include <numeric>
-
 #include <optional>
+#include <utility>
 
 #include "comm/comm.h"
 #include "comm/fingerprint.h"
@@ -104,85 +104,11 @@ at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const All
   return out;
 }
 
-// The ranks a step's data travels between: one mesh dim's group, or the whole mesh.
-struct Group {
-  Comm& comm;
-  std::vector<std::vector<int64_t>> members;  // coordinates, in the communicator's rank order
-
-  int64_t position_of(const std::vector<int64_t>& coordinate) const {
-    return std::find(members.begin(), members.end(), coordinate) - members.begin();
-  }
-};
-
-Group group_along(const DeviceMesh& mesh, int64_t mesh_dim) { return Group{mesh.comm(mesh_dim), members_along(mesh, mesh_dim)}; }
-
-Group whole_mesh(const DeviceMesh& mesh) {
-  Group group{mesh.mesh_comm(), {}};
-  for (int64_t rank : mesh.ranks()) group.members.push_back(mesh.coordinate_of(rank));
-  return group;
-}
-
-at::Tensor reduce_scatter(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next,
-                          const ReduceScatterStep& step, const StepTransport& how) {
-  const DeviceMesh& mesh = current.mesh();
-  const Box held = box_of(current, mesh.coordinate());
-  const Box mine = box_of(next, mesh.coordinate());
-  if (held.empty()) return at::empty(mine.shape, local.options());
-  const Group group = group_along(mesh, step.mesh_dim);
-  if (how.kind == TransportKind::Collective && how.collective == std::string("reduce_scatter"))
-    return reduce_scatter_equal_pieces(group.comm, local, step.tensor_dim, step.op);
-  std::vector<Box> targets;
-  for (const std::vector<int64_t>& member : group.members) targets.push_back(box_of(next, member));
-  at::Tensor out = at::empty(mine.shape, local.options());
-  reduce_scatter_boxes(group.comm, local, held, targets, out, step.op, how.counted_as, how);
-  return out;
-}
-
-// Every rank already holds its target box. (An empty target box may lie outside the held one,
-// as for a [0, 7] tensor going from S(1) to S(0): nothing to copy then.)
-at::Tensor local_slice(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next) {
-  const auto& coord = current.mesh().coordinate();
-  const Box wanted = box_of(next, coord);
-  if (wanted.empty()) return at::empty(wanted.shape, local.options());
-  return fresh_copy(view_of_part(local, box_of(current, coord), wanted));
-}
-
 // The size of `spec`'s tensor over its ranks: the same on every rank, so whether a transfer
 // goes through peer memory can be decided on it.
 int64_t bytes_per_rank(const ShardTensorSpec& spec) {
   const int64_t numel = std::accumulate(spec.shape().begin(), spec.shape().end(), int64_t{1}, std::multiplies<>());
   return numel * static_cast<int64_t>(c10::elementSize(spec.dtype())) / spec.mesh().size();
-}
-
-// The part of `current`'s data that `member` sends to `receiver` in an exchange to `next`.
-Box part_for(const ShardTensorSpec& current, const ShardTensorSpec& next, const std::vector<int64_t>& member,
-             const std::vector<int64_t>& receiver) {
-  return feeds(current, member, receiver) ? intersect(box_of(current, member), box_of(next, receiver)) : Box::none();
-}
-
-// One all-to-all over `group`; see boxes.h. Every part goes from its holder's local tensor to
-// its receiver's result, by the step's transport; this rank's own part is copied locally while
-// the others travel, and never travels.
-at::Tensor exchange(const at::Tensor& local, const ShardTensorSpec& current, const ShardTensorSpec& next, const Group& group,
-                    const StepTransport& how) {
-  const std::vector<int64_t>& me = current.mesh().coordinate();
-  const Box held = box_of(current, me), wanted = box_of(next, me);
-  const Box own = part_for(current, next, me, me);
-  const int64_t self = group.position_of(me);
-  at::Tensor out = at::empty(wanted.shape, local.options());
-  PartExchange parts{{}, local, out, how.counted_as};
-  for (size_t p = 0; p < group.members.size(); ++p) {
-    const std::vector<int64_t>& peer = group.members[p];
-    if (peer == me) continue;
-    const int64_t other = static_cast<int64_t>(p);
-    parts.parts.push_back({other, self, part_for(current, next, peer, me), box_of(current, peer), wanted});
-    parts.parts.push_back({self, other, part_for(current, next, me, peer), held, box_of(next, peer)});
-  }
-  parts.local_work = [&] {
-    if (!own.empty()) view_of_part(out, wanted, own).copy_(view_of_part(local, held, own));
-  };
-  move_parts(group.comm, how, parts);
-  return out;
 }
 
 // What the transports' fingerprints call a step of a plan and a scatter (see TransferScope).
@@ -227,9 +153,10 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
   const DeviceMesh& mesh = target.mesh();
   const Scatter named{root, target};
   const TransferScope transfer(describe_scatter, &named);
-  const Group group = whole_mesh(mesh);
-  const int64_t n = static_cast<int64_t>(group.members.size());
-  const int64_t from = group.position_of(root), self = group.position_of(mesh.coordinate());
+  const std::vector<std::vector<int64_t>> members = members_along(mesh, -1);
+  const auto position_of = [&](const std::vector<int64_t>& c) { return std::find(members.begin(), members.end(), c) - members.begin(); };
+  const int64_t n = static_cast<int64_t>(members.size());
+  const int64_t from = position_of(root), self = position_of(mesh.coordinate());
   const Box whole{std::vector<int64_t>(target.ndim(), 0), target.shape()};
   const Box mine = box_of(target, mesh.coordinate());
   at::Tensor local = at::empty(mine.shape, source.options().dtype(target.dtype()));
@@ -239,35 +166,29 @@ at::Tensor scatter_boxes(const at::Tensor& source, const std::vector<int64_t>& r
   PartExchange parts{{}, self == from ? source : local, local, "scatter"};
   for (int64_t p = 0; p < n; ++p)
     if (p != from && (self == from || p == self)) {
-      const Box box = box_of(target, group.members[p]);
+      const Box box = box_of(target, members[p]);
       parts.parts.push_back({from, p, box, whole, box});
     }
   const ResolvedTransportOptions options = resolve();
   const bool through_memory = source.is_cpu() && uses_peer_memory(mesh, bytes_per_rank(target), options);
-  move_parts(group.comm, {through_memory ? same_host_kind(options) : TransportKind::Messages, "scatter", "scatter", options.message_bytes},
+  move_parts(mesh.mesh_comm(), {through_memory ? same_host_kind(options) : TransportKind::Messages, "scatter", "scatter", options.message_bytes},
              parts);
   return local;
 }
 
-// A pending p-norm on `mesh_dim` of `spec` reduces as a sum of the terms' p-th powers, whose root
-// is taken after: the p of that Partial(norm), or nullopt for any other placement.
-std::optional<double> pending_norm(const ShardTensorSpec& spec, int64_t mesh_dim) {
-  const Placement& p = spec.placements()[mesh_dim];
-  if (!p.is_partial() || p.reduce_op != ReduceOp::Norm) return std::nullopt;
-  return p.norm_order;
+void reduce_in_place(const LoweredStep& reduction, const DeviceMesh& mesh, const at::Tensor& tensor) {
+  if (tensor.numel() == 0) return;
+  const auto& step = std::get<AllReduceStep>(reduction.step());
+  const StepTransport how = reduction_transport(mesh, step.mesh_dim, static_cast<int64_t>(tensor.nbytes()));
+  if (how.kind == TransportKind::None) return;
+  if (how.kind == TransportKind::Collective)
+    mesh.comm(step.mesh_dim).all_reduce(tensor, step.op);  // in place: no copy in or out
+  else
+    tensor.copy_(reduction.apply(tensor, mesh, how));
 }
 
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op) {
-  if (tensor.numel() == 0) return;
-  for (int64_t m : mesh_dims) {
-    const AllReduceStep step{m, op};
-    const StepTransport how = reduction_transport(mesh, m, static_cast<int64_t>(tensor.nbytes()));
-    if (how.kind == TransportKind::None) continue;
-    if (how.kind == TransportKind::Collective)
-      mesh.comm(m).all_reduce(tensor, op);  // in place: no copy in or out
-    else
-      tensor.copy_(all_reduce(tensor, mesh, step, how));
-  }
+  for (int64_t m : mesh_dims) reduce_in_place(LoweredStep(AllReduceStep{m, op}), mesh, tensor);
 }
 
 namespace {
@@ -275,24 +196,8 @@ namespace {
 // A redistribute already recorded in the graph being traced (traced_bytes.h): the same bytes from
 // the same layout to the same one again take a copy of its result, so that a derivative reads
 // what its forward moved (which AOTAutograd then saves) instead of moving it again in backward.
-// The result's version is compared too: one written since is no longer what the move gave.
-struct RecordedRedistribute {
-  TracedBytes source;
-  ShardTensorSpec from, to;
-  at::Tensor result;
-  int64_t result_version;
-};
-
-thread_local std::vector<RecordedRedistribute> recorded_redistributes;
-// Per thread: a forward's moves stay findable through a block's backward.
-constexpr size_t kRecordedRedistributes = 256;
-
-const RecordedRedistribute* recorded_redistribute(const at::Tensor& local, const ShardTensorSpec& from, const ShardTensorSpec& to) {
-  const TracedBytes bytes(local);
-  for (const RecordedRedistribute& r : recorded_redistributes)
-    if (r.source.same_as(bytes) && r.result._version() == r.result_version && r.from == from && r.to == to) return &r;
-  return nullptr;
-}
+// Per thread, 256 of them: a forward's moves stay findable through a block's backward.
+thread_local RecordedMoves<std::pair<ShardTensorSpec, ShardTensorSpec>> recorded_redistributes(256);
 
 at::Tensor execute_plan(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
                         const ResolvedTransportOptions& options);
@@ -302,11 +207,11 @@ at::Tensor execute_plan(const at::Tensor& local, const ShardTensorSpec& source, 
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
                                 const ResolvedTransportOptions& options) {
   if (plan.empty() || !tracing_collectives() || !is_traced_piece(local)) return execute_plan(local, source, plan, options);
-  const ShardTensorSpec& target = plan.steps.back().after;
-  if (const RecordedRedistribute* r = recorded_redistribute(local, source, target)) return fresh_copy(r->result);
+  std::pair<ShardTensorSpec, ShardTensorSpec> layouts{source, plan.steps.back().after};
+  const std::vector<TracedBytes> read{TracedBytes(local)};
+  if (const at::Tensor earlier = recorded_redistributes.find(layouts, read); earlier.defined()) return fresh_copy(earlier);
   at::Tensor result = execute_plan(local, source, plan, options);
-  if (recorded_redistributes.size() == kRecordedRedistributes) recorded_redistributes.erase(recorded_redistributes.begin());
-  recorded_redistributes.push_back(RecordedRedistribute{TracedBytes(local), source, target, result, result._version()});
+  recorded_redistributes.add(std::move(layouts), read, result);
   return result;
 }
 
@@ -323,42 +228,70 @@ at::Tensor execute_plan(const at::Tensor& local, const ShardTensorSpec& source, 
   at::Tensor current_local = local;
   const ShardTensorSpec* current = &source;
   for (const PlannedStep& planned : plan.steps) {
-    const RedistributeStep& step = planned.step;
+    const MoveStep& step = planned.step;
     // Names the step in the transports' fingerprints, so that ranks running different steps or
     // different redistributes get an error that names both.
     const Step named{*current, planned.after};
     const TransferScope transfer(describe_step, &named);
     const StepTransport how = plan.lowered_with == options ? planned.transport : transport_for(step, *current, planned.after, options);
-    if (auto* s = std::get_if<AllReduceStep>(&step)) {
-      if (const std::optional<double> p = pending_norm(*current, s->mesh_dim)) {
-        current_local = all_reduce(current_local.pow(*p), source.mesh(), AllReduceStep{s->mesh_dim, ReduceOp::Sum}, how).pow_(1.0 / *p);
-      } else {
-        current_local = all_reduce(current_local, source.mesh(), *s, how);
-      }
-    } else if (auto* s = std::get_if<ReduceScatterStep>(&step)) {
-      if (const std::optional<double> p = pending_norm(*current, s->mesh_dim)) {
-        const ReduceScatterStep as_sum{s->mesh_dim, ReduceOp::Sum, s->tensor_dim};
-        current_local = reduce_scatter(current_local.pow(*p), *current, planned.after, as_sum, how).pow_(1.0 / *p);
-      } else {
-        current_local = reduce_scatter(current_local, *current, planned.after, *s, how);
-      }
-    } else if (auto* s = std::get_if<AllGatherStep>(&step)) {
-      const Group group = group_along(source.mesh(), s->mesh_dim);
-      current_local = how.kind == TransportKind::Collective && how.collective == std::string("all_gather")
-                          ? gather_equal_pieces(group.comm, current_local, s->tensor_dim)
-                          : exchange(current_local, *current, planned.after, group, how);
-    } else if (auto* s = std::get_if<AllToAllStep>(&step)) {
-      current_local = exchange(current_local, *current, planned.after, group_along(source.mesh(), s->mesh_dim), how);
-    } else if (std::holds_alternative<LocalChunkStep>(step)) {
-      current_local = local_slice(current_local, *current, planned.after);
-    } else {
-      current_local = exchange(current_local, *current, planned.after, whole_mesh(source.mesh()), how);
-    }
+    current_local = planned.lowered.apply(current_local, source.mesh(), how);
     current = &planned.after;
   }
   return current_local;
 }
 
 }  // namespace
+
+at::Tensor LoweredStep::apply(const at::Tensor& piece, const DeviceMesh& mesh, const StepTransport& how) const {
+  if (auto* s = std::get_if<AllReduceStep>(&step_)) {
+    if (norm_) return all_reduce(piece.pow(*norm_), mesh, AllReduceStep{s->mesh_dim, ReduceOp::Sum}, how).pow_(1.0 / *norm_);
+    return all_reduce(piece, mesh, *s, how);
+  }
+  if (auto* s = std::get_if<ReduceScatterStep>(&step_)) {
+    if (norm_) return reduce_scatter(piece.pow(*norm_), mesh, ReduceOp::Sum, how).pow_(1.0 / *norm_);
+    return reduce_scatter(piece, mesh, s->op, how);
+  }
+  if (auto* s = std::get_if<AllGatherStep>(&step_)) {
+    if (how.kind == TransportKind::Collective && how.collective == std::string("all_gather"))
+      return gather_equal_pieces(mesh.comm(s->mesh_dim), piece, s->tensor_dim);
+    return exchange(piece, mesh, how);
+  }
+  if (std::holds_alternative<LocalChunkStep>(step_)) return local_slice(piece);
+  TORCH_INTERNAL_ASSERT(std::holds_alternative<AllToAllStep>(step_) || std::holds_alternative<ExchangeStep>(step_), to_string(step_),
+                        " is not a redistribute step");
+  return exchange(piece, mesh, how);
+}
+
+at::Tensor LoweredStep::reduce_scatter(const at::Tensor& piece, const DeviceMesh& mesh, ReduceOp op, const StepTransport& how) const {
+  if (held_.empty()) return at::empty(wanted_.shape, piece.options());
+  const auto& step = std::get<ReduceScatterStep>(step_);
+  Comm& comm = mesh.comm(step.mesh_dim);
+  if (how.kind == TransportKind::Collective && how.collective == std::string("reduce_scatter"))
+    return reduce_scatter_equal_pieces(comm, piece, step.tensor_dim, op);
+  at::Tensor out = at::empty(wanted_.shape, piece.options());
+  reduce_scatter_boxes(comm, piece, held_, targets_, out, op, how.counted_as, how);
+  return out;
+}
+
+// Every rank already holds its target box. (An empty target box may lie outside the held one,
+// as for a [0, 7] tensor going from S(1) to S(0): nothing to copy then.)
+at::Tensor LoweredStep::local_slice(const at::Tensor& piece) const {
+  if (wanted_.empty()) return at::empty(wanted_.shape, piece.options());
+  return fresh_copy(view_of_part(piece, held_, wanted_));
+}
+
+// One all-to-all over the step's group (boxes.h): every part goes from its holder's piece to its
+// receiver's result, by the step's transport; this rank's own part is copied locally while the
+// others travel, and never travels.
+at::Tensor LoweredStep::exchange(const at::Tensor& piece, const DeviceMesh& mesh, const StepTransport& how) const {
+  const int64_t mesh_dim = mesh_dim_of(step_);
+  at::Tensor out = at::empty(wanted_.shape, piece.options());
+  PartExchange parts{parts_, piece, out, how.counted_as};
+  parts.local_work = [&] {
+    if (!own_.empty()) view_of_part(out, wanted_, own_).copy_(view_of_part(piece, held_, own_));
+  };
+  move_parts(mesh_dim < 0 ? mesh.mesh_comm() : mesh.comm(mesh_dim), how, parts);
+  return out;
+}
 
 }  // namespace shardtensor

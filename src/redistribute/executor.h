@@ -22,11 +22,14 @@ namespace shardtensor {
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
                                 const ResolvedTransportOptions& options = resolve());
 
-// In place: `tensor` reduced over the groups of `mesh_dims`, one all-reduce per mesh dim, by
-// the transport a redistribute's AllReduce step of its bytes takes (transport.h): the mid-op
-// reductions of norms, losses and reductions go as a Partial's do, through peer memory on
-// local CPU ranks. The ranks of each group hold the same shape, so an empty tensor is empty
-// across its group and is skipped there without communicating.
+// In place: `tensor` reduced by `reduction` (a kernel's mid-op AllReduceStep, lowered) over its
+// group of `mesh`, by the transport a redistribute's AllReduce step of its bytes takes
+// (transport.h): the mid-op reductions of norms, losses and reductions go as a Partial's do,
+// through peer memory on local CPU ranks, and through the same LoweredStep::apply. The ranks of
+// the group hold the same shape, so an empty tensor is empty across its group and is skipped
+// there without communicating.
+void reduce_in_place(const LoweredStep& reduction, const DeviceMesh& mesh, const at::Tensor& tensor);
+// The same over the groups of `mesh_dims` of `mesh`, one reduction per mesh dim, lowered per call.
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op);
 
 // This rank's box under `spec` of `global` (a tensor of spec's global shape), as a view: what

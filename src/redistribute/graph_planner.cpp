@@ -27,20 +27,20 @@ struct Distance {
 struct Reached {
   Distance distance;
   Codes parent;
-  Move move;
+  MoveStep move;
   bool settled = false;
 };
 
 }  // namespace
 
-std::vector<Move> searched_moves(const Problem& problem) {
+std::vector<MoveStep> searched_moves(const Problem& problem) {
   using Entry = std::pair<Distance, Codes>;
   auto later = [](const Entry& a, const Entry& b) { return a.first > b.first; };
   std::priority_queue<Entry, std::vector<Entry>, decltype(later)> frontier(later);
   std::unordered_map<Codes, Reached> reached;
   reached.reserve(128);
 
-  reached[problem.source()] = Reached{{0, 0}, problem.source(), Move{MoveKind::Exchange}};
+  reached[problem.source()] = Reached{{0, 0}, problem.source(), ExchangeStep{}};
   frontier.push({{0, 0}, problem.source()});
   while (!frontier.empty()) {
     const auto [distance, codes] = frontier.top();
@@ -49,7 +49,7 @@ std::vector<Move> searched_moves(const Problem& problem) {
     if (here.settled) continue;
     here.settled = true;
     if (codes == problem.target()) break;
-    problem.for_each_move(codes, [&, distance = distance, codes = codes](const Move& move, Codes next) {
+    problem.for_each_move(codes, [&, distance = distance, codes = codes](const MoveStep& move, Codes next) {
       const Distance through{distance.cost + problem.cost(codes, move), distance.steps + 1};
       auto [it, fresh] = reached.try_emplace(next, Reached{through, codes, move});
       if (!fresh) {
@@ -62,7 +62,7 @@ std::vector<Move> searched_moves(const Problem& problem) {
 
   // Always reachable: all-reduce every Partial, then Exchange.
   TORCH_INTERNAL_ASSERT(reached.count(problem.target()), "graph planner: the target layout was not reached");
-  std::vector<Move> moves;
+  std::vector<MoveStep> moves;
   for (Codes at = problem.target(); at != problem.source(); at = reached.at(at).parent) moves.push_back(reached.at(at).move);
   return {moves.rbegin(), moves.rend()};
 }

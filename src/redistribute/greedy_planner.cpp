@@ -16,7 +16,7 @@ class Greedy {
  public:
   explicit Greedy(const Problem& problem) : problem_(problem), codes_(problem.source()), target_(problem.target()) {}
 
-  std::vector<Move> run() {
+  std::vector<MoveStep> run() {
     resolve_partials();
     undo_splits_not_kept();
     chunk_missing_splits();
@@ -26,7 +26,7 @@ class Greedy {
  private:
   uint8_t now(int64_t m) const { return code_at(codes_, m); }
   uint8_t wanted(int64_t m) const { return code_at(target_, m); }
-  void take(const Move& move) {
+  void take(const MoveStep& move) {
     moves_.push_back(move);
     codes_ = problem_.apply(codes_, move);
   }
@@ -58,9 +58,9 @@ class Greedy {
     for (int64_t m = 0; m < problem_.mesh_ndim(); ++m) {
       if (now(m) != kPartial || wanted(m) == kPartial) continue;
       if (is_shard_code(wanted(m)) && lands_as_target(kept_splits(), m, shard_dim_of(wanted(m)))) {
-        take({MoveKind::ReduceScatter, m, shard_dim_of(wanted(m))});
+        take(ReduceScatterStep{m, problem_.partial_op(m), shard_dim_of(wanted(m))});
       } else {
-        take({MoveKind::AllReduce, m});
+        take(AllReduceStep{m, problem_.partial_op(m)});
       }
     }
   }
@@ -73,9 +73,9 @@ class Greedy {
       if (!is_shard_code(now(m)) || kept[m]) continue;
       TORCH_INTERNAL_ASSERT(problem_.may_shard(codes_, m, shard_dim_of(now(m))), "greedy planner: undoing an outer split");
       if (is_shard_code(wanted(m)) && lands_as_target(kept, m, shard_dim_of(wanted(m)))) {
-        take({MoveKind::AllToAll, m, shard_dim_of(wanted(m))});
+        take(AllToAllStep{m, shard_dim_of(now(m)), shard_dim_of(wanted(m))});
       } else {
-        take({MoveKind::AllGather, m});
+        take(AllGatherStep{m, shard_dim_of(now(m))});
       }
     }
   }
@@ -87,18 +87,18 @@ class Greedy {
       const int64_t d = shard_dim_of(wanted(m));
       TORCH_INTERNAL_ASSERT(now(m) == kReplicate && is_shard_code(wanted(m)) && problem_.may_shard(codes_, m, d),
                             "greedy planner: mesh dim ", m, " is not ready to be chunked");
-      take({MoveKind::LocalChunk, m, d});
+      take(LocalChunkStep{m, d});
     }
   }
 
   const Problem& problem_;
   Codes codes_;
   const Codes target_;
-  std::vector<Move> moves_;
+  std::vector<MoveStep> moves_;
 };
 
 }  // namespace
 
-std::vector<Move> greedy_moves(const Problem& problem) { return Greedy(problem).run(); }
+std::vector<MoveStep> greedy_moves(const Problem& problem) { return Greedy(problem).run(); }
 
 }  // namespace shardtensor::planning

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace shardtensor::planning {
 namespace {
@@ -35,6 +36,7 @@ std::pair<double, double> held_fraction(Codes codes, int64_t d, const int64_t* c
 
 Problem::Problem(const ShardTensorSpec& source, const ShardTensorSpec& target)
     : mesh_shape_(source.mesh().shape()), tensor_ndim_(source.ndim()) {
+  for (const Placement& p : source.placements()) partial_ops_.push_back(p.reduce_op);
   TORCH_CHECK(mesh_ndim() <= kMaxMeshDims, "redistribute: the planner handles meshes of up to ", kMaxMeshDims,
               " dims; this one has ", mesh_ndim());
   TORCH_CHECK(tensor_ndim_ < 250, "redistribute: the planner handles tensors of up to 249 dims");
@@ -62,16 +64,10 @@ bool Problem::has_pending_partial(Codes codes) const {
   return false;
 }
 
-Codes Problem::apply(Codes from, const Move& move) const {
-  switch (move.kind) {
-    case MoveKind::AllReduce:
-    case MoveKind::AllGather: return with_code(from, move.mesh_dim, kReplicate);
-    case MoveKind::ReduceScatter:
-    case MoveKind::AllToAll:
-    case MoveKind::LocalChunk: return with_code(from, move.mesh_dim, shard_code(move.tensor_dim));
-    case MoveKind::Exchange: return target_codes_;
-  }
-  TORCH_INTERNAL_ASSERT(false, "unknown move");
+Codes Problem::apply(Codes from, const MoveStep& move) const {
+  if (std::holds_alternative<ExchangeStep>(move)) return target_codes_;
+  const std::optional<int64_t> starts = starts_sharding(move);
+  return with_code(from, mesh_dim_of(move), starts ? shard_code(*starts) : kReplicate);
 }
 
 double Problem::held_bytes(Codes codes) const {
@@ -97,18 +93,14 @@ double Problem::exchange_bytes(Codes from) const {
   return busiest * total_bytes_;
 }
 
-double Problem::cost(Codes from, const Move& move) const {
-  if (move.kind == MoveKind::Exchange) return kLatencyBytes + exchange_bytes(from);
-  const double n = static_cast<double>(mesh_shape_[move.mesh_dim]);
+double Problem::cost(Codes from, const MoveStep& move) const {
+  if (std::holds_alternative<ExchangeStep>(move)) return kLatencyBytes + exchange_bytes(from);
+  const double n = static_cast<double>(mesh_shape_[mesh_dim_of(move)]);
   const double held = held_bytes(from);
-  if (move.kind == MoveKind::LocalChunk || n == 1) return kLocalCopyFactor * held_bytes(apply(from, move));
-  switch (move.kind) {
-    case MoveKind::AllReduce: return kLatencyBytes + 2 * (n - 1) / n * held;
-    case MoveKind::ReduceScatter:
-    case MoveKind::AllToAll: return kLatencyBytes + (n - 1) / n * held;
-    case MoveKind::AllGather: return kLatencyBytes + (n - 1) * held;
-    default: TORCH_INTERNAL_ASSERT(false, "unknown move");
-  }
+  if (std::holds_alternative<LocalChunkStep>(move) || n == 1) return kLocalCopyFactor * held_bytes(apply(from, move));
+  if (std::holds_alternative<AllReduceStep>(move)) return kLatencyBytes + 2 * (n - 1) / n * held;
+  if (std::holds_alternative<AllGatherStep>(move)) return kLatencyBytes + (n - 1) * held;
+  return kLatencyBytes + (n - 1) / n * held;  // ReduceScatter, AllToAll
 }
 
 }  // namespace shardtensor::planning

@@ -1,6 +1,6 @@
 // What both planners search over: a layout reduced to its placements, the moves between such
-// layouts (the one-mesh-dim steps of plan.h, plus Exchange straight to the target), and what a
-// move costs. Shard sizes play no part here; they are chosen when a chain of moves becomes a
+// layouts (the one-mesh-dim MoveSteps of steps.h, plus Exchange straight to the target), and
+// what a move costs. Shard sizes play no part here; they are chosen when a chain of moves becomes a
 // plan (planner.cpp), which appends an Exchange when the sizes still differ at the end.
 //
 // Cost model, in bytes received by the busiest rank plus a latency charge per collective:
@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "redistribute/steps.h"
 #include "shardtensor/spec.h"
 
 namespace shardtensor::planning {
@@ -38,12 +39,6 @@ inline Codes with_code(Codes codes, int64_t mesh_dim, uint8_t c) {
   return (codes & ~(Codes{0xFF} << shift)) | (Codes{c} << shift);
 }
 
-enum class MoveKind : uint8_t { AllReduce, ReduceScatter, AllGather, AllToAll, LocalChunk, Exchange };
-struct Move {
-  MoveKind kind;
-  int64_t mesh_dim = -1;
-  int64_t tensor_dim = -1;  // the newly sharded dim (ReduceScatter, AllToAll, LocalChunk)
-};
 
 class Problem {
  public:
@@ -58,19 +53,22 @@ class Problem {
   bool may_shard(Codes codes, int64_t mesh_dim, int64_t tensor_dim) const;
   // Whether a Partial still in `codes` must go before an Exchange (the target does not keep it).
   bool has_pending_partial(Codes codes) const;
+  // The source's reduce op on `mesh_dim`, where it is Partial (a Partial only ever disappears).
+  ReduceOp partial_op(int64_t mesh_dim) const { return partial_ops_[mesh_dim]; }
 
   // Every move out of `from`, as visit(move, next_codes).
   template <class Visit>
   void for_each_move(Codes from, Visit&& visit) const;
 
-  Codes apply(Codes from, const Move& move) const;
-  double cost(Codes from, const Move& move) const;
+  Codes apply(Codes from, const MoveStep& move) const;
+  double cost(Codes from, const MoveStep& move) const;
 
  private:
   double held_bytes(Codes codes) const;
   double exchange_bytes(Codes from) const;
 
   std::vector<int64_t> mesh_shape_;
+  std::vector<ReduceOp> partial_ops_;  // per mesh dim: the source's op where it is Partial
   std::vector<int64_t> coordinates_;  // every mesh coordinate, row-major, flattened
   int64_t tensor_ndim_;
   double total_bytes_;
@@ -83,23 +81,23 @@ void Problem::for_each_move(Codes from, Visit&& visit) const {
     const uint8_t c = code_at(from, m);
     if (c == kPartial) {
       if (code_at(target_codes_, m) == kPartial) continue;  // kept to the end
-      visit(Move{MoveKind::AllReduce, m}, with_code(from, m, kReplicate));
+      visit(AllReduceStep{m, partial_op(m)}, with_code(from, m, kReplicate));
       for (int64_t d = 0; d < tensor_ndim_; ++d)
-        if (may_shard(from, m, d)) visit(Move{MoveKind::ReduceScatter, m, d}, with_code(from, m, shard_code(d)));
+        if (may_shard(from, m, d)) visit(ReduceScatterStep{m, partial_op(m), d}, with_code(from, m, shard_code(d)));
     } else if (c == kReplicate) {
       for (int64_t d = 0; d < tensor_ndim_; ++d)
-        if (may_shard(from, m, d)) visit(Move{MoveKind::LocalChunk, m, d}, with_code(from, m, shard_code(d)));
+        if (may_shard(from, m, d)) visit(LocalChunkStep{m, d}, with_code(from, m, shard_code(d)));
     } else if (may_shard(from, m, shard_dim_of(c))) {  // only the innermost split may go
-      visit(Move{MoveKind::AllGather, m}, with_code(from, m, kReplicate));
+      visit(AllGatherStep{m, shard_dim_of(c)}, with_code(from, m, kReplicate));
       for (int64_t d = 0; d < tensor_ndim_; ++d)
-        if (d != shard_dim_of(c) && may_shard(from, m, d)) visit(Move{MoveKind::AllToAll, m, d}, with_code(from, m, shard_code(d)));
+        if (d != shard_dim_of(c) && may_shard(from, m, d)) visit(AllToAllStep{m, shard_dim_of(c), d}, with_code(from, m, shard_code(d)));
     }
   }
-  if (from != target_codes_ && !has_pending_partial(from)) visit(Move{MoveKind::Exchange}, target_codes_);
+  if (from != target_codes_ && !has_pending_partial(from)) visit(ExchangeStep{}, target_codes_);
 }
 
 // The two planners: chains of moves from problem.source() to problem.target().
-std::vector<Move> greedy_moves(const Problem& problem);
-std::vector<Move> searched_moves(const Problem& problem);
+std::vector<MoveStep> greedy_moves(const Problem& problem);
+std::vector<MoveStep> searched_moves(const Problem& problem);
 
 }  // namespace shardtensor::planning

@@ -1,17 +1,10 @@
 // RedistributePlan: the steps that turn one layout into another, as a printable value.
 //
-// A plan is a chain of layouts. Every step but Exchange changes the placement of ONE mesh
-// dim and runs as one collective over that mesh dim's group:
-//   Partial(op) -> Replicate   AllReduce(m)
-//   Partial(op) -> Shard(d)    ReduceScatter(m, d)
-//   Shard(d)    -> Replicate   AllGather(m)
-//   Shard(d)    -> Shard(d')   AllToAll(m, d -> d')
-//   Replicate   -> Shard(d)    LocalChunk(m, d)      (no communication)
-// Nesting: mesh dims that shard the same tensor dim nest in mesh-dim order (the lowest mesh dim
-// is the outermost split), so a step may only remove or add the innermost one.
-//   Exchange                   any Shard/Replicate layout -> the target, in one all-to-all over
-//                              the mesh: each rank gets exactly the box intersections it lacks
-//                              (see redistribute/boxes.h). It also rebalances shard sizes.
+// A plan is a chain of layouts; each step is a MoveStep (steps.h says what each one does), and
+// every step but Exchange changes the placement of ONE mesh dim. Nesting: mesh dims that shard
+// the same tensor dim nest in mesh-dim order (the lowest mesh dim is the outermost split), so a
+// step may only remove or add the innermost one. Exchange goes from any Shard/Replicate layout
+// to the target in one all-to-all over the mesh, and also rebalances shard sizes.
 // Two planners produce plans (moves.h, greedy_planner.cpp, graph_planner.cpp): a greedy one,
 // DTensor-style, and a Dijkstra search over the same moves plus Exchange with a cost model in
 // bytes; the search is the default. Plans are cached by (source spec, target spec, planner).
@@ -21,35 +14,12 @@
 #include <variant>
 #include <vector>
 
+#include "redistribute/lowered_step.h"
+#include "redistribute/steps.h"
 #include "shardtensor/spec.h"
 #include "shardtensor/transport_options.h"
 
 namespace shardtensor {
-
-struct AllReduceStep {
-  int64_t mesh_dim;
-  ReduceOp op;
-};
-struct ReduceScatterStep {
-  int64_t mesh_dim;
-  ReduceOp op;
-  int64_t tensor_dim;
-};
-struct AllGatherStep {
-  int64_t mesh_dim;
-  int64_t tensor_dim;  // the dim it stops sharding
-};
-struct AllToAllStep {
-  int64_t mesh_dim;
-  int64_t from_dim, to_dim;
-};
-struct LocalChunkStep {
-  int64_t mesh_dim;
-  int64_t tensor_dim;
-};
-struct ExchangeStep {};
-using RedistributeStep =
-    std::variant<AllReduceStep, ReduceScatterStep, AllGatherStep, AllToAllStep, LocalChunkStep, ExchangeStep>;
 
 // Which transport carries a step (chosen in transport.cpp, from metadata only):
 //   - Collective: one native c10d collective;
@@ -98,12 +68,15 @@ struct ResolvedTransportOptions {
 ResolvedTransportOptions resolve(const TransportOptions& options = {});
 
 struct PlannedStep {
-  RedistributeStep step;
+  MoveStep step;  // one of the redistribute steps (steps.h)
   ShardTensorSpec after;  // the layout once this step ran
   double cost;            // the cost model's estimate (see redistribute/moves.h)
   // This rank's transport for the step under the plan's `lowered_with`, chosen once when the
   // plan is made (see plan_redistribute).
   StepTransport transport{};
+  // Who sends which part to whom on this rank, computed once when the plan is made; the
+  // executor runs the step through it (lowered_step.h).
+  LoweredStep lowered;
 };
 
 struct RedistributePlan {
@@ -114,8 +87,6 @@ struct RedistributePlan {
   double cost() const;
   std::string to_string() const;  // "AllGather(mesh_dim=1, tensor_dim=0) -> LocalChunk(mesh_dim=0, tensor_dim=1)"
 };
-
-std::string to_string(const RedistributeStep& step);
 
 enum class Planner { GraphSearch, Greedy };
 std::string to_string(Planner planner);

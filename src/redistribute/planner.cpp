@@ -1,10 +1,11 @@
-// plan_redistribute: turns a planner's chain of moves (moves.h) into steps with concrete
-// layouts, caches plans, explains them, and builds redistribute's target specs.
+// plan_redistribute: gives the steps a planner chains (moves.h) their concrete layouts, caches
+// plans, explains them, and builds redistribute's target specs.
 #include <c10/util/Exception.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <unordered_map>
@@ -21,9 +22,6 @@
 
 namespace shardtensor {
 namespace {
-
-using planning::Move;
-using planning::MoveKind;
 
 // Sums of consecutive groups of n entries: a table without its innermost split.
 std::vector<int64_t> group_sums(const std::vector<int64_t>& table, int64_t n) {
@@ -52,35 +50,22 @@ std::vector<int64_t> split_table(const ShardTensorSpec& current, int64_t tensor_
 
 // The layout after a one-mesh-dim move: tables of untouched dims stay, the dim the move stops
 // splitting loses its innermost split, the dim it starts splitting gains one.
-ShardTensorSpec after_move(const ShardTensorSpec& current, const Move& move, const ShardTensorSpec& target) {
-  const int64_t m = move.mesh_dim;
+ShardTensorSpec after_move(const ShardTensorSpec& current, const MoveStep& move, const ShardTensorSpec& target) {
+  const int64_t m = mesh_dim_of(move);
   const Placement before = current.placements()[m];
-  const bool starts_shard = move.kind == MoveKind::ReduceScatter || move.kind == MoveKind::AllToAll || move.kind == MoveKind::LocalChunk;
+  const std::optional<int64_t> starts = starts_sharding(move);
   Placements placements = current.placements();
-  placements[m] = starts_shard ? Shard(move.tensor_dim) : Replicate();
+  placements[m] = starts ? Shard(*starts) : Replicate();
   ShardSizes sizes;
   for (const DimSharding& s : current.shardings()) {
     if (before.is_shard(s.tensor_dim)) {
       if (s.mesh_dims.size() > 1) sizes.push_back({s.tensor_dim, group_sums(s.sizes, current.mesh().size(m))});
-    } else if (!(starts_shard && s.tensor_dim == move.tensor_dim)) {
+    } else if (!(starts && s.tensor_dim == *starts)) {
       sizes.push_back({s.tensor_dim, s.sizes});
     }
   }
-  if (starts_shard) sizes.push_back({move.tensor_dim, split_table(current, move.tensor_dim, m, target)});
+  if (starts) sizes.push_back({*starts, split_table(current, *starts, m, target)});
   return ShardTensorSpec(current.mesh(), std::move(placements), current.shape(), current.dtype(), sizes);
-}
-
-RedistributeStep step_of(const Move& move, const ShardTensorSpec& current) {
-  const Placement& before = move.mesh_dim >= 0 ? current.placements()[move.mesh_dim] : Placement();
-  switch (move.kind) {
-    case MoveKind::AllReduce: return AllReduceStep{move.mesh_dim, before.reduce_op};
-    case MoveKind::ReduceScatter: return ReduceScatterStep{move.mesh_dim, before.reduce_op, move.tensor_dim};
-    case MoveKind::AllGather: return AllGatherStep{move.mesh_dim, before.tensor_dim};
-    case MoveKind::AllToAll: return AllToAllStep{move.mesh_dim, before.tensor_dim, move.tensor_dim};
-    case MoveKind::LocalChunk: return LocalChunkStep{move.mesh_dim, move.tensor_dim};
-    case MoveKind::Exchange: return ExchangeStep{};
-  }
-  TORCH_INTERNAL_ASSERT(false, "unknown move");
 }
 
 // The exact price of a final Exchange that only fixes shard sizes: what the busiest rank lacks.
@@ -98,16 +83,17 @@ RedistributePlan make_plan(const ShardTensorSpec& source, const ShardTensorSpec&
   RedistributePlan plan;
   if (source == target) return plan;
   const planning::Problem problem(source, target);
-  const std::vector<Move> moves = planner == Planner::Greedy ? planning::greedy_moves(problem) : planning::searched_moves(problem);
+  const std::vector<MoveStep> moves = planner == Planner::Greedy ? planning::greedy_moves(problem) : planning::searched_moves(problem);
   ShardTensorSpec current = source;
   planning::Codes codes = problem.source();
-  for (const Move& move : moves) {
-    ShardTensorSpec next = move.kind == MoveKind::Exchange ? target : after_move(current, move, target);
-    plan.steps.push_back({step_of(move, current), next, problem.cost(codes, move)});
+  for (const MoveStep& move : moves) {
+    ShardTensorSpec next = std::holds_alternative<ExchangeStep>(move) ? target : after_move(current, move, target);
+    plan.steps.push_back({move, next, problem.cost(codes, move), {}, LoweredStep(move, current, next)});
     codes = problem.apply(codes, move);
     current = std::move(next);
   }
-  if (!(current == target)) plan.steps.push_back({ExchangeStep{}, target, size_fix_cost(current, target)});
+  if (!(current == target))
+    plan.steps.push_back({ExchangeStep{}, target, size_fix_cost(current, target), {}, LoweredStep(ExchangeStep{}, current, target)});
   return plan;
 }
 
@@ -123,24 +109,6 @@ struct PlanKeyHash {
 };
 
 }  // namespace
-
-std::string to_string(const RedistributeStep& step) {
-  std::ostringstream os;
-  if (auto* s = std::get_if<AllReduceStep>(&step)) {
-    os << "AllReduce(mesh_dim=" << s->mesh_dim << ", " << to_string(s->op) << ")";
-  } else if (auto* s = std::get_if<ReduceScatterStep>(&step)) {
-    os << "ReduceScatter(mesh_dim=" << s->mesh_dim << ", tensor_dim=" << s->tensor_dim << ", " << to_string(s->op) << ")";
-  } else if (auto* s = std::get_if<AllGatherStep>(&step)) {
-    os << "AllGather(mesh_dim=" << s->mesh_dim << ", tensor_dim=" << s->tensor_dim << ")";
-  } else if (auto* s = std::get_if<AllToAllStep>(&step)) {
-    os << "AllToAll(mesh_dim=" << s->mesh_dim << ", tensor_dim=" << s->from_dim << "->" << s->to_dim << ")";
-  } else if (auto* s = std::get_if<LocalChunkStep>(&step)) {
-    os << "LocalChunk(mesh_dim=" << s->mesh_dim << ", tensor_dim=" << s->tensor_dim << ")";
-  } else {
-    os << "Exchange()";
-  }
-  return os.str();
-}
 
 std::string to_string(Planner planner) { return planner == Planner::Greedy ? "greedy" : "graph search"; }
 
@@ -219,7 +187,8 @@ RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const
     if (p.is_partial() && p != target.placements()[m]) check_reducible(source.dtype(), p.reduce_op);
   }
   RedistributePlan plan = make_plan(source, target, planner);
-  // Lowered once: each step's transport on this rank, which the executor and explain read.
+  // Lowered once: each step's parts (make_plan) and its transport on this rank, which the
+  // executor and explain read.
   plan.lowered_with = options;
   const ShardTensorSpec* before = &source;
   for (PlannedStep& s : plan.steps) {

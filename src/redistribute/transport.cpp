@@ -43,7 +43,7 @@ int64_t element_size(const ShardTensorSpec& spec) { return static_cast<int64_t>(
 
 // The bytes each member moves, as the executor measures them to decide on peer memory: the
 // held box for reductions (the same box on every member), the tensor over the mesh otherwise.
-int64_t bytes_moved(const RedistributeStep& step, const ShardTensorSpec& from) {
+int64_t bytes_moved(const MoveStep& step, const ShardTensorSpec& from) {
   if (std::holds_alternative<AllReduceStep>(step) || std::holds_alternative<ReduceScatterStep>(step))
     return box_of(from, from.mesh().coordinate()).numel() * element_size(from);
   const int64_t numel = std::accumulate(from.shape().begin(), from.shape().end(), int64_t{1}, std::multiplies<>());
@@ -51,7 +51,7 @@ int64_t bytes_moved(const RedistributeStep& step, const ShardTensorSpec& from) {
 }
 
 // The native collective for a step that is not copied.
-const char* native_collective(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to) {
+const char* native_collective(const MoveStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to) {
   if (std::holds_alternative<AllReduceStep>(step)) return "all_reduce";
   const bool equal = pieces_are_equal(step, from, to);
   if (std::holds_alternative<AllGatherStep>(step) && equal) return "all_gather";
@@ -59,23 +59,10 @@ const char* native_collective(const RedistributeStep& step, const ShardTensorSpe
   return "all_to_all";
 }
 
-// The collective a step stands in for when it is not run as one: CommDebugMode counts a gather
-// as all_gather and a reduce-scatter as reduce_scatter, as DTensor's does, whichever transport
-// moves the bytes.
-const char* counted_as(const RedistributeStep& step) {
-  if (std::holds_alternative<AllReduceStep>(step)) return "all_reduce";
-  if (std::holds_alternative<AllGatherStep>(step)) return "all_gather";
-  if (std::holds_alternative<ReduceScatterStep>(step)) return "reduce_scatter";
-  return "all_to_all";
-}
-
-int64_t group_size(const RedistributeStep& step, const DeviceMesh& mesh) {
-  if (auto* s = std::get_if<AllReduceStep>(&step)) return mesh.size(s->mesh_dim);
-  if (auto* s = std::get_if<ReduceScatterStep>(&step)) return mesh.size(s->mesh_dim);
-  if (auto* s = std::get_if<AllGatherStep>(&step)) return mesh.size(s->mesh_dim);
-  if (auto* s = std::get_if<AllToAllStep>(&step)) return mesh.size(s->mesh_dim);
+int64_t group_size(const MoveStep& step, const DeviceMesh& mesh) {
   if (std::holds_alternative<LocalChunkStep>(step)) return 1;
-  return mesh.size();
+  const int64_t mesh_dim = mesh_dim_of(step);
+  return mesh_dim < 0 ? mesh.size() : mesh.size(mesh_dim);
 }
 
 }  // namespace
@@ -102,7 +89,7 @@ std::string to_string(TransportPreference preference) {
   TORCH_INTERNAL_ASSERT(false, "unknown TransportPreference");
 }
 
-bool pieces_are_equal(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to) {
+bool pieces_are_equal(const MoveStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to) {
   const DeviceMesh& mesh = from.mesh();
   if (auto* s = std::get_if<AllGatherStep>(&step)) {
     const auto members = members_along(mesh, s->mesh_dim);
@@ -172,8 +159,9 @@ bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const Reso
          bytes_per_rank >= options.peer_copy_bytes;
 }
 
-StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to,
+StepTransport transport_for(const MoveStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to,
                             const ResolvedTransportOptions& options) {
+  TORCH_INTERNAL_ASSERT(is_redistribute_step(step), to_string(step), " is a kernel's move, not a redistribute step");
   const DeviceMesh& mesh = from.mesh();
   // A rank outside the mesh holds nothing and moves nothing (plans are made there too: the
   // dispatcher propagates every op on every rank).

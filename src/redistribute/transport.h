@@ -47,7 +47,7 @@ std::string to_string(TransportPreference preference);
 
 // The transport of `step`, which turns `from` into `to`, on this rank (whose mesh coordinate
 // is from.mesh().coordinate()) under `options`. Equal on the members of the step's group.
-StepTransport transport_for(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to,
+StepTransport transport_for(const MoveStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to,
                             const ResolvedTransportOptions& options);
 
 // Whether a transfer in which each member of a group on `mesh` moves `bytes_per_rank` goes
@@ -69,7 +69,7 @@ StepTransport exchange_transport(const DeviceMesh& mesh, int64_t bytes_per_rank,
                                  const ResolvedTransportOptions& options = resolve());
 
 // The transport of an all-reduce of `bytes_per_rank` over the group of `mesh_dim`: an AllReduce
-// step's, and a kernel's mid-op reduction's (executor.h: all_reduce_over).
+// step's, and a kernel's mid-op reduction's (executor.h: reduce_in_place).
 StepTransport reduction_transport(const DeviceMesh& mesh, int64_t mesh_dim, int64_t bytes_per_rank,
                                   const ResolvedTransportOptions& options = resolve());
 
@@ -78,6 +78,6 @@ std::string to_string(const StepTransport& transport);
 
 // Whether `step`'s pieces are equal over its group, so that a fixed-size collective
 // (all_gather, reduce_scatter) carries it without padding.
-bool pieces_are_equal(const RedistributeStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to);
+bool pieces_are_equal(const MoveStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to);
 
 }  // namespace shardtensor

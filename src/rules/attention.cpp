@@ -397,8 +397,8 @@ std::string AttentionPlan::name() const {
   return what + (is_causal ? (zigzag ? ", causal on zigzag chunks" : ", causal") : "") + (pass == Pass::Forward ? " (forward)" : " (backward)");
 }
 
-std::vector<DeclaredMove> AttentionPlan::moves() const {
-  if (keys_split && key_rows.size() > 1 && pass == Pass::Forward) return {{DeclaredMove::Kind::AllGather, seq_mesh_dim, kSeqDim}};
+std::vector<MoveStep> AttentionPlan::moves() const {
+  if (keys_split && key_rows.size() > 1 && pass == Pass::Forward) return {StatisticsGatherStep{seq_mesh_dim}};
   if (!ring || ring_size() == 1) return {};
   // One batch per step after which some block moves on (a causal ring skips the rest); the
   // backward passes each block's gradients one batch behind it, and returns those that did not
@@ -406,14 +406,14 @@ std::vector<DeclaredMove> AttentionPlan::moves() const {
   const int64_t n = ring_size();
   int64_t passing_steps = 0;
   for (int64_t step = 0; step + 1 < n; ++step) passing_steps += any_send(step) ? 1 : 0;
-  std::vector<DeclaredMove> moves;
-  if (passing_steps > 0) moves.push_back({DeclaredMove::Kind::RingPass, seq_mesh_dim, kSeqDim, ReduceOp::Sum, passing_steps});
+  std::vector<MoveStep> moves;
+  if (passing_steps > 0) moves.push_back(RingStep{RingPhase::Pass, seq_mesh_dim, kSeqDim, passing_steps});
   if (pass == Pass::Backward) {
-    if (passing_steps > 0) moves.push_back({DeclaredMove::Kind::RingGradientPass, seq_mesh_dim, kSeqDim, ReduceOp::Sum, passing_steps});
+    if (passing_steps > 0) moves.push_back(RingStep{RingPhase::GradientPass, seq_mesh_dim, kSeqDim, passing_steps});
     bool returns_after = false;
     for (int64_t block = 0; block < n; ++block)
       returns_after = returns_after || (gradient_holder(block) != block && !returns_during_ring(block));
-    if (returns_after) moves.push_back({DeclaredMove::Kind::RingReturn, seq_mesh_dim, kSeqDim});
+    if (returns_after) moves.push_back(RingStep{RingPhase::Return, seq_mesh_dim, kSeqDim});
   }
   return moves;
 }

@@ -77,7 +77,7 @@ struct AttentionPlan : KernelPlan {
   std::string name() const override;
   // Ring: K/V blocks passed along the mesh dim (backward: their gradients passed behind them,
   // then returned to their owners). Local attention moves nothing.
-  std::vector<DeclaredMove> moves() const override;
+  std::vector<MoveStep> moves() const override;
 };
 
 }  // namespace shardtensor

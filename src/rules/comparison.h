@@ -27,7 +27,7 @@ struct GlobalEqualPlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override { return "equal over shards"; }
-  std::vector<DeclaredMove> moves() const override { return sums_over(mesh, mesh_dims); }
+  std::vector<MoveStep> moves() const override { return sums_over(mesh, mesh_dims); }
 };
 
 }  // namespace shardtensor

@@ -127,12 +127,12 @@ std::string ConvolutionPlan::name() const {
          (pass == Pass::Forward ? "forward" : "backward") + ")";
 }
 
-std::vector<DeclaredMove> ConvolutionPlan::moves() const {
+std::vector<MoveStep> ConvolutionPlan::moves() const {
   if (params.transposed) return pass == Pass::Forward ? halo_scatter_adds(halo) : halo_gathers(halo);
-  std::vector<DeclaredMove> moves = halo_gathers(halo);  // regular: the input window
+  std::vector<MoveStep> moves = halo_gathers(halo);  // regular: the input window
   if (pass == Pass::Backward) {
-    if (halo.axes.size() == 1 && moves.size() == 1) moves[0].skipped_where_kept = true;  // kernels/window_cache.h
-    for (const DeclaredMove& m : halo_scatter_adds(halo)) moves.push_back(m);  // and its gradient sent back
+    if (halo.axes.size() == 1 && moves.size() == 1) std::get<HaloGatherStep>(moves[0]).skipped_where_kept = true;  // kernels/window_cache.h
+    for (const MoveStep& m : halo_scatter_adds(halo)) moves.push_back(m);  // and its gradient sent back
   }
   return moves;
 }

@@ -30,7 +30,7 @@ struct ConvolutionPlan : KernelPlan {
   std::string name() const override;
   // Regular: gather the input window (backward: and scatter-add its gradient back).
   // Transposed: scatter-add the contributions (backward: gather the gradient's window).
-  std::vector<DeclaredMove> moves() const override;
+  std::vector<MoveStep> moves() const override;
 };
 
 }  // namespace shardtensor

@@ -28,7 +28,7 @@ struct NllGlobalMeanPlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override { return "nll loss mean over the global total weight"; }
-  std::vector<DeclaredMove> moves() const override { return sums_over(mesh, mesh_dims); }
+  std::vector<MoveStep> moves() const override { return sums_over(mesh, mesh_dims); }
 };
 
 }  // namespace shardtensor

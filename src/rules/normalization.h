@@ -28,7 +28,7 @@ struct LayerNormPlan : KernelPlan {
   std::string name() const override {
     return std::string("layer norm over sharded rows (") + (pass == Pass::Forward ? "forward" : "backward") + ")";
   }
-  std::vector<DeclaredMove> moves() const override { return sums_over(mesh, geometry.row_mesh_dims); }
+  std::vector<MoveStep> moves() const override { return sums_over(mesh, geometry.row_mesh_dims); }
 };
 
 }  // namespace shardtensor

@@ -161,7 +161,7 @@ std::string PoolPlan::name() const {
   return std::string("halo ") + what + (backward ? " (backward)" : " (forward)");
 }
 
-std::vector<DeclaredMove> PoolPlan::moves() const { return backward ? halo_scatter_adds(halo) : halo_gathers(halo); }
+std::vector<MoveStep> PoolPlan::moves() const { return backward ? halo_scatter_adds(halo) : halo_gathers(halo); }
 
 void register_pooling_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"})

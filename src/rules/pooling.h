@@ -29,7 +29,7 @@ struct PoolPlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override;
-  std::vector<DeclaredMove> moves() const override;  // forward: halo gathers; backward: scatter-adds
+  std::vector<MoveStep> moves() const override;  // forward: halo gathers; backward: scatter-adds
 };
 
 }  // namespace shardtensor

@@ -60,7 +60,7 @@ struct BernoulliPlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override { return "counter-based bernoulli draw"; }
-  std::vector<DeclaredMove> moves() const override { return sums_over(self.mesh(), check_mesh_dims); }
+  std::vector<MoveStep> moves() const override { return sums_over(self.mesh(), check_mesh_dims); }
   int64_t random_keys_drawn(c10::ArrayRef<c10::IValue>) const override { return 1; }
 };
 
@@ -81,7 +81,7 @@ struct MultinomialPlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override { return "counter-based multinomial draw"; }
-  std::vector<DeclaredMove> moves() const override { return sums_over(probabilities.mesh(), check_mesh_dims); }
+  std::vector<MoveStep> moves() const override { return sums_over(probabilities.mesh(), check_mesh_dims); }
   int64_t random_keys_drawn(c10::ArrayRef<c10::IValue>) const override { return 1; }
 };
 

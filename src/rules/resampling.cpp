@@ -385,7 +385,7 @@ RuleResult constant_pad_rule(const OpMeta& op) {
 
 }  // namespace
 
-std::vector<DeclaredMove> IndexMapPlan::moves() const {
+std::vector<MoveStep> IndexMapPlan::moves() const {
   HaloPlan halo{mesh, {}};
   for (const MapAxis& a : axes) halo.axes.push_back(a.halo);
   return backward ? halo_scatter_adds(halo) : halo_gathers(halo);

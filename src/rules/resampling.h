@@ -34,7 +34,7 @@ struct IndexMapPlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override { return backward ? "halo index map (backward)" : "halo index map (forward)"; }
-  std::vector<DeclaredMove> moves() const override;
+  std::vector<MoveStep> moves() const override;
 };
 
 // An upsample backward on unsharded spatial dims: the operator on this rank's pieces, with the
@@ -54,7 +54,7 @@ struct ConstantPadPlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override { return "constant pad over a halo window"; }
-  std::vector<DeclaredMove> moves() const override { return halo_gathers(halo); }
+  std::vector<MoveStep> moves() const override { return halo_gathers(halo); }
 };
 
 }  // namespace shardtensor

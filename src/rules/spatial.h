@@ -75,7 +75,7 @@ struct EmptySafePlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override { return inner ? inner->name() + ", safe on empty pieces" : "the operator, safe on empty pieces"; }
-  std::vector<DeclaredMove> moves() const override { return inner ? inner->moves() : std::vector<DeclaredMove>{}; }
+  std::vector<MoveStep> moves() const override { return inner ? inner->moves() : std::vector<MoveStep>{}; }
 };
 
 std::shared_ptr<const KernelPlan> empty_safe(std::shared_ptr<const KernelPlan> inner = {}, std::vector<Follows> follows = {});

@@ -22,7 +22,7 @@ struct SpatialNormPlan : KernelPlan {
 
   LocalKernel lower() const override;
   std::string name() const override;
-  std::vector<DeclaredMove> moves() const override { return sums_over(mesh, mesh_dims); }
+  std::vector<MoveStep> moves() const override { return sums_over(mesh, mesh_dims); }
 };
 
 // The dims a norm over [N, C, *] reduces per channel: 0, 2, 3, ... (the rule counts them, the

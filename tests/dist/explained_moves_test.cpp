@@ -55,7 +55,7 @@ Counts explained(const c10::OperatorHandle& op, const std::vector<c10::IValue>& 
       for (const PlannedStep& step : plan->steps)
         if (step.transport.kind != TransportKind::None) ++counts[step.transport.counted_as];
   if (p.result.kernel_plan)
-    for (const DeclaredMove& move : p.result.kernel_plan->moves()) counts[move.counted_as()] += move.batches;
+    for (const MoveStep& move : p.result.kernel_plan->moves()) counts[counted_as(move)] += batches_of(move);
   return counts;
 }
 

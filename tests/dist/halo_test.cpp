@@ -98,7 +98,7 @@ TEST(Halo, ExplainShowsTheKernelsHaloMovesWithoutCommunicating) {
   const std::string text = explain_operator("aten::convolution", conv_args(sw, 1));
   EXPECT_EQ(comms.total(), 0) << comms.table();
   EXPECT_NE(text.find("kernel: halo convolution (forward)"), std::string::npos) << text;
-  EXPECT_EQ(text.find("halo gather of dim 2 over mesh dim 0, by ") != std::string::npos, ranks > 1) << text;
+  EXPECT_EQ(text.find("HaloGather(mesh_dim=0, tensor_dim=2), by ") != std::string::npos, ranks > 1) << text;
   EXPECT_NE(text.find("input 'weight' [R]: used as it is"), std::string::npos) << text;
   EXPECT_NE(text.find("output 0: [S(2)] dim 2 sizes"), std::string::npos) << text;
   const std::string one_by_one = explain_operator("aten::convolution",

@@ -80,7 +80,7 @@ Answer call_rule(const std::string& op, const std::vector<Arg>& args) {
   a.outputs = join(parts, " | ");
   parts.clear();
   if (r.kernel_plan)
-    for (const DeclaredMove& m : r.kernel_plan->moves()) parts.push_back(m.to_string());
+    for (const MoveStep& m : r.kernel_plan->moves()) parts.push_back(to_string(m));
   a.moves = parts.empty() ? "none" : join(parts, "; ");
   a.kernel = r.kernel_plan ? r.kernel_plan->name() : "";
   return a;
@@ -235,14 +235,14 @@ TEST(ConvolutionRules, A3x3ConvolutionGathersTheHaloOfItsShardedDim) {
   const Answer a = conv2d(spec({4}, {Shard(2)}, {2, 3, 16, 16}), 3, 1);
   EXPECT_EQ(a.targets, "[S(2)]{2: 4,4,4,4} | [R]");
   EXPECT_EQ(a.outputs, "[S(2)]{2: 4,4,4,4}");
-  EXPECT_EQ(a.moves, "halo gather of dim 2 over mesh dim 0");
+  EXPECT_EQ(a.moves, "HaloGather(mesh_dim=0, tensor_dim=2)");
   EXPECT_EQ(a.kernel, "halo convolution (forward)");
 }
 
 TEST(ConvolutionRules, OutputShardsFollowUnevenInputShardsUnderAStride) {
   const Answer a = conv2d(spec({4}, {Shard(3)}, {1, 3, 8, 16}, {{3, {6, 0, 7, 3}}}), 3, 1, 2);
   EXPECT_EQ(a.outputs, "[S(3)]{3: 3,0,4,1}");  // rank r: outputs whose windows start in its rows
-  EXPECT_EQ(a.moves, "halo gather of dim 3 over mesh dim 0");
+  EXPECT_EQ(a.moves, "HaloGather(mesh_dim=0, tensor_dim=3)");
 }
 
 TEST(ConvolutionRules, APointwiseConvolutionMovesNothing) {
@@ -253,7 +253,7 @@ TEST(ConvolutionRules, ChannelShardingIsGatheredAndTwoSpatialDimsExchangeInOrder
   const Answer a = conv2d(spec({2, 2}, {Shard(2), Shard(1)}, {1, 4, 8, 8}), 3, 1);
   EXPECT_EQ(a.targets, "[S(2), R]{2: 4,4} | [R, R]");
   EXPECT_EQ(conv2d(spec({2, 2}, {Shard(2), Shard(3)}, {1, 3, 8, 8}), 3, 1).moves,
-            "halo gather of dim 2 over mesh dim 0; halo gather of dim 3 over mesh dim 1");
+            "HaloGather(mesh_dim=0, tensor_dim=2); HaloGather(mesh_dim=1, tensor_dim=3)");
 }
 
 TEST(ConvolutionRules, BackwardGathersTheWindowAndScattersItsGradientBack) {
@@ -268,8 +268,8 @@ TEST(ConvolutionRules, BackwardGathersTheWindowAndScattersItsGradientBack) {
   EXPECT_EQ(a.outputs, "[S(2)]{2: 4,4,4,4} | [P(sum)] | [P(sum)]");
   // The window's gather is skipped where the forward kept its rows (one split axis: here).
   EXPECT_EQ(a.moves,
-            "halo gather of dim 2 over mesh dim 0 (none where the forward kept the rows it received); "
-            "halo scatter-add of dim 2 over mesh dim 0");
+            "HaloGather(mesh_dim=0, tensor_dim=2, none where the forward kept the rows it received); "
+            "HaloScatterAdd(mesh_dim=0, tensor_dim=2)");
 }
 
 // ---- pooling ----
@@ -286,7 +286,7 @@ TEST(PoolingRules, OverlappingWindowsGatherAHalo) {
   const Answer a = call_rule("aten::avg_pool2d", {spec({4}, {Shard(2)}, {1, 2, 16, 8}), std::vector<int64_t>{3, 3},
                                                   std::vector<int64_t>{1, 1}, std::vector<int64_t>{1, 1}, false, true, kNone});
   EXPECT_EQ(a.outputs, "[S(2)]{2: 4,4,4,4}");
-  EXPECT_EQ(a.moves, "halo gather of dim 2 over mesh dim 0");
+  EXPECT_EQ(a.moves, "HaloGather(mesh_dim=0, tensor_dim=2)");
 }
 
 // ---- resampling ----
@@ -301,7 +301,7 @@ TEST(ResamplingRules, NearestUpsamplingByTwoStaysInsideShards) {
 TEST(ResamplingRules, BilinearUpsamplingReadsTheNextShardsFirstRow) {
   const Answer a = call_rule("aten::upsample_bilinear2d",
                              {spec({4}, {Shard(2)}, {1, 1, 8, 8}), std::vector<int64_t>{16, 16}, false, kNone, kNone});
-  EXPECT_EQ(a.moves, "halo gather of dim 2 over mesh dim 0");
+  EXPECT_EQ(a.moves, "HaloGather(mesh_dim=0, tensor_dim=2)");
 }
 
 TEST(ResamplingRules, ConstantPaddingOfAShardedDimShiftsOwnershipAndMovesNothing) {
@@ -321,7 +321,7 @@ TEST(SpatialNormRules, TrainingBatchNormSumsStatisticsOverEveryShardingMeshDim) 
   const auto c = spec({2, 2}, {Replicate(), Replicate()}, {3});
   const Answer a = call_rule("aten::native_batch_norm", {x, c, c, c, c, true, 0.1, 1e-5});
   EXPECT_EQ(a.outputs, "[S(0), S(2)]{0: 2,2}{2: 4,4} | [R, R] | [R, R]");
-  EXPECT_EQ(a.moves, "all-reduce(sum) over mesh dim 0; all-reduce(sum) over mesh dim 1");
+  EXPECT_EQ(a.moves, "AllReduce(mesh_dim=0, sum); AllReduce(mesh_dim=1, sum)");
 }
 
 TEST(SpatialNormRules, GroupNormSplitOnlyOnTheBatchIsLocal) {
@@ -362,7 +362,7 @@ TEST(RandomRules, BernoulliAndLikeFactoriesDrawOnTheirInputsLayoutWithoutMoves) 
   const Answer broadcast = call_rule("aten::bernoulli_.Tensor", {self, spec({4}, {Replicate()}, {10}), kNone});
   EXPECT_EQ(broadcast.targets, "[S(1)]{1: 3,3,3,1} | [R]");
   EXPECT_EQ(broadcast.moves, "none");
-  EXPECT_EQ(call_rule("aten::bernoulli", {self, kNone}).moves, "all-reduce(sum) over mesh dim 0");
+  EXPECT_EQ(call_rule("aten::bernoulli", {self, kNone}).moves, "AllReduce(mesh_dim=0, sum)");
   try {
     call_rule("aten::bernoulli.p", {self, 1.5, kNone});
     ADD_FAILURE() << "bernoulli(p=1.5) was accepted";
@@ -496,7 +496,7 @@ TEST(AttentionRules, SequenceShardsOfQueryKeysAndValuesMakeARing) {
   const Answer a = attention(q, k, /*is_causal=*/true);
   EXPECT_EQ(a.targets, "[S(2)]{2: 5,0,4,3} | [S(2)]{2: 1,2,3,4} | [S(2)]{2: 1,2,3,4}");  // each keeps its own split
   EXPECT_EQ(a.outputs, "[S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3}");
-  EXPECT_EQ(a.moves, "ring pass of dim 2 blocks over mesh dim 0, 3 batches");  // one per ring step that moves a block
+  EXPECT_EQ(a.moves, "RingPass(mesh_dim=0, tensor_dim=2, batches=3)");  // one per ring step that moves a block
   EXPECT_EQ(a.kernel, "ring attention over mesh dim 0, causal (forward)");
 }
 
@@ -536,7 +536,7 @@ TEST(AttentionRules, WholeRowsAgainstSplitKeysGatherOnlyTheStatistics) {
   const Answer a = attention(q, k);
   EXPECT_EQ(a.targets, "[R] | [S(2)]{2: 1,0,6,3} | [S(2)]{2: 1,0,6,3}");  // no K/V byte moves
   EXPECT_EQ(a.outputs, "[P(sum)] | [R]");                                 // each rank's weighted share; merged lse
-  EXPECT_EQ(a.moves, "all-gather of per-row statistics over mesh dim 0");
+  EXPECT_EQ(a.moves, "StatisticsGather(mesh_dim=0)");
   EXPECT_EQ(a.kernel, "attention on split keys over mesh dim 0, merged by log-sum-exp (forward)");
 
   const auto lse = spec({4}, {Replicate()}, {2, 4, 12});
@@ -636,8 +636,9 @@ TEST(AttentionRules, CudaFlashRingKeepsItsOtherOutputsPerRank) {
                                 {q, q, q, q, q, lse, kNone, kNone, int64_t{12}, int64_t{12}, 0.0, true, state, state, kNone});
   EXPECT_EQ(back.targets, "[S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3} | "
                           "[S(2)]{2: 5,0,4,3} | [S(2)]{2: 5,0,4,3} | [R] | [R]");
-  EXPECT_EQ(back.moves, "ring pass of dim 2 blocks over mesh dim 0, 3 batches; gradients of dim 2 blocks passed behind them over "
-                        "mesh dim 0, 3 batches; gradients of dim 2 blocks returned to their owners over mesh dim 0");
+  EXPECT_EQ(back.moves,
+            "RingPass(mesh_dim=0, tensor_dim=2, batches=3); RingGradientPass(mesh_dim=0, tensor_dim=2, batches=3); "
+            "RingReturn(mesh_dim=0, tensor_dim=2)");
 }
 
 // The flash operator's own causal mask is bottom-right where Sq != Sk (F.scaled_dot_product_attention

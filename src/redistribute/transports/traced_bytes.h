@@ -7,7 +7,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/StorageImpl.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace shardtensor {
@@ -39,6 +41,47 @@ struct TracedBytes {
     return address == o.address && !storage.expired() && offset == o.offset && sizes == o.sizes && strides == o.strides &&
            version == o.version;
   }
+};
+
+// The moves one thread's traces recorded, newest last, at most `capacity` of them: what each
+// read (TracedBytes), under which description (Key, with ==), and what it gave. A second move
+// of the same bytes under an equal description takes the first one's result, as long as nothing
+// wrote to that result since. Both kinds of traced move keep one: a whole redistribute
+// (executor.cpp), and an exchange that is no redistribute, a halo or a mid-op reduction that a
+// derivative repeats (traced_exchange.cpp).
+template <typename Key>
+class RecordedMoves {
+ public:
+  explicit RecordedMoves(size_t capacity) : capacity_(capacity) {}
+
+  // The earlier result, or an undefined tensor.
+  at::Tensor find(const Key& key, const std::vector<TracedBytes>& read) const {
+    for (const Entry& e : entries_)
+      if (e.key == key && e.result._version() == e.result_version && same_bytes(e.read, read)) return e.result;
+    return at::Tensor();
+  }
+
+  void add(Key key, std::vector<TracedBytes> read, const at::Tensor& result) {
+    if (entries_.size() == capacity_) entries_.erase(entries_.begin());
+    entries_.push_back(Entry{std::move(key), std::move(read), result, result._version()});
+  }
+
+ private:
+  struct Entry {
+    Key key;
+    std::vector<TracedBytes> read;
+    at::Tensor result;
+    int64_t result_version;
+  };
+  static bool same_bytes(const std::vector<TracedBytes>& a, const std::vector<TracedBytes>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!a[i].same_as(b[i])) return false;
+    return true;
+  }
+
+  size_t capacity_;
+  std::vector<Entry> entries_;
 };
 
 }  // namespace shardtensor

@@ -134,19 +134,13 @@ TORCH_LIBRARY_FRAGMENT(shardtensor, m) {
 TORCH_LIBRARY_IMPL(shardtensor, CPU, m) { m.impl("exchange_parts", TORCH_FN(exchange_parts_cpu)); }
 TORCH_LIBRARY_IMPL(shardtensor, Meta, m) { m.impl("exchange_parts", TORCH_FN(exchange_parts_meta)); }
 
-// An exchange already recorded in the graph being traced: the same move of the same bytes again
+// An exchange already recorded in the graph being traced (traced_bytes.h), described by its
+// arguments (comm, transport, reduction, parts, shape): the same move of the same bytes again
 // takes its result instead of a second exchange. A whole redistribute repeated by a derivative
-// is caught before it gets here (execute_redistribute, the same traced_bytes.h); this catches
-// the moves that are no redistribute: a halo or a mid-op reduction that a derivative repeats.
-struct RecordedExchange {
-  TracedBytes source;
-  c10::optional<TracedBytes> own;
-  std::vector<int64_t> arguments;  // comm, transport, reduction and parts
-  at::Tensor received;
-};
-
-thread_local std::vector<RecordedExchange> recorded;
-constexpr size_t kRecordedExchanges = 32;  // per thread: enough for the moves of one operator's backward
+// is caught before it gets here (execute_redistribute); this catches the moves that are no
+// redistribute: a halo or a mid-op reduction that a derivative repeats. Per thread, 32 of them:
+// enough for the moves of one operator's backward.
+thread_local RecordedMoves<std::vector<int64_t>> recorded_exchanges(32);
 
 // Records the exchange as a shardtensor::exchange_parts node, copies what it receives into the
 // exchange's destination (or reduction's out) and runs its local_work. Only while tracing.
@@ -177,18 +171,12 @@ bool TracedExchangeTransport::move(Comm& comm, const PartExchange& exchange, con
   const auto shape = exchange.destination.sizes();
   arguments.insert(arguments.end(), shape.begin(), shape.end());
   const bool reusable = is_traced_piece(exchange.source) && (!own || is_traced_piece(*own));
-  at::Tensor received;
-  c10::optional<RecordedExchange> record;
+  std::vector<TracedBytes> read;
   if (reusable) {
-    record = RecordedExchange{TracedBytes(exchange.source), own ? c10::optional<TracedBytes>(TracedBytes(*own)) : c10::nullopt,
-                              std::move(arguments), at::Tensor()};
-    for (const RecordedExchange& r : recorded)
-      if (r.arguments == record->arguments && r.source.same_as(record->source) && r.own.has_value() == record->own.has_value() &&
-          (!r.own || r.own->same_as(*record->own))) {
-        received = r.received;
-        break;
-      }
+    read.emplace_back(exchange.source);
+    if (own) read.emplace_back(*own);
   }
+  at::Tensor received = reusable ? recorded_exchanges.find(arguments, read) : at::Tensor();
   if (!received.defined()) {
     torch::jit::Stack stack{exchange.source,
                             own,
@@ -203,11 +191,7 @@ bool TracedExchangeTransport::move(Comm& comm, const PartExchange& exchange, con
                             how.message_bytes};
     op.callBoxed(stack);
     received = stack.at(0).toTensor();
-    if (record) {
-      if (recorded.size() == kRecordedExchanges) recorded.erase(recorded.begin());
-      record->received = received;
-      recorded.push_back(std::move(*record));
-    }
+    if (reusable) recorded_exchanges.add(std::move(arguments), std::move(read), received);
   }
   if (exchange.reduction) {
     exchange.reduction->out.copy_(received);

@@ -21,13 +21,6 @@ namespace shardtensor {
 class Comm;
 class PeerMemory;
 
-// A part that moves from group member `holder` to group member `receiver`. The boxes share one
-// coordinate system: the holder's source tensor (contiguous) covers `holder_holds`, the
-// receiver's destination tensor (contiguous) covers `receiver_holds`.
-struct PeerPart {
-  int64_t holder, receiver;
-  Box part, holder_holds, receiver_holds;
-};
 
 // The size per rank from which a transfer goes through peer memory (transport.h:
 // uses_peer_memory): 0 by default, since the mailbox handshake (two polled rounds, no socket) beats
