@@ -5,7 +5,8 @@
 // split keys gathers its per-row statistics. The plan declares each of those all-reduces and
 // gathers (rules/kernel_plan.h: AllReduceStep and StatisticsGatherStep, in the vocabulary of
 // redistribute plans), and explain prints them; the kernel runs exactly those, through this,
-// lowered with the plan: it cannot reduce or gather over a group its plan did not declare, and what it runs is what explain printed
+// lowered with the plan: it cannot reduce or gather over a group its plan did not declare, and
+// what it runs is what explain printed
 // (tests/dist/explained_moves_test.cpp counts both). Kernels reach the executor through nothing
 // else (tests/unit/include_graph_test.cpp).
 #pragma once

@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace shardtensor {
@@ -37,20 +38,18 @@ LoweredStep::LoweredStep(MoveStep step, const ShardTensorSpec& from, const Shard
   if (std::holds_alternative<AllReduceStep>(step_) || std::holds_alternative<ReduceScatterStep>(step_))
     norm_ = pending_norm(from, mesh_dim);
   if (std::holds_alternative<ReduceScatterStep>(step_)) {
-    self_ = me[mesh_dim];
     for (const std::vector<int64_t>& member : members_along(mesh, mesh_dim)) targets_.push_back(box_of(to, member));
   } else if (std::holds_alternative<AllGatherStep>(step_) || std::holds_alternative<AllToAllStep>(step_) ||
              std::holds_alternative<ExchangeStep>(step_)) {
     const std::vector<std::vector<int64_t>> members = members_along(mesh, mesh_dim);  // -1: the whole mesh
     own_ = part_for(from, to, me, me);
-    for (size_t p = 0; p < members.size(); ++p)
-      if (members[p] == me) self_ = static_cast<int64_t>(p);
+    const int64_t self = std::find(members.begin(), members.end(), me) - members.begin();  // in group ranks
     for (size_t p = 0; p < members.size(); ++p) {
       const std::vector<int64_t>& peer = members[p];
       if (peer == me) continue;
       const int64_t other = static_cast<int64_t>(p);
-      parts_.push_back({other, self_, part_for(from, to, peer, me), box_of(from, peer), wanted_});
-      parts_.push_back({self_, other, part_for(from, to, me, peer), held_, box_of(to, peer)});
+      parts_.push_back({other, self, part_for(from, to, peer, me), box_of(from, peer), wanted_});
+      parts_.push_back({self, other, part_for(from, to, me, peer), held_, box_of(to, peer)});
     }
   }
 }

@@ -46,7 +46,6 @@ class LoweredStep {
   at::Tensor local_slice(const at::Tensor& piece) const;
 
   MoveStep step_;
-  int64_t self_ = 0;              // this rank's position in the step's group
   Box held_, wanted_;             // this rank's box before and after the step
   Box own_;                       // exchanges: the part of held_ this rank keeps (copied, never sent)
   std::vector<PeerPart> parts_;   // exchanges: every part this rank sends or receives, in group ranks
