@@ -109,7 +109,12 @@ class DeviceMesh {
   // same group as comm(0). Redistribution exchanges arbitrary boxes through it.
   Comm& mesh_comm() const;
 
+  // Equal: the same shape, ranks, names and device type, whatever groups each runs on.
   bool operator==(const DeviceMesh& other) const;
+  // Equal, and over the same communicators (a submesh shares its parent's). What was lowered
+  // for one mesh (a kernel's halo, its mid-op reductions) may run on the other only then: a
+  // mesh built again over new groups, after a failure left the old ones unusable, must not.
+  bool same_groups(const DeviceMesh& other) const;
   bool operator!=(const DeviceMesh& other) const { return !(*this == other); }
   size_t hash() const;
   std::string to_string() const;  // "mesh(2x2)" or "mesh(dp=2 x tp=2)"

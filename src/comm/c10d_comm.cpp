@@ -56,12 +56,46 @@ at::Tensor reducible(const at::Tensor& t, ReduceOp op) {
   return movable(t);
 }
 
+// Why a process group is unusable, kept with the group rather than with one Comm over it. A
+// mesh made after a failure may wrap the same torch group (Python's 1-d init_device_mesh is
+// built over the world group each time); its new Comm must raise at once, not wait out the
+// timeout on messages the failed collective left queued.
+class GroupHealth {
+ public:
+  void mark_broken(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (why_.empty()) why_ = why;  // the first failure is the cause; later ones follow from it
+  }
+  std::string why_broken() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return why_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::string why_;
+};
+
+// The health of `group`, shared by every Comm over it while the group lives.
+std::shared_ptr<GroupHealth> health_of(const c10::intrusive_ptr<C10dBackend>& group) {
+  using Entry = std::pair<c10::weak_intrusive_ptr<C10dBackend>, std::shared_ptr<GroupHealth>>;
+  static std::mutex* mutex = new std::mutex();              // leaked, as the registry below:
+  static std::vector<Entry>* known = new std::vector<Entry>();  // comms outlive static destruction
+  std::lock_guard<std::mutex> lock(*mutex);
+  known->erase(std::remove_if(known->begin(), known->end(), [](const Entry& e) { return e.first.expired(); }), known->end());
+  for (const Entry& e : *known)
+    if (e.first.lock().get() == group.get()) return e.second;
+  known->emplace_back(c10::weak_intrusive_ptr<C10dBackend>(group), std::make_shared<GroupHealth>());
+  return known->back().second;
+}
+
 class C10dComm final : public Comm {
  public:
   using Group = C10dBackend;
   C10dComm(c10::intrusive_ptr<Group> group, std::vector<int64_t> global_ranks, int64_t my_group_rank,
            std::chrono::milliseconds timeout, std::string registered_name)
       : group_(std::move(group)),
+        health_(health_of(group_)),
         gloo_(group_->getBackendName() == "gloo"),
         nccl_(group_->getBackendName() == "nccl"),
         ranks_(std::move(global_ranks)),
@@ -279,7 +313,7 @@ class C10dComm final : public Comm {
         for (auto& work : record_sends_) work->wait(comm_.timeout_);
         for (auto& work : works_) work->wait(comm_.timeout_);
       } catch (const std::exception& e) {
-        comm_.broken_ = e.what();
+        comm_.health_->mark_broken(e.what());
         TORCH_CHECK(false, "shardtensor: all_to_all (point-to-point) on ", comm_.group_name(), " failed or timed out (timeout ",
                     comm_.timeout_.count() / 1000.0, " s; another rank may have stopped before this collective): ", e.what());
       }
@@ -304,7 +338,7 @@ class C10dComm final : public Comm {
       try {
         record_works_[peer]->wait(comm_.timeout_);
       } catch (const std::exception& e) {
-        comm_.broken_ = e.what();
+        comm_.health_->mark_broken(e.what());
         TORCH_CHECK(false, "shardtensor: \"", mine_.description, "\" on ", comm_.group_name(),
                     " failed or timed out while the ranks checked that they all run it (timeout ", comm_.timeout_.count() / 1000.0,
                     " s; another rank may have stopped before this collective): ", e.what());
@@ -312,7 +346,7 @@ class C10dComm final : public Comm {
       try {
         check_record(theirs_[peer], mine_, sequence_, announced_->second[peer], comm_.group_name(), comm_.rank(), peer);
       } catch (const std::exception& e) {
-        comm_.broken_ = e.what();
+        comm_.health_->mark_broken(e.what());
         deliver_own_records();
         throw;
       }
@@ -346,7 +380,7 @@ class C10dComm final : public Comm {
         else
           record_sends_.push_back(std::move(work));
       } catch (const std::exception& e) {
-        comm_.broken_ = e.what();
+        comm_.health_->mark_broken(e.what());
         TORCH_CHECK(false, "shardtensor: \"", mine_.description, "\" on ", comm_.group_name(), " failed: the record for group rank ", peer,
                     " could not be posted (another rank may have exited or given up): ", e.what());
       }
@@ -359,7 +393,7 @@ class C10dComm final : public Comm {
       try {
         works_.push_back(launch(one));
       } catch (const std::exception& e) {  // Gloo refuses to post to a peer whose connection closed
-        comm_.broken_ = e.what();
+        comm_.health_->mark_broken(e.what());
         TORCH_CHECK(false, "shardtensor: all_to_all (point-to-point) on ", comm_.group_name(),
                     " failed: a message could not be posted (another rank may have exited or given up): ", e.what());
       }
@@ -392,7 +426,7 @@ class C10dComm final : public Comm {
       auto work = launch();
       work->wait(timeout_);
     } catch (const std::exception& e) {
-      broken_ = e.what();
+      health_->mark_broken(e.what());
       TORCH_CHECK(false, "shardtensor: ", what, " on ", group_name(), " failed or timed out (timeout ", timeout_.count() / 1000.0,
                   " s; another rank may have stopped before this collective): ", e.what());
     }
@@ -404,10 +438,14 @@ class C10dComm final : public Comm {
   }
 
   // After a failed or timed-out transfer the group's state is unknown (messages of it may still
-  // be queued, peers may be gone): every later collective on it raises at once.
+  // be queued, peers may be gone): every later collective on it raises at once, through any
+  // mesh over it.
   void check_usable() const {
-    TORCH_CHECK(broken_.empty(), "shardtensor: ", group_name(), " is unusable since an earlier collective on it failed (", broken_,
-                "); create a new mesh to go on.");
+    const std::string why = health_->why_broken();
+    TORCH_CHECK(why.empty(), "shardtensor: ", group_name(), " is unusable since an earlier collective on it failed (", why,
+                "), and so is every mesh over its process group. To go on, build a mesh over new groups: "
+                "torch.distributed.new_group, then torch's DeviceMesh.from_group, which shardtensor takes "
+                "(a 1-d init_device_mesh uses the world group again).");
   }
 
   static std::string sized(const at::Tensor& t) { return std::to_string(t.numel()) + " " + c10::toString(t.scalar_type()); }
@@ -439,7 +477,7 @@ class C10dComm final : public Comm {
       }
       for (auto& work : works) work->wait(timeout_);
     } catch (const std::exception& e) {
-      broken_ = e.what();
+      health_->mark_broken(e.what());
       abort_all(works);
       TORCH_CHECK(false, "shardtensor: \"", mine.description, "\" on ", group_name(),
                   " failed or timed out while the ranks checked that they all run it (timeout ", timeout_.count() / 1000.0,
@@ -450,16 +488,16 @@ class C10dComm final : public Comm {
       for (int64_t p = 0; p < size(); ++p)
         if (p != rank_) check_record(theirs[p], mine, sequence, bytes_from ? (*bytes_from)[p] : -1, group_name(), rank_, p);
     } catch (const std::exception& e) {
-      if (bytes_to) broken_ = e.what();  // a batch's sends are posted already and stay queued on the pairs
+      if (bytes_to) health_->mark_broken(e.what());  // a batch's sends are posted already and stay queued on the pairs
       throw;
     }
   }
 
   c10::intrusive_ptr<Group> group_;
+  std::shared_ptr<GroupHealth> health_;  // whether the group is still usable, shared by its comms
   bool gloo_;                 // the backend is Gloo (fingerprints, posted messages)
   bool nccl_;                 // the backend is NCCL (collectives into flat buffers)
   int64_t fingerprints_ = 0;  // collectives and message batches checked on this group
-  std::string broken_;        // why this group is unusable (empty while it is not)
   std::vector<int64_t> ranks_;
   int64_t rank_;
   std::chrono::milliseconds timeout_;

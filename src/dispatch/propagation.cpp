@@ -81,7 +81,9 @@ bool same_argument(const c10::IValue& a, const c10::IValue& b) {
 }
 
 bool same_input_spec(const at::Tensor& t, const ShardTensorSpec& built_for) {
-  if (ShardTensorImpl* impl = shard_tensor_impl(t)) return impl->spec() == built_for;
+  // The same groups too: the kernel lowered for built_for keeps its mesh and runs its moves there.
+  if (ShardTensorImpl* impl = shard_tensor_impl(t))
+    return impl->spec() == built_for && impl->spec().mesh().same_groups(built_for.mesh());
   return t.sizes().equals(built_for.shape()) && t.scalar_type() == built_for.dtype();
 }
 

@@ -217,6 +217,11 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
          impl_->ranks == other.impl_->ranks && impl_->device_type == other.impl_->device_type;
 }
 
+bool DeviceMesh::same_groups(const DeviceMesh& other) const {
+  if (impl_ == other.impl_) return true;
+  return *this == other && impl_->comms == other.impl_->comms && impl_->mesh_comm == other.impl_->mesh_comm;
+}
+
 std::string DeviceMesh::to_string() const {
   std::ostringstream os;
   os << "mesh(";
