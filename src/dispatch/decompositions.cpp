@@ -83,7 +83,7 @@ class PeriodicHaloPad : public torch::autograd::Function<PeriodicHaloPad> {
     const PeriodicPad plan = periodic_pad(in, pad);
     at::Tensor local = shard_tensor_impl(self)->local();
     // A decomposition, not a cached kernel: its halo is lowered per call.
-    local = gather_windows(LoweredHalo(HaloPlan{in.mesh(), plan.axes}), local, 0.0);
+    local = gather_windows(LoweredHalo(HaloPlan{in.mesh(), plan.axes}), local);
     ctx->saved_data["pad"] = pad;
     ctx->saved_data["spec"] = c10::IValue::make_capsule(c10::make_intrusive<SpecHolder>(in));
     return make_shard_tensor(local.contiguous(), plan.out);

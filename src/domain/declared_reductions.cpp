@@ -2,9 +2,7 @@
 #include "domain/declared_reductions.h"
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 
-#include "comm/comm.h"
 #include "redistribute/executor.h"
 
 namespace shardtensor {
@@ -22,18 +20,14 @@ DeclaredGather::DeclaredGather(DeviceMesh mesh, const std::vector<MoveStep>& dec
   for (const MoveStep& move : declared) {
     const auto* gather = std::get_if<StatisticsGatherStep>(&move);
     if (!gather) continue;
-    TORCH_INTERNAL_ASSERT(!mesh_dim_, "a plan declared two gathers; DeclaredGather runs one");
-    mesh_dim_ = gather->mesh_dim;
+    TORCH_INTERNAL_ASSERT(!step_, "a plan declared two gathers; DeclaredGather runs one");
+    step_.emplace(*gather);
   }
 }
 
 at::Tensor DeclaredGather::run(const at::Tensor& mine) const {
-  if (!mesh_dim_) return mine.unsqueeze(0);
-  std::vector<int64_t> shape = mine.sizes().vec();
-  shape.insert(shape.begin(), mesh_.size(*mesh_dim_));
-  const at::Tensor all = at::empty(shape, mine.options());
-  mesh_.comm(*mesh_dim_).all_gather(mine.contiguous(), all);
-  return all;
+  if (!step_) return mine.unsqueeze(0);
+  return run_kernel_step(*step_, mesh_, mine);
 }
 
 }  // namespace shardtensor

@@ -55,7 +55,7 @@ class DeclaredGather {
 
  private:
   DeviceMesh mesh_;
-  std::optional<int64_t> mesh_dim_;
+  std::optional<LoweredStep> step_;  // the StatisticsGatherStep, if the plan declared one
 };
 
 }  // namespace shardtensor

@@ -18,46 +18,51 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "redistribute/lowered_step.h"
 #include "spec/halo_geometry.h"
 
 namespace shardtensor {
 
-// A halo axis lowered for this rank: both of its exchanges (spec/halo_geometry.h), computed
-// once, when the kernel that uses it is lowered (its propagation cached), so that a call only
-// chooses the transport (under the options then in force) and moves bytes.
-struct LoweredHaloAxis {
-  LoweredHaloAxis(HaloAxis axis, const DeviceMesh& mesh);
+// One halo axis lowered for this rank: its gather and its adjoint scatter-add, the two steps a
+// kernel runs along it (redistribute/lowered_step.h), sharing the axis's lowering (which
+// stretches move between which ranks), made once, when the kernel is lowered (its propagation
+// cached). A call only chooses the transport, under the options then in force, and moves bytes.
+struct HaloAxisSteps {
+  // Window positions outside the field hold `fill` (or wrap around, on a periodic axis).
+  HaloAxisSteps(const HaloAxis& axis, const DeviceMesh& mesh, double fill = 0.0);
 
-  HaloAxis axis;
-  int64_t me;                        // this rank's index in axis.owned and axis.window (-1 outside the mesh)
-  bool exchanges;                    // a window crosses shards on a split dim (else nothing moves)
-  int64_t widest_window;             // over all ranks: the same on every member (sizes the transport)
-  HaloExchange gather, scatter_add;  // as this rank runs them
+  const LoweredHaloAxis& lowered() const { return gather.halo(); }
+
+  LoweredStep gather, scatter_add;
+
+ private:
+  HaloAxisSteps(const std::shared_ptr<const LoweredHaloAxis>& lowered, double fill);
 };
 
-// Every axis of a HaloPlan, lowered, in the plan's order.
+// Every axis of a HaloPlan, lowered, in the plan's order; the steps that move bytes are
+// exactly those the plan declares (rules/kernel_plan.h: halo_gathers, halo_scatter_adds).
 struct LoweredHalo {
-  explicit LoweredHalo(const HaloPlan& plan);
+  explicit LoweredHalo(const HaloPlan& plan, double fill = 0.0);
 
   DeviceMesh mesh;
-  std::vector<LoweredHaloAxis> axes;
+  std::vector<HaloAxisSteps> axes;
 };
 
-// This rank's window of `owned_piece` along axis.tensor_dim: the neighbours' pieces arrive by
-// one exchange on the axis's mesh-dim group; positions outside [0, length) are `fill`, or,
-// on a periodic axis, the positions they wrap around to.
-at::Tensor gather_window(const at::Tensor& owned_piece, const LoweredHaloAxis& axis, const DeviceMesh& mesh, double fill);
+// This rank's window of `owned_piece` along the axis: the neighbours' pieces arrive by one
+// exchange on the axis's mesh-dim group.
+at::Tensor gather_window(const at::Tensor& owned_piece, const HaloAxisSteps& axis, const DeviceMesh& mesh);
 
 // The adjoint: `window_piece` covers this rank's window; every position is added to the rank
 // that owns it (positions outside [0, length) are dropped, or wrap around on a periodic axis).
 // Returns this rank's owned piece.
-at::Tensor scatter_add_window(const at::Tensor& window_piece, const LoweredHaloAxis& axis, const DeviceMesh& mesh);
+at::Tensor scatter_add_window(const at::Tensor& window_piece, const HaloAxisSteps& axis, const DeviceMesh& mesh);
 
 // Every axis in turn: the window of `owned` (gather_window per axis, in order), and its
 // adjoint (scatter_add_window per axis, in reverse).
-at::Tensor gather_windows(const LoweredHalo& halo, at::Tensor owned, double fill);
+at::Tensor gather_windows(const LoweredHalo& halo, at::Tensor owned);
 at::Tensor scatter_add_windows(const LoweredHalo& halo, at::Tensor window);
 
 }  // namespace shardtensor

@@ -43,7 +43,7 @@ LocalKernel regular_forward(const ConvolutionPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     OpArguments args(op, stack);
     const at::Tensor piece = args.tensor("input");
-    const at::Tensor window = gather_windows(halo, piece, 0.0);
+    const at::Tensor window = gather_windows(halo, piece);
     keep_received_rows(halo, piece, window);  // for convolution_backward
     const at::Tensor weight = args.tensor("weight");
     if (empty_here(plan, window)) {  // no outputs on this rank
@@ -65,7 +65,7 @@ LocalKernel regular_backward(const ConvolutionPlan& plan) {
     const at::Tensor grad = args.tensor("grad_output"), weight = args.tensor("weight");
     const at::Tensor piece = args.tensor("input");
     at::Tensor window = window_from_kept_rows(halo, piece);
-    if (!window.defined()) window = gather_windows(halo, piece, 0.0);
+    if (!window.defined()) window = gather_windows(halo, piece);
     const c10::List<bool> output_mask = args.bool_list("output_mask");
     const std::vector<bool> mask = {output_mask.get(0), output_mask.get(1), output_mask.get(2)};
     at::Tensor grad_window, grad_weight, grad_bias;
@@ -119,7 +119,7 @@ LocalKernel transposed_backward(const ConvolutionPlan& plan) {
     const at::Tensor grad = args.tensor("grad_output"), input = args.tensor("input"), weight = args.tensor("weight");
     const c10::List<bool> output_mask = args.bool_list("output_mask");
     const std::vector<bool> mask = {output_mask.get(0), output_mask.get(1), output_mask.get(2)};
-    const at::Tensor grad_window = gather_windows(halo, grad, 0.0);
+    const at::Tensor grad_window = gather_windows(halo, grad);
     at::Tensor grad_input, grad_weight;
     if (empty_here(plan, input) || grad_window.numel() == 0) {
       grad_input = at::zeros_like(input);

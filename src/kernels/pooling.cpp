@@ -65,14 +65,14 @@ at::Tensor global_to_window(const PoolPlan& plan, at::Tensor idx, const std::vec
   return local;
 }
 
-// Runs a pooling op on this rank's window: gathers it (filled with `fill` outside the field),
+// Runs a pooling op on this rank's window: gathers it (filled with the halo's fill outside the field),
 // lets `adjust` rewrite the arguments for it, runs the op and `finish`es its outputs. A rank
 // with nothing to pool returns zeros of its (empty) output shape, indices as long.
 template <typename Adjust, typename Finish>
 void forward_on_window(const PoolPlan& plan, const LoweredHalo& halo, const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                       double fill, Adjust adjust, Finish finish) {
+                       Adjust adjust, Finish finish) {
   OpArguments args(op, stack);
-  const at::Tensor window = gather_windows(halo, args.tensor("self"), fill);
+  const at::Tensor window = gather_windows(halo, args.tensor("self"));
   adjust(args, window);
   if (window.numel() == 0) {
     // Sliding pools have an axis per spatial dim; adaptive pooling only for the sharded ones,
@@ -113,9 +113,10 @@ void backward_on_window(const PoolPlan& plan, const LoweredHalo& halo, const c10
 
 // max_poolNd_with_indices(self, kernel, stride, padding, dilation, ceil_mode) -> (out, indices)
 LocalKernel max_pool_forward(const PoolPlan& plan) {
-  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [plan = plan, halo = LoweredHalo(plan.halo, -std::numeric_limits<double>::infinity())](const c10::OperatorHandle& op,
+                                                                                                torch::jit::Stack* stack) {
     forward_on_window(
-        plan, halo, op, stack, -std::numeric_limits<double>::infinity(),
+        plan, halo, op, stack,
         [&](OpArguments& args, const at::Tensor&) {
           args.set("padding", zero_list(plan.spatial));  // in the window already
           args.set("ceil_mode", false);                  // likewise
@@ -140,7 +141,7 @@ LocalKernel max_pool_backward(const PoolPlan& plan) {
 LocalKernel avg_pool_forward(const PoolPlan& plan, const at::Tensor& divisor) {
   return [plan = plan, halo = LoweredHalo(plan.halo), divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     forward_on_window(
-        plan, halo, op, stack, 0.0,
+        plan, halo, op, stack,
         [&](OpArguments& args, const at::Tensor&) {
           args.set("padding", zero_list(plan.spatial));
           args.set("ceil_mode", false);
@@ -169,7 +170,7 @@ LocalKernel avg_pool_backward(const PoolPlan& plan, const at::Tensor& divisor) {
 LocalKernel adaptive_forward(const PoolPlan& plan) {
   return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     forward_on_window(
-        plan, halo, op, stack, 0.0,
+        plan, halo, op, stack,
         [&](OpArguments& args, const at::Tensor& window) {
           std::vector<int64_t> out_size = args.int_list("output_size");
           for (size_t k = 0; k < plan.halo.axes.size(); ++k)

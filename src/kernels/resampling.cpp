@@ -17,7 +17,7 @@ namespace {
 // outputs and their weights (shaped to broadcast along the dim; none for one-tap maps). On the
 // mesh's device, where the pieces they index live.
 struct LocalMap {
-  LoweredHaloAxis halo;
+  HaloAxisSteps halo;
   std::vector<at::Tensor> sources, weights;
 };
 
@@ -28,7 +28,7 @@ at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t wi
 }
 
 LocalMap slice_for_this_rank(const MapAxis& a, const DeviceMesh& mesh, int64_t ndim) {
-  LocalMap local{LoweredHaloAxis(a.halo, mesh), {}, {}};
+  LocalMap local{HaloAxisSteps(a.halo, mesh), {}, {}};
   if (!mesh.includes_this_rank()) return local;  // it runs no kernel (dispatch/kernel.cpp)
   const int64_t me = a.halo.me(mesh);
   const Range mine = a.outputs[me];
@@ -45,8 +45,8 @@ LocalMap slice_for_this_rank(const MapAxis& a, const DeviceMesh& mesh, int64_t n
 
 at::Tensor apply_forward(const DeviceMesh& mesh, const std::vector<LocalMap>& maps, at::Tensor x) {
   for (const LocalMap& a : maps) {
-    const int64_t d = a.halo.axis.tensor_dim;
-    x = gather_window(x, a.halo, mesh, 0.0);
+    const int64_t d = a.halo.lowered().axis.tensor_dim;
+    x = gather_window(x, a.halo, mesh);
     if (a.weights.empty()) {
       x = x.index_select(d, as_operand(a.sources[0]).to(x.device()));
       continue;
@@ -64,9 +64,10 @@ at::Tensor apply_forward(const DeviceMesh& mesh, const std::vector<LocalMap>& ma
 at::Tensor apply_backward(const DeviceMesh& mesh, const std::vector<LocalMap>& maps, at::Tensor grad) {
   for (auto it = maps.rbegin(); it != maps.rend(); ++it) {
     const LocalMap& a = *it;
-    const int64_t d = a.halo.axis.tensor_dim;
+    const LoweredHaloAxis& axis = a.halo.lowered();
+    const int64_t d = axis.axis.tensor_dim;
     std::vector<int64_t> shape = grad.sizes().vec();
-    shape[d] = a.halo.axis.window[a.halo.me].size();
+    shape[d] = axis.axis.window[axis.me].size();
     at::Tensor g = at::zeros(shape, grad.options());
     for (size_t k = 0; k < a.sources.size(); ++k)
       g.index_add_(d, as_operand(a.sources[k]).to(grad.device()),
@@ -103,10 +104,9 @@ LocalKernel LocalInputSizePlan::lower() const {
 
 LocalKernel ConstantPadPlan::lower() const {
   const LocalKernel pad_locally = EmptySafePlan().lower();
-  return [halo = LoweredHalo(halo), local_pad = local_pad, pad_locally](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [halo = LoweredHalo(halo, value), local_pad = local_pad, pad_locally](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     OpArguments args(op, stack);
-    const at::Scalar value = args.scalar("value");
-    args.set("self", gather_windows(halo, args.tensor("self"), value.toDouble()));
+    args.set("self", gather_windows(halo, args.tensor("self")));
     args.set("pad", local_pad);
     std::move(args).push(stack);
     pad_locally(op, stack);

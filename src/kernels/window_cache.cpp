@@ -17,8 +17,8 @@ constexpr size_t kCapacity = 512;
 
 // The one axis that exchanges, or nullptr when there is none or more than one.
 const LoweredHaloAxis* single_exchanging_axis(const LoweredHalo& halo) {
-  if (halo.axes.size() != 1 || !halo.axes[0].exchanges) return nullptr;
-  return &halo.axes[0];
+  if (halo.axes.size() != 1 || !halo.axes[0].lowered().exchanges) return nullptr;
+  return &halo.axes[0].lowered();
 }
 
 bool same_geometry(const HaloAxis& a, const HaloAxis& b) {

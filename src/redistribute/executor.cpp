@@ -187,6 +187,15 @@ void reduce_in_place(const LoweredStep& reduction, const DeviceMesh& mesh, const
     tensor.copy_(reduction.apply(tensor, mesh, how));
 }
 
+at::Tensor run_kernel_step(const LoweredStep& step, const DeviceMesh& mesh, const at::Tensor& piece) {
+  if (std::holds_alternative<StatisticsGatherStep>(step.step())) return step.apply(piece, mesh, StepTransport{});
+  TORCH_INTERNAL_ASSERT(is_halo_step(step.step()), to_string(step.step()), " is not a kernel's halo or gather step");
+  const StepTransport how = step.halo().exchanges
+                                ? exchange_transport(mesh, step.bytes_per_member(piece), piece.is_cpu(), "all_to_all")
+                                : StepTransport{};
+  return step.apply(piece, mesh, how);
+}
+
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op) {
   for (int64_t m : mesh_dims) reduce_in_place(LoweredStep(AllReduceStep{m, op}), mesh, tensor);
 }
@@ -257,9 +266,23 @@ at::Tensor LoweredStep::apply(const at::Tensor& piece, const DeviceMesh& mesh, c
     return exchange(piece, mesh, how);
   }
   if (std::holds_alternative<LocalChunkStep>(step_)) return local_slice(piece);
+  if (std::holds_alternative<HaloGatherStep>(step_)) return gather_window(piece, mesh, how);
+  if (std::holds_alternative<HaloScatterAddStep>(step_)) return scatter_add_window(piece, mesh, how);
+  if (std::holds_alternative<StatisticsGatherStep>(step_)) return gather_statistics(piece, mesh);
   TORCH_INTERNAL_ASSERT(std::holds_alternative<AllToAllStep>(step_) || std::holds_alternative<ExchangeStep>(step_), to_string(step_),
-                        " is not a redistribute step");
+                        " is not a step that apply() runs (a ring's passes run with its compute)");
   return exchange(piece, mesh, how);
+}
+
+// Every member's `mine` (one shape on all of them), stacked along a new dim 0 in group rank
+// order, by c10d's all_gather (per-row statistics are small; the merge needs all of them at once).
+at::Tensor LoweredStep::gather_statistics(const at::Tensor& mine, const DeviceMesh& mesh) const {
+  const int64_t mesh_dim = std::get<StatisticsGatherStep>(step_).mesh_dim;
+  std::vector<int64_t> shape = mine.sizes().vec();
+  shape.insert(shape.begin(), mesh.size(mesh_dim));
+  const at::Tensor all = at::empty(shape, mine.options());
+  mesh.comm(mesh_dim).all_gather(mine.contiguous(), all);
+  return all;
 }
 
 at::Tensor LoweredStep::reduce_scatter(const at::Tensor& piece, const DeviceMesh& mesh, ReduceOp op, const StepTransport& how) const {

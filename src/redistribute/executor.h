@@ -29,6 +29,12 @@ at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& 
 // the group hold the same shape, so an empty tensor is empty across its group and is skipped
 // there without communicating.
 void reduce_in_place(const LoweredStep& reduction, const DeviceMesh& mesh, const at::Tensor& tensor);
+// A kernel's halo gather or scatter-add, or its statistics gather (the attention merge's),
+// lowered: this rank's result for its `piece`, through the same LoweredStep::apply, by the
+// transport the options in force choose for the step's bytes (transport.h:
+// exchange_transport; the statistics go by c10d's all_gather). Every member of the step's
+// group calls it with the same step.
+at::Tensor run_kernel_step(const LoweredStep& step, const DeviceMesh& mesh, const at::Tensor& piece);
 // The same over the groups of `mesh_dims` of `mesh`, one reduction per mesh dim, lowered per call.
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op);
 

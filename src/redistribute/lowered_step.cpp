@@ -24,6 +24,11 @@ std::optional<double> pending_norm(const ShardTensorSpec& spec, int64_t mesh_dim
   return p.norm_order;
 }
 
+int64_t halo_tensor_dim(const MoveStep& step) {
+  if (const auto* gather = std::get_if<HaloGatherStep>(&step)) return gather->tensor_dim;
+  return std::get<HaloScatterAddStep>(step).tensor_dim;
+}
+
 }  // namespace
 
 LoweredStep::LoweredStep(MoveStep step, const ShardTensorSpec& from, const ShardTensorSpec& to)
@@ -55,5 +60,20 @@ LoweredStep::LoweredStep(MoveStep step, const ShardTensorSpec& from, const Shard
 }
 
 LoweredStep::LoweredStep(AllReduceStep step) : step_(step) {}
+
+LoweredStep::LoweredStep(MoveStep step, std::shared_ptr<const LoweredHaloAxis> axis, double fill)
+    : step_(std::move(step)), halo_(std::move(axis)), fill_(fill) {
+  TORCH_INTERNAL_ASSERT(is_halo_step(step_) && halo_, to_string(step_), " is not a halo step with its axis");
+  TORCH_INTERNAL_ASSERT(halo_tensor_dim(step_) == halo_->axis.tensor_dim && mesh_dim_of(step_) == halo_->axis.mesh_dim,
+                        to_string(step_), " is not a step along the halo axis of tensor dim ", halo_->axis.tensor_dim,
+                        " over mesh dim ", halo_->axis.mesh_dim);
+}
+
+LoweredStep::LoweredStep(StatisticsGatherStep step) : step_(step) {}
+
+const LoweredHaloAxis& LoweredStep::halo() const {
+  TORCH_INTERNAL_ASSERT(halo_, to_string(step_), " is not a halo step");
+  return *halo_;
+}
 
 }  // namespace shardtensor

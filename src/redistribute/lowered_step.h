@@ -1,20 +1,26 @@
-// A redistribute step lowered for this rank, in heFFTe's manner: who sends which part to whom
-// is computed once, when the plan is made and cached (planner.cpp), from the two layouts
-// around the step; each call only moves bytes, through one apply().
+// A step lowered for this rank, in heFFTe's manner: who sends which part to whom is computed
+// once, when the plan is made and cached (planner.cpp) or the kernel that declared the step is
+// lowered (its propagation cached); each call only moves bytes, through one apply().
 //
-// Lowering is pure (boxes only, no communicator), so the planner does it, and a plan made on a
-// mesh without communicators (the unit tests') is lowered too. apply() is the executor's
-// (executor.cpp): every step of every plan runs through it, and so does a kernel's mid-op
-// AllReduceStep (executor.h: reduce_in_place), lowered the same way.
+// Lowering is pure (boxes and ranges, no communicator), so the planner does it, and a plan made
+// on a mesh without communicators (the unit tests') is lowered too. apply() is the executor's
+// (executor.cpp; the halo steps' part of it is executor_halo.cpp): every step of every
+// redistribute plan runs through it, and so does every move a kernel declares but the
+// attention ring's, whose passes interleave with its compute (kernels/attention_blocks.h):
+// mid-op all-reduces (executor.h: reduce_in_place), halo gathers and their adjoint
+// scatter-adds (domain/halo.h), and the attention merge's statistics gather
+// (executor.h: run_kernel_step).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "redistribute/boxes.h"
 #include "redistribute/steps.h"
 #include "shardtensor/spec.h"
+#include "spec/halo_geometry.h"
 
 namespace at {
 class Tensor;
@@ -31,8 +37,21 @@ class LoweredStep {
   LoweredStep(MoveStep step, const ShardTensorSpec& from, const ShardTensorSpec& to);
   // A kernel's mid-op reduction: of whatever tensor each call hands it.
   explicit LoweredStep(AllReduceStep step);
+  // A kernel's halo step (a HaloGatherStep or HaloScatterAddStep of `axis`): the stretches
+  // this rank sends each peer and receives from each, lowered once for the axis's two steps.
+  // A gather fills its window's positions outside the field with `fill` (on a periodic axis,
+  // they wrap around instead). Where no window crosses shards the step moves nothing and only
+  // assembles (or folds back) the window locally.
+  LoweredStep(MoveStep step, std::shared_ptr<const LoweredHaloAxis> axis, double fill = 0.0);
+  // The attention merge's gather of per-row statistics: every member's tensor, stacked.
+  explicit LoweredStep(StatisticsGatherStep step);
 
   const MoveStep& step() const { return step_; }
+  // A halo step's axis, as this rank runs it.
+  const LoweredHaloAxis& halo() const;
+  // The bytes each member of the step's group moves for a piece like `piece`, the same on every
+  // member (a halo step: its widest window's): what sizes a kernel step's transport.
+  int64_t bytes_per_member(const at::Tensor& piece) const;
 
   // This rank's piece after the step, from its piece before (`piece`), moved by `how` over the
   // groups of `mesh`; always a fresh tensor. Every member of the step's group calls it with the
@@ -44,6 +63,12 @@ class LoweredStep {
   at::Tensor reduce_scatter(const at::Tensor& piece, const DeviceMesh& mesh, ReduceOp op, const StepTransport& how) const;
   at::Tensor exchange(const at::Tensor& piece, const DeviceMesh& mesh, const StepTransport& how) const;
   at::Tensor local_slice(const at::Tensor& piece) const;
+  // executor_halo.cpp
+  at::Tensor gather_window(const at::Tensor& owned_piece, const DeviceMesh& mesh, const StepTransport& how) const;
+  at::Tensor scatter_add_window(const at::Tensor& window_piece, const DeviceMesh& mesh, const StepTransport& how) const;
+  std::vector<std::vector<at::Tensor>> exchange_stretches(const at::Tensor& source, const HaloExchange& x, const DeviceMesh& mesh,
+                                                          const StepTransport& how) const;
+  at::Tensor gather_statistics(const at::Tensor& mine, const DeviceMesh& mesh) const;
 
   MoveStep step_;
   Box held_, wanted_;             // this rank's box before and after the step
@@ -51,6 +76,8 @@ class LoweredStep {
   std::vector<PeerPart> parts_;   // exchanges: every part this rank sends or receives, in group ranks
   std::vector<Box> targets_;      // reduce-scatters: every member's box after the step
   std::optional<double> norm_;    // a pending p-norm: reduced as a sum of p-th powers, rooted after
+  std::shared_ptr<const LoweredHaloAxis> halo_;  // halo steps: the axis (shared by its gather and scatter-add)
+  double fill_ = 0.0;                            // halo gathers: the value outside the field
 };
 
 }  // namespace shardtensor

@@ -357,7 +357,7 @@ RuleResult constant_pad_rule(const OpMeta& op) {
                            ((p.reduce_op == ReduceOp::Sum || p.reduce_op == ReduceOp::Norm) && !pads_zero)))
       p = Replicate();
   const ShardTensorSpec in = keep_shared_partials(replicate_tensor_dims(without_partial(self), nested), {with_placements(self, keep)});
-  ConstantPadPlan plan(in.mesh());
+  ConstantPadPlan plan(in.mesh(), op.arg("value").toScalar().toDouble());
   OutputLayout out = layout_of(in);
   std::vector<int64_t> local_pad = pad;
   for (const DimSharding& s : in.shardings()) {

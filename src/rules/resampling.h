@@ -47,9 +47,10 @@ struct LocalInputSizePlan : KernelPlan {
 // constant_pad_nd along sharded dims: this rank's window gathered with the pad value as fill,
 // then padded locally by `local_pad` (zero on the sharded dims).
 struct ConstantPadPlan : KernelPlan {
-  explicit ConstantPadPlan(DeviceMesh mesh) : halo{std::move(mesh), {}} {}
+  ConstantPadPlan(DeviceMesh mesh, double value) : halo{std::move(mesh), {}}, value(value) {}
 
   HaloPlan halo;
+  double value;  // the pad value (part of the propagation's key, as every argument)
   std::vector<int64_t> local_pad;
 
   LocalKernel lower() const override;

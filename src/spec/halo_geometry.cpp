@@ -1,6 +1,7 @@
 #include "spec/halo_geometry.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace shardtensor {
 
@@ -112,6 +113,19 @@ HaloExchange scatter_add_exchange(const HaloAxis& axis, int64_t me) { return win
 std::vector<int64_t> HaloPlan::window_shape(std::vector<int64_t> shape) const {
   for (const HaloAxis& axis : axes) shape[axis.tensor_dim] = axis.window[axis.me(mesh)].size();
   return shape;
+}
+
+// Every rank lowers the kernels of the ops it runs, a rank outside the mesh too (which then
+// runs none, dispatch/kernel.cpp): it has no place in the axis, and nothing to lower.
+LoweredHaloAxis::LoweredHaloAxis(HaloAxis halo_axis, const DeviceMesh& mesh)
+    : axis(std::move(halo_axis)),
+      me(mesh.includes_this_rank() ? axis.me(mesh) : -1),
+      exchanges(me >= 0 && axis.mesh_dim >= 0 && axis.crosses_shards()),
+      widest_window(0) {
+  for (const Range& w : axis.window) widest_window = std::max(widest_window, w.size());
+  if (!exchanges) return;
+  gather = gather_exchange(axis, me);
+  scatter_add = scatter_add_exchange(axis, me);
 }
 
 }  // namespace shardtensor

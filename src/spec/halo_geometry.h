@@ -78,6 +78,20 @@ HaloExchange gather_exchange(const HaloAxis& axis, int64_t me);
 // the owner, which adds it into its owned piece.
 HaloExchange scatter_add_exchange(const HaloAxis& axis, int64_t me);
 
+// A halo axis lowered for this rank: both of its exchanges, computed once, when the kernel that
+// uses it is lowered (its propagation cached), so that a call only chooses the transport and
+// moves bytes. The halo steps a kernel runs hold it (redistribute/lowered_step.h).
+struct LoweredHaloAxis {
+  // A rank outside the mesh has no place in the axis (me = -1) and exchanges nothing.
+  LoweredHaloAxis(HaloAxis axis, const DeviceMesh& mesh);
+
+  HaloAxis axis;
+  int64_t me;                        // this rank's index in axis.owned and axis.window (-1 outside the mesh)
+  bool exchanges;                    // a window crosses shards on a split dim (else nothing moves)
+  int64_t widest_window;             // over all ranks: the same on every member (sizes the transport)
+  HaloExchange gather, scatter_add;  // as this rank runs them
+};
+
 // The halo axes of one op, in exchange order (gathers run first to last, their adjoint
 // scatter-adds last to first), and the mesh they exchange on.
 struct HaloPlan {
