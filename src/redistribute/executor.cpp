@@ -237,7 +237,7 @@ at::Tensor execute_plan(const at::Tensor& local, const ShardTensorSpec& source, 
   at::Tensor current_local = local;
   const ShardTensorSpec* current = &source;
   for (const PlannedStep& planned : plan.steps) {
-    const MoveStep& step = planned.step;
+    const MoveStep& step = planned.step();
     // Names the step in the transports' fingerprints, so that ranks running different steps or
     // different redistributes get an error that names both.
     const Step named{*current, planned.after};

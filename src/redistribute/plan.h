@@ -68,15 +68,17 @@ struct ResolvedTransportOptions {
 ResolvedTransportOptions resolve(const TransportOptions& options = {});
 
 struct PlannedStep {
-  MoveStep step;  // one of the redistribute steps (steps.h)
+  // Who sends which part to whom on this rank, computed once when the plan is made; the
+  // executor runs the step through it (lowered_step.h).
+  LoweredStep lowered;
   ShardTensorSpec after;  // the layout once this step ran
   double cost;            // the cost model's estimate (see redistribute/moves.h)
   // This rank's transport for the step under the plan's `lowered_with`, chosen once when the
   // plan is made (see plan_redistribute).
   StepTransport transport{};
-  // Who sends which part to whom on this rank, computed once when the plan is made; the
-  // executor runs the step through it (lowered_step.h).
-  LoweredStep lowered;
+
+  // One of the redistribute steps (steps.h).
+  const MoveStep& step() const { return lowered.step(); }
 };
 
 struct RedistributePlan {

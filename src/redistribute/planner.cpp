@@ -88,12 +88,12 @@ RedistributePlan make_plan(const ShardTensorSpec& source, const ShardTensorSpec&
   planning::Codes codes = problem.source();
   for (const MoveStep& move : moves) {
     ShardTensorSpec next = std::holds_alternative<ExchangeStep>(move) ? target : after_move(current, move, target);
-    plan.steps.push_back({move, next, problem.cost(codes, move), {}, LoweredStep(move, current, next)});
+    plan.steps.push_back({LoweredStep(move, current, next), next, problem.cost(codes, move)});
     codes = problem.apply(codes, move);
     current = std::move(next);
   }
   if (!(current == target))
-    plan.steps.push_back({ExchangeStep{}, target, size_fix_cost(current, target), {}, LoweredStep(ExchangeStep{}, current, target)});
+    plan.steps.push_back({LoweredStep(ExchangeStep{}, current, target), target, size_fix_cost(current, target)});
   return plan;
 }
 
@@ -137,7 +137,7 @@ double RedistributePlan::cost() const {
 std::string RedistributePlan::to_string() const {
   if (steps.empty()) return "(no work)";
   std::string out;
-  for (size_t i = 0; i < steps.size(); ++i) out += (i ? " -> " : "") + shardtensor::to_string(steps[i].step);
+  for (size_t i = 0; i < steps.size(); ++i) out += (i ? " -> " : "") + shardtensor::to_string(steps[i].step());
   return out;
 }
 
@@ -192,7 +192,7 @@ RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const
   plan.lowered_with = options;
   const ShardTensorSpec* before = &source;
   for (PlannedStep& s : plan.steps) {
-    s.transport = transport_for(s.step, *before, s.after, options);
+    s.transport = transport_for(s.step(), *before, s.after, options);
     before = &s.after;
   }
   return plan;
@@ -203,7 +203,7 @@ std::string explain_redistribute(const ShardTensorSpec& source, const ShardTenso
   const RedistributePlan& plan = plan_redistribute(source, target, planner, options);
   std::string out = to_string(source.placements());
   for (const PlannedStep& s : plan.steps)
-    out += " -[" + to_string(s.step) + " by " + to_string(s.transport) + "]-> " + to_string(s.after.placements());
+    out += " -[" + to_string(s.step()) + " by " + to_string(s.transport) + "]-> " + to_string(s.after.placements());
   if (plan.empty()) return out + " (no work)";
   std::ostringstream cost;
   cost << " (" << to_string(planner) << ", modelled cost " << plan.cost() / 1e6 << " MB)";

@@ -125,11 +125,11 @@ std::string check_step(const ShardTensorSpec& before, const PlannedStep& planned
   const DeviceMesh& mesh = before.mesh();
   const auto coords = all_coordinates(mesh);
   int64_t moved_dim = -1;
-  if (auto* s = std::get_if<AllReduceStep>(&planned.step)) moved_dim = s->mesh_dim;
-  if (auto* s = std::get_if<ReduceScatterStep>(&planned.step)) moved_dim = s->mesh_dim;
-  if (auto* s = std::get_if<AllGatherStep>(&planned.step)) moved_dim = s->mesh_dim;
-  if (auto* s = std::get_if<AllToAllStep>(&planned.step)) moved_dim = s->mesh_dim;
-  if (auto* s = std::get_if<LocalChunkStep>(&planned.step)) moved_dim = s->mesh_dim;
+  if (auto* s = std::get_if<AllReduceStep>(&planned.step())) moved_dim = s->mesh_dim;
+  if (auto* s = std::get_if<ReduceScatterStep>(&planned.step())) moved_dim = s->mesh_dim;
+  if (auto* s = std::get_if<AllGatherStep>(&planned.step())) moved_dim = s->mesh_dim;
+  if (auto* s = std::get_if<AllToAllStep>(&planned.step())) moved_dim = s->mesh_dim;
+  if (auto* s = std::get_if<LocalChunkStep>(&planned.step())) moved_dim = s->mesh_dim;
   if (moved_dim >= 0) {
     for (int64_t m = 0; m < mesh.ndim(); ++m)
       if (m != moved_dim && !(before.placements()[m] == after.placements()[m])) return "changes another mesh dim";
@@ -143,11 +143,11 @@ std::string check_step(const ShardTensorSpec& before, const PlannedStep& planned
         group.back()[moved_dim] = i;
       }
     }
-    if (std::holds_alternative<AllReduceStep>(planned.step)) {
+    if (std::holds_alternative<AllReduceStep>(planned.step())) {
       if (held.offsets != wanted.offsets || held.shape != wanted.shape) return "all-reduce changes a box";
-    } else if (std::holds_alternative<LocalChunkStep>(planned.step)) {
+    } else if (std::holds_alternative<LocalChunkStep>(planned.step())) {
       if (intersect(held, wanted).numel() != wanted.numel()) return "local chunk outside the held box";
-    } else if (std::holds_alternative<ReduceScatterStep>(planned.step)) {
+    } else if (std::holds_alternative<ReduceScatterStep>(planned.step())) {
       int64_t covered = 0;
       for (const auto& p : group) {
         const Box piece = box_of(after, p);
@@ -155,7 +155,7 @@ std::string check_step(const ShardTensorSpec& before, const PlannedStep& planned
         covered += piece.numel();
       }
       if (covered != held.numel()) return "reduce-scatter pieces do not tile the held box";
-    } else if (received_from(before, after, j, std::holds_alternative<ExchangeStep>(planned.step) ? coords : group) != wanted.numel()) {
+    } else if (received_from(before, after, j, std::holds_alternative<ExchangeStep>(planned.step()) ? coords : group) != wanted.numel()) {
       return "a rank's new box is not held by the ranks it exchanges with";
     }
   }
@@ -200,7 +200,7 @@ TEST(RedistributePlanner, BothPlannersGiveValidPlansForEveryLayoutPairAndTheSear
           const RedistributePlan plan = plan_redistribute_uncached(source, target, planner);
           const ShardTensorSpec* before = &source;
           for (const PlannedStep& step : plan.steps) {
-            ASSERT_EQ(check_step(*before, step), "") << to_string(step.step) << " in " << plan.to_string() << " for " << pair
+            ASSERT_EQ(check_step(*before, step), "") << to_string(step.step()) << " in " << plan.to_string() << " for " << pair
                                                      << " (" << to_string(planner) << ")";
             before = &step.after;
           }
