@@ -6,11 +6,10 @@
 // only the bytes cannot move. While a TracingScope is open on the thread, every collective a
 // Comm over torch.distributed groups is asked for is recorded instead as torch's functional
 // collective of the same meaning (torch.ops._c10d_functional: all_reduce,
-// all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single with split sizes for uneven
-// parts and halos, broadcast), followed by its wait_tensor, so the compiled graph holds local
-// ATen ops and collectives that Inductor can schedule. Point-to-point messages give way to an
-// all_to_all while tracing (part_transport.h: available_on); peer-memory steps are recorded as
-// shardtensor's own operator instead (redistribute/transports/traced_exchange.cpp). Nothing here
+// all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, broadcast), followed by its wait_tensor, so the compiled graph holds local ATen ops and
+// collectives that Inductor can schedule. Exchanges of parts (halos, uneven steps, the ring's
+// batches, peer memory) are recorded as shardtensor's own ordered operator instead
+// (redistribute/transports/part_transport.h: move_parts, traced_exchange.cpp). Nothing here
 // runs outside tracing, and nothing is counted by shardtensor's CommDebugMode: a trace moves no
 // bytes, and a compiled graph's collectives run as torch's.
 #pragma once

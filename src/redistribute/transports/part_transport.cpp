@@ -16,12 +16,6 @@ at::Tensor view_of_part(const at::Tensor& t, const Box& holds, const Box& part) 
 
 StepTransport available_on(Comm& comm, StepTransport how) {
   const bool through_memory = how.kind == TransportKind::PeerMemory || how.kind == TransportKind::SharedArena;
-  // A graph holds torch's functional collectives (comm/traced_collectives.h), or, for the steps
-  // that go through peer memory, shardtensor::exchange_parts (traced_exchange.cpp).
-  if (tracing_collectives() && how.kind != TransportKind::None && !through_memory) {
-    how.kind = TransportKind::Collective;
-    return how;
-  }
   if (!through_memory) return how;
   const PeerMemory* memory = peer_memory_of(comm);
   if (!memory)
@@ -33,20 +27,31 @@ StepTransport available_on(Comm& comm, StepTransport how) {
 
 void move_parts(Comm& comm, const StepTransport& how, const PartExchange& exchange) {
   const StepTransport available = available_on(comm, how);
+  // A graph holds every exchange of parts as one shardtensor::exchange_parts call
+  // (traced_exchange.cpp), an ordered effect that moves the parts by this transport when the
+  // graph runs. Not as torch's all_to_all_single: what a rank sends differs between ranks, and a
+  // rank that sends nothing would hand it a fresh buffer that depends on no input, which
+  // AOTAutograd then puts in the forward graph on that rank alone (a backward exchange of the
+  // causal ring, say), and Inductor may reorder it; the ranks would run their collectives in
+  // different orders. Ordered effects keep every rank's exchanges in the traced order.
+  if (tracing_collectives() && available.kind != TransportKind::None) {
+    traced_exchange_transport().move(comm, exchange, available);
+    return;
+  }
   switch (available.kind) {
     case TransportKind::PeerMemory:
     case TransportKind::SharedArena:
-      if (tracing_collectives()) return static_cast<void>(traced_exchange_transport().move(comm, exchange, available));
       if (peer_memory_transport().move(comm, exchange, available)) return;
       break;  // the group has gone back to messages for good
     case TransportKind::Collective:
       all_to_all_transport().move(comm, exchange, how);
       return;
     case TransportKind::None:
-    case TransportKind::Messages:
       if (!tracing_collectives()) break;
-      all_to_all_transport().move(comm, exchange, how);  // a graph holds no messages
+      all_to_all_transport().move(comm, exchange, how);  // a one-member group: a graph holds no messages
       return;
+    case TransportKind::Messages:
+      break;
   }
   messages_transport().move(comm, exchange, how);
 }

@@ -76,8 +76,8 @@ class PartTransport {
 const PartTransport& messages_transport();
 const PartTransport& all_to_all_transport();
 const PartTransport& peer_memory_transport();
-// While torch.compile traces: a PeerMemory or SharedArena step as one shardtensor::exchange_parts
-// node of the graph, moved through peer memory when the graph runs (traced_exchange.cpp).
+// While torch.compile traces: an exchange as one shardtensor::exchange_parts node of the graph,
+// moved by its transport when the graph runs (traced_exchange.cpp).
 const PartTransport& traced_exchange_transport();
 
 // The transport a group can run `how` with now: a PeerMemory or SharedArena step becomes
@@ -88,7 +88,8 @@ StepTransport available_on(Comm& comm, StepTransport how);
 
 // Moves `exchange` by `how`'s transport (None, Collective and Messages: as messages or one
 // all_to_all; PeerMemory and SharedArena: through memory, or as messages where that turns out
-// unable).
+// unable). While tracing, records it as one shardtensor::exchange_parts call that does so when
+// the graph runs (traced_exchange.cpp).
 void move_parts(Comm& comm, const StepTransport& how, const PartExchange& exchange);
 
 // The part of `t`, which covers `holds`, that covers `part`, as a view; `t` may lack

@@ -1,19 +1,25 @@
-// Peer-memory exchanges in a torch.compile graph (part_transport.h: traced_exchange_transport):
-// the transport a traced exchange of parts runs with where its group's members share memory.
+// Exchanges of parts in a torch.compile graph (part_transport.h: traced_exchange_transport).
 //
 // While a TracingScope is open (comm/traced_collectives.h), a move has no bytes to move; it is
-// recorded as an operator of the graph. Where the step's transport is Collective or Messages the
-// record is torch's functional collectives, which Inductor knows. Where it is PeerMemory or
-// SharedArena (CPU ranks on one host: redistribute/transport.h), a Gloo collective in its place
-// measured 2-3x slower than the eager step it was traced from (bench/RESULTS.md, "torch.compile
-// against eager"), so the record is instead one call of the custom operator
+// recorded as an operator of the graph. The collectives of equal pieces are recorded as torch's
+// functional collectives, which Inductor knows. An exchange of parts is recorded as one call of
+// the custom operator
 //
 //     shardtensor::exchange_parts(source, own, comm, parts, destination_shape, reduction,
 //                                 transport, collective, counted_as, counts, message_bytes)
 //
-// whose CPU kernel rebuilds the PartExchange and moves it through the same transport as eager
-// mode (its agreement checks, timeouts and fallback to messages included) and whose Meta kernel
-// gives the result's shape to the tracer. The exchange's local_work runs in the graph after it.
+// for two reasons. Where its transport is PeerMemory or SharedArena (CPU ranks on one host:
+// redistribute/transport.h), a Gloo collective in its place measured 2-3x slower than the eager
+// step it was traced from (bench/RESULTS.md, "torch.compile against eager"). And what a rank
+// sends differs between ranks: as torch's all_to_all_single, a rank that sends nothing passes a
+// buffer that depends on no input, so AOTAutograd's partitioners placed that rank's backward
+// exchange in its forward graph (or recomputed it) on that rank alone, and the ranks ran their
+// collectives in different orders. The operator is an ordered effect (python/shardtensor/
+// _traceable.py), which keeps every rank's exchanges in the traced order and in their graph.
+//
+// Its kernel (CPU and CUDA alike) rebuilds the PartExchange and moves it through the same
+// transport as eager mode (its agreement checks, timeouts and fallback to messages included);
+// its Meta kernel gives the result's shape to the tracer. The exchange's local_work runs in the graph after it.
 //
 // The exchange travels through the graph as plain integers: each part as holder, receiver and its
 // three boxes; each box as (nothing, rank, offsets..., shape...).
@@ -100,7 +106,7 @@ at::Tensor exchange_parts_meta(const at::Tensor& source, const c10::optional<at:
 }
 
 // What the graph runs: the exchange rebuilt on this call's tensors and moved as eager mode moves it.
-at::Tensor exchange_parts_cpu(const at::Tensor& source, const c10::optional<at::Tensor>& own, int64_t comm_number,
+at::Tensor exchange_parts_on_device(const at::Tensor& source, const c10::optional<at::Tensor>& own, int64_t comm_number,
                               c10::IntArrayRef parts, c10::IntArrayRef destination_shape, c10::IntArrayRef reduction, int64_t transport,
                               c10::string_view collective, c10::string_view counted_as, bool counts, int64_t message_bytes) {
   std::shared_ptr<Comm> comm = c10d_comm_numbered(comm_number);
@@ -131,7 +137,8 @@ TORCH_LIBRARY_FRAGMENT(shardtensor, m) {
 #endif
 }
 
-TORCH_LIBRARY_IMPL(shardtensor, CPU, m) { m.impl("exchange_parts", TORCH_FN(exchange_parts_cpu)); }
+TORCH_LIBRARY_IMPL(shardtensor, CPU, m) { m.impl("exchange_parts", TORCH_FN(exchange_parts_on_device)); }
+TORCH_LIBRARY_IMPL(shardtensor, CUDA, m) { m.impl("exchange_parts", TORCH_FN(exchange_parts_on_device)); }
 TORCH_LIBRARY_IMPL(shardtensor, Meta, m) { m.impl("exchange_parts", TORCH_FN(exchange_parts_meta)); }
 
 // An exchange already recorded in the graph being traced (traced_bytes.h), described by its
