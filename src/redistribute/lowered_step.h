@@ -54,7 +54,8 @@ class LoweredStep {
   int64_t bytes_per_member(const at::Tensor& piece) const;
 
   // This rank's piece after the step, from its piece before (`piece`), moved by `how` over the
-  // groups of `mesh`; always a fresh tensor. Every member of the step's group calls it with the
+  // groups of `mesh`; a fresh tensor, but for a halo gather that neither receives nor fills
+  // (its window is a view of the piece then). Every member of the step's group calls it with the
   // same step. The mesh is the call's, never kept: a plan cached for one mesh serves every mesh
   // equal to it, each with its own communicators. Executor.cpp.
   at::Tensor apply(const at::Tensor& piece, const DeviceMesh& mesh, const StepTransport& how) const;
