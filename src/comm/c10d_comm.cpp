@@ -56,10 +56,12 @@ at::Tensor reducible(const at::Tensor& t, ReduceOp op) {
   return movable(t);
 }
 
-// Why a process group is unusable, kept with the group rather than with one Comm over it. A
+// Why a process group is unusable, shared by every live Comm over it rather than kept by one. A
 // mesh made after a failure may wrap the same torch group (Python's 1-d init_device_mesh is
 // built over the world group each time); its new Comm must raise at once, not wait out the
-// timeout on messages the failed collective left queued.
+// timeout on messages the failed collective left queued. (Shared through the live Comms, not a
+// table of groups: a weak reference to a ProcessGroupGloo keeps its destructor, which joins its
+// worker threads, from running.)
 class GroupHealth {
  public:
   void mark_broken(const std::string& why) {
@@ -76,26 +78,14 @@ class GroupHealth {
   std::string why_;
 };
 
-// The health of `group`, shared by every Comm over it while the group lives.
-std::shared_ptr<GroupHealth> health_of(const c10::intrusive_ptr<C10dBackend>& group) {
-  using Entry = std::pair<c10::weak_intrusive_ptr<C10dBackend>, std::shared_ptr<GroupHealth>>;
-  static std::mutex* mutex = new std::mutex();              // leaked, as the registry below:
-  static std::vector<Entry>* known = new std::vector<Entry>();  // comms outlive static destruction
-  std::lock_guard<std::mutex> lock(*mutex);
-  known->erase(std::remove_if(known->begin(), known->end(), [](const Entry& e) { return e.first.expired(); }), known->end());
-  for (const Entry& e : *known)
-    if (e.first.lock().get() == group.get()) return e.second;
-  known->emplace_back(c10::weak_intrusive_ptr<C10dBackend>(group), std::make_shared<GroupHealth>());
-  return known->back().second;
-}
-
 class C10dComm final : public Comm {
  public:
   using Group = C10dBackend;
+  // `health`: that of the live Comms over `group` (a fresh one where there are none).
   C10dComm(c10::intrusive_ptr<Group> group, std::vector<int64_t> global_ranks, int64_t my_group_rank,
-           std::chrono::milliseconds timeout, std::string registered_name)
+           std::chrono::milliseconds timeout, std::string registered_name, std::shared_ptr<GroupHealth> health)
       : group_(std::move(group)),
-        health_(health_of(group_)),
+        health_(std::move(health)),
         gloo_(group_->getBackendName() == "gloo"),
         nccl_(group_->getBackendName() == "nccl"),
         ranks_(std::move(global_ranks)),
@@ -112,6 +102,10 @@ class C10dComm final : public Comm {
   // Drops the backend (shutdown): the process group can then be destroyed by its owner.
   // Attachments first: the peer memory transport's waits for its peers to see its last exchange
   // (peer_memory.h), so that this process's exit cannot fail a slower peer.
+  // Whether this Comm runs over `group`, and how that group fares.
+  bool runs_over(const C10dBackend* group) const { return group_ && group_.get() == group; }
+  const std::shared_ptr<GroupHealth>& health() const { return health_; }
+
   void release() {
     drop_attachments();
     group_.reset();
@@ -535,10 +529,15 @@ std::shared_ptr<Comm> c10d_comm_numbered(int64_t number) {
 
 std::shared_ptr<Comm> make_c10d_comm(c10::intrusive_ptr<C10dBackend> group, std::vector<int64_t> global_ranks,
                                      int64_t my_group_rank, std::chrono::milliseconds timeout, std::string registered_name) {
-  auto comm = std::make_shared<C10dComm>(std::move(group), std::move(global_ranks), my_group_rank, timeout, std::move(registered_name));
   CommRegistry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.comms.erase(std::remove_if(r.comms.begin(), r.comms.end(), [](const auto& w) { return w.expired(); }), r.comms.end());
+  std::shared_ptr<GroupHealth> health;
+  for (const auto& weak : r.comms)
+    if (auto other = weak.lock(); other && other->runs_over(group.get())) health = other->health();
+  if (!health) health = std::make_shared<GroupHealth>();
+  auto comm = std::make_shared<C10dComm>(std::move(group), std::move(global_ranks), my_group_rank, timeout, std::move(registered_name),
+                                         std::move(health));
   r.comms.push_back(comm);
   return comm;
 }
