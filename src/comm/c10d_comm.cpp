@@ -99,13 +99,13 @@ class C10dComm final : public Comm {
   std::string backend_name() const override { return group()->getBackendName(); }
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
-  // Drops the backend (shutdown): the process group can then be destroyed by its owner.
-  // Attachments first: the peer memory transport's waits for its peers to see its last exchange
-  // (peer_memory.h), so that this process's exit cannot fail a slower peer.
   // Whether this Comm runs over `group`, and how that group fares.
   bool runs_over(const C10dBackend* group) const { return group_ && group_.get() == group; }
   const std::shared_ptr<GroupHealth>& health() const { return health_; }
 
+  // Drops the backend (shutdown): the process group can then be destroyed by its owner.
+  // Attachments first: the peer memory transport's waits for its peers to see its last exchange
+  // (peer_memory.h), so that this process's exit cannot fail a slower peer.
   void release() {
     drop_attachments();
     group_.reset();
