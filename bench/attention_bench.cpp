@@ -4,7 +4,7 @@
 // process. Also the peak memory each rank adds during a step (VmHWM after resetting it through
 // /proc/self/clear_refs), next to the gathered K/V it would hold otherwise, for the whole step
 // and for the forward alone without autograd (what the attention itself holds).
-// With --causal: is_causal, and the ring on zigzag chunks (load-balanced, ZigzagCausal) beside
+// With --causal: is_causal, and the ring on zigzag chunks (load-balanced, ZigzagShard) beside
 // the ring on contiguous shards, whose last rank computes 2n - 1 times the first's share.
 // Run: shardrun -n 4 build-torch2/bench/attention_bench [--causal] (and -n 2); results in
 // bench/RESULTS.md. Not causal: --seq 4096,16384 picks the sequence lengths, --steps N the timed
@@ -105,11 +105,7 @@ void causal_section(const DeviceMesh& mesh, int64_t b, int64_t h, int64_t d) {
     const at::Tensor zq = zigzag_shard(split(q), 0, 2).requires_grad_(), zk = zigzag_shard(split(k), 0, 2).requires_grad_(),
                      zv = zigzag_shard(split(v), 0, 2).requires_grad_(), zg = zigzag_shard(sg, 0, 2);
     const Timing contiguous = measure([&] { sdpa(sq, sk, sv).backward(sg); }, barrier, timed);
-    Timing zigzag;
-    {
-      ZigzagCausal scope(mesh, 0);
-      zigzag = measure([&] { sdpa(zq, zk, zv).backward(zg); }, barrier, timed);
-    }
+    const Timing zigzag = measure([&] { sdpa(zq, zk, zv).backward(zg); }, barrier, timed);
     const Timing gather = measure(
         [&] { sdpa(sq, redistribute(sk, mesh, {Replicate()}), redistribute(sv, mesh, {Replicate()})).backward(sg); }, barrier,
         timed);

@@ -51,7 +51,11 @@ struct DimSharding {
   int64_t tensor_dim = 0;
   std::vector<int64_t> mesh_dims;
   std::vector<int64_t> sizes;
-  std::vector<int64_t> offsets;
+  std::vector<int64_t> offsets;  // in the pieces' own order: global offsets unless `zigzag`
+  // Split by one ZigzagShard (placement.h): `sizes` are zigzag_shard_sizes, and a piece is two
+  // stretches of the dim, not the one at its offset (ShardTensorSpec::local_offsets refuses it).
+  bool zigzag = false;
+  int64_t zigzag_unit = 1;  // Placement::zigzag_unit
 
   // Row-major index into sizes/offsets of the piece held at a mesh coordinate.
   int64_t piece_index(const std::vector<int64_t>& mesh_shape, const std::vector<int64_t>& coordinate) const;
@@ -77,6 +81,7 @@ class ShardTensorSpec {
   ShardSizes shard_sizes() const;  // the explicit sizes that rebuild this spec
 
   std::vector<int64_t> local_shape(const std::vector<int64_t>& coordinate) const;
+  // Raises for a dim split in zigzag order, whose pieces have no single offset.
   std::vector<int64_t> local_offsets(const std::vector<int64_t>& coordinate) const;
   std::vector<int64_t> local_shape() const;    // at this rank's coordinate; all zeros outside the mesh
   std::vector<int64_t> local_offsets() const;  // at this rank's coordinate; all zeros outside the mesh

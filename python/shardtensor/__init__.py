@@ -16,7 +16,7 @@ import atexit
 import torch  # loads libtorch before the extension that links it
 
 from . import _C, _compile, _logging, _mesh
-from ._placements import NormPartial, Partial, Placement, Replicate, Shard
+from ._placements import NormPartial, Partial, Placement, Replicate, Shard, ZigzagShard
 from ._mesh import DeviceMesh, init_device_mesh
 from ._tensor import (
     ShardTensor,
@@ -31,8 +31,7 @@ from ._tensor import (
 )
 from ._factories import empty, full, manual_seed, ones, rand, randn, zeros
 from ._register_sharding import register_sharding
-from .context_parallel import (context_parallel, context_parallel_unshard, set_zigzag_causal, zigzag_causal,
-                               zigzag_shard, zigzag_shard_sizes, zigzag_unshard)
+from .context_parallel import context_parallel, context_parallel_unshard, zigzag_shard, zigzag_shard_sizes, zigzag_unshard
 from ._debug import (
     CommDebugMode,
     explain_redistribute,
@@ -66,11 +65,11 @@ built_with_nccl = _C.built_with_nccl
 __version__ = "0.1.0"
 
 __all__ = [
-    "CommDebugMode", "DeviceMesh", "NormPartial", "Partial", "Placement", "Replicate", "Shard", "ShardTensor",
+    "CommDebugMode", "DeviceMesh", "NormPartial", "Partial", "Placement", "Replicate", "Shard", "ShardTensor", "ZigzagShard",
     "built_with_nccl", "context_parallel", "context_parallel_unshard", "describe", "distribute_module", "distribute_tensor", "empty",
     "explain_redistribute", "fallback_operators",
     "from_dtensor", "from_local", "full", "implicit_replication", "init_device_mesh", "is_implicit_replication", "is_shard_tensor",
     "is_strict", "layout_table", "local_map", "manual_seed", "ones", "propagated_operators", "rand", "randn", "register_sharding",
-    "scatter_tensor", "set_implicit_replication", "set_strict", "sync_module_over_mesh", "set_zigzag_causal", "strict", "to_dtensor", "transport_options", "visualize_sharding", "zeros",
-    "zigzag_causal", "zigzag_shard", "zigzag_shard_sizes", "zigzag_unshard",
+    "scatter_tensor", "set_implicit_replication", "set_strict", "sync_module_over_mesh", "strict", "to_dtensor", "transport_options", "visualize_sharding", "zeros",
+    "zigzag_shard", "zigzag_shard_sizes", "zigzag_unshard",
 ]

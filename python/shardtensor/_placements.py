@@ -51,13 +51,41 @@ class Shard(Placement):
         return dim is None or dim == self.dim
 
     def __eq__(self, other):
-        return isinstance(other, Shard) and other.dim == self.dim
+        return isinstance(other, Shard) and not isinstance(other, ZigzagShard) and other.dim == self.dim
 
     def __hash__(self):
         return hash(("shard", self.dim))
 
     def __repr__(self):
         return f"Shard(dim={self.dim})"
+
+
+class ZigzagShard(Shard):
+    """Splits tensor dim `dim` in zigzag order: cut into 2n chunks, rank r holds chunks r and
+    2n - 1 - r (load-balanced causal attention; see shardtensor.context_parallel). The tensor
+    stays the one in order: full_tensor() and redistribute give every position where it was.
+    `unit` > 1 where a zigzag sequence was flattened with the dims after it: the chunks are then
+    whole multiples of `unit` positions."""
+
+    __slots__ = ("unit",)
+
+    def __init__(self, dim: int, unit: int = 1):
+        super().__init__(dim)
+        if not isinstance(unit, int) or unit < 1:
+            raise ValueError(f"ZigzagShard(dim, unit): unit must be an int >= 1, got {unit!r}")
+        self.unit = unit
+
+    def _arguments(self) -> tuple:
+        return (self.dim, self.unit)
+
+    def __eq__(self, other):
+        return isinstance(other, ZigzagShard) and other.dim == self.dim and other.unit == self.unit
+
+    def __hash__(self):
+        return hash(("zigzag", self.dim, self.unit))
+
+    def __repr__(self):
+        return f"ZigzagShard(dim={self.dim})" if self.unit == 1 else f"ZigzagShard(dim={self.dim}, unit={self.unit})"
 
 
 class Replicate(Placement):
@@ -154,6 +182,11 @@ def encode(placements, mesh_ndim: int | None = None) -> list[tuple[int, int]]:
             raise TypeError(f"{p!r} is not a placement; use Shard(dim), Replicate() or Partial(op)")
         if getattr(p, "norm_type", None) is not None and p.is_partial():  # ours, or DTensor's _NormPartial
             out.append((3, _bits_of(p.norm_type)))
+        elif isinstance(p, ZigzagShard):
+            out.append((4, (int(p.unit) << 32) | (int(p.dim) & 0xFFFFFFFF)))
+        elif type(p).__name__ == "_StridedShard":
+            raise ValueError(f"{p!r}: DTensor's strided shard has no shardtensor placement; redistribute it to "
+                             f"Shard or Replicate first")
         elif p.is_shard():
             out.append((0, int(p.dim)))
         elif p.is_replicate():
@@ -166,6 +199,12 @@ def encode(placements, mesh_ndim: int | None = None) -> list[tuple[int, int]]:
     return out
 
 
+def _zigzag_of(value: int) -> ZigzagShard:
+    """A ZigzagShard from its (4, unit << 32 | dim as 32 bits) value."""
+    dim = value & 0xFFFFFFFF
+    return ZigzagShard(dim - (1 << 32) if dim >= 1 << 31 else dim, value >> 32)
+
+
 _DECODED: dict[tuple, tuple] = {}
 
 
@@ -175,7 +214,7 @@ def decode(encoded) -> tuple[Placement, ...]:
     cached = _DECODED.get(key)
     if cached is None:
         cached = tuple(Shard(v) if k == 0 else Replicate() if k == 1 else Partial(_REDUCE_OPS[v]) if k == 2
-                       else NormPartial(_float_of(v)) for k, v in key)
+                       else NormPartial(_float_of(v)) if k == 3 else _zigzag_of(v) for k, v in key)
         _DECODED[key] = cached
     return cached
 
@@ -186,6 +225,8 @@ def to_torch(placements):
 
     out = []
     for p in placements:
+        if isinstance(p, ZigzagShard):
+            raise ValueError("to_dtensor: DTensor has no zigzag placement; zigzag_unshard the tensor first")
         if p.is_shard():
             out.append(TShard(p.dim))
         elif p.is_replicate():

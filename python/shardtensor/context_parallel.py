@@ -5,18 +5,17 @@ sequence shards the last rank computes about 2n - 1 times as much as the first. 
 layout cuts the sequence into 2n chunks and gives rank r chunks r and 2n - 1 - r::
 
     q, k, v = (st.zigzag_shard(t, mesh_dim=0, seq_dim=2) for t in (q, k, v))
-    with st.zigzag_causal(mesh, mesh_dim=0):
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        loss = ...
-        loss.backward()                      # inside too: the backward reads the same setting
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.sum().backward()
     out = st.zigzag_unshard(out, mesh_dim=0, seq_dim=2)
 
-A zigzag tensor is an ordinary ShardTensor (Shard(seq_dim) in ``zigzag_shard_sizes``) whose
-global tensor is the sequence in permuted order. Position-blind operators (pointwise, linear,
-layer norm, a loss averaged over positions) compute on it as on any tensor; causal attention
-reads the original positions while the setting is on. The setting is process-wide, like
-DTensor's context_parallel load balancing, because autograd may run the backward on another
-thread. The C++ API is shardtensor/context_parallel.h.
+A zigzag tensor's sequence is ``ZigzagShard(seq_dim)``: the order is part of its layout, so causal
+attention reads it from q, k and v, with no setting to keep on until the backward has run. It
+is still the sequence in order: ``full_tensor()`` and every redistribute give each position where
+one process has it, and a replicated operand (a positional buffer) meets it position by
+position. Pointwise operators, reductions, matmuls, norms, losses, views and attention keep the
+order; any other operator gets its zigzag inputs back in order first (one exchange, with a
+one-time warning; an error in strict mode). The C++ API is shardtensor/context_parallel.h.
 
 DTensor's entry point works on plain tensors that every rank holds whole::
 
@@ -34,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import _C
-from ._placements import Replicate, Shard
+from ._placements import Replicate, Shard, ZigzagShard
 from ._tensor import _mesh_or_current, _require, distribute_tensor, from_local
 
 
@@ -57,22 +56,6 @@ def zigzag_unshard(t, mesh_dim: int = 0, seq_dim: int = 2):
 def zigzag_shard_sizes(length: int, ranks: int) -> list[int]:
     """Each rank's shard size under zigzag: its early chunk plus its late one."""
     return list(_C.zigzag_shard_sizes(int(length), int(ranks)))
-
-
-def set_zigzag_causal(mesh, mesh_dim: int, on: bool) -> None:
-    """Whether causal attention reads sequence shards along ``mesh_dim`` as zigzag chunks."""
-    _C.set_zigzag_causal(mesh._cpp, int(mesh_dim), bool(on))
-
-
-@contextlib.contextmanager
-def zigzag_causal(mesh, mesh_dim: int = 0):
-    """Within the block (process-wide), causal attention along ``mesh_dim`` reads zigzag chunks."""
-    previous = _C.zigzag_causal(mesh._cpp, int(mesh_dim))
-    _C.set_zigzag_causal(mesh._cpp, int(mesh_dim), True)
-    try:
-        yield
-    finally:
-        _C.set_zigzag_causal(mesh._cpp, int(mesh_dim), previous)
 
 
 # ---- DTensor's context_parallel ---------------------------------------------------------------
@@ -183,7 +166,7 @@ def _attention_on_pieces(mesh, lengths: _SequenceLengths, previous):
                     from_local(t, mesh, [Shard(seq_dim)], sharding_shapes={seq_dim: unholdable})
                 raise
             try:
-                pieces.append(from_local(t, mesh, [Shard(seq_dim)], sharding_shapes={seq_dim: sizes}))
+                pieces.append(from_local(t, mesh, [ZigzagShard(seq_dim)], sharding_shapes={seq_dim: sizes}))
             except ValueError as e:
                 raise ValueError(f"context_parallel: scaled_dot_product_attention could not take its {what} as a "
                                  f"sequence piece (a rank whose {what} is no buffer's piece stops every rank here): "
@@ -201,9 +184,8 @@ def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buf
     On entry each buffer (a plain tensor every rank holds whole: inputs, labels, positional
     buffers) is cut in place along its ``buffer_seq_dims`` entry into rank r's chunks r and
     2n - 1 - r of 2n (``zigzag_shard``'s layout, any length). F.scaled_dot_product_attention on
-    plain tensors (sequence on dim -2) reads them as pieces of the buffer of that local length,
-    runs ring attention with the zigzag causal mask (``zigzag_causal`` stays on for the block, so
-    call ``backward()`` inside it) and returns this rank's piece. On exit every buffer not in
+    plain tensors (sequence on dim -2) reads them as zigzag pieces of the buffer of that local
+    length, runs ring attention with the zigzag causal mask and returns this rank's piece. On exit every buffer not in
     ``no_restore_buffers`` (by identity) gets its content back. Entry costs one small
     all-gather that checks every rank passed the same buffer shapes and seq dims.
     """
@@ -236,8 +218,7 @@ def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buf
                 b.resize_(piece.shape)
                 b.copy_(piece)
         F.scaled_dot_product_attention = _attention_on_pieces(mesh, lengths, previous)
-        with zigzag_causal(mesh, 0):
-            yield
+        yield
     finally:
         F.scaled_dot_product_attention = previous
         with torch.no_grad():
@@ -279,5 +260,5 @@ def context_parallel_unshard(mesh, buffers, seq_dims) -> list:
             raise ValueError(f"context_parallel_unshard: buffer {i}'s pieces along dim {d} have lengths {sizes} over the "
                              f"ranks, but zigzag pieces of a sequence of {sum(sizes)} have {expected}; pass pieces "
                              f"computed inside context_parallel")
-        whole.append(zigzag_unshard(x, 0, d).full_tensor())
+        whole.append(from_local(b, mesh, [ZigzagShard(d)], sharding_shapes={d: sizes}).full_tensor())
     return whole

@@ -15,7 +15,8 @@ namespace shardtensor::python {
 namespace py = pybind11;
 
 // Placements cross the boundary as (kind, value) pairs: (0, tensor dim) for Shard,
-// (1, 0) for Replicate, (2, ReduceOp) for Partial. The Python classes encode and decode them.
+// (1, 0) for Replicate, (2, ReduceOp) for Partial, (3, the bits of p) for a pending p-norm,
+// (4, unit << 32 | tensor dim as 32 bits) for ZigzagShard. The Python classes encode and decode them.
 using EncodedPlacements = std::vector<std::pair<int, int64_t>>;
 Placements decode_placements(const EncodedPlacements& encoded);
 EncodedPlacements encode_placements(const Placements& placements);

@@ -27,8 +27,10 @@ Placements decode_placements(const EncodedPlacements& encoded) {
         placements.push_back(NormPartial(p));
         break;
       }
+      case 4: placements.push_back(ZigzagShard(static_cast<int32_t>(value & 0xffffffff), value >> 32)); break;
       default:
-        TORCH_CHECK_VALUE(false, "placement kind code ", kind, " is not Shard (0), Replicate (1), Partial (2) or a norm Partial (3).");
+        TORCH_CHECK_VALUE(false, "placement kind code ", kind,
+                          " is not Shard (0), Replicate (1), Partial (2), a norm Partial (3) or ZigzagShard (4).");
     }
   }
   return placements;
@@ -38,7 +40,8 @@ EncodedPlacements encode_placements(const Placements& placements) {
   EncodedPlacements encoded;
   encoded.reserve(placements.size());
   for (const Placement& p : placements) {
-    if (p.is_shard()) encoded.emplace_back(0, p.tensor_dim);
+    if (p.is_zigzag()) encoded.emplace_back(4, (p.zigzag_unit << 32) | static_cast<uint32_t>(p.tensor_dim));
+    else if (p.is_shard()) encoded.emplace_back(0, p.tensor_dim);
     else if (p.is_replicate()) encoded.emplace_back(1, 0);
     else if (p.reduce_op == ReduceOp::Norm) {
       int64_t bits = 0;

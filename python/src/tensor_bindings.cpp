@@ -143,8 +143,6 @@ void bind_tensor(py::module_& m) {
   m.def("zigzag_unshard", &zigzag_unshard, py::arg("t"), py::arg("mesh_dim"), py::arg("seq_dim"),
         py::call_guard<py::gil_scoped_release>());
   m.def("zigzag_shard_sizes", &zigzag_shard_sizes, py::arg("length"), py::arg("ranks"));
-  m.def("set_zigzag_causal", &set_zigzag_causal, py::arg("mesh"), py::arg("mesh_dim"), py::arg("on"));
-  m.def("zigzag_causal", &zigzag_causal, py::arg("mesh"), py::arg("mesh_dim"));
 
   // Layout queries: no communication.
   m.def("placements", [](const at::Tensor& t) { return encode_placements(spec(t).placements()); }, py::arg("t"));

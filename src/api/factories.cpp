@@ -16,6 +16,7 @@
 #include "redistribute/executor.h"
 #include "shardtensor/shard_tensor.h"
 #include "spec/placement_checks.h"
+#include "spec/sequence_order.h"
 #include "util/counter_random.h"
 #include "util/strings.h"
 
@@ -48,6 +49,8 @@ at::Tensor filled(const FactoryLayout& layout, std::optional<double> value) {
 
 at::Tensor random(const FactoryLayout& layout, std::optional<uint64_t> seed, bool normal) {
   ShardTensorSpec spec = spec_of(layout);
+  TORCH_CHECK_VALUE(!has_zigzag(spec), "rand/randn: placements ", to_string(spec.placements()),
+                    " split a dim in zigzag order, which random factories do not draw; draw with Shard and zigzag_shard the result.");
   // Drawn outside the mesh too, so that the key stream stays in step (see KernelPlan::random_keys_drawn).
   const uint64_t key = seed ? *seed : next_random_key_on(layout.mesh);
   at::Tensor values = layout.mesh.includes_this_rank()

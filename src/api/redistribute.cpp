@@ -17,6 +17,7 @@
 #include "rules/helpers.h"
 #include "shardtensor/shard_tensor.h"
 #include "spec/placement_checks.h"
+#include "spec/sequence_order.h"
 #include "util/hash.h"
 #include "util/strings.h"
 
@@ -37,6 +38,14 @@ ShardTensorSpec checked_target(const at::Tensor& t, const DeviceMesh* mesh, cons
                 *mesh, "; redistributing to another mesh is not supported yet. Use to_local() and from_local() on the new mesh.");
   }
   return redistribute_target(source, placements, sizes);
+}
+
+// scatter_boxes to `target`; a zigzag piece is two stretches, not a box, so it is scattered in
+// order and then exchanged into zigzag order.
+at::Tensor scattered(const at::Tensor& global, const std::vector<int64_t>& root, const ShardTensorSpec& target) {
+  if (!has_zigzag(target)) return scatter_boxes(global, root, target);
+  const ShardTensorSpec ordered = in_order(target);
+  return execute_redistribute(scatter_boxes(global, root, ordered), ordered, plan_redistribute(ordered, target));
 }
 
 }  // namespace
@@ -131,7 +140,7 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
   // meta, and to_empty / empty_like(device=...) later allocates only that piece.
   at::Tensor local = !inside ? piece_outside_mesh(*target, global.options())
                      : global.is_meta() ? at::empty(target->local_shape(), global.options())
-                     : src_data_rank ? scatter_boxes(global.detach(), root, *target)
+                     : src_data_rank ? scattered(global.detach(), root, *target)
                                      : local_box_of(global.detach(), *target).clone(at::MemoryFormat::Contiguous);
   // Partial: the value on the source's coordinate, the reduction's identity on the others (avg,
   // max and min keep the value everywhere, which reduces to it too).

@@ -5,6 +5,7 @@
 
 #include "dispatch/shard_tensor_impl.h"
 #include "shardtensor/redistribute.h"
+#include "spec/sequence_order.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -38,8 +39,9 @@ std::ostream& operator<<(std::ostream& os, const ShardTensor& t) {
   os << "ShardTensor(shape [" << join(s.shape(), ", ") << "], " << c10::toString(s.dtype()) << ", "
      << to_string(s.placements()) << " on " << s.mesh();
   for (const DimSharding& d : s.shardings()) os << ", dim " << d.tensor_dim << " sizes [" << join(d.sizes, ", ") << "]";
-  return os << "; rank " << s.mesh().rank() << " holds [" << join(s.local_shape(), ", ") << "] at offsets ["
-            << join(s.local_offsets(), ", ") << "] on " << t.to_local().device() << ")";
+  os << "; rank " << s.mesh().rank() << " holds [" << join(s.local_shape(), ", ") << "]";
+  if (!has_zigzag(s)) os << " at offsets [" << join(s.local_offsets(), ", ") << "]";  // a zigzag piece is two stretches
+  return os << " on " << t.to_local().device() << ")";
 }
 
 }  // namespace shardtensor

@@ -25,6 +25,7 @@
 #include "redistribute/boxes.h"
 #include "shardtensor/checkpoint.h"
 #include "shardtensor/shard_tensor.h"
+#include "spec/sequence_order.h"
 #include "util/strings.h"
 
 namespace shardtensor::checkpoint {
@@ -168,7 +169,7 @@ Target target_for(const std::string& name, const at::Tensor& t) {
     const ShardTensorSpec& sp = spec(t);
     const std::vector<int64_t>& coordinate = sp.mesh().coordinate();
     target.dst = to_local(t);  // grad mode is off: the stored local tensor itself
-    target.box = box_of(sp, coordinate);
+    target.box = has_zigzag(sp) ? Box::none() : box_of(sp, coordinate);  // zigzag: targets_for cuts it
     // A Partial target gets the value on coordinate 0 and the identity elsewhere for sum and
     // product, the value everywhere for avg, max and min (as distribute_tensor does).
     for (size_t m = 0; m < sp.placements().size(); ++m) {
@@ -182,6 +183,30 @@ Target target_for(const std::string& name, const at::Tensor& t) {
     target.box = Box{std::vector<int64_t>(t.dim(), 0), t.sizes().vec()};
   }
   return target;
+}
+
+// The targets of `t`: one, but for a tensor split in zigzag order, whose piece is stretches of
+// the dims so split: one target per stretch, each a view of the piece over its own box.
+std::vector<Target> targets_for(const std::string& name, const at::Tensor& t) {
+  std::vector<Target> targets{target_for(name, t)};
+  if (!is_shard_tensor(t) || !has_zigzag(spec(t))) return targets;
+  const ShardTensorSpec& sp = spec(t);
+  targets.front().box = Box{std::vector<int64_t>(sp.ndim(), 0), sp.shape()};
+  for (const DimSharding& s : sp.shardings()) {
+    const Pieces stretches = stretches_held(sp, s, sp.mesh().coordinate());
+    const std::vector<int64_t> starts = local_starts(stretches);
+    std::vector<Target> cut;
+    for (const Target& whole : targets)
+      for (size_t k = 0; k < stretches.size(); ++k) {
+        Target piece = whole;
+        piece.dst = whole.dst.narrow(s.tensor_dim, s.zigzag ? starts[k] : 0, stretches[k].size());
+        piece.box.offsets[s.tensor_dim] = stretches[k].begin;
+        piece.box.shape[s.tensor_dim] = stretches[k].size();
+        cut.push_back(std::move(piece));
+      }
+    targets = std::move(cut);
+  }
+  return targets;
 }
 
 // Pass 0 (metadata) and pass 1 (validate): no tensor is written.
@@ -210,15 +235,16 @@ std::vector<Target> validate(StateDict& state, const std::string& dir, const Loa
                 " in the checkpoint but ", c10::toString(t.scalar_type()), " in the state. Convert one of them first.");
     TORCH_CHECK(t.sizes().vec() == saved->shape, kLoad, ": '", name, "' has shape [", join(saved->shape, ", "),
                 "] in the checkpoint but [", join(t.sizes(), ", "), "] in the state.");
-    Target target = target_for(name, t);
-    target.saved = saved;
-    target.saved_index = static_cast<size_t>(saved - metadata.tensors.data());
-    if (target.fill == Target::Fill::Read && target.box.numel() > 0)
-      for (size_t i = 0; i < saved->boxes.size(); ++i) {
-        const Box inter = intersect(target.box, saved->boxes[i].box);
-        if (inter.numel() > 0) target.reads.emplace_back(i, inter);
-      }
-    targets.push_back(std::move(target));
+    for (Target& target : targets_for(name, t)) {
+      target.saved = saved;
+      target.saved_index = static_cast<size_t>(saved - metadata.tensors.data());
+      if (target.fill == Target::Fill::Read && target.box.numel() > 0)
+        for (size_t i = 0; i < saved->boxes.size(); ++i) {
+          const Box inter = intersect(target.box, saved->boxes[i].box);
+          if (inter.numel() > 0) target.reads.emplace_back(i, inter);
+        }
+      targets.push_back(std::move(target));
+    }
   }
 
   reader = std::make_unique<BoxReader>(dir, metadata);

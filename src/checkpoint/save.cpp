@@ -22,6 +22,7 @@
 #include "shardtensor/checkpoint.h"
 #include "shardtensor/redistribute.h"
 #include "shardtensor/shard_tensor.h"
+#include "spec/sequence_order.h"
 #include "util/strings.h"
 
 namespace shardtensor::checkpoint {
@@ -141,7 +142,8 @@ std::unique_ptr<AsyncSave::State> prepare(const StateDict& state, const std::str
       entry.shape = t.sizes().vec();
       if (is_shard_tensor(t)) {
         const ShardTensorSpec& sp = spec(t);
-        entry.spec = ShardTensorSpec(sp.mesh(), without_partial(sp.placements()), sp.shape(), sp.dtype(), sp.shard_sizes());
+        // Saved in order: a zigzag piece is two stretches, and a checkpoint's boxes are one each.
+        entry.spec = in_order(ShardTensorSpec(sp.mesh(), without_partial(sp.placements()), sp.shape(), sp.dtype(), sp.shard_sizes()));
         structure += name + "|" + sp.to_string() + "\n";
         s->saved_from.push_back(to_string(sp.placements()) + " on " + sp.mesh().to_string());
       } else {
@@ -174,13 +176,14 @@ std::unique_ptr<AsyncSave::State> prepare(const StateDict& state, const std::str
   for (size_t p = 0; p < s->plans.size(); ++p)
     if (s->plans[p].rank == s->group.rank()) s->my_plan = static_cast<int64_t>(p);
 
-  // Partial tensors are reduced (collectively, in name order on every rank) before writing.
+  // Partial tensors are reduced, zigzag ones put in order (collectively, in name order on every
+  // rank) before writing.
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> locals(s->tensors.size());
   size_t i = 0;
   for (const auto& [name, t] : state) {
     if (is_shard_tensor(t)) {
-      const at::Tensor reduced = spec(t).has_partial() ? redistribute(t, s->tensors[i].spec->placements()) : t;
+      const at::Tensor reduced = spec(t).has_partial() || has_zigzag(spec(t)) ? redistribute(t, s->tensors[i].spec->placements()) : t;
       locals[i] = to_local(reduced);
     } else {
       locals[i] = t;

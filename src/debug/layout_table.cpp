@@ -4,9 +4,20 @@
 #include <sstream>
 
 #include "shardtensor/shard_tensor.h"
+#include "spec/sequence_order.h"
 #include "util/strings.h"
 
 namespace shardtensor {
+namespace {
+
+// The stretches of dim `d` the coordinate holds: its piece's (two under zigzag), or the whole
+// dim where no mesh dim splits it.
+Pieces stretches_of_dim(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate, int64_t d) {
+  const DimSharding* s = spec.sharding_of(d);
+  return s ? stretches_held(spec, *s, coordinate) : Pieces{Range{0, spec.shape()[d]}};
+}
+
+}  // namespace
 
 std::string layout_table(const ShardTensorSpec& spec) {
   const DeviceMesh& mesh = spec.mesh();
@@ -18,11 +29,12 @@ std::string layout_table(const ShardTensorSpec& spec) {
   for (int64_t rank : mesh.ranks()) {
     const std::vector<int64_t> coord = mesh.coordinate_of(rank);
     const std::vector<int64_t> shape = spec.local_shape(coord);
-    const std::vector<int64_t> offsets = spec.local_offsets(coord);
     std::vector<std::string> row = {std::to_string(rank), "(" + join(coord, ",") + ")"};
     for (int64_t d = 0; d < spec.ndim(); ++d) {
-      row.push_back(shape[d] == 0 ? std::string("(empty)")
-                                  : std::to_string(offsets[d]) + ":" + std::to_string(offsets[d] + shape[d]));
+      std::string held;
+      for (const Range& r : stretches_of_dim(spec, coord, d))
+        if (r.size() > 0) held += (held.empty() ? "" : "+") + std::to_string(r.begin) + ":" + std::to_string(r.end);
+      row.push_back(held.empty() ? std::string("(empty)") : held);
     }
     row.push_back("[" + join(shape, ", ") + "]");
     rows.push_back(row);
@@ -54,14 +66,13 @@ std::string visualize_sharding(const ShardTensorSpec& spec) {
   const DeviceMesh& mesh = spec.mesh();
   for (int64_t rank : mesh.ranks()) {
     const std::vector<int64_t> coord = mesh.coordinate_of(rank);
-    std::vector<int64_t> shape = spec.local_shape(coord), offsets = spec.local_offsets(coord);
-    if (spec.ndim() < 2) {  // view a 0-d or 1-d tensor as one row
-      shape.insert(shape.begin(), spec.ndim() == 0 ? 2 : 1, 1);
-      offsets.insert(offsets.begin(), spec.ndim() == 0 ? 2 : 1, 0);
-    }
-    for (int64_t r = offsets[0]; r < offsets[0] + shape[0]; ++r)
-      for (int64_t c = offsets[1]; c < offsets[1] + shape[1]; ++c)
-        owners[r][c] += (owners[r][c].empty() ? "" : "/") + std::to_string(rank);
+    std::vector<Pieces> held;
+    for (int64_t d = 0; d < spec.ndim(); ++d) held.push_back(stretches_of_dim(spec, coord, d));
+    held.insert(held.begin(), 2 - std::min<int64_t>(spec.ndim(), 2), Pieces{Range{0, 1}});  // a 0-d or 1-d tensor as one row
+    for (const Range& rs : held[0])
+      for (const Range& cs : held[1])
+        for (int64_t r = rs.begin; r < rs.end; ++r)
+          for (int64_t c = cs.begin; c < cs.end; ++c) owners[r][c] += (owners[r][c].empty() ? "" : "/") + std::to_string(rank);
   }
   size_t width = 1;
   for (const auto& row : owners)

@@ -82,6 +82,22 @@ bool log_enabled() {
   return enabled;
 }
 
+void note_order_fallback(const std::string& op_name, const std::string& why) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!is_strict(), op_name, ": ", why, ", and strict mode is on (SHARDTENSOR_STRICT=1 or set_strict(true)), ",
+                              "so its inputs are not put back in sequence order first. zigzag_unshard them yourself, or "
+                              "compute on to_local() pieces.");
+  static std::set<std::string>* warned = new std::set<std::string>;  // never destroyed: read until exit
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(records_mutex);
+    first = warned->insert(op_name).second;
+  }
+  if (first)
+    TORCH_WARN("shardtensor: ", op_name, ": ", why, "; its inputs split in zigzag order are put back in sequence order ",
+               "first (one exchange each), and its outputs come out in order. Correct, but it moves them. (Warned once per ",
+               "operator; SHARDTENSOR_STRICT=1 makes it an error.)");
+}
+
 void note_fallback(const std::string& op_name, const std::string& why) {
   TORCH_CHECK_NOT_IMPLEMENTED(!is_strict(), op_name, ": ", why, ", and strict mode is on (SHARDTENSOR_STRICT=1 or set_strict(true)), ",
               "so it does not fall back to gathering its inputs. Register a rule for '", op_name,

@@ -15,5 +15,7 @@ void note_propagated(const std::string& op_name);
 
 // Records a fallback; warns the first time for each operator. Raises in strict mode.
 void note_fallback(const std::string& op_name, const std::string& why);
+// The same for an operator whose zigzag inputs are put back in order first (`why` says why).
+void note_order_fallback(const std::string& op_name, const std::string& why);
 
 }  // namespace shardtensor

@@ -173,6 +173,49 @@ bool runs_on_local_pieces_alone(const Propagation& p) {
          schema.returns()[0].type()->kind() == c10::TypeKind::TensorType;
 }
 
+// Why `result` of a rule that carries the zigzag order cannot stand, or "": an output split
+// in order on a mesh dim where an input runs in zigzag order would hold its positions unnamed.
+std::string drops_order(const RuleResult& result) {
+  if (!result.unsupported_reason.empty()) return "its sharding rule refuses zigzag inputs: " + result.unsupported_reason;
+  for (const ShardTensorSpec& target : result.input_targets)
+    for (size_t m = 0; m < target.placements().size(); ++m) {
+      if (!target.placements()[m].is_zigzag()) continue;
+      for (const OutputLayout& out : result.outputs)
+        if (out.placements[m].is_shard() && !out.placements[m].is_zigzag())
+          return "its sharding rule keeps mesh dim " + std::to_string(m) + " split but drops the zigzag order";
+    }
+  return "";
+}
+
+// The rule's result, where ZigzagShard inputs (shardtensor/placement.h) reach only a rule that
+// carries their order (RuleRegistry::carry_order). Any other rule, and a carrying one that
+// refuses or drops the order, is handed the inputs in order; the input plans then move them so.
+RuleResult zigzag_aware_result(const Rule& rule, OpMeta& meta) {
+  const bool zigzag = std::any_of(meta.inputs.begin(), meta.inputs.end(), [](const TensorInput& in) { return has_zigzag(in.spec); });
+  if (!zigzag) return rule(meta);
+  std::string why = "its sharding rule does not carry the zigzag order";
+  if (rule_registry().carries_order(meta.name)) {
+    RuleResult carried = rule(meta);
+    why = drops_order(carried);
+    if (why.empty()) return carried;
+  }
+  note_order_fallback(meta.name, why);
+  std::vector<ShardTensorSpec> held;
+  for (TensorInput& in : meta.inputs) {
+    held.push_back(in.spec);
+    in.spec = in_order(in.spec);
+  }
+  RuleResult in_order_result;
+  try {
+    in_order_result = rule(meta);
+  } catch (...) {
+    for (size_t k = 0; k < held.size(); ++k) meta.inputs[k].spec = held[k];
+    throw;
+  }
+  for (size_t k = 0; k < held.size(); ++k) meta.inputs[k].spec = held[k];
+  return in_order_result;
+}
+
 std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   auto p = std::make_unique<Propagation>();
   const c10::FunctionSchema& schema = op.schema();
@@ -204,7 +247,7 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
 
   meta.args = args;
   const Rule* rule = rule_registry().find(meta.name);
-  if (rule) p->result = (*rule)(meta);
+  if (rule) p->result = zigzag_aware_result(*rule, meta);
   if (!rule || !p->result.unsupported_reason.empty()) {
     const std::string why = rule ? "its sharding rule refuses inputs " + describe_args(meta) + ": " + p->result.unsupported_reason
                                  : "no sharding rule for this operator";
@@ -252,8 +295,7 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
 }
 
 struct Cache {
-  uint64_t generation = ~uint64_t{0};        // the rule registry's, when the entries were built
-  uint64_t order_generation = ~uint64_t{0};  // sequence_order_generation(): attention reads the setting
+  uint64_t generation = ~uint64_t{0};  // the rule registry's, when the entries were built
   std::unordered_map<uint64_t, std::unique_ptr<Propagation>> entries;
 };
 
@@ -279,10 +321,9 @@ uint64_t seed(const c10::FunctionSchema& schema) {
 Propagation* entry_for(uint64_t key) {
   Cache& c = cache();
   const uint64_t generation = rule_registry().generation();
-  if (c.generation != generation || c.order_generation != sequence_order_generation()) {
+  if (c.generation != generation) {
     c.entries.clear();
     c.generation = generation;
-    c.order_generation = sequence_order_generation();
   }
   auto it = c.entries.find(key);
   return it == c.entries.end() ? nullptr : it->second.get();

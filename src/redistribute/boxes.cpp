@@ -16,6 +16,12 @@ Box box_of(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate) 
   return Box{spec.local_offsets(coordinate), spec.local_shape(coordinate)};
 }
 
+Box box_in_piece_order(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate) {
+  Box box{std::vector<int64_t>(spec.ndim(), 0), spec.local_shape(coordinate)};
+  for (const DimSharding& s : spec.shardings()) box.offsets[s.tensor_dim] = s.offsets[s.piece_index(spec.mesh().shape(), coordinate)];
+  return box;
+}
+
 Box box_along(const std::vector<int64_t>& shape, int64_t dim, int64_t begin, int64_t size) {
   Box box{std::vector<int64_t>(shape.size(), 0), shape};
   box.offsets[dim] = begin;

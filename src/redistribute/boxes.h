@@ -34,7 +34,12 @@ struct PeerPart {
   Box part, holder_holds, receiver_holds;
 };
 
+// A zigzag dim's piece is two stretches, not a box: box_of refuses it (spec.h's local_offsets).
 Box box_of(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate);
+// The box with a zigzag dim's positions numbered in the ranks' order (spec/sequence_order.h:
+// in_piece_order): its shape is the piece's; its offsets mean something only against another
+// layout that splits the zigzag dims alike.
+Box box_in_piece_order(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate);
 // All of a tensor of `shape`, except along `dim`: there [begin, begin + size). Exchanges that
 // move stretches of one dim (halos, zigzag's reorder) describe their parts with it.
 Box box_along(const std::vector<int64_t>& shape, int64_t dim, int64_t begin, int64_t size);

@@ -7,6 +7,7 @@
 #include "redistribute/executor.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
@@ -24,6 +25,7 @@
 #include "redistribute/transports/collective_transport.h"
 #include "redistribute/transports/part_transport.h"
 #include "redistribute/transports/traced_bytes.h"
+#include "spec/sequence_order.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -141,6 +143,15 @@ std::string describe_scatter(const void* context) {
 }  // namespace
 
 at::Tensor local_box_of(const at::Tensor& global, const ShardTensorSpec& spec) {
+  if (has_zigzag(spec)) {  // the piece is stretches of the whole, cut out and joined: a copy, not a view
+    at::Tensor piece = global;
+    for (const DimSharding& s : spec.shardings()) {
+      std::vector<at::Tensor> stretches;
+      for (const Range& r : stretches_held(spec, s, spec.mesh().coordinate())) stretches.push_back(piece.narrow(s.tensor_dim, r.begin, r.size()));
+      piece = stretches.size() == 1 ? stretches.front() : at::cat(stretches, s.tensor_dim);
+    }
+    return piece;
+  }
   const Box whole{std::vector<int64_t>(spec.ndim(), 0), spec.shape()};
   return view_of_part(global, whole, box_of(spec, spec.mesh().coordinate()));
 }
@@ -312,7 +323,14 @@ at::Tensor LoweredStep::exchange(const at::Tensor& piece, const DeviceMesh& mesh
   PartExchange parts{parts_, piece, out, how.counted_as};
   parts.local_work = [&] {
     if (!own_.empty()) view_of_part(out, wanted_, own_).copy_(view_of_part(piece, held_, own_));
+    for (const PeerPart& p : kept_) view_of_part(out, p.receiver_holds, p.part).copy_(view_of_part(piece, p.holder_holds, p.part));
   };
+  // A step that moves nothing between ranks on any of them (transport_for: only cuts) is local
+  // work alone; a graph still holds it as an exchange (part_transport.h says why).
+  if (how.kind == TransportKind::None && !tracing_collectives()) {
+    parts.local_work();
+    return out;
+  }
   move_parts(mesh_dim < 0 ? mesh.mesh_comm() : mesh.comm(mesh_dim), how, parts);
   return out;
 }

@@ -39,7 +39,8 @@ at::Tensor run_kernel_step(const LoweredStep& step, const DeviceMesh& mesh, cons
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op);
 
 // This rank's box under `spec` of `global` (a tensor of spec's global shape), as a view: what
-// the rank holds of a tensor every rank has whole. No communication.
+// the rank holds of a tensor every rank has whole (a copy where spec has a zigzag dim, whose
+// piece is two stretches). No communication.
 at::Tensor local_box_of(const at::Tensor& global, const ShardTensorSpec& spec);
 
 // The piece a rank outside `spec`'s mesh holds: empty in every dim (a 0-d tensor's is a 0-d

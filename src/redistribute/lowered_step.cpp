@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "spec/sequence_order.h"
+
 namespace shardtensor {
 namespace {
 
@@ -24,6 +26,58 @@ std::optional<double> pending_norm(const ShardTensorSpec& spec, int64_t mesh_dim
   return p.norm_order;
 }
 
+// A member's data as stretches of the global tensor: each a box of global positions and where
+// it starts in the member's piece. A piece is one box, but a zigzag dim cuts each box in two.
+struct Stretch {
+  Box global;
+  std::vector<int64_t> local_start;
+};
+
+std::vector<Stretch> stretches_of(const ShardTensorSpec& spec, const std::vector<int64_t>& member) {
+  const int64_t ndim = spec.ndim();
+  std::vector<Stretch> out{{Box{std::vector<int64_t>(ndim, 0), spec.shape()}, std::vector<int64_t>(ndim, 0)}};
+  for (const DimSharding& s : spec.shardings()) {
+    const Pieces pieces = stretches_held(spec, s, member);
+    const std::vector<int64_t> starts = local_starts(pieces);
+    std::vector<Stretch> cut;
+    for (const Stretch& whole : out)
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        Stretch piece = whole;
+        piece.global.offsets[s.tensor_dim] = pieces[k].begin;
+        piece.global.shape[s.tensor_dim] = pieces[k].size();
+        piece.local_start[s.tensor_dim] = starts[k];
+        cut.push_back(std::move(piece));
+      }
+    out = std::move(cut);
+  }
+  return out;
+}
+
+// Every part `holder` sends `receiver` in an exchange from `from` to `to`, where either splits
+// a dim in zigzag order. A part's coordinates are its own: each side's piece is placed so that
+// the part lands at its local offsets there (parts_between in the same spirit as the halo's),
+// shifted by the global shape so that no offset is negative.
+std::vector<PeerPart> stretch_parts(const ShardTensorSpec& from, const ShardTensorSpec& to, const std::vector<int64_t>& holder,
+                                    const std::vector<int64_t>& receiver, int64_t holder_rank, int64_t receiver_rank) {
+  std::vector<PeerPart> parts;
+  if (!feeds(from, holder, receiver)) return parts;
+  const std::vector<int64_t> held_shape = from.local_shape(holder), wanted_shape = to.local_shape(receiver);
+  for (const Stretch& a : stretches_of(from, holder))
+    for (const Stretch& b : stretches_of(to, receiver)) {
+      Box part = intersect(a.global, b.global);
+      if (part.numel() == 0) continue;
+      Box holds{a.global.offsets, held_shape}, wants{b.global.offsets, wanted_shape};
+      for (int64_t d = 0; d < from.ndim(); ++d) {
+        const int64_t shift = from.shape()[d];
+        part.offsets[d] += shift;
+        holds.offsets[d] += shift - a.local_start[d];
+        wants.offsets[d] += shift - b.local_start[d];
+      }
+      parts.push_back({holder_rank, receiver_rank, part, holds, wants});
+    }
+  return parts;
+}
+
 int64_t halo_tensor_dim(const MoveStep& step) {
   if (const auto* gather = std::get_if<HaloGatherStep>(&step)) return gather->tensor_dim;
   return std::get<HaloScatterAddStep>(step).tensor_dim;
@@ -37,6 +91,22 @@ LoweredStep::LoweredStep(MoveStep step, const ShardTensorSpec& from, const Shard
   const DeviceMesh& mesh = from.mesh();
   if (!mesh.includes_this_rank()) return;
   const std::vector<int64_t>& me = mesh.coordinate();
+  if (has_zigzag(from) || has_zigzag(to)) {
+    TORCH_INTERNAL_ASSERT(std::holds_alternative<ExchangeStep>(step_), to_string(step_), " from ", from, " to ", to,
+                          ": between zigzag orders only an Exchange moves (planner.cpp)");
+    held_ = Box{std::vector<int64_t>(from.ndim(), 0), from.local_shape(me)};
+    wanted_ = Box{std::vector<int64_t>(to.ndim(), 0), to.local_shape(me)};
+    own_ = Box::none();
+    const std::vector<std::vector<int64_t>> members = members_along(mesh, -1);
+    const int64_t self = std::find(members.begin(), members.end(), me) - members.begin();
+    kept_ = stretch_parts(from, to, me, me, self, self);
+    for (size_t p = 0; p < members.size(); ++p) {
+      if (static_cast<int64_t>(p) == self) continue;
+      for (PeerPart& part : stretch_parts(from, to, members[p], me, static_cast<int64_t>(p), self)) parts_.push_back(std::move(part));
+      for (PeerPart& part : stretch_parts(from, to, me, members[p], self, static_cast<int64_t>(p))) parts_.push_back(std::move(part));
+    }
+    return;
+  }
   held_ = box_of(from, me);
   wanted_ = box_of(to, me);
   const int64_t mesh_dim = mesh_dim_of(step_);

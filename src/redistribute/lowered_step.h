@@ -74,6 +74,9 @@ class LoweredStep {
   MoveStep step_;
   Box held_, wanted_;             // this rank's box before and after the step
   Box own_;                       // exchanges: the part of held_ this rank keeps (copied, never sent)
+  // Exchanges to or from a zigzag order: the stretches this rank keeps, each with its own boxes
+  // as parts_ have (own_ is then none).
+  std::vector<PeerPart> kept_;
   std::vector<PeerPart> parts_;   // exchanges: every part this rank sends or receives, in group ranks
   std::vector<Box> targets_;      // reduce-scatters: every member's box after the step
   std::optional<double> norm_;    // a pending p-norm: reduced as a sum of p-th powers, rooted after

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <tuple>
@@ -17,6 +18,7 @@
 #include "redistribute/transport.h"
 #include "shardtensor/redistribute.h"
 #include "spec/placement_checks.h"
+#include "spec/sequence_order.h"
 #include "util/hash.h"
 #include "util/strings.h"
 
@@ -79,9 +81,78 @@ double size_fix_cost(const ShardTensorSpec& current, const ShardTensorSpec& targ
   return planning::kLatencyBytes + static_cast<double>(busiest) * static_cast<double>(c10::elementSize(current.dtype()));
 }
 
+// An Exchange into or out of zigzag order: every rank may receive all it holds after.
+double exchange_cost(const ShardTensorSpec& after) {
+  int64_t busiest = 0;
+  for (int64_t rank : after.mesh().ranks()) {
+    const std::vector<int64_t> shape = after.local_shape(after.mesh().coordinate_of(rank));
+    busiest = std::max(busiest, std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>()));
+  }
+  return planning::kLatencyBytes + static_cast<double>(busiest) * static_cast<double>(c10::elementSize(after.dtype()));
+}
+
+// `spec` (in piece order) with the zigzag placements of `like` back where it still splits
+// those dims as `like` does.
+ShardTensorSpec with_zigzag_of(const ShardTensorSpec& spec, const ShardTensorSpec& like) {
+  Placements placements = spec.placements();
+  bool changed = false;
+  for (size_t m = 0; m < placements.size(); ++m) {
+    const Placement& z = like.placements()[m];
+    if (!z.is_zigzag() || !placements[m].is_shard(z.tensor_dim) || spec.sharding_of(z.tensor_dim)->sizes != like.sharding_of(z.tensor_dim)->sizes)
+      continue;
+    placements[m] = z;
+    changed = true;
+  }
+  return changed ? ShardTensorSpec(spec.mesh(), std::move(placements), spec.shape(), spec.dtype(), spec.shard_sizes()) : spec;
+}
+
+RedistributePlan make_plan(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner);
+
+// Between layouts of which either splits a dim in zigzag order (spec/sequence_order.h): one
+// Exchange puts the dims the source zigzags and the target does not keep so in order, the usual
+// moves run between the layouts as their pieces see them (to those moves a zigzag dim both keep
+// is a dim numbered in the ranks' order), and one Exchange puts the dims the target zigzags in
+// that order. Where the source is replicated along a mesh dim the target zigzags, it stays so up
+// to the last Exchange, which then only cuts.
+RedistributePlan make_zigzag_plan(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
+  // The in-order layouts take the other end's sizes where it splits the dim in order too, so
+  // that zigzag_shard of an uneven split, or zigzag_unshard to one, is one Exchange.
+  const Placements& from = source.placements();
+  const Placements& to = target.placements();
+  Placements unzigzagged = from;
+  ShardSizes target_sizes;
+  for (size_t m = 0; m < from.size(); ++m) {
+    if (from[m] == to[m] || !from[m].is_zigzag()) continue;
+    unzigzagged[m] = Shard(from[m].tensor_dim);
+    const DimSharding* wanted = target.sharding_of(from[m].tensor_dim);
+    if (wanted && !wanted->zigzag && wanted->mesh_dims == std::vector<int64_t>{static_cast<int64_t>(m)})
+      target_sizes.push_back({wanted->tensor_dim, wanted->sizes});
+  }
+  const ShardTensorSpec in_order_source = relayout(source, unzigzagged, target_sizes);
+  Placements before_zigzag = to;
+  for (size_t m = 0; m < to.size(); ++m)
+    if (from[m] != to[m] && to[m].is_zigzag()) before_zigzag[m] = unzigzagged[m].is_replicate() ? Replicate() : Shard(to[m].tensor_dim);
+  ShardSizes own_sizes;  // the target's, but for the dims it zigzags: those as the source has them
+  for (const DimSharding& s : target.shardings())
+    if (!s.zigzag) own_sizes.push_back({s.tensor_dim, s.sizes});
+  const ShardTensorSpec in_order_target = relayout(in_order_source, before_zigzag, own_sizes);
+
+  RedistributePlan plan;
+  if (!(in_order_source == source))
+    plan.steps.push_back({LoweredStep(ExchangeStep{}, source, in_order_source), in_order_source, exchange_cost(in_order_source)});
+  for (PlannedStep& step : make_plan(in_piece_order(in_order_source), in_piece_order(in_order_target), planner).steps) {
+    step.after = with_zigzag_of(step.after, in_order_target);
+    plan.steps.push_back(std::move(step));
+  }
+  if (!(in_order_target == target))
+    plan.steps.push_back({LoweredStep(ExchangeStep{}, in_order_target, target), target, exchange_cost(target)});
+  return plan;
+}
+
 RedistributePlan make_plan(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
   RedistributePlan plan;
   if (source == target) return plan;
+  if (has_zigzag(source) || has_zigzag(target)) return make_zigzag_plan(source, target, planner);
   const planning::Problem problem(source, target);
   const std::vector<MoveStep> moves = planner == Planner::Greedy ? planning::greedy_moves(problem) : planning::searched_moves(problem);
   ShardTensorSpec current = source;
@@ -234,7 +305,7 @@ ShardTensorSpec relayout(const ShardTensorSpec& source, const Placements& placem
   for (const DimSharding& s : chunked.shardings()) {
     const bool is_given = std::any_of(given.begin(), given.end(), [&](const DimShardSizes& g) { return g.tensor_dim == s.tensor_dim; });
     const DimSharding* before = source.sharding_of(s.tensor_dim);
-    if (!is_given && before && before->mesh_dims == s.mesh_dims) sizes.push_back({s.tensor_dim, before->sizes});
+    if (!is_given && before && before->mesh_dims == s.mesh_dims && before->zigzag == s.zigzag) sizes.push_back({s.tensor_dim, before->sizes});
   }
   return ShardTensorSpec(source.mesh(), placements, source.shape(), source.dtype(), sizes);
 }

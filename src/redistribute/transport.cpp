@@ -45,7 +45,7 @@ int64_t element_size(const ShardTensorSpec& spec) { return static_cast<int64_t>(
 // held box for reductions (the same box on every member), the tensor over the mesh otherwise.
 int64_t bytes_moved(const MoveStep& step, const ShardTensorSpec& from) {
   if (std::holds_alternative<AllReduceStep>(step) || std::holds_alternative<ReduceScatterStep>(step))
-    return box_of(from, from.mesh().coordinate()).numel() * element_size(from);
+    return box_in_piece_order(from, from.mesh().coordinate()).numel() * element_size(from);
   const int64_t numel = std::accumulate(from.shape().begin(), from.shape().end(), int64_t{1}, std::multiplies<>());
   return numel * element_size(from) / from.mesh().size();
 }
@@ -93,17 +93,17 @@ bool pieces_are_equal(const MoveStep& step, const ShardTensorSpec& from, const S
   const DeviceMesh& mesh = from.mesh();
   if (auto* s = std::get_if<AllGatherStep>(&step)) {
     const auto members = members_along(mesh, s->mesh_dim);
-    const Box first = box_of(from, members.front());
+    const Box first = box_in_piece_order(from, members.front());
     for (const auto& member : members)
-      if (box_of(from, member).shape != first.shape) return false;
+      if (box_in_piece_order(from, member).shape != first.shape) return false;
     return true;
   }
   if (auto* s = std::get_if<ReduceScatterStep>(&step)) {
     const auto members = members_along(mesh, s->mesh_dim);
-    const Box held = box_of(from, mesh.coordinate());
-    const Box first = box_of(to, members.front());
+    const Box held = box_in_piece_order(from, mesh.coordinate());
+    const Box first = box_in_piece_order(to, members.front());
     for (const auto& member : members)
-      if (box_of(to, member).shape != first.shape) return false;
+      if (box_in_piece_order(to, member).shape != first.shape) return false;
     return first.shape[s->tensor_dim] * static_cast<int64_t>(members.size()) == held.shape[s->tensor_dim];
   }
   return false;
@@ -159,6 +159,20 @@ bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const Reso
          bytes_per_rank >= options.peer_copy_bytes;
 }
 
+namespace {
+// Whether every rank already holds what `to` gives it under `from`: wherever the two differ,
+// `from` is replicated (an Exchange into a zigzag order from a replicated sequence only cuts).
+bool only_cuts(const ShardTensorSpec& from, const ShardTensorSpec& to) {
+  for (size_t m = 0; m < from.placements().size(); ++m) {
+    const Placement& p = from.placements()[m];
+    if (p.is_replicate()) continue;
+    if (p != to.placements()[m]) return false;
+    if (p.is_shard() && from.sharding_of(p.tensor_dim)->sizes != to.sharding_of(p.tensor_dim)->sizes) return false;
+  }
+  return true;
+}
+}  // namespace
+
 StepTransport transport_for(const MoveStep& step, const ShardTensorSpec& from, const ShardTensorSpec& to,
                             const ResolvedTransportOptions& options) {
   TORCH_INTERNAL_ASSERT(is_redistribute_step(step), to_string(step), " is a kernel's move, not a redistribute step");
@@ -166,7 +180,8 @@ StepTransport transport_for(const MoveStep& step, const ShardTensorSpec& from, c
   // A rank outside the mesh holds nothing and moves nothing (plans are made there too: the
   // dispatcher propagates every op on every rank).
   if (!mesh.includes_this_rank() || group_size(step, mesh) == 1) return {TransportKind::None, "", ""};
-  if (std::holds_alternative<AllReduceStep>(step) && box_of(from, mesh.coordinate()).empty()) return {TransportKind::None, "", ""};
+  if (std::holds_alternative<AllReduceStep>(step) && box_in_piece_order(from, mesh.coordinate()).empty()) return {TransportKind::None, "", ""};
+  if (std::holds_alternative<ExchangeStep>(step) && only_cuts(from, to)) return {TransportKind::None, "", ""};
   if (auto* s = std::get_if<AllReduceStep>(&step)) return reduction_transport(mesh, s->mesh_dim, bytes_moved(step, from), options);
   const char* counted = counted_as(step);
   const TransportPreference preference = options.preference;

@@ -28,9 +28,9 @@
 //   - anything else (the head dim D split, a second mesh dim splitting the sequence): the
 //     inputs are gathered on that mesh dim.
 // Under is_causal the kernel places every block by the global offsets of its shards (uneven
-// sizes and empty shards included); see VisibleBlock in attention.h. Under set_zigzag_causal
-// for the ring's mesh dim (shardtensor/context_parallel.h) each shard is two pieces, the zigzag
-// chunks, and the kernel places each pair of pieces alike.
+// sizes and empty shards included); see VisibleBlock in attention.h. Where the query's sequence
+// is ZigzagShard (shardtensor/context_parallel.h), so are the keys' and values', each shard is
+// two pieces, the zigzag chunks, and the kernel places each pair of pieces alike.
 //
 // The log-sum-exp a sharded forward returns is [B, H, Sq] laid out like the query's rows
 // ([B, H, Sq, 1] for cuDNN's, as that operator returns it): the efficient operator's own pads it
@@ -64,6 +64,7 @@ struct Decision {
   ShardTensorSpec query, key, value;
   std::optional<ShardTensorSpec> mask;
   int64_t seq_mesh_dim = -1;
+  bool zigzag = false;  // the query's sequence is split in zigzag order (ZigzagShard): so are the keys'
 };
 
 // The mask's tensor dim for logical dim `logical` of [B, H, Sq, Sk], or -1 where it is
@@ -101,13 +102,13 @@ std::vector<Mode> choose_modes(const ShardTensorSpec& q, const ShardTensorSpec& 
   return modes;
 }
 
-Placements placements_for(const std::vector<Mode>& modes, bool keys) {
+Placements placements_for(const std::vector<Mode>& modes, bool keys, bool zigzag) {
   Placements ps;
   for (Mode mode : modes) {
     switch (mode) {
       case Mode::Batch: ps.push_back(Shard(kBatchDim)); break;
       case Mode::Heads: ps.push_back(Shard(kHeadDim)); break;
-      case Mode::Ring: ps.push_back(Shard(kSeqDim)); break;
+      case Mode::Ring: ps.push_back(zigzag ? ZigzagShard(kSeqDim) : Shard(kSeqDim)); break;
       case Mode::SeqLocal: ps.push_back(keys ? Replicate() : Shard(kSeqDim)); break;
       case Mode::KeysSplit: ps.push_back(keys ? Shard(kSeqDim) : Replicate()); break;
       case Mode::Gather: ps.push_back(Replicate()); break;
@@ -119,7 +120,7 @@ Placements placements_for(const std::vector<Mode>& modes, bool keys) {
 // Keys (or values) laid out for `modes`: batch and heads cut where the query's are, the
 // sequence of a ring cut where `seq_sizes` says.
 ShardTensorSpec key_layout(const ShardTensorSpec& kv, const Decision& d, int64_t group, const std::vector<int64_t>& seq_sizes) {
-  ShardTensorSpec t = with_placements(kv, placements_for(d.modes, /*keys=*/true));
+  ShardTensorSpec t = with_placements(kv, placements_for(d.modes, /*keys=*/true, d.zigzag));
   if (t.sharding_of(kBatchDim)) t = with_dim_sizes(t, kBatchDim, d.query.sharding_of(kBatchDim)->sizes);
   if (t.sharding_of(kHeadDim)) t = with_dim_sizes(t, kHeadDim, divided(d.query.sharding_of(kHeadDim)->sizes, group));
   if (t.sharding_of(kSeqDim)) t = with_dim_sizes(t, kSeqDim, seq_sizes);
@@ -169,20 +170,27 @@ Decision decide(const OpMeta& op) {
   const int64_t group = heads / kv_heads;
 
   Decision d{choose_modes(q, k, v, /*heads_allowed=*/true), q, k, v, std::nullopt, -1};
-  d.query = with_placements(q, placements_for(d.modes, /*keys=*/false));
+  d.query = with_placements(q, placements_for(d.modes, /*keys=*/false, false));
   if (d.query.sharding_of(kHeadDim) && !whole_groups(d.query.sharding_of(kHeadDim)->sizes, group)) {
     // A shard would hold part of a group whose keys another holds: gather the heads.
     d.modes = choose_modes(q, k, v, /*heads_allowed=*/false);
-    d.query = with_placements(q, placements_for(d.modes, /*keys=*/false));
+    d.query = with_placements(q, placements_for(d.modes, /*keys=*/false, false));
   }
   for (size_t m = 0; m < d.modes.size(); ++m)
     if (d.modes[m] == Mode::SeqLocal || d.modes[m] == Mode::Ring || d.modes[m] == Mode::KeysSplit)
       d.seq_mesh_dim = static_cast<int64_t>(m);
+  // The query's order decides (a zigzag key alone is put in order): its rows in zigzag order
+  // meet keys in the same order, around the ring, whose steps then balance under a causal mask.
+  if (d.seq_mesh_dim >= 0 && q.placements()[d.seq_mesh_dim].is_zigzag() && q.placements()[d.seq_mesh_dim].zigzag_unit == 1) {
+    d.zigzag = true;
+    d.modes[d.seq_mesh_dim] = Mode::Ring;  // whole keys are cut locally into their zigzag chunks
+    d.query = with_placements(q, placements_for(d.modes, /*keys=*/false, true));
+  }
   std::vector<int64_t> seq_sizes;
   if (d.seq_mesh_dim >= 0 && d.modes[d.seq_mesh_dim] != Mode::SeqLocal) {
     // Split keys keep their own split (the values'; or torch.chunk) along their mesh dim.
     const ShardTensorSpec& lead = k.placements()[d.seq_mesh_dim].is_shard(kSeqDim) ? k : v;
-    seq_sizes = with_placements(lead, placements_for(d.modes, /*keys=*/true)).sharding_of(kSeqDim)->sizes;
+    seq_sizes = with_placements(lead, placements_for(d.modes, /*keys=*/true, d.zigzag)).sharding_of(kSeqDim)->sizes;
   }
   d.key = key_layout(k, d, group, seq_sizes);
   d.value = key_layout(v, d, group, seq_sizes);
@@ -201,28 +209,6 @@ bool any_split(const Decision& d) {
   return std::any_of(d.modes.begin(), d.modes.end(), [](Mode m) { return m != Mode::Gather; });
 }
 
-// Causal attention under set_zigzag_causal for the sequence's mesh dim reads query, key and
-// value shards as zigzag chunks. That needs all three laid out by zigzag_shard along that mesh
-// dim (a ring); anything else raises rather than mask by the wrong positions.
-bool reads_zigzag(const OpMeta& op, const Decision& d, bool is_causal) {
-  if (!is_causal || d.seq_mesh_dim < 0 || !zigzag_causal(op.mesh(), d.seq_mesh_dim)) return false;
-  const int64_t m = d.seq_mesh_dim, n = op.mesh().size(m);
-  const std::string setting = "set_zigzag_causal is on for mesh dim " + std::to_string(m) + " of " + op.mesh().to_string();
-  TORCH_CHECK(!mask_input(op), op.name, ": causal attention with an explicit attn_mask is not supported while ",
-              setting, ". Turn the setting off, or fold the mask into the zigzag order yourself and pass is_causal=False.");
-  const bool ring = d.modes[m] == Mode::Ring;
-  for (const char* name : {"query", "key", "value"}) {
-    const ShardTensorSpec& s = op.input_named(name)->spec;
-    const DimSharding* seq = s.sharding_of(kSeqDim);
-    const std::vector<int64_t> expected = zigzag_shard_sizes(s.shape()[kSeqDim], n);
-    const bool laid_out = ring && seq && seq->mesh_dims == std::vector<int64_t>{m} && seq->sizes == expected;
-    TORCH_CHECK(laid_out, op.name, ": causal attention while ", setting, " needs query, key and value split on the sequence ",
-                "(dim 2) by mesh dim ", m, " only, in zigzag_shard's sizes (", join(expected, ","), " for the ", name, "); got the ", name,
-                " as ", s.to_string(), ". Lay each of them out with zigzag_shard(t, ", m, ", 2), or turn the setting off.");
-  }
-  return true;
-}
-
 AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionOperator kind, AttentionPlan::Pass pass) {
   AttentionPlan plan(op.mesh());
   plan.pass = pass;
@@ -234,7 +220,8 @@ AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionOperator kin
   plan.keys_split = seq_mode == Mode::KeysSplit;
   const int64_t sq = d.query.shape()[kSeqDim], sk = d.key.shape()[kSeqDim];
   const bool rows_split = seq_mode == Mode::Ring || seq_mode == Mode::SeqLocal;
-  plan.zigzag = reads_zigzag(op, d, plan.is_causal);
+  // Without a causal mask positions do not matter: zigzag pieces are then read as they lie.
+  plan.zigzag = d.zigzag && plan.is_causal;
   if (plan.zigzag) {
     const int64_t n = op.mesh().size(d.seq_mesh_dim);
     plan.query_rows = zigzag_pieces(sq, n);
@@ -284,9 +271,17 @@ std::vector<OutputLayout> other_forward_outputs(const OpMeta& op, AttentionOpera
 }
 
 // (output, logsumexp, and the operator's others; see other_forward_outputs)
+// A mask's rows and columns are positions: on zigzag chunks the ring would read them as lying
+// in order. Refused, the operator runs on its inputs put back in order (dispatch/propagation.cpp).
+std::optional<RuleResult> refuse_zigzag_mask(const OpMeta& op, const Decision& d) {
+  if (!d.zigzag || !mask_input(op)) return std::nullopt;
+  return RuleResult::unsupported("an attention mask next to a query split in zigzag order is not supported");
+}
+
 RuleResult attention_rule(const OpMeta& op, AttentionOperator kind) {
   if (auto refused = refuse_unsupported(op, kind)) return *refused;
   const Decision d = decide(op);
+  if (auto refused = refuse_zigzag_mask(op, d)) return *refused;
   RuleResult r;
   for (const TensorInput& in : op.inputs) {
     const std::string& name = arg_name(op, in);
@@ -304,6 +299,7 @@ RuleResult attention_rule(const OpMeta& op, AttentionOperator kind) {
 RuleResult attention_backward_rule(const OpMeta& op, AttentionOperator kind) {
   if (auto refused = refuse_unsupported(op, kind)) return *refused;
   const Decision d = decide(op);
+  if (auto refused = refuse_zigzag_mask(op, d)) return *refused;
   RuleResult r;
   for (const TensorInput& in : op.inputs) {
     const std::string& name = arg_name(op, in);
@@ -428,6 +424,8 @@ void register_attention_rules(RuleRegistry& registry) {
   for (const auto& [name, kind] : operators) {
     registry.add(name, [kind = kind](const OpMeta& op) { return attention_rule(op, kind); });
     registry.add(std::string(name) + "_backward", [kind = kind](const OpMeta& op) { return attention_backward_rule(op, kind); });
+    registry.carry_order(name);
+    registry.carry_order(std::string(name) + "_backward");
   }
 }
 

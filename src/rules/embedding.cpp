@@ -13,6 +13,7 @@
 // table's rows locally.
 #include "rules/embedding.h"
 #include "rules/helpers.h"
+#include "spec/sequence_order.h"
 
 namespace shardtensor {
 
@@ -34,6 +35,8 @@ namespace {
 // matters to the backward, so the forward's local lookup ignores it, as libtorch's does.
 RuleResult embedding_rule(const OpMeta& op) {
   const ShardTensorSpec& table = op.inputs[0].spec;
+  // The masked lookup reads the table's rows at their offsets, which a zigzag split has not.
+  if (has_zigzag(table)) return RuleResult::unsupported("a table split in zigzag order is looked up in order");
   const ShardTensorSpec indices = without_partial(op.inputs[1].spec);
   // The vocabulary rows (dim 0) split where the indices are whole; not a 2-d table: the op raises.
   const std::vector<int64_t> vocab = table.ndim() == 2 ? lookup_split_mesh_dims(table, 0, indices) : std::vector<int64_t>{};
@@ -68,6 +71,9 @@ RuleResult embedding_backward_rule(const OpMeta& op) {
 void register_embedding_rules(RuleRegistry& registry) {
   registry.add("aten::embedding", embedding_rule);
   registry.add("aten::embedding_dense_backward", embedding_backward_rule);
+  // The output is laid out like the indices, whose zigzag order it keeps.
+  registry.carry_order("aten::embedding");
+  registry.carry_order("aten::embedding_dense_backward");
 }
 
 }  // namespace shardtensor

@@ -38,6 +38,13 @@ int64_t numel_of(const ShardTensorSpec& spec);
 // A fully replicated spec of the same shape and dtype.
 ShardTensorSpec replicated(const ShardTensorSpec& spec);
 
+// Shard placement `p` on tensor dim `dim` instead, its order kept: where a rule moves a shard to
+// another dim position by position, a zigzag order moves with it.
+inline Placement moved_to_dim(Placement p, int64_t dim) {
+  p.tensor_dim = dim;
+  return p;
+}
+
 // The layout of `spec` with every tensor dim d moved to dim_map[d] (-1: the dim disappears,
 // and must not be sharded) in an output of `out_ndim` dims.
 OutputLayout remap_dims(const ShardTensorSpec& spec, const std::vector<int64_t>& dim_map);

@@ -60,7 +60,7 @@ ShardTensorSpec target_like(const ShardTensorSpec& target, const ShardTensorSpec
   const std::vector<int64_t> to_target = without_class_dim(self.ndim());
   Placements ps(self.placements().size(), Replicate());
   for (size_t m = 0; m < ps.size(); ++m)
-    if (self.placements()[m].is_shard()) ps[m] = Shard(to_target[self.placements()[m].tensor_dim]);
+    if (self.placements()[m].is_shard()) ps[m] = moved_to_dim(self.placements()[m], to_target[self.placements()[m].tensor_dim]);
   ShardTensorSpec t = with_placements(target, ps);
   for (const DimSharding& s : self.shardings()) t = with_dim_sizes(t, to_target[s.tensor_dim], s.sizes);
   return t;
@@ -117,6 +117,10 @@ void register_loss_rules(RuleRegistry& registry) {
   registry.add("aten::mse_loss_backward", mse_loss_backward_rule);
   for (const char* name : {"aten::nll_loss_forward", "aten::nll_loss2d_forward"}) registry.add(name, nll_loss_rule);
   for (const char* name : {"aten::nll_loss_backward", "aten::nll_loss2d_backward"}) registry.add(name, nll_loss_backward_rule);
+  // Position by position, then sums over positions: a zigzag order is kept or summed away.
+  for (const char* name : {"aten::mse_loss", "aten::mse_loss_backward", "aten::nll_loss_forward", "aten::nll_loss2d_forward",
+                           "aten::nll_loss_backward", "aten::nll_loss2d_backward"})
+    registry.carry_order(name);
 }
 
 }  // namespace shardtensor

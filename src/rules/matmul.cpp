@@ -47,15 +47,17 @@ std::optional<Placement> combine(const Einsum& e, const Placement& pa, const Pla
     return std::nullopt;
   }
   if (pa.is_replicate() && pb.is_replicate()) return Replicate();
+  // A shard keeps its order into the output (a zigzag sequence stays one); a label split on
+  // both sides must be split in one order.
   if (la && lb) {
-    if (la != lb) return std::nullopt;
+    if (la != lb || pa.order != pb.order || pa.zigzag_unit != pb.zigzag_unit) return std::nullopt;
     if (e.out.find(la) == std::string::npos) return Partial(ReduceOp::Sum);  // contraction
-    return Shard(out_dim(la));                                               // batch
+    return moved_to_dim(pa, out_dim(la));                                    // batch
   }
   const char l = la ? la : lb;
   const std::string& other_labels = la ? e.b : e.a;
   if (other_labels.find(l) != std::string::npos) return std::nullopt;  // shared label, only one side sharded
-  return Shard(out_dim(l));
+  return moved_to_dim(la ? pa : pb, out_dim(l));
 }
 
 struct Choice {
@@ -149,7 +151,7 @@ BiasedProduct plan_biased_product(const Einsum& e, const ShardTensorSpec& bias, 
   Placements qbias(bias.mesh().ndim(), Replicate());
   for (size_t m = 0; m < qbias.size(); ++m) {
     const Placement& o = p.out.placements[m];
-    if (o.is_shard() && o.tensor_dim - offset >= 0 && bias.shape()[o.tensor_dim - offset] > 1) qbias[m] = Shard(o.tensor_dim - offset);
+    if (o.is_shard() && o.tensor_dim - offset >= 0 && bias.shape()[o.tensor_dim - offset] > 1) qbias[m] = moved_to_dim(o, o.tensor_dim - offset);
   }
   ShardTensorSpec tbias = with_placements(bias, qbias);
   for (const DimShardSizes& table : p.out.sizes)
@@ -177,7 +179,7 @@ RuleResult product_with_bias(const OpMeta& op, const Einsum& e) {
 ShardTensorSpec transposed(const ShardTensorSpec& spec) {
   Placements placements = spec.placements();
   for (Placement& p : placements)
-    if (p.is_shard()) p = Shard(1 - p.tensor_dim);
+    if (p.is_shard()) p.tensor_dim = 1 - p.tensor_dim;
   ShardSizes sizes = spec.shard_sizes();
   for (DimShardSizes& table : sizes) table.tensor_dim = 1 - table.tensor_dim;
   return ShardTensorSpec(spec.mesh(), placements, {spec.shape()[1], spec.shape()[0]}, spec.dtype(), sizes);
@@ -226,6 +228,9 @@ void register_matmul_rules(RuleRegistry& registry) {
   registry.add("aten::addmm", einsum_with_bias({"ik", "kj", "ij"}));
   registry.add("aten::baddbmm", einsum_with_bias({"bik", "bkj", "bij"}));
   registry.add("aten::linear", linear_rule);
+  // Output shards are the operands' own, order kept (combine above).
+  for (const char* name : {"aten::mm", "aten::bmm", "aten::mv", "aten::dot", "aten::addmm", "aten::baddbmm", "aten::linear"})
+    registry.carry_order(name);
 }
 
 }  // namespace shardtensor

@@ -53,7 +53,7 @@ OutputLayout parameter_layout(const ShardTensorSpec& in, int64_t axis, Placement
   OutputLayout layout{Placements(in.placements().size(), Replicate()), {}};
   for (size_t m = 0; m < in.placements().size(); ++m) {
     const Placement& p = in.placements()[m];
-    if (p.is_shard()) layout.placements[m] = p.tensor_dim >= axis ? Shard(p.tensor_dim - axis) : batch;
+    if (p.is_shard()) layout.placements[m] = p.tensor_dim >= axis ? moved_to_dim(p, p.tensor_dim - axis) : batch;
   }
   for (const DimSharding& s : in.shardings())
     if (s.tensor_dim >= axis) layout.sizes.push_back({s.tensor_dim - axis, s.sizes});
@@ -103,6 +103,11 @@ void register_normalization_rules(RuleRegistry& registry) {
     registry.add(name, softmax_backward_rule);
   registry.add("aten::native_layer_norm", layer_norm_rule);
   registry.add("aten::native_layer_norm_backward", layer_norm_backward_rule);
+  // Rows keep their placements, and sums over a row do not depend on its order: a zigzag order
+  // is kept (a softmax over a zigzag dim gathers it, in order).
+  for (const char* name : {"aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data", "aten::_log_softmax_backward_data",
+                           "aten::native_layer_norm", "aten::native_layer_norm_backward"})
+    registry.carry_order(name);
 }
 
 }  // namespace shardtensor

@@ -211,7 +211,7 @@ RuleResult pointwise(const OpMeta& op, PartialPolicy policy) {
   for (int64_t m = 0; m < mesh_ndim; ++m) {
     const Placement& p = lead_in.spec.placements()[m];
     if (p.is_shard()) {
-      if (is_full_dim(lead_in, p.tensor_dim)) out_ps[m] = Shard(p.tensor_dim + offset_of(lead_in));
+      if (is_full_dim(lead_in, p.tensor_dim)) out_ps[m] = moved_to_dim(p, p.tensor_dim + offset_of(lead_in));
       continue;
     }
     const PartialOutcome o = partial_outcome(op, policy, m);
@@ -233,7 +233,7 @@ RuleResult pointwise(const OpMeta& op, PartialPolicy policy) {
     for (int64_t m = 0; m < mesh_ndim; ++m) {
       const Placement& o = out_ps[m];
       const int64_t d = o.is_shard() ? o.tensor_dim - offset_of(in) : -1;
-      if (o.is_shard() && d >= 0 && is_full_dim(in, d)) ps[m] = Shard(d);
+      if (o.is_shard() && d >= 0 && is_full_dim(in, d)) ps[m] = moved_to_dim(o, d);
       if (kept[i][m]) ps[m] = in.spec.placements()[m];
     }
     return ps;
@@ -366,6 +366,18 @@ void register_pointwise_rules(RuleRegistry& registry) {
     registry.add(name, like_factory);
   for (const char* name : {"aten::new_zeros", "aten::new_ones", "aten::new_empty", "aten::new_full", "aten::new_empty_strided"})
     registry.add(name, new_factory);
+  // Every rule above computes position by position and copies the lead's placements.
+  for (const char* base : kUnaryOps) {
+    registry.carry_order(std::string("aten::") + base);
+    registry.carry_order(std::string("aten::") + base + "_");
+  }
+  for (const char* name : kUnaryWithArgs) registry.carry_order(name);
+  for (const char* name : kBinaryOps) registry.carry_order(name);
+  for (const auto& [policy, names] : policies)
+    for (const std::string& name : names) registry.carry_order(name);
+  for (const char* name : {"aten::zeros_like", "aten::ones_like", "aten::empty_like", "aten::full_like", "aten::new_zeros",
+                           "aten::new_ones", "aten::new_empty", "aten::new_full", "aten::new_empty_strided"})
+    registry.carry_order(name);
   // Results that depend on every value (.item(), nonzero): computed whole from gathered inputs,
   // identical on every rank, Replicate.
   for (const char* name : {"aten::_local_scalar_dense", "aten::nonzero"})

@@ -149,30 +149,37 @@ Rule reduce(ReductionArgs ra) {
 }  // namespace
 
 void register_reduction_rules(RuleRegistry& registry) {
-  registry.add("aten::sum", reduce({Over::AllDims, Combine::Sum}));
-  registry.add("aten::sum.dim_IntList", reduce({Over::DimArg, Combine::Sum}));
-  registry.add("aten::mean", reduce({Over::AllDims, Combine::Mean}));
-  registry.add("aten::mean.dim", reduce({Over::DimArg, Combine::Mean}));
-  registry.add("aten::prod", reduce({Over::AllDims, Combine::Product}));
-  registry.add("aten::prod.dim_int", reduce({Over::DimArg, Combine::Product}));
-  registry.add("aten::amax", reduce({Over::DimArg, Combine::Max}));
-  registry.add("aten::amin", reduce({Over::DimArg, Combine::Min}));
-  registry.add("aten::max", reduce({Over::AllDims, Combine::Max}));
-  registry.add("aten::min", reduce({Over::AllDims, Combine::Min}));
-  registry.add("aten::max.dim", reduce({Over::DimArg, Combine::Gather}));
-  registry.add("aten::min.dim", reduce({Over::DimArg, Combine::Gather}));
-  registry.add("aten::argmax", reduce({Over::DimArg, Combine::Gather}));
-  registry.add("aten::argmin", reduce({Over::DimArg, Combine::Gather}));
-  registry.add("aten::var.correction", reduce({Over::DimArg, Combine::Gather}));
-  registry.add("aten::std.correction", reduce({Over::DimArg, Combine::Gather}));
-  registry.add("aten::all", reduce({Over::AllDims, Combine::Gather}));
-  registry.add("aten::any", reduce({Over::AllDims, Combine::Gather}));
-  registry.add("aten::all.dim", reduce({Over::DimArg, Combine::Gather}));
-  registry.add("aten::any.dim", reduce({Over::DimArg, Combine::Gather}));
-  registry.add("aten::logsumexp", reduce({Over::DimArg, Combine::Gather}));
-  for (const char* name : {"aten::norm.Scalar", "aten::norm.ScalarOpt_dtype"}) registry.add(name, reduce({Over::AllDims, Combine::Norm}));
+  // Every reduction carries the zigzag order: a reduced zigzag dim becomes a Partial, whose
+  // reduction does not depend on the order, or is gathered in order (arg-reductions, whose
+  // indices are positions); the dims kept keep their placements.
+  const auto add = [&](const char* name, ReductionArgs ra) {
+    registry.add(name, reduce(ra));
+    registry.carry_order(name);
+  };
+  add("aten::sum", {Over::AllDims, Combine::Sum});
+  add("aten::sum.dim_IntList", {Over::DimArg, Combine::Sum});
+  add("aten::mean", {Over::AllDims, Combine::Mean});
+  add("aten::mean.dim", {Over::DimArg, Combine::Mean});
+  add("aten::prod", {Over::AllDims, Combine::Product});
+  add("aten::prod.dim_int", {Over::DimArg, Combine::Product});
+  add("aten::amax", {Over::DimArg, Combine::Max});
+  add("aten::amin", {Over::DimArg, Combine::Min});
+  add("aten::max", {Over::AllDims, Combine::Max});
+  add("aten::min", {Over::AllDims, Combine::Min});
+  add("aten::max.dim", {Over::DimArg, Combine::Gather});
+  add("aten::min.dim", {Over::DimArg, Combine::Gather});
+  add("aten::argmax", {Over::DimArg, Combine::Gather});
+  add("aten::argmin", {Over::DimArg, Combine::Gather});
+  add("aten::var.correction", {Over::DimArg, Combine::Gather});
+  add("aten::std.correction", {Over::DimArg, Combine::Gather});
+  add("aten::all", {Over::AllDims, Combine::Gather});
+  add("aten::any", {Over::AllDims, Combine::Gather});
+  add("aten::all.dim", {Over::DimArg, Combine::Gather});
+  add("aten::any.dim", {Over::DimArg, Combine::Gather});
+  add("aten::logsumexp", {Over::DimArg, Combine::Gather});
+  for (const char* name : {"aten::norm.Scalar", "aten::norm.ScalarOpt_dtype"}) add(name, {Over::AllDims, Combine::Norm});
   for (const char* name : {"aten::norm.ScalarOpt_dim", "aten::norm.ScalarOpt_dim_dtype", "aten::linalg_vector_norm"})
-    registry.add(name, reduce({Over::DimArg, Combine::Norm}));
+    add(name, {Over::DimArg, Combine::Norm});
 }
 
 }  // namespace shardtensor

@@ -56,6 +56,13 @@ bool OpMeta::is_inplace() const {
 
 void RuleRegistry::add(const std::string& op_name, Rule rule) {
   rules_[op_name] = std::move(rule);
+  carrying_.erase(op_name);
+  ++generation_;
+}
+
+void RuleRegistry::carry_order(const std::string& op_name) {
+  TORCH_INTERNAL_ASSERT(rules_.count(op_name), "carry_order: no rule for ", op_name);
+  carrying_.insert(op_name);
   ++generation_;
 }
 

@@ -4,6 +4,7 @@
 
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "shardtensor/sharding_rule.h"
@@ -17,8 +18,17 @@ class RuleRegistry {
   std::vector<std::string> op_names() const;        // sorted: the coverage index
   uint64_t generation() const { return generation_; }  // bumps on every add (cache invalidation)
 
+  // Marks the rule of `op_name` as one that carries the zigzag order (shardtensor/placement.h):
+  // it is handed ZigzagShard inputs, and an output position it takes from such an input keeps
+  // that order (it copies the placement, as pointwise, matmul and dim-keeping views do, or reads
+  // it, as attention does). Every other rule is handed its inputs in order
+  // (dispatch/propagation.cpp). add() drops the mark: a replacement rule must be marked anew.
+  void carry_order(const std::string& op_name);
+  bool carries_order(const std::string& op_name) const { return carrying_.count(op_name) != 0; }
+
  private:
   std::unordered_map<std::string, Rule> rules_;
+  std::unordered_set<std::string> carrying_;
   uint64_t generation_ = 0;
 };
 

@@ -101,6 +101,13 @@ RuleResult view_rule(const OpMeta& op) {
     int64_t in_after = 1, out_after = 1;
     for (int64_t k = d + 1; ok && k < g->i1; ++k) in_after *= ishape[k];
     for (int64_t k = od + 1; ok && k < g->o1; ++k) out_after *= oshape[k];
+    // A zigzag dim stays zigzag where its chunks stay whole rows of the output dim: merged with
+    // the dims after it ([S, B] -> [S*B]) its unit grows by B, split back it shrinks again.
+    int64_t unit = 1;
+    if (ok && s.zigzag) {
+      ok = (s.zigzag_unit * in_after) % out_after == 0;
+      unit = ok ? s.zigzag_unit * in_after / out_after : 1;
+    }
     std::vector<int64_t> sizes;
     for (int64_t piece : s.sizes) {
       ok = ok && (piece * in_after) % out_after == 0;
@@ -108,7 +115,8 @@ RuleResult view_rule(const OpMeta& op) {
     }
     for (int64_t m : s.mesh_dims) {
       if (ok) {
-        out_ps[m] = Shard(od);
+        out_ps[m] = moved_to_dim(ps[m], od);
+        if (s.zigzag) out_ps[m].zigzag_unit = unit;
       } else {
         ps[m] = out_ps[m] = Replicate();
       }
@@ -419,7 +427,12 @@ void register_view_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::transpose.int", "aten::t"}) registry.add(name, transpose_rule);
   registry.add("aten::unsqueeze", unsqueeze_rule);
   for (const char* name : {"aten::squeeze", "aten::squeeze.dim"}) registry.add(name, squeeze_rule);
+  // These keep every position of a dim they keep (their placements are copied or remapped).
+  for (const char* name : {"aten::detach", "aten::alias", "aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::permute",
+                           "aten::transpose.int", "aten::t", "aten::unsqueeze", "aten::squeeze", "aten::squeeze.dim"})
+    registry.carry_order(name);
   registry.add("aten::expand", expand_rule);
+  registry.carry_order("aten::expand");  // an expanded dim is gathered (in order), the others remapped
   registry.add("aten::repeat", repeat_rule);
   registry.add("aten::select.int", whole_dim(/*removes_dim=*/true));
   registry.add("aten::slice.Tensor", whole_dim(/*removes_dim=*/false));
@@ -436,6 +449,11 @@ void register_view_rules(RuleRegistry& registry) {
   registry.add("aten::value_selecting_reduction_backward", [](const OpMeta& op) {
     return scatter_back(op, "sizes", /*inserts_dim=*/!bool_arg(op, "keepdim"), /*gather_dim=*/true);
   });
+  // The dim these read or join is gathered (in order); the others keep their placements.
+  for (const char* name : {"aten::select.int", "aten::slice.Tensor", "aten::split.Tensor", "aten::split_with_sizes", "aten::unbind.int",
+                           "aten::cat", "aten::stack", "aten::select_backward", "aten::slice_backward", "aten::index_select_backward",
+                           "aten::value_selecting_reduction_backward"})
+    registry.carry_order(name);
 }
 
 }  // namespace shardtensor

@@ -35,7 +35,7 @@ const char* to_string(ReduceOp op) {
 bool Placement::operator==(const Placement& other) const {
   if (kind != other.kind) return false;
   switch (kind) {
-    case Kind::Shard: return tensor_dim == other.tensor_dim;
+    case Kind::Shard: return tensor_dim == other.tensor_dim && order == other.order && zigzag_unit == other.zigzag_unit;
     case Kind::Partial: return reduce_op == other.reduce_op && (reduce_op != ReduceOp::Norm || norm_order == other.norm_order);
     case Kind::Replicate: return true;
   }
@@ -44,13 +44,21 @@ bool Placement::operator==(const Placement& other) const {
 
 size_t Placement::hash() const {
   size_t h = static_cast<size_t>(kind);
-  if (is_shard()) h = hash_combine(h, static_cast<size_t>(tensor_dim));
+  if (is_shard()) h = hash_combine(h, static_cast<size_t>(tensor_dim) * 2 + (order == ShardOrder::Zigzag));
+  if (is_zigzag()) h = hash_combine(h, static_cast<size_t>(zigzag_unit));
   if (is_partial()) h = hash_combine(h, static_cast<size_t>(reduce_op));
   if (is_partial() && reduce_op == ReduceOp::Norm) h = hash_combine(h, std::hash<double>()(norm_order));
   return h;
 }
 
 Placement Shard(int64_t tensor_dim) { return Placement{Placement::Kind::Shard, tensor_dim, ReduceOp::Sum}; }
+Placement ZigzagShard(int64_t tensor_dim, int64_t unit) {
+  TORCH_CHECK_VALUE(unit >= 1, "ZigzagShard(", tensor_dim, ", unit=", unit, "): the unit is a count of positions, >= 1.");
+  Placement p = Shard(tensor_dim);
+  p.order = ShardOrder::Zigzag;
+  p.zigzag_unit = unit;
+  return p;
+}
 Placement Replicate() { return Placement{}; }
 Placement Partial(ReduceOp op) { return Placement{Placement::Kind::Partial, -1, op}; }
 
@@ -64,7 +72,9 @@ Placement NormPartial(double p) {
 
 std::string to_string(const Placement& p) {
   switch (p.kind) {
-    case Placement::Kind::Shard: return "S(" + std::to_string(p.tensor_dim) + ")";
+    case Placement::Kind::Shard:
+      if (!p.is_zigzag()) return "S(" + std::to_string(p.tensor_dim) + ")";
+      return "Z(" + std::to_string(p.tensor_dim) + (p.zigzag_unit == 1 ? "" : ", unit=" + std::to_string(p.zigzag_unit)) + ")";
     case Placement::Kind::Replicate: return "R";
     case Placement::Kind::Partial: {
       if (p.reduce_op != ReduceOp::Norm) return std::string("P(") + to_string(p.reduce_op) + ")";

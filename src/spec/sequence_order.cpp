@@ -4,26 +4,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
-#include <mutex>
-#include <utility>
 
 namespace shardtensor {
-namespace {
-
-struct Settings {
-  std::mutex mutex;
-  std::vector<std::pair<DeviceMesh, int64_t>> zigzag;  // (mesh, mesh dim) pairs set on
-  std::atomic<uint64_t> generation{0};
-};
-
-Settings& settings() {
-  static Settings* s = new Settings;  // never destroyed: read by rules until the process ends
-  return *s;
-}
-
-}  // namespace
-
 int64_t length(const Pieces& pieces) {
   int64_t n = 0;
   for (const Range& p : pieces) n += p.size();
@@ -56,6 +38,12 @@ std::vector<int64_t> zigzag_shard_sizes(int64_t length, int64_t ranks) {
   return sizes;
 }
 
+std::vector<int64_t> zigzag_sizes_in_units(int64_t length, int64_t ranks, int64_t unit) {
+  std::vector<int64_t> sizes = zigzag_shard_sizes(length / unit, ranks);
+  for (int64_t& s : sizes) s *= unit;
+  return sizes;
+}
+
 Pieces zigzag_positions(int64_t length, int64_t ranks, int64_t coordinate) {
   const std::vector<Range> chunks = sizes_to_ranges(zigzag_chunk_lengths(length, ranks));
   return {chunks[coordinate], chunks[2 * ranks - 1 - coordinate]};
@@ -73,35 +61,35 @@ std::vector<Pieces> zigzag_pieces(int64_t length, int64_t ranks) {
   return pieces;
 }
 
-void set_zigzag_causal(const DeviceMesh& mesh, int64_t mesh_dim, bool on) {
-  TORCH_CHECK(mesh_dim >= 0 && mesh_dim < mesh.ndim(), "set_zigzag_causal: mesh_dim ", mesh_dim, " is not a dim of ", mesh,
-              " (0 to ", mesh.ndim() - 1, ").");
-  Settings& s = settings();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  auto it = std::find_if(s.zigzag.begin(), s.zigzag.end(), [&](const auto& e) { return e.second == mesh_dim && e.first == mesh; });
-  const bool was = it != s.zigzag.end();
-  if (was == on) return;
-  if (on)
-    s.zigzag.emplace_back(mesh, mesh_dim);
-  else
-    s.zigzag.erase(it);
-  ++s.generation;
+Pieces stretches_held(const ShardTensorSpec& spec, const DimSharding& sharding, const std::vector<int64_t>& coordinate) {
+  if (sharding.zigzag) {
+    const int64_t m = sharding.mesh_dims.front(), unit = sharding.zigzag_unit;
+    Pieces pieces = zigzag_positions(spec.shape()[sharding.tensor_dim] / unit, spec.mesh().size(m), coordinate[m]);
+    for (Range& r : pieces) r = Range{r.begin * unit, r.end * unit};
+    return pieces;
+  }
+  const int64_t piece = sharding.piece_index(spec.mesh().shape(), coordinate);
+  return {Range{sharding.offsets[piece], sharding.offsets[piece] + sharding.sizes[piece]}};
 }
 
-bool zigzag_causal(const DeviceMesh& mesh, int64_t mesh_dim) {
-  Settings& s = settings();
-  if (s.generation == 0) return false;  // never set: no lock on the common path
-  std::lock_guard<std::mutex> lock(s.mutex);
-  return std::any_of(s.zigzag.begin(), s.zigzag.end(), [&](const auto& e) { return e.second == mesh_dim && e.first == mesh; });
+bool has_zigzag(const ShardTensorSpec& spec) {
+  return std::any_of(spec.placements().begin(), spec.placements().end(), [](const Placement& p) { return p.is_zigzag(); });
 }
 
-uint64_t sequence_order_generation() { return settings().generation; }
-
-ZigzagCausal::ZigzagCausal(const DeviceMesh& mesh, int64_t mesh_dim)
-    : mesh_(mesh), mesh_dim_(mesh_dim), previous_(zigzag_causal(mesh, mesh_dim)) {
-  set_zigzag_causal(mesh_, mesh_dim_, true);
+namespace {
+ShardTensorSpec without_zigzag(const ShardTensorSpec& spec, bool keep_sizes) {
+  if (!has_zigzag(spec)) return spec;
+  Placements placements = spec.placements();
+  for (Placement& p : placements)
+    if (p.is_zigzag()) p = Shard(p.tensor_dim);
+  ShardSizes sizes;
+  for (const DimSharding& s : spec.shardings())
+    if (keep_sizes || !s.zigzag) sizes.push_back({s.tensor_dim, s.sizes});
+  return ShardTensorSpec(spec.mesh(), std::move(placements), spec.shape(), spec.dtype(), sizes);
 }
+}  // namespace
 
-ZigzagCausal::~ZigzagCausal() { set_zigzag_causal(mesh_, mesh_dim_, previous_); }
+ShardTensorSpec in_order(const ShardTensorSpec& spec) { return without_zigzag(spec, /*keep_sizes=*/false); }
+ShardTensorSpec in_piece_order(const ShardTensorSpec& spec) { return without_zigzag(spec, /*keep_sizes=*/true); }
 
 }  // namespace shardtensor

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "spec/placement_checks.h"
+#include "spec/sequence_order.h"
 #include "util/hash.h"
 #include "util/strings.h"
 
@@ -120,8 +121,16 @@ ShardTensorSpec::ShardTensorSpec(DeviceMesh mesh, Placements placements, std::ve
   for (int64_t d = 0; d < ndim; ++d) {
     DimSharding sharding;
     sharding.tensor_dim = d;
-    for (int64_t m = 0; m < data->mesh.ndim(); ++m)
-      if (data->placements[m].is_shard(d)) sharding.mesh_dims.push_back(m);
+    for (int64_t m = 0; m < data->mesh.ndim(); ++m) {
+      if (!data->placements[m].is_shard(d)) continue;
+      sharding.mesh_dims.push_back(m);
+      if (!data->placements[m].is_zigzag()) continue;
+      sharding.zigzag = true;
+      sharding.zigzag_unit = data->placements[m].zigzag_unit;
+    }
+    TORCH_CHECK_VALUE(!sharding.zigzag || sharding.mesh_dims.size() == 1, "ShardTensorSpec: tensor dim ", d,
+                      " is split by mesh dims (", join(sharding.mesh_dims, ", "), ") and one of them splits it in zigzag order (",
+                      context(), "); a zigzag dim is split by its one mesh dim only. Redistribute the others off it first.");
     if (!sharding.mesh_dims.empty()) data->shardings.push_back(std::move(sharding));
   }
 
@@ -144,8 +153,17 @@ ShardTensorSpec::ShardTensorSpec(DeviceMesh mesh, Placements placements, std::ve
       check_explicit_table(*given, sharding, global_size, entries, context);
       sharding.sizes = given->sizes;
     } else {
-      sharding.sizes = default_table(global_size, sharding.mesh_dims, data->mesh.shape());
+      TORCH_CHECK_VALUE(!sharding.zigzag || global_size % sharding.zigzag_unit == 0, "ShardTensorSpec: tensor dim ", sharding.tensor_dim,
+                        " of size ", global_size, " is split in zigzag order in units of ", sharding.zigzag_unit,
+                        " positions, which do not divide it (", context(), ").");
+      sharding.sizes = sharding.zigzag ? zigzag_sizes_in_units(global_size, entries, sharding.zigzag_unit)
+                                       : default_table(global_size, sharding.mesh_dims, data->mesh.shape());
     }
+    TORCH_CHECK_VALUE(!sharding.zigzag || (global_size % sharding.zigzag_unit == 0 &&
+                                           sharding.sizes == zigzag_sizes_in_units(global_size, entries, sharding.zigzag_unit)),
+                      "ShardTensorSpec: shard sizes [", join(sharding.sizes, ", "), "] given for tensor dim ", sharding.tensor_dim,
+                      ", which is split in zigzag order (", context(), "); zigzag pieces of ", global_size, " over ", entries,
+                      " ranks have the sizes zigzag_shard_sizes gives only.");
     sharding.offsets.resize(sharding.sizes.size());
     std::exclusive_scan(sharding.sizes.begin(), sharding.sizes.end(), sharding.offsets.begin(), int64_t{0});
     data->even = data->even && std::all_of(sharding.sizes.begin(), sharding.sizes.end(),
@@ -213,8 +231,12 @@ std::vector<int64_t> ShardTensorSpec::local_shape(const std::vector<int64_t>& co
 std::vector<int64_t> ShardTensorSpec::local_offsets(const std::vector<int64_t>& coordinate) const {
   check_coordinate(data_->mesh, coordinate);
   std::vector<int64_t> offsets(data_->shape.size(), 0);
-  for (const DimSharding& s : data_->shardings)
+  for (const DimSharding& s : data_->shardings) {
+    TORCH_CHECK_VALUE(!s.zigzag, "ShardTensorSpec: tensor dim ", s.tensor_dim, " of ", to_string(),
+                      " is split in zigzag order, so each piece is two stretches of it with no single offset; "
+                      "zigzag_unshard it (or redistribute it to Shard) for an in-order layout.");
     offsets[s.tensor_dim] = s.offsets[s.piece_index(data_->mesh.shape(), coordinate)];
+  }
   return offsets;
 }
 

@@ -348,9 +348,11 @@ TEST(Attention, WholeRowsAgainstSplitKeysMergeByOneGatherOfStatistics) {
 }
 
 // Zigzag chunks (load-balanced causal attention): Q, K and V sharded in order, moved to zigzag
-// chunks, attended under ZigzagCausal and moved back equal one process, values and the three
-// gradients. Lengths: a multiple of 2n, an uneven one, and fewer positions than chunks (empty
-// chunks, so empty shards); grouped heads in the uneven case.
+// chunks (ZigzagShard, which attention reads), attended and moved back equal one process,
+// values and the three gradients. The zigzag output is the sequence in order too: its
+// full_tensor is one process's. Keys and values left in order are put in the query's order.
+// Lengths: a multiple of 2n, an uneven one, and fewer positions than chunks (empty chunks, so
+// empty shards); grouped heads in the uneven case.
 TEST(Attention, ZigzagCausalRingMatchesOneProcess) {
   SKIP_WITHOUT_SDPA();
   const int64_t n = mesh_1d().size(0);
@@ -367,25 +369,32 @@ TEST(Attention, ZigzagCausalRingMatchesOneProcess) {
     auto leaf = [&](const at::Tensor& t) { return distribute_tensor(t, mesh_1d(), {Shard(2)}).requires_grad_(); };
     const at::Tensor sq = leaf(q), sk = leaf(k), sv = leaf(v);
     const std::string where = "S = " + std::to_string(s) + ", " + std::to_string(kv_heads) + " key heads";
-    {
-      ZigzagCausal scope(mesh_1d(), 0);
-      const at::Tensor zq = zigzag_shard(sq, 0, 2), zk = zigzag_shard(sk, 0, 2), zv = zigzag_shard(sv, 0, 2);
-      EXPECT_EQ(spec(zq).sharding_of(2)->sizes, zigzag_shard_sizes(s, n)) << where;
-      const at::Tensor zout = sdpa(zq, zk, zv, /*is_causal=*/true);
-      EXPECT_EQ(spec(zout).sharding_of(2)->sizes, zigzag_shard_sizes(s, n)) << where;
-      const at::Tensor out = zigzag_unshard(zout, 0, 2);
-      EXPECT_EQ(spec(out).sharding_of(2)->sizes, chunk_sizes(s, n)) << where;
-      expect_close(out, expected.detach(), "output, " + where);
-      (out * distribute_tensor(grad, mesh_1d(), {Shard(2)})).sum().backward();
-    }
+    const at::Tensor zq = zigzag_shard(sq, 0, 2), zk = zigzag_shard(sk, 0, 2), zv = zigzag_shard(sv, 0, 2);
+    EXPECT_EQ(spec(zq).placements(), (Placements{ZigzagShard(2)})) << where;
+    EXPECT_EQ(spec(zq).sharding_of(2)->sizes, zigzag_shard_sizes(s, n)) << where;
+    const at::Tensor zout = sdpa(zq, zk, zv, /*is_causal=*/true);
+    EXPECT_EQ(spec(zout).placements(), (Placements{ZigzagShard(2)})) << where;
+    expect_close(zout, expected.detach(), "zigzag output, " + where);  // its full_tensor is in order
+    const at::Tensor out = zigzag_unshard(zout, 0, 2);
+    EXPECT_EQ(spec(out).sharding_of(2)->sizes, chunk_sizes(s, n)) << where;
+    expect_close(out, expected.detach(), "output, " + where);
+    (out * distribute_tensor(grad, mesh_1d(), {Shard(2)})).sum().backward();
     expect_close(sq.grad(), rq.grad(), "query gradient, " + where);
     expect_close(sk.grad(), rk.grad(), "key gradient, " + where);
     expect_close(sv.grad(), rv.grad(), "value gradient, " + where);
+
+    for (const at::Tensor& t : {sq, sk, sv}) t.mutable_grad().reset();
+    const at::Tensor mixed = sdpa(zigzag_shard(sq, 0, 2), sk, sv, /*is_causal=*/true);  // keys in order
+    EXPECT_EQ(spec(mixed).placements(), (Placements{ZigzagShard(2)})) << where;
+    expect_close(mixed, expected.detach(), "output with keys in order, " + where);
+    (mixed * distribute_tensor(grad, mesh_1d(), {ZigzagShard(2)})).sum().backward();
+    expect_close(sq.grad(), rq.grad(), "query gradient with keys in order, " + where);
+    expect_close(sk.grad(), rk.grad(), "key gradient with keys in order, " + where);
   }
 }
 
-// On a 2-D mesh: the batch split by mesh dim 0, the sequence as zigzag chunks along mesh dim 1
-// (the setting names that mesh dim), values and gradients against one process.
+// On a 2-D mesh: the batch split by mesh dim 0, the sequence as zigzag chunks along mesh dim 1,
+// values and gradients against one process.
 TEST(Attention, ZigzagAlongTheSecondMeshDimBesideABatchSplit) {
   SKIP_WITHOUT_SDPA();
   const DeviceMesh* mesh = nullptr;
@@ -401,21 +410,17 @@ TEST(Attention, ZigzagAlongTheSecondMeshDimBesideABatchSplit) {
   const Placements layout{Shard(0), Shard(2)};
   const at::Tensor sq = distribute_tensor(q, *mesh, layout).requires_grad_(), sk = distribute_tensor(k, *mesh, layout).requires_grad_(),
                    sv = distribute_tensor(v, *mesh, layout).requires_grad_();
-  {
-    ZigzagCausal scope(*mesh, 1);
-    const at::Tensor out = zigzag_unshard(sdpa(zigzag_shard(sq, 1, 2), zigzag_shard(sk, 1, 2), zigzag_shard(sv, 1, 2), true), 1, 2);
-    EXPECT_EQ(spec(out).placements(), layout);
-    expect_close(out, expected.detach(), "output");
-    (out * distribute_tensor(grad, *mesh, layout)).sum().backward();
-  }
+  const at::Tensor out = zigzag_unshard(sdpa(zigzag_shard(sq, 1, 2), zigzag_shard(sk, 1, 2), zigzag_shard(sv, 1, 2), true), 1, 2);
+  EXPECT_EQ(spec(out).placements(), layout);
+  expect_close(out, expected.detach(), "output");
+  (out * distribute_tensor(grad, *mesh, layout)).sum().backward();
   expect_close(sq.grad(), rq.grad(), "query gradient");
   expect_close(sk.grad(), rk.grad(), "key gradient");
   expect_close(sv.grad(), rv.grad(), "value gradient");
 }
 
 // zigzag_shard cuts a replicated sequence locally (no message), moves a sharded one in one
-// batch, and zigzag_unshard undoes it exactly, for any split the source had. Contiguous shards
-// under the setting raise on every rank instead of masking by the wrong positions.
+// exchange, and zigzag_unshard undoes it exactly, for any split the source had.
 TEST(Attention, ZigzagLayoutMovesOnceAndUndoes) {
   SKIP_WITHOUT_SDPA();
   const int64_t n = mesh_1d().size(0), s = 5 * n + 1;
@@ -439,21 +444,17 @@ TEST(Attention, ZigzagLayoutMovesOnceAndUndoes) {
     const at::Tensor src = distribute_tensor(y, mesh_1d(), {Shard(2)}, ShardSizes{{2, sizes}});
     CommDebugMode comms;
     at::Tensor out = zigzag_shard(src, 0, 2);
-    EXPECT_EQ(comms.count("zigzag"), n > 1 ? 1 : 0) << comms.table();
+    EXPECT_EQ(comms.count("all_to_all"), n > 1 ? 1 : 0) << comms.table();
     EXPECT_EQ(comms.total(), n > 1 ? 1 : 0) << comms.table();
     return out;
   }();
   EXPECT_EQ(spec(z).sharding_of(2)->sizes, zigzag_shard_sizes(total(sizes), n));
-  EXPECT_TRUE(at::equal(full_tensor(zigzag_unshard(z, 0, 2)), y));
-  if (n > 1) {
-    ZigzagCausal scope(mesh_1d(), 0);
-    const at::Tensor q = distribute_tensor(draw({1, 2, s, 4}, 91), mesh_1d(), {Shard(2)});
-    try {
-      sdpa(q, q, q, /*is_causal=*/true);
-      ADD_FAILURE() << "contiguous shards under ZigzagCausal did not raise";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("zigzag_shard"), std::string::npos) << e.what();
-    }
+  EXPECT_TRUE(at::equal(full_tensor(z), y));
+  {
+    CommDebugMode comms;
+    const at::Tensor back = zigzag_unshard(z, 0, 2);
+    EXPECT_EQ(comms.total(), n > 1 ? 1 : 0) << comms.table();
+    EXPECT_TRUE(at::equal(full_tensor(back), y));
   }
 }
 

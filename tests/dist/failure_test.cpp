@@ -69,7 +69,7 @@ TEST(Failure, RanksWaitingForARankThatFailedRaiseAfterTheTimeout) {
   });
 }
 
-// zigzag_shard's message batch: a rank that never joins makes every other rank raise within the
+// zigzag_shard's exchange: a rank that never joins makes every other rank raise within the
 // timeout, before any byte of the exchange is taken as received.
 TEST(Failure, ZigzagExchangeWhoseMemberFailedRaisesAfterTheTimeout) {
   if (world_size() == 1) GTEST_SKIP() << "needs a rank that fails and one that waits";

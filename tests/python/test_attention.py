@@ -2,7 +2,6 @@
 (the ring), the zigzag layout for causal load balance, and a transformer block trained with
 Adam on a sequence-split batch, each against the same computation on one process."""
 
-import contextlib
 import copy
 
 import pytest
@@ -47,9 +46,9 @@ def block_body(rank, world_size, zigzag):
     sharded = [(st.distribute_tensor(x, mesh, [st.Shard(1)]), st.distribute_tensor(y, mesh, [st.Shard(1)])) for x, y in data]
     if zigzag:
         sharded = [(st.zigzag_shard(x, 0, 1), st.zigzag_shard(y, 0, 1)) for x, y in sharded]
+        assert sharded[0][0].placements == (st.ZigzagShard(1),)
         assert list(sharded[0][0].shard_sizes()[1]) == st.zigzag_shard_sizes(seq, world_size)
-    scope = st.zigzag_causal(mesh, 0) if zigzag else contextlib.nullcontext()
-    with scope, st.CommDebugMode() as comms:
+    with st.CommDebugMode() as comms:
         sharded_losses = train(model, torch.optim.Adam(model.parameters(), lr=0.02), sharded, 3, clip=0)
     single_losses = train(single, torch.optim.Adam(single.parameters(), lr=0.02), data, 3, clip=0)
     for step, (a, b) in enumerate(zip(sharded_losses, single_losses)):
@@ -78,7 +77,8 @@ def layout_body(rank, world_size):
     sizes = st.zigzag_shard_sizes(s, world_size)
     assert sum(sizes) == s and len(sizes) == world_size
     z = st.zigzag_shard(st.distribute_tensor(x, mesh, [st.Shard(2)]), mesh_dim=0, seq_dim=2)
-    assert z.placements == (st.Shard(2),) and list(z.shard_sizes()[2]) == sizes
+    assert z.placements == (st.ZigzagShard(2),) and list(z.shard_sizes()[2]) == sizes
+    assert torch.equal(z.full_tensor(), x)  # the layout is zigzag, the tensor is the sequence in order
     # Rank r holds chunk r, then chunk 2n - 1 - r (the longer chunks first).
     lengths = [s // (2 * world_size) + (i < s % (2 * world_size)) for i in range(2 * world_size)]
     starts = [sum(lengths[:i]) for i in range(2 * world_size)]
@@ -96,10 +96,8 @@ def layout_body(rank, world_size):
         st.zigzag_shard(z, mesh_dim=1, seq_dim=2)
     if world_size > 1:
         plain = st.distribute_tensor(torch.randn(1, 2, s, 4), mesh, [st.Shard(2)], sharding_shapes={2: [s] + [0] * (world_size - 1)})
-        with pytest.raises(ValueError, match="zigzag_unshard: expects a tensor laid out by zigzag_shard"):
+        with pytest.raises(ValueError, match=r"zigzag_unshard: expects the sequence \(dim 2\) split in zigzag order"):
             st.zigzag_unshard(plain, 0, 2)
-        with st.zigzag_causal(mesh, 0), pytest.raises(RuntimeError, match="zigzag_shard"):
-            F.scaled_dot_product_attention(plain, plain, plain, is_causal=True)
 
 
 @pytest.mark.parametrize("world_size", [1, 3])

@@ -72,7 +72,6 @@ def attention_body(rank, world_size, causal):
         assert (counts.get("ring_send_recv", 0) > 0) == (holders > 1), f"{what}\n{comms.table()}"
         assert counts.get("all_gather", 0) == (3 if world_size > 1 else 0), f"{what}\n{comms.table()}"
     assert st.fallback_operators() == [], st.fallback_operators()
-    assert not st._C.zigzag_causal(mesh._cpp, 0)
 
 
 def attention_and_restore_body(rank, world_size):
@@ -112,7 +111,7 @@ def restore_body(rank, world_size):
     with pytest.raises(KeyError, match="inside"):
         with context_parallel(mesh, buffers=[inputs], buffer_seq_dims=[1]):
             raise KeyError("inside")
-    assert F.scaled_dot_product_attention is original and not st._C.zigzag_causal(mesh._cpp, 0)
+    assert F.scaled_dot_product_attention is original
     assert torch.equal(inputs, originals[0])
     # No buffers: only the patch.
     with context_parallel(mesh):
@@ -163,7 +162,6 @@ def errors_body(rank, world_size):
         with context_parallel(mesh, buffers=[q], buffer_seq_dims=[2]):
             F.scaled_dot_product_attention(q, q, q, torch.ones(q.shape[2], q.shape[2], dtype=torch.bool))
     assert q.shape == (1, 2, 13, 4) and F.scaled_dot_product_attention is original
-    assert not st._C.zigzag_causal(mesh._cpp, 0)
 
     if world_size > 1:
         # Ranks that disagree: every rank learns it, none waits.

@@ -75,6 +75,24 @@ TEST(RedistributePlanner, UnevenTargetSizesAreReachedWithoutAnExtraStepWhenTheyN
             "LocalChunk(mesh_dim=0, tensor_dim=0)");
 }
 
+// The zigzag order (ZigzagShard) changes in one Exchange; the usual moves run around it, where
+// the source is replicated that Exchange only cuts, and a zigzag dim both layouts keep stays put.
+TEST(RedistributePlanner, ZigzagOrderChangesInOneExchange) {
+  const auto zigzag = make({4}, {ZigzagShard(1)}, {2, 10});
+  EXPECT_EQ(plan(make({4}, {Shard(1)}, {2, 10}), zigzag), "Exchange()");
+  EXPECT_EQ(plan(make({4}, {Shard(1)}, {2, 10}, {{1, {10, 0, 0, 0}}}), zigzag), "Exchange()");
+  EXPECT_EQ(plan(zigzag, make({4}, {Shard(1)}, {2, 10}, {{1, {1, 4, 2, 3}}})), "Exchange()");
+  EXPECT_EQ(plan(make({4}, {Replicate()}, {2, 10}), zigzag), "Exchange()");
+  EXPECT_EQ(plan(zigzag, make({4}, {Replicate()}, {2, 10})), "Exchange() -> AllGather(mesh_dim=0, tensor_dim=1)");
+  const std::string between = plan(zigzag, make({4}, {ZigzagShard(0)}, {2, 10}));  // out of the order, moved, into it
+  EXPECT_EQ(between.rfind("Exchange() -> ", 0), 0u) << between;
+  EXPECT_EQ(between.substr(between.size() - 14), " -> Exchange()") << between;
+  const ShardSizes zz{{1, {5, 5}}};
+  EXPECT_EQ(plan(make({2, 2}, {Shard(0), ZigzagShard(1)}, {4, 10}), make({2, 2}, {Replicate(), ZigzagShard(1)}, {4, 10})),
+            plan(make({2, 2}, {Shard(0), Shard(1)}, {4, 10}, zz), make({2, 2}, {Replicate(), Shard(1)}, {4, 10}, zz)));
+  EXPECT_EQ(plan_redistribute(make({4}, {Shard(1)}, {2, 10}), zigzag).steps.back().after, zigzag);
+}
+
 TEST(RedistributePlanner, ExplainShowsTheChainOfLayouts) {
   const std::string by = peer_memory_enabled() ? " by peer memory" : " by messages";
   EXPECT_EQ(explain_redistribute(make({2, 2}, {Shard(0), Shard(0)}, {10, 6}), make({2, 2}, {Replicate(), Shard(0)}, {10, 6})),

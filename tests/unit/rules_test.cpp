@@ -606,20 +606,20 @@ TEST(AttentionRules, ZigzagChunksBalanceTheCausalWork) {
   for (int64_t b = 0; b < n; ++b) EXPECT_EQ(zigzag.last_step(b), n - 1);
 }
 
-TEST(AttentionRules, ZigzagSettingMakesTheCausalRingReadChunks) {
+// The causal ring reads zigzag chunks where the query's sequence is ZigzagShard: the order is
+// the layout's, and keys in another order are put in the query's.
+TEST(AttentionRules, ZigzagQueryMakesTheCausalRingReadChunks) {
   SKIP_WITHOUT_FLASH_ATTENTION();
-  const auto zz = spec({4}, {Shard(2)}, {1, 2, 10, 8}, {{2, zigzag_shard_sizes(10, 4)}});
+  const auto zz = spec({4}, {ZigzagShard(2)}, {1, 2, 10, 8});
   const auto contiguous = spec({4}, {Shard(2)}, {1, 2, 10, 8});
   EXPECT_EQ(zigzag_shard_sizes(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));  // chunks 2,2,1,1,1,1,1,1
-  ZigzagCausal scope(zz.mesh(), 0);
+  EXPECT_EQ(zz.sharding_of(2)->sizes, zigzag_shard_sizes(10, 4));
   EXPECT_EQ(attention(zz, zz, /*is_causal=*/true).kernel, "ring attention over mesh dim 0, causal on zigzag chunks (forward)");
   EXPECT_EQ(attention(zz, zz, /*is_causal=*/false).kernel, "ring attention over mesh dim 0 (forward)");  // positions do not matter
-  try {
-    attention(contiguous, contiguous, /*is_causal=*/true);
-    ADD_FAILURE() << "contiguous shards under the zigzag setting did not raise";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("zigzag_shard's sizes (3,3,2,2"), std::string::npos) << e.what();
-  }
+  const Answer mixed = attention(zz, contiguous, /*is_causal=*/true);
+  EXPECT_EQ(mixed.kernel, "ring attention over mesh dim 0, causal on zigzag chunks (forward)");
+  EXPECT_EQ(mixed.targets, "[Z(2)]{2: 3,3,2,2} | [Z(2)]{2: 3,3,2,2} | [Z(2)]{2: 3,3,2,2}");
+  EXPECT_EQ(attention(contiguous, zz, /*is_causal=*/true).kernel, "ring attention over mesh dim 0, causal (forward)");
 }
 
 // The CUDA operators take the same rule: flash's extra outputs (sequence offsets, random-number

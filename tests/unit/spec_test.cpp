@@ -132,3 +132,23 @@ TEST(ShardTensorSpec, RejectsBadLayoutsWithClearMessages) {
   ShardTensorSpec ok(mesh, {Shard(0), Replicate()}, {10}, c10::kFloat);
   EXPECT_ERROR_CONTAINS(ok.local_shape({2, 0}), "coordinate (2, 0) is outside mesh(2x2)");
 }
+
+// ZigzagShard: zigzag sizes by default and only those, one mesh dim per zigzag dim, a unit that
+// divides the dim; a piece is two stretches, so there is no offset to give.
+TEST(ShardTensorSpec, ZigzagShardTakesZigzagSizesAndHasNoOffsets) {
+  const DeviceMesh mesh = DeviceMesh::without_comms({4}, 1);
+  const ShardTensorSpec spec(mesh, {ZigzagShard(1)}, {2, 10}, c10::kFloat);
+  EXPECT_EQ(to_string(spec.placements()), "[Z(1)]");
+  EXPECT_EQ(spec.sharding_of(1)->sizes, (std::vector<int64_t>{3, 3, 2, 2}));  // chunks 2,2,1,1,1,1,1,1
+  EXPECT_TRUE(spec.sharding_of(1)->zigzag);
+  EXPECT_EQ(spec.local_shape(), (std::vector<int64_t>{2, 3}));
+  EXPECT_THROW(spec.local_offsets(), c10::ValueError);
+  EXPECT_NE(spec, ShardTensorSpec(mesh, {Shard(1)}, {2, 10}, c10::kFloat, {{1, {3, 3, 2, 2}}}));
+  EXPECT_THROW(ShardTensorSpec(mesh, {ZigzagShard(1)}, {2, 10}, c10::kFloat, {{1, {1, 4, 2, 3}}}), c10::ValueError);
+  const ShardTensorSpec units(mesh, {ZigzagShard(0, 3)}, {30}, c10::kFloat);  // [10, 3] flattened
+  EXPECT_EQ(to_string(units.placements()), "[Z(0, unit=3)]");
+  EXPECT_EQ(units.sharding_of(0)->sizes, (std::vector<int64_t>{9, 9, 6, 6}));
+  EXPECT_THROW(ShardTensorSpec(mesh, {ZigzagShard(0, 4)}, {30}, c10::kFloat), c10::ValueError);
+  const DeviceMesh grid = DeviceMesh::without_comms({2, 2}, 0);
+  EXPECT_THROW(ShardTensorSpec(grid, {ZigzagShard(0), Shard(0)}, {10}, c10::kFloat), c10::ValueError);
+}
