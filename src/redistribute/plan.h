@@ -122,8 +122,8 @@ std::string explain_redistribute(const ShardTensorSpec& source, const ShardTenso
                                  const ResolvedTransportOptions& options = resolve());
 
 // `placements` (already normalised) over `source`'s mesh, shape and dtype: `given` sizes win,
-// tensor dims sharded by the same mesh dims as before keep their sizes, the others take
-// torch.chunk sizes. No policy on Partial: gradients may be declared Partial.
+// tensor dims sharded by the same mesh dims as before, in the same order (placement.h:
+// ZigzagShard), keep their sizes, the others take torch.chunk sizes (zigzag ones, zigzag's). No policy on Partial: gradients may be declared Partial.
 ShardTensorSpec relayout(const ShardTensorSpec& source, const Placements& placements, const ShardSizes& given);
 
 // The target spec of redistribute(t, placements[, sizes]): checks the placements; tensor dims

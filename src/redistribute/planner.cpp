@@ -305,7 +305,9 @@ ShardTensorSpec relayout(const ShardTensorSpec& source, const Placements& placem
   for (const DimSharding& s : chunked.shardings()) {
     const bool is_given = std::any_of(given.begin(), given.end(), [&](const DimShardSizes& g) { return g.tensor_dim == s.tensor_dim; });
     const DimSharding* before = source.sharding_of(s.tensor_dim);
-    if (!is_given && before && before->mesh_dims == s.mesh_dims && before->zigzag == s.zigzag) sizes.push_back({s.tensor_dim, before->sizes});
+    if (!is_given && before && before->mesh_dims == s.mesh_dims && before->zigzag == s.zigzag &&
+        before->zigzag_unit == s.zigzag_unit)
+      sizes.push_back({s.tensor_dim, before->sizes});
   }
   return ShardTensorSpec(source.mesh(), placements, source.shape(), source.dtype(), sizes);
 }
