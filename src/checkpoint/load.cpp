@@ -188,23 +188,14 @@ Target target_for(const std::string& name, const at::Tensor& t) {
 // The targets of `t`: one, but for a tensor split in zigzag order, whose piece is stretches of
 // the dims so split: one target per stretch, each a view of the piece over its own box.
 std::vector<Target> targets_for(const std::string& name, const at::Tensor& t) {
-  std::vector<Target> targets{target_for(name, t)};
-  if (!is_shard_tensor(t) || !has_zigzag(spec(t))) return targets;
-  const ShardTensorSpec& sp = spec(t);
-  targets.front().box = Box{std::vector<int64_t>(sp.ndim(), 0), sp.shape()};
-  for (const DimSharding& s : sp.shardings()) {
-    const Pieces stretches = stretches_held(sp, s, sp.mesh().coordinate());
-    const std::vector<int64_t> starts = local_starts(stretches);
-    std::vector<Target> cut;
-    for (const Target& whole : targets)
-      for (size_t k = 0; k < stretches.size(); ++k) {
-        Target piece = whole;
-        piece.dst = whole.dst.narrow(s.tensor_dim, s.zigzag ? starts[k] : 0, stretches[k].size());
-        piece.box.offsets[s.tensor_dim] = stretches[k].begin;
-        piece.box.shape[s.tensor_dim] = stretches[k].size();
-        cut.push_back(std::move(piece));
-      }
-    targets = std::move(cut);
+  const Target whole = target_for(name, t);
+  if (!is_shard_tensor(t) || !has_zigzag(spec(t))) return {whole};
+  std::vector<Target> targets;
+  for (const Stretch& s : stretches_of(spec(t), spec(t).mesh().coordinate())) {
+    Target piece = whole;
+    piece.box = s.global;
+    for (int64_t d = 0; d < piece.dst.dim(); ++d) piece.dst = piece.dst.narrow(d, s.local_start[d], s.global.shape[d]);
+    targets.push_back(std::move(piece));
   }
   return targets;
 }

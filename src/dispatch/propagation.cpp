@@ -9,6 +9,7 @@
 #include <cstring>
 #include <sstream>
 #include <unordered_map>
+#include <utility>
 
 #include "dispatch/dispatch_state.h"
 #include "dispatch/op_name.h"
@@ -200,20 +201,16 @@ RuleResult zigzag_aware_result(const Rule& rule, OpMeta& meta) {
     if (why.empty()) return carried;
   }
   note_order_fallback(meta.name, why);
-  std::vector<ShardTensorSpec> held;
-  for (TensorInput& in : meta.inputs) {
-    held.push_back(in.spec);
-    in.spec = in_order(in.spec);
-  }
-  RuleResult in_order_result;
-  try {
-    in_order_result = rule(meta);
-  } catch (...) {
-    for (size_t k = 0; k < held.size(); ++k) meta.inputs[k].spec = held[k];
-    throw;
-  }
-  for (size_t k = 0; k < held.size(); ++k) meta.inputs[k].spec = held[k];
-  return in_order_result;
+  // The rule sees the inputs in order; they get their own layouts back (the plans' sources).
+  struct Restore {
+    OpMeta& meta;
+    std::vector<ShardTensorSpec> held;
+    ~Restore() {
+      for (size_t k = 0; k < held.size(); ++k) meta.inputs[k].spec = held[k];
+    }
+  } restore{meta, {}};
+  for (TensorInput& in : meta.inputs) restore.held.push_back(std::exchange(in.spec, in_order(in.spec)));
+  return rule(meta);
 }
 
 std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "spec/sequence_order.h"
+
 namespace shardtensor {
 
 int64_t Box::numel() const {
@@ -20,6 +22,26 @@ Box box_in_piece_order(const ShardTensorSpec& spec, const std::vector<int64_t>& 
   Box box{std::vector<int64_t>(spec.ndim(), 0), spec.local_shape(coordinate)};
   for (const DimSharding& s : spec.shardings()) box.offsets[s.tensor_dim] = s.offsets[s.piece_index(spec.mesh().shape(), coordinate)];
   return box;
+}
+
+std::vector<Stretch> stretches_of(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate) {
+  const int64_t ndim = spec.ndim();
+  std::vector<Stretch> out{{Box{std::vector<int64_t>(ndim, 0), spec.shape()}, std::vector<int64_t>(ndim, 0)}};
+  for (const DimSharding& s : spec.shardings()) {
+    const Pieces pieces = stretches_held(spec, s, coordinate);
+    const std::vector<int64_t> starts = local_starts(pieces);
+    std::vector<Stretch> cut;
+    for (const Stretch& whole : out)
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        Stretch piece = whole;
+        piece.global.offsets[s.tensor_dim] = pieces[k].begin;
+        piece.global.shape[s.tensor_dim] = pieces[k].size();
+        piece.local_start[s.tensor_dim] = starts[k];
+        cut.push_back(std::move(piece));
+      }
+    out = std::move(cut);
+  }
+  return out;
 }
 
 Box box_along(const std::vector<int64_t>& shape, int64_t dim, int64_t begin, int64_t size) {

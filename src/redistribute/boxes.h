@@ -42,6 +42,14 @@ Box box_of(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate);
 Box box_in_piece_order(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate);
 // All of a tensor of `shape`, except along `dim`: there [begin, begin + size). Exchanges that
 // move stretches of one dim (halos, zigzag's reorder) describe their parts with it.
+// A piece as stretches of the global tensor: each a box of global positions and where it starts
+// in the piece. One per piece, but a zigzag dim (placement.h: ZigzagShard) cuts each in two.
+struct Stretch {
+  Box global;
+  std::vector<int64_t> local_start;
+};
+std::vector<Stretch> stretches_of(const ShardTensorSpec& spec, const std::vector<int64_t>& coordinate);
+
 Box box_along(const std::vector<int64_t>& shape, int64_t dim, int64_t begin, int64_t size);
 Box intersect(const Box& a, const Box& b);  // shape all-zero-extent when disjoint
 

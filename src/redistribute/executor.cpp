@@ -7,7 +7,6 @@
 #include "redistribute/executor.h"
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
@@ -143,16 +142,16 @@ std::string describe_scatter(const void* context) {
 }  // namespace
 
 at::Tensor local_box_of(const at::Tensor& global, const ShardTensorSpec& spec) {
-  if (has_zigzag(spec)) {  // the piece is stretches of the whole, cut out and joined: a copy, not a view
-    at::Tensor piece = global;
-    for (const DimSharding& s : spec.shardings()) {
-      std::vector<at::Tensor> stretches;
-      for (const Range& r : stretches_held(spec, s, spec.mesh().coordinate())) stretches.push_back(piece.narrow(s.tensor_dim, r.begin, r.size()));
-      piece = stretches.size() == 1 ? stretches.front() : at::cat(stretches, s.tensor_dim);
+  const Box whole{std::vector<int64_t>(spec.ndim(), 0), spec.shape()};
+  if (has_zigzag(spec)) {  // the piece is stretches of the whole, copied into place: a copy, not a view
+    const at::Tensor piece = at::empty(spec.local_shape(), global.options());
+    for (const Stretch& s : stretches_of(spec, spec.mesh().coordinate())) {
+      at::Tensor into = piece;
+      for (int64_t d = 0; d < piece.dim(); ++d) into = into.narrow(d, s.local_start[d], s.global.shape[d]);
+      into.copy_(view_of_part(global, whole, s.global));
     }
     return piece;
   }
-  const Box whole{std::vector<int64_t>(spec.ndim(), 0), spec.shape()};
   return view_of_part(global, whole, box_of(spec, spec.mesh().coordinate()));
 }
 

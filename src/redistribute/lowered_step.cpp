@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "spec/sequence_order.h"
+#include "spec/sequence_order.h"  // has_zigzag
 
 namespace shardtensor {
 namespace {
@@ -24,33 +24,6 @@ std::optional<double> pending_norm(const ShardTensorSpec& spec, int64_t mesh_dim
   const Placement& p = spec.placements()[mesh_dim];
   if (!p.is_partial() || p.reduce_op != ReduceOp::Norm) return std::nullopt;
   return p.norm_order;
-}
-
-// A member's data as stretches of the global tensor: each a box of global positions and where
-// it starts in the member's piece. A piece is one box, but a zigzag dim cuts each box in two.
-struct Stretch {
-  Box global;
-  std::vector<int64_t> local_start;
-};
-
-std::vector<Stretch> stretches_of(const ShardTensorSpec& spec, const std::vector<int64_t>& member) {
-  const int64_t ndim = spec.ndim();
-  std::vector<Stretch> out{{Box{std::vector<int64_t>(ndim, 0), spec.shape()}, std::vector<int64_t>(ndim, 0)}};
-  for (const DimSharding& s : spec.shardings()) {
-    const Pieces pieces = stretches_held(spec, s, member);
-    const std::vector<int64_t> starts = local_starts(pieces);
-    std::vector<Stretch> cut;
-    for (const Stretch& whole : out)
-      for (size_t k = 0; k < pieces.size(); ++k) {
-        Stretch piece = whole;
-        piece.global.offsets[s.tensor_dim] = pieces[k].begin;
-        piece.global.shape[s.tensor_dim] = pieces[k].size();
-        piece.local_start[s.tensor_dim] = starts[k];
-        cut.push_back(std::move(piece));
-      }
-    out = std::move(cut);
-  }
-  return out;
 }
 
 // Every part `holder` sends `receiver` in an exchange from `from` to `to`, where either splits

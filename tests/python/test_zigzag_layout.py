@@ -35,6 +35,8 @@ def redistribute_body(rank, world_size, checkpoint_dir):
         z = st.distribute_tensor(x, mesh, [st.ZigzagShard(1)])
         assert z.placements == (st.ZigzagShard(1),), z.placements
         assert torch.equal(z.to_local(), zigzag_pieces(x, 1, n, rank)), f"length {length}"
+        cut = st.distribute_tensor(x, mesh, [st.ZigzagShard(1)], src_data_rank=None)  # each rank cuts its own
+        assert torch.equal(cut.to_local(), z.to_local()), f"length {length}: cut locally"
         assert torch.equal(z.full_tensor(), x), f"length {length}: the tensor is the sequence in order"
         uneven = [length] + [0] * (n - 1)
         for placements, sizes in (([st.Shard(1)], None), ([st.Shard(1)], {1: uneven}), ([st.Shard(0)], None),
