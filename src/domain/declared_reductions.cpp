@@ -30,4 +30,33 @@ at::Tensor DeclaredGather::run(const at::Tensor& mine) const {
   return run_kernel_step(*step_, mesh_, mine);
 }
 
+DeclaredRing::DeclaredRing(DeviceMesh mesh, const std::vector<MoveStep>& declared, int64_t widest_rows,
+                           const std::function<std::vector<RingBatch>(RingPhase)>& batches_of)
+    : mesh_(std::move(mesh)) {
+  for (const MoveStep& move : declared)
+    if (const auto* ring = std::get_if<RingStep>(&move)) steps_.emplace_back(*ring, batches_of(ring->phase), widest_rows);
+}
+
+const LoweredStep* DeclaredRing::step(RingPhase phase) const {
+  for (const LoweredStep& s : steps_)
+    if (std::get<RingStep>(s.step()).phase == phase) return &s;
+  return nullptr;
+}
+
+bool DeclaredRing::declares(RingPhase phase) const { return step(phase) != nullptr; }
+
+const RingBatch& DeclaredRing::batch(RingPhase phase, int64_t batch) const {
+  const LoweredStep* declared = step(phase);
+  TORCH_INTERNAL_ASSERT(declared, "the plan declared no ring step of phase ", counted_as(phase));
+  return declared->ring_batch(batch);
+}
+
+std::vector<std::vector<at::Tensor>> DeclaredRing::run(RingPhase phase, int64_t batch, const std::vector<std::vector<at::Tensor>>& sent,
+                                                       const std::vector<at::Tensor>& like,
+                                                       const std::function<void()>& while_moving) const {
+  const LoweredStep* declared = step(phase);
+  TORCH_INTERNAL_ASSERT(declared, "the plan declared no ring step of phase ", counted_as(phase));
+  return run_ring_batch(*declared, batch, sent, like, mesh_, while_moving);
+}
+
 }  // namespace shardtensor

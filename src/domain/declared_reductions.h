@@ -1,17 +1,19 @@
-// A kernel's mid-op reductions and gathers, as its plan declared them.
+// A kernel's mid-op reductions, gathers and ring passes, as its plan declared them.
 //
 // Norms, the losses' global means, global comparisons and the random draws' checks reduce a
 // small tensor over the groups of some mesh dims in the middle of their op; attention over
-// split keys gathers its per-row statistics. The plan declares each of those all-reduces and
-// gathers (rules/kernel_plan.h: AllReduceStep and StatisticsGatherStep, in the vocabulary of
-// redistribute plans), and explain prints them; the kernel runs exactly those, through this,
-// lowered with the plan: it cannot reduce or gather over a group its plan did not declare, and
-// what it runs is what explain printed
+// split keys gathers its per-row statistics; ring attention passes blocks round its ring. The
+// plan declares each of those all-reduces, gathers and ring steps (rules/kernel_plan.h:
+// AllReduceStep, StatisticsGatherStep and RingStep, in the vocabulary of redistribute plans),
+// and explain prints them; the kernel runs exactly those, through this, lowered with the plan:
+// it cannot move bytes over a group its plan did not declare, and what it runs is what explain
+// printed
 // (tests/dist/explained_moves_test.cpp counts both). Kernels reach the executor through nothing
 // else (tests/unit/include_graph_test.cpp).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -56,6 +58,31 @@ class DeclaredGather {
  private:
   DeviceMesh mesh_;
   std::optional<LoweredStep> step_;  // the StatisticsGatherStep, if the plan declared one
+};
+
+class DeclaredRing {
+ public:
+  // The RingSteps of `declared` (a plan's moves()), on `mesh`, each lowered with the batches
+  // `batches_of` gives for its phase, as this rank runs them; `widest_rows` is the longest
+  // block's length (the same on every member).
+  DeclaredRing(DeviceMesh mesh, const std::vector<MoveStep>& declared, int64_t widest_rows,
+               const std::function<std::vector<RingBatch>(RingPhase)>& batches_of);
+
+  // Whether the plan declared a ring step of `phase`.
+  bool declares(RingPhase phase) const;
+  // Batch `batch` of the declared step of `phase`, as this rank runs it.
+  const RingBatch& batch(RingPhase phase, int64_t batch) const;
+  // Runs it (redistribute/executor.h: run_ring_batch): `sent` holds the tensors of each block
+  // batch(phase, batch).sends lists, shaped like `like` but along the ring's dim; returns the
+  // tensors of each block its receives list. `while_moving` runs while they travel.
+  std::vector<std::vector<at::Tensor>> run(RingPhase phase, int64_t batch, const std::vector<std::vector<at::Tensor>>& sent,
+                                           const std::vector<at::Tensor>& like, const std::function<void()>& while_moving = {}) const;
+
+ private:
+  const LoweredStep* step(RingPhase phase) const;
+
+  DeviceMesh mesh_;
+  std::vector<LoweredStep> steps_;  // the RingSteps, in the declared order (one per phase)
 };
 
 }  // namespace shardtensor

@@ -31,7 +31,8 @@ namespace {
 
 // The forward of any SDPA operator (AttentionOperator; attention_operators.cpp calls each).
 LocalKernel attention_forward(const AttentionPlan& plan) {
-  return [plan, gather = DeclaredGather(plan.mesh, plan.moves())](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [plan, gather = DeclaredGather(plan.mesh, plan.moves()), ring = declared_ring(plan)](const c10::OperatorHandle& op,
+                                                                                          torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor query = args.tensor("query"), key = args.tensor("key"), value = args.tensor("value");
     const c10::optional<at::Tensor> user_mask = caller_mask(args);
@@ -43,11 +44,10 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
     const at::ScalarType acc = accumulation_type(query.scalar_type());
     at::Tensor out, lse;  // merged so far: nothing yet
     std::vector<c10::IValue> first_others;  // of this rank's first block call: the operator's other outputs
-    // As they are: the first ring batch packs them into one run (domain/message_batch.h), and
-    // with nothing to pass the operator reads them in place.
-    KeyBlock held{me, {key, value}}, next;
-    for (int64_t step = 0; step < n; ++step) {
-      const auto batch = start_pass(plan, step, held, &next);
+    // As they are: the first ring batch packs them into one run (redistribute/executor_ring.cpp),
+    // and with nothing to pass the operator reads them in place.
+    KeyBlock held{me, {key, value}};
+    for (int64_t step = 0, batch = 0; step < n; ++step) {
       // This step's blocks, computed while the next block travels.
       const auto compute = [&] {
         const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
@@ -72,12 +72,10 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
           }
         }
       };
-      if (!batch) {
+      if (passes_after(plan, step))
+        pass_keys(plan, ring, batch++, {key, value}, &held, compute);
+      else
         compute();
-        continue;
-      }
-      batch->run(compute);
-      finish_pass(&held, &next);
     }
     if (!out.defined()) {  // no rows here, or none of them saw a key
       out = at::zeros(out_shape, query.options().dtype(acc));

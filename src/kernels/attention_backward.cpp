@@ -27,21 +27,16 @@ namespace {
 
 using Gradients = std::vector<at::Tensor>;  // a block's key and value gradients (accumulated)
 
-// The shapes of block `block`'s key and value gradients: `like` is this rank's own, whose
-// length along the sequence (dim 2) is replaced by the block's.
-std::vector<std::vector<int64_t>> block_shapes(const AttentionPlan& plan, int64_t block, const Gradients& like) {
+// Zeroed accumulators for block `block`: views of one buffer, so that a ring batch sends them on
+// as they lie (redistribute/lowered_step.h: views_of_one_buffer). `like` is this rank's own key
+// and value gradients, whose length along the sequence (dim 2) is replaced by the block's.
+Gradients block_gradients(const AttentionPlan& plan, int64_t block, const Gradients& like) {
   std::vector<std::vector<int64_t>> shapes;
   for (const at::Tensor& l : like) {
     shapes.push_back(l.sizes().vec());
     shapes.back()[2] = length(plan.local_keys(block));
   }
-  return shapes;
-}
-
-// Zeroed accumulators for block `block`: views of one buffer, so that a ring batch sends them on
-// as they lie (domain/message_batch.h).
-Gradients block_gradients(const AttentionPlan& plan, int64_t block, const Gradients& like) {
-  return views_of_one_buffer(block_shapes(plan, block, like), like.at(0).options(), /*zeroed=*/true).second;
+  return views_of_one_buffer(shapes, like.at(0).options(), /*zeroed=*/true);
 }
 
 // The ring's gradient state on one rank: the accumulators of the block it holds, those parked
@@ -60,49 +55,45 @@ struct RingGradients {
   }
 };
 
-// Step `step`'s gradient batch (every rank runs one where the keys' batch ran): block
-// `state->held_index`'s accumulators move on behind it, go home where they are final, or stay
-// parked here; those of block `next_index` (held from the next step on) come from the previous
-// rank where the block came with the keys' batch, and this rank's own come home where the plan
-// sends them now.
-void pass_gradients(const AttentionPlan& plan, int64_t step, int64_t next_index, RingGradients* state) {
-  const int64_t n = plan.ring_size(), me = plan.mesh.coordinate()[plan.seq_mesh_dim];
-  const int64_t to = (me + 1) % n, from = (me - 1 + n) % n, block = state->held_index, holder = plan.gradient_holder(me);
+// Step `step`'s gradient batch, batch `batch` of the plan's GradientPass (every rank runs one
+// where the keys' batch ran): block `state->held_index`'s accumulators move on behind it, go
+// home where they are final, or stay parked here; those of block `next_index` (held from the
+// next step on) come from the previous rank where the block came with the keys' batch, and this
+// rank's own come home where the plan sends them now (ring_batches lowered which).
+void pass_gradients(const AttentionPlan& plan, const DeclaredRing& ring, int64_t batch, int64_t step, int64_t next_index,
+                    RingGradients* state) {
+  const int64_t me = plan.mesh.coordinate()[plan.seq_mesh_dim], block = state->held_index;
   const bool here = plan.present(block, step);
   if (here) state->accumulators(plan);
-  const bool moves_on = here && plan.sends(block, step);
-  const bool goes_home = plan.last_step(block) == step && plan.returns_during_ring(block);  // its last step: here, not moving on
-  const bool own_comes_home = plan.last_step(me) == step && plan.returns_during_ring(me);
-
-  auto batch = ring_batch(plan, counted_as(RingPhase::GradientPass), state->like);
-  if (moves_on || goes_home)
-    for (const at::Tensor& g : state->held) batch->send(moves_on ? to : block, g);
-  Gradients incoming = plan.sends(next_index, step) ? batch->receive(from, block_shapes(plan, next_index, state->like)) : Gradients{};
-  if (own_comes_home) state->mine = batch->receive(holder, block_shapes(plan, me, state->like));
-  batch->run();
-  if (here && !moves_on && !goes_home) state->parked[block] = std::move(state->held);
-  state->held = std::move(incoming);
+  const RingBatch& lowered = ring.batch(RingPhase::GradientPass, batch);
+  std::vector<Gradients> sent;
+  for (const RingTransfer& t : lowered.sends) {
+    TORCH_INTERNAL_ASSERT(here && t.block == block, "the ring's gradient pass sends block ", t.block, " but holds block ", block);
+    sent.push_back(state->held);
+  }
+  std::vector<Gradients> received = ring.run(RingPhase::GradientPass, batch, sent, state->like);
+  if (here && lowered.sends.empty()) state->parked[block] = std::move(state->held);
+  state->held.clear();
+  for (size_t i = 0; i < received.size(); ++i) {
+    const int64_t arrived = lowered.receives[i].block;
+    TORCH_INTERNAL_ASSERT(arrived == me || arrived == next_index);
+    (arrived == me ? state->mine : state->held) = std::move(received[i]);
+  }
   state->held_index = next_index;
 }
 
 // After the ring: sends the gradient accumulators still parked on this rank to their owners,
 // and receives this rank's own unless they came home during the ring (`mine` holds them then).
-Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients state) {
-  const int64_t n = plan.ring_size();
-  auto returns_after_ring = [&](int64_t block) { return plan.gradient_holder(block) != block && !plan.returns_during_ring(block); };
-  bool any = false;
-  for (int64_t b = 0; b < n; ++b) any = any || returns_after_ring(b);
-  if (!any) return state.mine.empty() ? state.parked.at(me) : state.mine;
-  auto batch = ring_batch(plan, counted_as(RingPhase::Return), state.like);
-  for (const auto& [block, grads] : state.parked)
-    if (block != me)
-      for (const at::Tensor& g : grads) batch->send(block, g);
-  if (plan.gradient_holder(me) == me) {
-    state.mine = state.parked.at(me);
-  } else if (returns_after_ring(me)) {
-    state.mine = batch->receive(plan.gradient_holder(me), block_shapes(plan, me, state.like));
-  }
-  batch->run();
+Gradients return_gradients(const AttentionPlan& plan, const DeclaredRing& ring, int64_t me, RingGradients state) {
+  if (!ring.declares(RingPhase::Return)) return state.mine.empty() ? state.parked.at(me) : state.mine;
+  const RingBatch& lowered = ring.batch(RingPhase::Return, 0);
+  std::vector<Gradients> sent;
+  for (const RingTransfer& t : lowered.sends) sent.push_back(state.parked.at(t.block));
+  TORCH_INTERNAL_ASSERT(sent.size() == state.parked.size() - state.parked.count(me), "the ring returns ", sent.size(),
+                        " blocks' gradients but holds ", state.parked.size());
+  if (plan.gradient_holder(me) == me) state.mine = state.parked.at(me);
+  std::vector<Gradients> received = ring.run(RingPhase::Return, 0, sent, state.like);
+  if (!received.empty()) state.mine = std::move(received[0]);
   return state.mine;
 }
 
@@ -112,7 +103,7 @@ Gradients return_gradients(const AttentionPlan& plan, int64_t me, RingGradients 
 // Every one takes (grad_out, query, key, value, out, logsumexp), by these names but for the
 // efficient operator's first, which its schema calls grad_out_.
 LocalKernel attention_backward(const AttentionPlan& plan) {
-  return [plan](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [plan, ring = declared_ring(plan)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     OpArguments args(op, stack);
     const at::Tensor grad_out = args.tensor(plan.op == AttentionOperator::CudaEfficient ? "grad_out_" : "grad_out"),
                      query = args.tensor("query"), key = args.tensor("key"), value = args.tensor("value"),
@@ -139,13 +130,15 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
 
     const at::ScalarType acc = accumulation_type(query.scalar_type());
     at::Tensor grad_query;  // the first block over every row gives it, else zeros: never both at once
-    KeyBlock held{me, {key.contiguous(), value.contiguous()}}, next;
+    KeyBlock held{me, {key.contiguous(), value.contiguous()}};
+    // The keys' and values' shapes and dtypes (one element, expanded): not their contiguous
+    // copies, which go as soon as the first pass has sent them on.
+    const std::vector<at::Tensor> keys_values{at::empty({}, key.options()).expand(key.sizes()), at::empty({}, value.options()).expand(value.sizes())};
     RingGradients grads;
     grads.held_index = me;
     // Shapes and dtypes of this rank's own key and value gradients (one element, expanded).
     grads.like = {at::empty({}, key.options().dtype(acc)).expand(key.sizes()), at::empty({}, value.options().dtype(acc)).expand(value.sizes())};
-    for (int64_t step = 0; step < n; ++step) {
-      auto batch = start_pass(plan, step, held, &next);
+    for (int64_t step = 0, batch = 0; step < n; ++step) {
       // This step's blocks, computed while the next block travels.
       const auto compute = [&] {
         const std::vector<BlockCall> calls = step_calls(plan, step, held.index, held.parts[0], rows, user_mask, query);
@@ -169,21 +162,19 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
           }
         }
       };
-      if (!batch) {  // no block moves any more: this one's gradients stay here
+      if (!passes_after(plan, step)) {  // no block moves any more: this one's gradients stay here
         compute();
         if (plan.present(held.index, step)) grads.parked[held.index] = std::move(grads.accumulators(plan));
         continue;
       }
-      batch->run(compute);
-      finish_pass(&held, &next);
-      // The keys and values just computed are not kept through the gradients' batch: neither
-      // here nor in the batch (which packs what it sends, and holds it until it is destroyed).
-      next.parts.clear();
-      batch.reset();
-      pass_gradients(plan, step, held.index, &grads);
+      // The keys and values just computed are not kept through the gradients' batch: the pass
+      // replaces them with the next block's, and frees what it packed to send.
+      pass_keys(plan, ring, batch, keys_values, &held, compute);
+      pass_gradients(plan, ring, batch, step, held.index, &grads);
+      ++batch;
     }
     const Gradients key_value_grads =
-        plan.ring ? return_gradients(plan, me, std::move(grads)) : std::move(grads.parked.at(me));
+        plan.ring ? return_gradients(plan, ring, me, std::move(grads)) : std::move(grads.parked.at(me));
     if (!grad_query.defined()) grad_query = at::zeros(query.sizes(), query.options().dtype(acc));  // no row saw a key
     push_backward_results(plan, stack, grad_query, key_value_grads[0], key_value_grads[1], query, key, value);
   };

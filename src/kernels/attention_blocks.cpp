@@ -1,12 +1,13 @@
 // See attention_blocks.h.
 #include "kernels/attention_blocks.h"
 
-
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <limits>
+#include <optional>
+#include <set>
 
 namespace shardtensor {
 namespace {
@@ -113,46 +114,71 @@ void merge_over_key_shards(const AttentionPlan& plan, const DeclaredGather& gath
   *lse = merged;
 }
 
-std::unique_ptr<MessageBatch> ring_batch(const AttentionPlan& plan, const char* counted_as, const std::vector<at::Tensor>& like) {
-  // The widest block's bytes: the layout's, the same on every rank, as the transport's choice must be.
-  int64_t row_bytes = 0, widest_rows = 0;
-  for (const at::Tensor& t : like) {
-    int64_t row = static_cast<int64_t>(t.element_size());  // every dim but the sequence's: a rank without keys counts alike
-    for (int64_t d = 0; d < t.dim(); ++d)
-      if (d != 2) row *= t.size(d);
-    row_bytes += row;
-  }
-  for (const Pieces& rows : plan.key_rows) widest_rows = std::max(widest_rows, length(rows));
-  return std::make_unique<MessageBatch>(plan.mesh, plan.seq_mesh_dim, counted_as, row_bytes * widest_rows, like.at(0).options());
-}
+bool passes_after(const AttentionPlan& plan, int64_t step) { return step + 1 < plan.ring_size() && plan.any_send(step); }
 
-std::unique_ptr<MessageBatch> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, KeyBlock* next) {
-  const int64_t n = plan.ring_size();
-  if (step + 1 >= n || !plan.any_send(step)) return nullptr;
-  const int64_t me = plan.mesh.coordinate()[plan.seq_mesh_dim];
-  auto batch = ring_batch(plan, counted_as(RingPhase::Pass), held.parts);
-  const int64_t to = (me + 1) % n, from = (me - 1 + n) % n;
-  next->index = ((me - step - 1) % n + n) % n;
-  next->parts.clear();
-  if (plan.sends(held.index, step))
-    for (const at::Tensor& part : held.parts) batch->send(to, part);
-  if (plan.sends(next->index, step)) {
-    std::vector<std::vector<int64_t>> shapes;
-    for (const at::Tensor& like : held.parts) {
-      shapes.push_back(like.sizes().vec());
-      shapes.back()[2] = length(plan.key_rows[next->index]);
+std::vector<RingBatch> ring_batches(const AttentionPlan& plan, RingPhase phase, int64_t me) {
+  const int64_t n = plan.ring_size(), to = (me + 1) % n, from = (me - 1 + n) % n;
+  const auto block_at = [&](int64_t step) { return ((me - step) % n + n) % n; };  // the block here at `step`
+  const auto transfer = [&](int64_t peer, int64_t block) { return RingTransfer{peer, block, length(plan.local_keys(block))}; };
+  // Backward: the held block's accumulators go on behind it, or home where they are final there.
+  const auto gradients_leave = [&](int64_t block, int64_t step) {
+    const bool moves_on = plan.present(block, step) && plan.sends(block, step);
+    const bool goes_home = plan.present(block, step) && plan.last_step(block) == step && plan.returns_during_ring(block);
+    return moves_on ? std::optional<int64_t>(to) : goes_home ? std::optional<int64_t>(block) : std::nullopt;
+  };
+  std::vector<RingBatch> batches;
+  if (phase == RingPhase::Return) {
+    // The blocks whose accumulators stay on this rank until the ring ends (attention_backward.cpp
+    // parks them), and this rank's own, where they come home only then.
+    std::set<int64_t> parked;
+    for (int64_t step = 0; step < n; ++step) {
+      const int64_t block = block_at(step);
+      if (plan.present(block, step) && (!passes_after(plan, step) || !gradients_leave(block, step))) parked.insert(block);
     }
-    next->parts = batch->receive(from, shapes);
+    RingBatch b;
+    for (int64_t block : parked)
+      if (block != me) b.sends.push_back(transfer(block, block));
+    if (plan.gradient_holder(me) != me && !plan.returns_during_ring(me)) b.receives.push_back(transfer(plan.gradient_holder(me), me));
+    return {b};
   }
-  return batch;
+  for (int64_t step = 0; step < n; ++step) {
+    if (!passes_after(plan, step)) continue;
+    const int64_t held = block_at(step), next = block_at(step + 1);
+    RingBatch b;
+    if (phase == RingPhase::Pass) {
+      if (plan.sends(held, step)) b.sends.push_back(transfer(to, held));
+    } else if (const std::optional<int64_t> peer = gradients_leave(held, step)) {
+      b.sends.push_back(transfer(*peer, held));
+    }
+    if (plan.sends(next, step)) b.receives.push_back(transfer(from, next));
+    if (phase == RingPhase::GradientPass && plan.last_step(me) == step && plan.returns_during_ring(me))
+      b.receives.push_back(transfer(plan.gradient_holder(me), me));  // this rank's own come home
+    batches.push_back(std::move(b));
+  }
+  return batches;
 }
 
-void finish_pass(KeyBlock* held, KeyBlock* next) {
-  if (next->parts.empty()) {
-    held->index = next->index;
-  } else {
-    std::swap(*held, *next);
+DeclaredRing declared_ring(const AttentionPlan& plan) {
+  int64_t widest_rows = 0;
+  for (const Pieces& rows : plan.key_rows) widest_rows = std::max(widest_rows, length(rows));
+  return DeclaredRing(plan.mesh, plan.moves(), widest_rows,
+                      [&](RingPhase phase) { return ring_batches(plan, phase, plan.mesh.coordinate()[plan.seq_mesh_dim]); });
+}
+
+void pass_keys(const AttentionPlan& plan, const DeclaredRing& ring, int64_t batch, const std::vector<at::Tensor>& like, KeyBlock* held,
+               const std::function<void()>& compute) {
+  const RingBatch& lowered = ring.batch(RingPhase::Pass, batch);
+  std::vector<std::vector<at::Tensor>> sent;
+  for (const RingTransfer& t : lowered.sends) {
+    TORCH_INTERNAL_ASSERT(t.block == held->index, "the ring's pass sends block ", t.block, " but holds block ", held->index);
+    sent.push_back(held->parts);
   }
+  std::vector<std::vector<at::Tensor>> received = ring.run(RingPhase::Pass, batch, sent, like, compute);
+  const int64_t n = plan.ring_size();
+  held->index = (held->index - 1 + n) % n;
+  if (received.empty()) return;
+  TORCH_INTERNAL_ASSERT(received.size() == 1 && lowered.receives[0].block == held->index);
+  held->parts = std::move(received[0]);
 }
 
 }  // namespace shardtensor

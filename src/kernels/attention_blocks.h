@@ -1,16 +1,16 @@
 // What the attention kernels share (kernels/attention.cpp: forward, attention_backward.cpp):
-// one block call of the operator, placed by global positions, and one step of the ring's
-// message passing. Defined in kernels/attention_blocks.cpp.
+// one block call of the operator, placed by global positions, and the ring's batches, lowered
+// from the plan. Defined in kernels/attention_blocks.cpp.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "domain/declared_reductions.h"
-#include "domain/message_batch.h"
 #include "kernels/stack.h"
 #include "rules/attention.h"
 
@@ -86,22 +86,25 @@ struct KeyBlock {
   std::vector<at::Tensor> parts;
 };
 
-// A message batch on the ring's group, named `counted_as` in CommDebugMode, for blocks of
-// tensors shaped like `like` (keys and values, or their gradients) but along the sequence:
-// moved through the transport seam by the transport the options in force choose
-// (domain/message_batch.h). Every rank of the ring runs each batch.
-std::unique_ptr<MessageBatch> ring_batch(const AttentionPlan& plan, const char* counted_as, const std::vector<at::Tensor>& like);
+// Whether a batch follows ring step `step`: some block moves on after it (each passing phase
+// runs one batch per such step; every rank decides alike, from the plan).
+bool passes_after(const AttentionPlan& plan, int64_t step);
 
-// The message batch of ring step `step`, ready to run: the parts of the block held here (its
-// keys and values) go to the next rank where the block moves on; the previous rank's block
-// arrives in `next` (views of one fresh buffer, shaped like `held.parts` with that block's
-// length, which the next step sends on as they lie) where it comes. Null after the last step, or where no block moves after this step on any rank (every
-// rank decides alike, from the plan).
-std::unique_ptr<MessageBatch> start_pass(const AttentionPlan& plan, int64_t step, const KeyBlock& held, KeyBlock* next);
+// The batches of the plan's ring step of `phase` as the rank at coordinate `me` along the ring
+// runs them (Note [Ring schedule] in rules/attention.cpp; the backward's phases are described
+// in attention_backward.cpp): which blocks it sends to which group rank, and which it receives.
+// Every send is some rank's receive, in the same batch.
+std::vector<RingBatch> ring_batches(const AttentionPlan& plan, RingPhase phase, int64_t me);
+// The plan's ring steps, lowered for this rank once, when the kernel is (its propagation cached).
+DeclaredRing declared_ring(const AttentionPlan& plan);
 
-// After a step's batch ran: the block that arrived, or (none arrived) only its index, since
-// no rank needs it here or further on.
-void finish_pass(KeyBlock* held, KeyBlock* next);
+// Ring step `step`'s pass of the keys and values, which is batch `batch` of the plan's Pass:
+// the block held here goes on to the next rank where it moves on, the previous rank's arrives
+// where it comes, and `compute` (this step's blocks) runs while they travel. `like` are this
+// rank's own key and value. After it `held` is the block of the next step (only its index
+// where none arrived: no rank needs that block here or further on).
+void pass_keys(const AttentionPlan& plan, const DeclaredRing& ring, int64_t batch, const std::vector<at::Tensor>& like, KeyBlock* held,
+               const std::function<void()>& compute);
 
 // Split keys (AttentionPlan::keys_split): turns this rank's block result (`out` and `lse` in
 // the accumulation type, -inf where its rows saw no key) into its share of the merged output,

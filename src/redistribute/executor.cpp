@@ -206,6 +206,14 @@ at::Tensor run_kernel_step(const LoweredStep& step, const DeviceMesh& mesh, cons
   return step.apply(piece, mesh, how);
 }
 
+std::vector<std::vector<at::Tensor>> run_ring_batch(const LoweredStep& step, int64_t batch, const std::vector<std::vector<at::Tensor>>& sent,
+                                                    const std::vector<at::Tensor>& like, const DeviceMesh& mesh,
+                                                    const std::function<void()>& while_moving) {
+  StepTransport how = exchange_transport(mesh, step.widest_block_bytes(like), like.at(0).is_cpu(), counted_as(step.step()));
+  if (how.kind == TransportKind::Collective) how.kind = TransportKind::Messages;
+  return step.apply(batch, sent, like, mesh, how, while_moving);
+}
+
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op) {
   for (int64_t m : mesh_dims) reduce_in_place(LoweredStep(AllReduceStep{m, op}), mesh, tensor);
 }
@@ -280,7 +288,7 @@ at::Tensor LoweredStep::apply(const at::Tensor& piece, const DeviceMesh& mesh, c
   if (std::holds_alternative<HaloScatterAddStep>(step_)) return scatter_add_window(piece, mesh, how);
   if (std::holds_alternative<StatisticsGatherStep>(step_)) return gather_statistics(piece, mesh);
   TORCH_INTERNAL_ASSERT(std::holds_alternative<AllToAllStep>(step_) || std::holds_alternative<ExchangeStep>(step_), to_string(step_),
-                        " is not a step that apply() runs (a ring's passes run with its compute)");
+                        " is not a step that this apply() runs (a ring step's batches take the ring's apply)");
   return exchange(piece, mesh, how);
 }
 

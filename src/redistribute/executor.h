@@ -4,6 +4,7 @@
 
 #include <c10/core/TensorOptions.h>
 
+#include <functional>
 #include <vector>
 
 #include "redistribute/plan.h"
@@ -35,6 +36,15 @@ void reduce_in_place(const LoweredStep& reduction, const DeviceMesh& mesh, const
 // exchange_transport; the statistics go by c10d's all_gather). Every member of the step's
 // group calls it with the same step.
 at::Tensor run_kernel_step(const LoweredStep& step, const DeviceMesh& mesh, const at::Tensor& piece);
+// A ring step's batch `batch` (LoweredStep's ring apply: `sent`, `like` and `while_moving` are
+// its), by the transport the options in force choose for the widest block's bytes
+// (transport.h: exchange_transport), but point to point where no memory is shared: Gloo
+// messages, never an all_to_all that packs and unpacks every block (a ring holds two blocks,
+// not four). Every member of the step's group runs every batch, in order, even with nothing
+// to move.
+std::vector<std::vector<at::Tensor>> run_ring_batch(const LoweredStep& step, int64_t batch, const std::vector<std::vector<at::Tensor>>& sent,
+                                                    const std::vector<at::Tensor>& like, const DeviceMesh& mesh,
+                                                    const std::function<void()>& while_moving = {});
 // The same over the groups of `mesh_dims` of `mesh`, one reduction per mesh dim, lowered per call.
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op);
 

@@ -45,7 +45,7 @@ Box box_along(const at::Tensor& like, int64_t dim, Range along) {
 }  // namespace
 
 int64_t LoweredStep::bytes_per_member(const at::Tensor& piece) const {
-  if (!halo_) return static_cast<int64_t>(piece.nbytes());
+  TORCH_INTERNAL_ASSERT(halo_, to_string(step_), " is not a halo step");
   // The widest window's (the layout's, not this rank's): equal on every member.
   const int64_t dim = halo_->axis.tensor_dim;
   return slab_elements(piece, dim) * halo_->widest_window * static_cast<int64_t>(piece.element_size());

@@ -1,5 +1,5 @@
-// LoweredStep's lowering: the boxes and parts of a step, from its two layouts. Pure; apply() is
-// in executor.cpp.
+// LoweredStep's lowering: the boxes and parts of a step, from its two layouts (a ring step's
+// batches come lowered from its kernel). Pure; apply() is in executor.cpp.
 #include "redistribute/lowered_step.h"
 
 #include <c10/util/Exception.h>
@@ -113,6 +113,18 @@ LoweredStep::LoweredStep(MoveStep step, std::shared_ptr<const LoweredHaloAxis> a
 }
 
 LoweredStep::LoweredStep(StatisticsGatherStep step) : step_(step) {}
+
+LoweredStep::LoweredStep(RingStep step, std::vector<RingBatch> batches, int64_t widest_rows)
+    : step_(step), ring_batches_(std::move(batches)), widest_rows_(widest_rows) {
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(ring_batches_.size()) == step.batches, to_string(step_), " was lowered with ",
+                        ring_batches_.size(), " batches");
+}
+
+const RingBatch& LoweredStep::ring_batch(int64_t batch) const {
+  TORCH_INTERNAL_ASSERT(std::holds_alternative<RingStep>(step_) && batch >= 0 && batch < static_cast<int64_t>(ring_batches_.size()),
+                        to_string(step_), " has no batch ", batch);
+  return ring_batches_[batch];
+}
 
 const LoweredHaloAxis& LoweredStep::halo() const {
   TORCH_INTERNAL_ASSERT(halo_, to_string(step_), " is not a halo step");

@@ -11,7 +11,8 @@
 #include "redistribute/transports/peer_memory/peer_memory.h"
 #include "dist/dist_fixture.h"
 #include "redistribute/transports/peer_memory/copies.h"
-#include "domain/message_batch.h"
+#include "redistribute/executor.h"
+#include "redistribute/lowered_step.h"
 
 using namespace shardtensor;
 using namespace shardtensor::testing;
@@ -123,18 +124,23 @@ TEST(Failure, CausalRingBackwardWhoseMemberFailedRaisesAfterTheTimeout) {
   on_survivors_within_30s(healthy, [&] { EXPECT_ERROR_CONTAINS(loss.backward(), "timed out"); });
 }
 
-// Message batches through peer memory (domain/message_batch.h), as attention's ring sends them:
-// each rank passes a block to the next. Returns what this rank received from the previous one,
-// `receive_elements` long.
+// Ring batches through peer memory (redistribute/executor_ring.cpp), as attention's ring runs
+// them: `batch` lowered for this rank, of 1-d blocks (`rows` long) of `dtype`. Returns what
+// arrived, block by block.
 namespace {
+std::vector<std::vector<at::Tensor>> run_ring(const DeviceMesh& mesh, const RingBatch& batch, const std::vector<std::vector<at::Tensor>>& sent,
+                                              at::ScalarType dtype, int64_t widest_rows) {
+  const LoweredStep step(RingStep{RingPhase::Pass, 0, 0, 1}, {batch}, widest_rows);
+  return run_ring_batch(step, 0, sent, {at::empty({1}, dtype)}, mesh);
+}
+
+// Each rank passes a block to the next. Returns what this rank received from the previous one,
+// `receive_elements` long.
 at::Tensor pass_round_the_ring(const DeviceMesh& mesh, int64_t send_elements, int64_t receive_elements) {
-  const int64_t n = mesh.size(0), me = mesh.comm(0).rank();
+  const int64_t n = mesh.size(0), me = mesh.comm(0).rank(), to = (me + 1) % n, from = (me + n - 1) % n;
   const at::Tensor block = at::full({send_elements}, static_cast<double>(me), at::kDouble);
-  MessageBatch batch(mesh, 0, "ring_test", 8 * 8, at::TensorOptions().dtype(at::kDouble));
-  batch.send((me + 1) % n, block);
-  const at::Tensor into = batch.receive((me + n - 1) % n, {{receive_elements}})[0];
-  batch.run();
-  return into;
+  const RingBatch batch{{{to, me, send_elements}}, {{from, from, receive_elements}}};
+  return run_ring(mesh, batch, {{block}}, at::kDouble, 8).at(0).at(0);
 }
 
 bool peer_memory_usable(DeviceMesh& mesh) {
@@ -142,7 +148,7 @@ bool peer_memory_usable(DeviceMesh& mesh) {
 }
 }  // namespace
 
-TEST(Failure, MessageBatchesThroughPeerMemoryDeliverAndGoBackToGlooWhenACopyFails) {
+TEST(Failure, RingBatchesThroughPeerMemoryDeliverAndGoBackToGlooWhenACopyFails) {
   if (world_size() == 1) GTEST_SKIP() << "needs two ranks";
   DeviceMesh mesh = DeviceMesh::create({world_size()});
   if (!peer_memory_usable(mesh)) GTEST_SKIP() << "peer memory unavailable here: " << why_no_peer_memory(mesh.comm(0));
@@ -158,7 +164,7 @@ TEST(Failure, MessageBatchesThroughPeerMemoryDeliverAndGoBackToGlooWhenACopyFail
   EXPECT_TRUE(at::equal(pass_round_the_ring(mesh, 3, 3), at::full({3}, previous, at::kDouble)));
 }
 
-TEST(Failure, MessageBatchThroughPeerMemoryWithOtherSizesRaisesOnEveryRank) {
+TEST(Failure, RingBatchThroughPeerMemoryWithOtherSizesRaisesOnEveryRank) {
   if (world_size() == 1) GTEST_SKIP() << "needs two ranks";
   DeviceMesh healthy = DeviceMesh::create({world_size()});
   DeviceMesh mesh = mesh_with_a_short_timeout();
@@ -172,7 +178,7 @@ TEST(Failure, MessageBatchThroughPeerMemoryWithOtherSizesRaisesOnEveryRank) {
   healthy.comm(0).barrier();
 }
 
-TEST(Failure, MessageBatchThroughPeerMemoryWithAnUnreceivedMessageRaisesOnEveryRank) {
+TEST(Failure, RingBatchThroughPeerMemoryWithAnUnreceivedMessageRaisesOnEveryRank) {
   if (world_size() == 1) GTEST_SKIP() << "needs two ranks";
   DeviceMesh healthy = DeviceMesh::create({world_size()});
   DeviceMesh mesh = mesh_with_a_short_timeout();
@@ -184,12 +190,14 @@ TEST(Failure, MessageBatchThroughPeerMemoryWithAnUnreceivedMessageRaisesOnEveryR
   const int64_t n = comm.size(), me = comm.rank();
   const auto start = std::chrono::steady_clock::now();
   const auto batch = [&] {
-    MessageBatch messages(mesh, 0, "ring_test", 6 * 4, at::TensorOptions().dtype(at::kFloat));
-    const at::Tensor block = at::ones({4}), extra = at::ones({2});
-    messages.send((me + 1) % n, block);
-    if (me == 0) messages.send(1, extra);
-    messages.receive((me + n - 1) % n, {{4}});
-    messages.run();
+    const int64_t to = (me + 1) % n, from = (me + n - 1) % n;
+    RingBatch lowered{{{to, me, 4}}, {{from, from, 4}}};
+    std::vector<std::vector<at::Tensor>> sent{{at::ones({4})}};
+    if (me == 0) {
+      lowered.sends.push_back({1, n, 2});
+      sent.push_back({at::ones({2})});
+    }
+    run_ring(mesh, lowered, sent, at::kFloat, 6);
   };
   EXPECT_ERROR_CONTAINS(batch(), me == 1 ? "offers no part offsets [0] shape [4]" : "gave up");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);

@@ -149,8 +149,8 @@ TEST(IncludeGraph, NoCycleInsideALayer) {
 
 // Kernels reach other ranks only through the moves their plans declare: the halo exchange
 // (domain/halo.h, lowered from the plan's halo), the declared mid-op reductions
-// (domain/declared_reductions.h) and the ring's message batches (domain/message_batch.h), each
-// an exchange of parts through the one transport seam. The executor and the transports are not
+// and ring batches (domain/declared_reductions.h), each lowered with the plan and run as an
+// exchange of parts through the one transport seam. The executor and the transports are not
 // theirs to call, so a kernel cannot move bytes that explain does not print
 // (tests/dist/explained_moves_test.cpp counts what they move).
 TEST(IncludeGraph, KernelsMoveBytesOnlyThroughDeclaredMoves) {
