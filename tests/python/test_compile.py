@@ -7,118 +7,25 @@ them is compiled, and its gradients, which arrive as ShardTensors, are right und
 generated kernels too. fullgraph=True refuses with dynamo's error naming ShardTensor."""
 
 import copy
-import importlib.util
-import os
+from functools import partial
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from compile_models import TOL, check_gradients, llama_block, tp_mlp, unet
 from oracle import assert_close, chunk_sizes
 from ranks import run_ranks
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BACKENDS = ["eager", "aot_eager", "inductor"]
-TOL = dict(rtol=1e-9, atol=1e-11)
 # Inductor compiles in worker processes by default; the ranks already share two cores.
 ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "examples", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _compiled(model, backend):
+def _compiled(model, backend, dynamic=None):
     torch._dynamo.reset()  # each backend traces afresh
-    return torch.compile(model, backend=backend)
-
-
-def _check_gradients(model, single, what):
-    import shardtensor as st
-
-    for (name, p), q in zip(model.named_parameters(), single.parameters()):
-        grad = p.grad.full_tensor() if st.is_shard_tensor(p.grad) else p.grad
-        assert_close(grad, q.grad, f"{what}: gradient of {name}", **TOL)
-
-
-class MLP(nn.Module):
-    def __init__(self, dim=16, hidden=30):
-        super().__init__()
-        self.w1, self.w2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
-
-    def forward(self, x):
-        return self.w2(F.relu(self.w1(x)))
-
-
-def tp_mlp(mesh, backend):
-    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    torch.manual_seed(0)
-    hidden = 3 if mesh.size() == 4 else 30  # an empty piece at 4 ranks, uneven ones at 3
-    single = MLP(16, hidden).double()
-    model = parallelize_module(copy.deepcopy(single), mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
-    compiled = _compiled(model, backend)
-    x, y = torch.randn(13, 16, dtype=torch.float64), torch.randn(13, 16, dtype=torch.float64)
-    for step in range(2):  # the second call runs what the first compiled
-        model.zero_grad()
-        single.zero_grad()
-        out = compiled(x)
-        F.mse_loss(out, y).backward()
-        expected = single(x)
-        F.mse_loss(expected, y).backward()
-        what = f"TP-MLP, {backend}, call {step}"
-        assert_close(out, expected.detach(), f"{what}: output", **TOL)
-        _check_gradients(model, single, what)
-
-
-def llama_block(mesh, backend):
-    import shardtensor as st
-    from shardtensor.parallel import loss_parallel
-
-    llama = _load("llama_tensor_parallel")
-    world = mesh.size()
-    vocab, dim, heads, kv_heads, hidden, layers, seqlen = 37, 12, 3, 1, 22, 1, 13
-    torch.manual_seed(0)
-    single = llama.Llama(vocab, dim, heads, kv_heads, hidden, layers, seqlen).double()
-    model = llama.parallelize(copy.deepcopy(single), mesh, heads % world == 0 and kv_heads % world == 0)
-    compiled = _compiled(model, backend)
-    tokens, labels = torch.randint(0, vocab, (2, seqlen)), torch.randint(0, vocab, (2, seqlen))
-    pred = compiled(tokens)
-    with loss_parallel():
-        loss = F.cross_entropy(pred.flatten(0, 1), labels.flatten(0, 1))
-        loss.backward()
-    expected = F.cross_entropy(single(tokens).flatten(0, 1), labels.flatten(0, 1))
-    expected.backward()
-    assert_close(loss.full_tensor() if st.is_shard_tensor(loss) else loss, expected.detach(),
-                 f"llama, {backend}: loss", **TOL)
-    _check_gradients(model, single, f"llama, {backend}")
-
-
-def unet(mesh, backend):
-    import shardtensor as st
-
-    demo = _load("heat_unet_demo")
-    torch.manual_seed(11)
-    single = demo.UNet().double()
-    model = demo.replicate_module(copy.deepcopy(single), mesh)
-    compiled = _compiled(model, backend)
-    height = 6 * mesh.size() + 4  # even pieces (the pooling windows), unequal ones
-    sizes = [2 * (3 + (r % 2)) for r in range(mesh.size() - 1)]
-    sizes.append(height - sum(sizes))
-    u, target = torch.randn(2, 1, height, 10, dtype=torch.float64), torch.randn(2, 1, height, 10, dtype=torch.float64)
-    su = st.distribute_tensor(u, mesh, [st.Shard(2)], sharding_shapes={2: sizes})
-    starget = st.distribute_tensor(target, mesh, [st.Shard(2)], sharding_shapes={2: sizes})
-    loss = F.mse_loss(compiled(su), starget)
-    loss.backward()
-    expected = F.mse_loss(single(u), target)
-    expected.backward()
-    assert_close(loss.full_tensor(), expected.detach(), f"U-Net, {backend}: loss", **TOL)
-    _check_gradients(model, single, f"U-Net, {backend}")
+    return torch.compile(model, backend=backend, dynamic=dynamic)
 
 
 def ring_attention(mesh, backend):
@@ -138,12 +45,13 @@ def ring_attention(mesh, backend):
     expected = single(x)
     expected.sum().backward()
     assert_close(out.full_tensor(), expected.detach(), f"ring attention, {backend}: output", **TOL)
-    _check_gradients(model, single, f"ring attention, {backend}")
+    check_gradients(model, single, f"ring attention, {backend}")
     counts = comms.get_comm_counts()
     assert (counts.get("ring_send_recv", 0) > 0) == (mesh.size() > 1), comms.table()
 
 
-MODELS = {"tp_mlp": tp_mlp, "llama": llama_block, "unet": unet, "ring_attention": ring_attention}
+MODELS = {"tp_mlp": partial(tp_mlp, compile=_compiled), "llama": partial(llama_block, compile=_compiled),
+          "unet": partial(unet, compile=_compiled), "ring_attention": ring_attention}
 
 
 def models_body(rank, world_size, models):
