@@ -113,7 +113,8 @@ RedistributePlan make_plan(const ShardTensorSpec& source, const ShardTensorSpec&
 // moves run between the layouts as their pieces see them (to those moves a zigzag dim both keep
 // is a dim numbered in the ranks' order), and one Exchange puts the dims the target zigzags in
 // that order. Where the source is replicated along a mesh dim the target zigzags, it stays so up
-// to the last Exchange, which then only cuts.
+// to the last Exchange, which then only cuts; where no usual move runs between the two Exchanges,
+// they are one.
 RedistributePlan make_zigzag_plan(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner) {
   // The in-order layouts take the other end's sizes where it splits the dim in order too, so
   // that zigzag_shard of an uneven split, or zigzag_unshard to one, is one Exchange.
@@ -138,6 +139,12 @@ RedistributePlan make_zigzag_plan(const ShardTensorSpec& source, const ShardTens
   const ShardTensorSpec in_order_target = relayout(in_order_source, before_zigzag, own_sizes);
 
   RedistributePlan plan;
+  // Out of one zigzag order and straight into another (another unit, say): one Exchange, whose
+  // parts go from the source's stretches to the target's, instead of two.
+  if (!(in_order_source == source) && in_order_source == in_order_target && !(in_order_target == target)) {
+    plan.steps.push_back({LoweredStep(ExchangeStep{}, source, target), target, exchange_cost(target)});
+    return plan;
+  }
   if (!(in_order_source == source))
     plan.steps.push_back({LoweredStep(ExchangeStep{}, source, in_order_source), in_order_source, exchange_cost(in_order_source)});
   for (PlannedStep& step : make_plan(in_piece_order(in_order_source), in_piece_order(in_order_target), planner).steps) {

@@ -47,6 +47,15 @@ def redistribute_body(rank, world_size, checkpoint_dir):
             back = other.redistribute(mesh, [st.ZigzagShard(1)])
             assert torch.equal(back.to_local(), z.to_local()), f"{length}: {placements} {sizes} -> zigzag"
 
+    # Another unit (a [s, 3] sequence flattened to [3 s]) is another order: one exchange between the two.
+    x = torch.randn(2, 3 * (4 * n + 1), dtype=torch.float64)
+    by_three, by_one = (st.distribute_tensor(x, mesh, [st.ZigzagShard(1, unit)]) for unit in (3, 1))
+    with st.CommDebugMode() as comms:
+        moved = by_three.redistribute(mesh, [st.ZigzagShard(1)])
+    assert torch.equal(moved.to_local(), by_one.to_local()), "unit 3 -> unit 1"
+    assert comms.get_total_counts() == (1 if n > 1 else 0), comms.table()
+    assert torch.equal(by_one.redistribute(mesh, [st.ZigzagShard(1, 3)]).to_local(), by_three.to_local()), "unit 1 -> unit 3"
+
     if world_size == 4:  # a 2-D mesh: batch over mesh dim 0, the sequence in zigzag order over mesh dim 1
         mesh2 = st.init_device_mesh("cpu", (2, 2))
         x = torch.randn(3, 11, 2, dtype=torch.float64)

@@ -91,8 +91,10 @@ TEST(RedistributePlanner, ZigzagOrderChangesInOneExchange) {
   EXPECT_EQ(plan(make({2, 2}, {Shard(0), ZigzagShard(1)}, {4, 10}), make({2, 2}, {Replicate(), ZigzagShard(1)}, {4, 10})),
             plan(make({2, 2}, {Shard(0), Shard(1)}, {4, 10}, zz), make({2, 2}, {Replicate(), Shard(1)}, {4, 10}, zz)));
   EXPECT_EQ(plan_redistribute(make({4}, {Shard(1)}, {2, 10}), zigzag).steps.back().after, zigzag);
-  // Another unit (a flattened sequence's, [10, 3] -> [30]) is another order: out of one, into the other.
-  EXPECT_EQ(plan(make({4}, {ZigzagShard(0, 3)}, {30}), make({4}, {ZigzagShard(0)}, {30})), "Exchange() -> Exchange()");
+  // Another unit (a flattened sequence's, [10, 3] -> [30]) is another order: one Exchange from
+  // one to the other, as between two zigzag dims that no usual move relates.
+  EXPECT_EQ(plan(make({4}, {ZigzagShard(0, 3)}, {30}), make({4}, {ZigzagShard(0)}, {30})), "Exchange()");
+  EXPECT_EQ(plan(make({2, 2}, {Shard(1), ZigzagShard(0, 3)}, {30, 4}), make({2, 2}, {Shard(1), ZigzagShard(0)}, {30, 4})), "Exchange()");
 }
 
 TEST(RedistributePlanner, ExplainShowsTheChainOfLayouts) {
