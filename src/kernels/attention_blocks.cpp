@@ -159,6 +159,8 @@ std::vector<RingBatch> ring_batches(const AttentionPlan& plan, RingPhase phase, 
 }
 
 DeclaredRing declared_ring(const AttentionPlan& plan) {
+  // A rank outside the mesh runs no kernel (dispatch/kernel.cpp) and has no place in the ring.
+  if (!plan.mesh.includes_this_rank()) return DeclaredRing(plan.mesh, {}, 0, {});
   int64_t widest_rows = 0;
   for (const Pieces& rows : plan.key_rows) widest_rows = std::max(widest_rows, length(rows));
   return DeclaredRing(plan.mesh, plan.moves(), widest_rows,

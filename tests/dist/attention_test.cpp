@@ -134,6 +134,34 @@ INSTANTIATE_TEST_SUITE_P(Attention, AttentionRing,
                                   (std::get<1>(info.param) == 4 ? "MultiHead" : "GroupedQuery");
                          });
 
+// A ring on a mesh that leaves global rank 0 out: its members match one process. The rank
+// outside has no place in the ring and lowers none of it; it works out the global shapes on the
+// meta device, where the CPU operator has no kernel, so it gets that error, naming the mesh
+// (the members do not wait for it).
+TEST(Attention, RingOnAMeshThatLeavesARankOutRunsOnItsMembers) {
+  SKIP_WITHOUT_SDPA();
+  if (world_size() < 3) GTEST_SKIP() << "needs a ring of two members and a rank outside it";
+  std::vector<int64_t> members;
+  for (int64_t r = 1; r < world_size(); ++r) members.push_back(r);
+  static const DeviceMesh mesh = DeviceMesh::from_ranks({static_cast<int64_t>(members.size())}, members);
+  const at::Tensor q = draw({1, 2, 7, 4}, 31), k = draw({1, 2, 7, 4}, 32), v = draw({1, 2, 7, 4}, 33);
+  const at::Tensor sq = distribute_tensor(q, mesh, {Shard(2)}).requires_grad_(), sk = distribute_tensor(k, mesh, {Shard(2)}).requires_grad_(),
+                   sv = distribute_tensor(v, mesh, {Shard(2)}).requires_grad_();
+  if (mesh.includes_this_rank()) {
+    const at::Tensor rq = q.clone().requires_grad_(), rk = k.clone().requires_grad_(), rv = v.clone().requires_grad_();
+    const at::Tensor expected = sdpa(rq, rk, rv, /*is_causal=*/true);
+    expected.pow(2).sum().backward();
+    const at::Tensor out = sdpa(sq, sk, sv, /*is_causal=*/true);
+    out.pow(2).sum().backward();
+    expect_close(out, expected.detach(), "output");
+    for (const auto& [sharded, reference, what] : {std::tuple{sq, rq, "query"}, std::tuple{sk, rk, "key"}, std::tuple{sv, rv, "value"}})
+      expect_close(sharded.grad(), reference.grad(), std::string(what) + " gradient");
+  } else {
+    EXPECT_ERROR_CONTAINS(sdpa(sq, sk, sv, /*is_causal=*/true), "on global rank 0, which is outside mesh(");
+  }
+  mesh_1d().comm(0).barrier();  // global rank 0 holds the world's store, which the members' groups still use
+}
+
 // Forward: one message batch per step, n - 1 of them, in which each rank sends its current K
 // and V block to the next; no all-gather. Backward: the same n - 1 steps (K, V and their
 // gradients), then one batch returning the gradients to their owners.
