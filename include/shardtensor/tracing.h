@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "shardtensor/spec.h"
@@ -20,6 +22,22 @@ at::Tensor shard_tensor_over(const at::Tensor& local, const ShardTensorSpec& spe
 
 // The piece a ShardTensor holds, as it is (to_local() is its differentiable form).
 at::Tensor local_piece_of(const at::Tensor& t);
+
+// The layout in which a compiled graph hands back the gradient of one input's piece: chosen when
+// the graph's backward is traced (python/shardtensor/_traceable.py: into_graph), read by
+// piece_into_graph's backward. Unset: gradient_layout of the input's layout.
+struct GradientLayoutSlot {
+  std::optional<ShardTensorSpec> layout;
+};
+
+// A ShardTensor as a compiled graph takes it: its piece, differentiably (to_local), whose
+// gradient becomes a ShardTensor in the layout `slot` holds by then.
+at::Tensor piece_into_graph(const at::Tensor& t, const std::shared_ptr<GradientLayoutSlot>& slot);
+
+// A compiled graph's result, this rank's `piece`, as the ShardTensor of layout `spec` it stands
+// for: no communication (the graph was traced for this layout on every rank), differentiable,
+// its gradient moved to gradient_layout(spec) and handed back into the graph as a piece.
+at::Tensor shard_tensor_out_of_graph(const at::Tensor& piece, const ShardTensorSpec& spec, std::vector<int64_t> global_strides);
 
 // Whether this thread is tracing (a TracingScope is open).
 bool tracing_collectives();

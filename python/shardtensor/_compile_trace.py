@@ -1,20 +1,24 @@
-"""torch.compile on ShardTensors, traced (SHARDTENSOR_COMPILE=trace, experimental): every move a
-functional collective in the graph.
+"""torch.compile on ShardTensors, traced (SHARDTENSOR_COMPILE=trace, experimental): every move an
+operator of the graph.
 
 dynamo traces a tensor subclass only through Python's traceable-wrapper protocol; a ShardTensor
 is a C++ tensor. So dynamo is taught, when it loads, to take each ShardTensor it meets (an
-argument, a parameter of a module) as its traceable form (_traceable.TraceableShardTensor: the
-local piece plus the layout as a constant), rebuilt from the ShardTensor before each call by the
-frame's bytecode and compared by the guards, which specialise a graph on the layout (mesh,
-placements, every shard size: a call with another split recompiles). A graph's ShardTensor
-results come out as ShardTensors again, with their autograd links. Inside the graph, every ATen
-operator runs shardtensor's C++ dispatch on the traced pieces, and the moves it makes are
-recorded as torch's functional collectives (src/comm/traced_collectives.h), which Inductor can
-schedule and overlap with the local work.
+argument, a parameter of a module) as a graph input of its local piece, wrapped inside the graph
+in its traceable form (_traceable.TraceableShardTensor: the piece plus the layout as a constant).
+The guards compare the layout (mesh, placements, every shard size), so a call with another split
+recompiles. A graph's ShardTensor results leave it as pieces and come back to the caller as
+ShardTensors, with their autograd links. The subclass thus lives only inside the graph: at its
+edges AOTAutograd sees plain tensors, and its runtime wrappers do no work per call for the
+subclass (which, at the edges, cost the compiled TP-MLP step more than Inductor saved:
+bench/RESULTS.md). Inside the graph, every ATen operator runs shardtensor's C++ dispatch on the
+traced pieces, and the moves it makes are recorded as operators (src/comm/traced_collectives.h):
+torch's functional collectives, which Inductor can schedule and overlap with the local work, or
+shardtensor's own peer-memory moves.
 
 What dynamo is taught, and why each is needed:
-- wrap_tensor: a ShardTensor is wrapped through a TraceableSource, whose guard and bytecode
-  build the traceable form;
+- wrap_tensor: a ShardTensor is wrapped as its piece (PieceSource: the frame's bytecode hands the
+  graph ``_C.piece_into_graph(x)``; the guards compare an alias of the piece, or None where the
+  layout changed) and rebuilt in the graph by a call of _traceable.into_graph;
 - the guard builder learns that source;
 - meshes, placements and layouts are constant opaque types (compared by value, written into a
   graph by ``__fx_repr__``): torch's DeviceMesh, which ours subclasses, is a symbolic one,
@@ -22,7 +26,8 @@ What dynamo is taught, and why each is needed:
 - redistribute, to_local, full_tensor and shard_sizes, which shardtensor installs on
   torch.Tensor, are inlined from the traceable class instead of recorded as tensor methods;
 - a traced ShardTensor's layout reads as a constant;
-- compiled functions hand ShardTensors back (call_user_compiler);
+- compiled functions hand ShardTensors back (call_user_compiler: the graph's ShardTensor results
+  leave it as pieces, rebuilt around the compiled function);
 - the composite operators that eager mode takes whole or decomposes its own way (upsampling,
   linear) reach a traced ShardTensor the same way (_traced_composites.py).
 
@@ -33,7 +38,6 @@ asks for it.
 from __future__ import annotations
 
 from . import _C, _placements, _tensor, _traceable, _traced_composites
-
 
 
 def missing_support(dynamo) -> str | None:
@@ -58,41 +62,55 @@ def teach(dynamo) -> None:
         return
     from torch._dynamo.source import ChainedSource
     from torch._dynamo.bytecode_transformation import create_call_function
+    from torch._dynamo.variables.builder import wrap_fx_proxy
     from torch._guards import dataclass_with_cached_hash
 
     @dataclass_with_cached_hash(frozen=True)
-    class TraceableSource(ChainedSource):
-        """A ShardTensor argument as the traced graph takes it: ``as_traceable(base)``, built
-        by the frame's bytecode before each call and by the guards (without autograd) when
-        they check it."""
+    class PieceSource(ChainedSource):
+        """A ShardTensor argument as a compiled graph takes it: its piece, which the frame's
+        bytecode gets before each call (``_C.piece_into_graph(base)``, differentiable) and the
+        guards compare (_traceable.guard_piece: an alias, None where the layout changed)."""
+
+        slot: int = -1  # the gradient slot of this input (_traceable.into_graph)
 
         @property
         def _name_template(self) -> str:
-            return "___shardtensor_traceable({0})"
+            return "___shardtensor_piece({0})"
 
         def get_value(self, globals, locals, cache, **options):  # options: on_error, where torch has it
             if self in cache:
                 return cache[self]
-            value = _traceable.guard_view(self.base.get_value(globals, locals, cache, **options))
+            value = _traceable.guard_piece_of_any_layout(self.base.get_value(globals, locals, cache, **options))
             cache[self] = value
             return value
 
         def reconstruct(self, codegen) -> None:
-            codegen.add_push_null(lambda: codegen.load_import_from(_traceable.__name__, "as_traceable"))
+            codegen.add_push_null(lambda: codegen.load_import_from(_C.__name__, "piece_into_graph"))
             codegen(self.base)
-            codegen.extend_output(create_call_function(1, False))
+            slot = codegen.tx.output.install_global_by_id("___shardtensor_gradient_slot",
+                                                          _traceable._GRADIENT_SLOTS[self.slot])
+            codegen.append_output(codegen.create_load_global(slot, add=True))
+            codegen.extend_output(create_call_function(2, False))
 
     # Named at module level, so that Inductor's cache can pickle the sources it keys on.
-    TraceableSource.__qualname__ = TraceableSource.__name__
-    globals()[TraceableSource.__name__] = TraceableSource
+    PieceSource.__qualname__ = PieceSource.__name__
+    globals()[PieceSource.__name__] = PieceSource
 
     def wrap_tensor(self, value):
-        if _C.is_shard_tensor(value):
-            traceable = _traceable.guard_view(value)
-            # A graph is specialised on the layout, and so on every size: no dynamic shapes.
-            dynamo.mark_static(traceable)
-            return cls(self.tx, TraceableSource(self.get_source()))(traceable)
-        return original(self, value)
+        if not _C.is_shard_tensor(value):
+            return original(self, value)
+        # The graph's input is the piece; the ShardTensor is rebuilt inside from the layout, a
+        # constant of the trace (so a graph is specialised on every size: no dynamic shapes).
+        layout, strides = _C.layout_of(value), tuple(value.stride())
+        piece = _traceable.guard_piece(value, layout, strides)
+        dynamo.mark_static(piece)
+        slot = _traceable.new_gradient_slot()
+        piece_variable = cls(self.tx, PieceSource(self.get_source(), slot))(piece)
+        # A call node of its own, not a traced call: dynamo would trace nonstrict_trace's
+        # flattening of the arguments, and guard each call on pytree's globals.
+        proxy = self.tx.output.create_proxy("call_function", _traceable.into_graph,
+                                            (piece_variable.as_proxy(), layout, strides, slot), {})
+        return wrap_fx_proxy(self.tx, proxy)
 
     wrap_tensor._traces_shard_tensors = True
     cls.wrap_tensor = wrap_tensor
@@ -112,9 +130,6 @@ def teach(dynamo) -> None:
     # to_local's backward makes a traced ShardTensor of a plain gradient, which AOTAutograd runs
     # as Python; the layout a from_local gives is computed once, when dynamo meets it.
     _traceable.to_local_in_graph = dynamo.nonstrict_trace(_traceable.to_local_in_graph)
-    # The conversions a compiled frame's bytecode runs around its graph are not themselves traced.
-    for name in ("as_traceable", "from_traceable", "guard_view"):
-        setattr(_traceable, name, dynamo.disable(getattr(_traceable, name)))
     for name in ("layout_for_piece", "placements_of_layout", "shard_sizes_of", "mesh_of_layout"):
         setattr(_traceable, name, dynamo.assume_constant_result(getattr(_traceable, name)))
     dynamo.config.traceable_tensor_subclasses.add(_traceable.TraceableShardTensor)
@@ -123,19 +138,21 @@ def teach(dynamo) -> None:
     manager_of = guards.get_guard_manager_from_source
 
     def get_guard_manager_from_source(self, source):
-        if type(source) is not TraceableSource:
+        if type(source) is not PieceSource:
             return manager_of(self, source)
         name = source.name
         if name not in self._cached_guard_managers:
             example_value = self.get(source)
+            traced = self.get(source.base)
+            layout, strides = _C.layout_of(traced), tuple(traced.stride())
             self._cached_guard_managers[name] = manager_of(self, source.base).lambda_manager(
-                python_lambda=_traceable.guard_view, source=name, example_value=example_value,
-                guard_manager_enum=self.get_guard_manager_type(source, example_value))
+                python_lambda=lambda x: _traceable.guard_piece(x, layout, strides), source=name,
+                example_value=example_value, guard_manager_enum=self.get_guard_manager_type(source, example_value))
         return self._cached_guard_managers[name]
 
     guards.get_guard_manager_from_source = get_guard_manager_from_source
     # Where dynamo evaluates a guard's source by name (its failure reasons, say).
-    dynamo.guards._get_closure_vars()["___shardtensor_traceable"] = _traceable.guard_view
+    dynamo.guards._get_closure_vars()["___shardtensor_piece"] = _traceable.guard_piece_of_any_layout
 
     # shardtensor installs its methods on torch.Tensor, so dynamo would put a call of one in the
     # graph as a tensor method; on a traced ShardTensor it inlines the traceable class's own.
@@ -152,8 +169,9 @@ def teach(dynamo) -> None:
 
     tensor_variable.call_method = call_method_inlining_ours
 
-    # A traced ShardTensor's layout is a constant of the trace (the guards compare it), also
-    # where the tensor is a graph input; dynamo treats it so only where the tensor has no source.
+    # A traced ShardTensor's layout is a constant of the trace (the guards compare it). Where the
+    # tensor stands for a graph's input, dynamo would read it off the real value it associates
+    # with that input (the ShardTensor, whose layout is no attribute).
     dynamic_getattr = tensor_variable.dynamic_getattr
 
     def dynamic_getattr_with_constant_layout(self, tx, name):
@@ -163,13 +181,15 @@ def teach(dynamo) -> None:
 
     tensor_variable.dynamic_getattr = dynamic_getattr_with_constant_layout
 
-    # A graph's ShardTensor results leave it in their traceable form; the caller gets
-    # ShardTensors again, with the autograd link that carries their gradients in.
+    # A graph's ShardTensor results leave it as their pieces; the caller gets ShardTensors
+    # again, with the autograd link that carries their gradients in.
     output_graph = dynamo.output_graph.OutputGraph
     call_user_compiler = output_graph.call_user_compiler
 
     def call_user_compiler_returning_shard_tensors(self, gm, example_inputs):
-        return _returning_shard_tensors(call_user_compiler(self, gm, example_inputs))
+        leaving = _pieces_out(gm)
+        compiled = call_user_compiler(self, gm, example_inputs)
+        return _returning_shard_tensors(compiled, leaving) if leaving else compiled
 
     output_graph.call_user_compiler = call_user_compiler_returning_shard_tensors
     _traced_composites.keep_whole()
@@ -180,16 +200,45 @@ _PLACEMENT_MEMBERS = ("dim", "reduce_op", "norm_type", "is_shard", "is_replicate
 _TRACEABLE_METHODS = ("redistribute", "to_local", "full_tensor", "shard_sizes")
 
 
-def _returning_shard_tensors(compiled):
-    import torch._dynamo
+def _pieces_out(gm) -> list:
+    """Makes each traced ShardTensor that graph ``gm`` returns leave it as its piece
+    (_traceable.out_of_graph); returns (position, layout, global strides) of each."""
+    import torch
 
-    @torch._dynamo.disable
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    results, leaving, pieces = output.args[0], [], []
+    with gm.graph.inserting_before(output):
+        for i, node in enumerate(results):
+            value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+            if isinstance(value, _traceable.TraceableShardTensor):
+                leaving.append((i, value._layout, list(value._strides)))
+                node = gm.graph.call_function(_traceable.out_of_graph, (node,))
+                node.meta["example_value"] = value._local
+            pieces.append(node)
+    if leaving:
+        output.args = (type(results)(pieces),)
+        gm.recompile()
+    return leaving
+
+
+def _returning_shard_tensors(compiled, leaving: list):
+    """``compiled``, with the pieces at the positions ``leaving`` names rebuilt as ShardTensors of
+    their layouts (differentiably: their gradients go back into the graph as pieces)."""
+
     def run(*args, **kwargs):
         out = compiled(*args, **kwargs)
-        if isinstance(out, (list, tuple)) and any(isinstance(o, _traceable.TraceableShardTensor) for o in out):
-            converted = [_traceable.from_traceable(o) if isinstance(o, _traceable.TraceableShardTensor) else o for o in out]
-            return type(out)(converted) if isinstance(out, tuple) else converted
-        return out
+        rebuilt = list(out)
+        for i, layout, strides in leaving:
+            rebuilt[i] = _C.shard_tensor_out_of_graph(rebuilt[i], layout, strides)
+        return type(out)(rebuilt) if isinstance(out, tuple) else rebuilt
 
+    # The frame's bytecode calls it around the graph: not a frame for dynamo to translate.
+    _skip_code(run.__code__)
     run.__wrapped__ = compiled
     return run
+
+
+def _skip_code(code) -> None:
+    from torch._dynamo.eval_frame import skip_code
+
+    skip_code(code)

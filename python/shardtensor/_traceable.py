@@ -74,17 +74,6 @@ class TraceableShardTensor(torch.Tensor):
         layout, strides = context
         return TraceableShardTensor(inner["_local"], layout, strides)
 
-    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
-        """The gradient AOTAutograd's compiled backward was traced for: the same values in the
-        layout that the trace guessed (a Replicate gradient of a Partial output, say)."""
-        if expected_type is not None and expected_type is not TraceableShardTensor:
-            return None
-        if (self._layout, self._strides) == expected_metadata:
-            return self
-        layout, strides = expected_metadata
-        piece = _in_layout(_over(self), layout)
-        return TraceableShardTensor(piece, layout, strides)
-
     # The ShardTensor methods, defined here so that dynamo inlines them (it would otherwise take
     # the ones shardtensor installs on torch.Tensor for operators to put in the graph).
     def redistribute(self, device_mesh=None, placements=None, *, async_op=False, sharding_shapes=None, transport=None,
@@ -250,12 +239,13 @@ def _runs(flat) -> list:
     return runs
 
 
-# The C++ operator that a peer-memory exchange is traced as (src/redistribute/transports/
-# traced_exchange.cpp) moves bytes between ranks, so every rank must run its calls in the order
-# traced: ordered effects keep graph passes, Inductor's scheduler among them, from reordering
-# them against each other (two independent exchanges could otherwise run in different orders on
-# different ranks, which the transport refuses).
-torch.library._register_effectful_op("shardtensor::exchange_parts", torch._library.effects.EffectType.ORDERED)
+# The C++ operators that peer-memory moves are traced as (src/redistribute/transports/
+# traced_exchange.cpp, src/redistribute/executor_traced.cpp) move bytes between ranks, so every
+# rank must run their calls in the order traced: ordered effects keep graph passes, Inductor's
+# scheduler among them, from reordering them against each other (two independent exchanges could
+# otherwise run in different orders on different ranks, which the transport refuses).
+for _moving in ("shardtensor::exchange_parts", "shardtensor::all_reduce_parts"):
+    torch.library._register_effectful_op(_moving, torch._library.effects.EffectType.ORDERED)
 
 
 @torch.library.custom_op("shardtensor::redistribute", mutates_args=())
@@ -323,14 +313,17 @@ class _ToLocal(torch.autograd.Function):
 class _FromLocal(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local, layout, strides):
+        ctx.layout = layout
         return TraceableShardTensor(local.view_as(local), layout, strides)
 
     @staticmethod
     def backward(ctx, grad):
-        # A Partial gradient's piece is not a gradient of the piece: reduce it first, as eager
-        # from_local's backward does.
-        if any(kind == _PARTIAL for kind, _ in grad._layout.placements):
-            grad = redistribute(grad, _gradient_placements(grad._layout), grad._layout.shard_sizes)
+        # The piece's gradient is the gradient's piece in the layout's gradient layout (a Partial
+        # gradient's piece is only a term of it; a gradient laid out otherwise has other
+        # pieces), as eager from_local's backward moves it.
+        layout, target = ctx.layout, _gradient_placements(ctx.layout)
+        if grad._layout.placements != target or grad._layout.shard_sizes != layout.shard_sizes:
+            grad = redistribute(grad, target, layout.shard_sizes)
         return grad._local, None, None
 
 
@@ -432,85 +425,79 @@ def _from_cpp(x: torch.Tensor, wrapped=None):
 
 
 _PARTIAL, _REPLICATE = 2, 1  # the placement kinds of the C++ encoding (_placements.py)
-_SUM, _PRODUCT = 0, 4          # ReduceOp codes whose pieces are not the value itself
 
 
-def _in_layout(x: torch.Tensor, layout) -> torch.Tensor:
-    """The local piece of ShardTensor ``x`` in ``layout``, which may hold Partial placements that
-    ``x`` lacks (a redistribute never makes one): each such mesh dim gets its replicated value
-    split as the Partial's op combines it (for a sum, the value at coordinate 0 and zeros
-    elsewhere)."""
-    target = layout.placements
-    unreduced = [(_REPLICATE, 0) if kind == _PARTIAL else (kind, value) for kind, value in target]
-    x = _C.redistribute(x, layout.mesh, unreduced, layout.shard_sizes)
+# ---- a compiled graph's edges ----
+# A graph takes each ShardTensor as its plain piece (C++ piece_into_graph, which the frame's
+# bytecode calls) and rebuilds the traced ShardTensor inside, the layout a constant (into_graph);
+# its ShardTensor results leave it as pieces (out_of_graph) that the caller gets back as
+# ShardTensors (C++ shard_tensor_out_of_graph). AOTAutograd then sees plain tensors at the
+# graph's edges, so its runtime wrappers do no work per call for the subclass.
+
+def into_graph(piece: torch.Tensor, layout, strides, slot: int) -> TraceableShardTensor:
+    """A graph's input piece as the traced ShardTensor of ``layout``. Its backward chooses the
+    layout of the piece's gradient (that of a leaf's gradient in eager mode: the input's, but
+    Partial where the input is Replicate and the gradient comes Partial, its reduction left to
+    whoever reads it) and writes it in gradient slot ``slot``, which the piece's C++ conversion
+    reads when the gradient leaves the graph."""
+    return _IntoGraph.apply(piece, layout, strides, slot)
+
+
+_GRADIENT_SLOTS: list = []  # the gradient layouts of graphs' input pieces, by number (into_graph)
+
+
+def new_gradient_slot() -> int:
+    _GRADIENT_SLOTS.append(_C.GradientLayoutSlot())
+    return len(_GRADIENT_SLOTS) - 1
+
+
+class _IntoGraph(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, piece, layout, strides, slot):
+        ctx.layout, ctx.slot = layout, slot
+        return TraceableShardTensor(piece.view_as(piece), layout, strides)
+
+    @staticmethod
+    def backward(ctx, grad):
+        layout = ctx.layout
+        target = [came if (kind, came[0]) == (_REPLICATE, _PARTIAL) else wanted
+                  for (kind, _), came, wanted in zip(layout.placements, grad._layout.placements, _gradient_placements(layout))]
+        if grad._layout.placements != target or grad._layout.shard_sizes != layout.shard_sizes:
+            grad = redistribute(grad, target, layout.shard_sizes)
+        _GRADIENT_SLOTS[ctx.slot].layout = grad._layout
+        return grad._local, None, None, None
+
+
+def out_of_graph(x: TraceableShardTensor) -> torch.Tensor:
+    """A graph's traced ShardTensor result as its piece; its gradient comes back in the gradient
+    layout, as shard_tensor_out_of_graph's backward hands it in."""
+    return _ToLocal.apply(x, _flat_placements(_gradient_placements(x._layout)))
+
+
+_GUARD_PIECES: dict = {}  # id(ShardTensor) -> (weak reference to it, its piece, the alias guards compare)
+
+
+def guard_piece(x: torch.Tensor, layout, strides: tuple):
+    """What dynamo's guards compare a ShardTensor argument by, for a graph traced for ``layout``
+    and global ``strides``: an alias of its piece that requires grad where ``x`` does, or None
+    where ``x`` is not a ShardTensor of that layout (the guard fails: another graph). One object
+    per ShardTensor while its piece and requires_grad stay: the guards compare tensors by
+    identity (no two arguments may alias), and temporaries made afresh on each read could share
+    an address."""
+    if not _C.is_shard_tensor(x) or _C.layout_of(x) != layout or x.stride() != strides:
+        return None
     piece = _C.local_piece_of(x)
-    for mesh_dim, (kind, op) in enumerate(target):
-        if kind == _PARTIAL and op in (_SUM, _PRODUCT) and layout.mesh.coordinate[mesh_dim] != 0:
-            piece = torch.zeros_like(piece) if op == _SUM else torch.ones_like(piece)
-    return piece
-
-
-class _ToTraceable(torch.autograd.Function):
-    """A ShardTensor into a traced region; its gradient back out as a ShardTensor."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return TraceableShardTensor(_own_view(_C.local_piece_of(x)), _C.layout_of(x), x.stride())
-
-    @staticmethod
-    def backward(ctx, grad):
-        return from_traceable_piece(grad)
-
-
-class _FromTraceable(torch.autograd.Function):
-    """A traced region's result out as a ShardTensor; its gradient back in as a traceable one."""
-
-    @staticmethod
-    def forward(ctx, t):
-        return _over(t)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return TraceableShardTensor(_C.local_piece_of(grad), _C.layout_of(grad), grad.stride())
-
-
-def from_traceable_piece(t):
-    if t is None or not isinstance(t, TraceableShardTensor):
-        return t
-    return _over(t)
-
-
-_GUARD_VIEWS: dict = {}  # id(ShardTensor) -> (weak reference to it, its piece, its view)
-
-
-def guard_view(x: torch.Tensor) -> TraceableShardTensor:
-    """What dynamo's guards compare a ShardTensor argument by: its traceable form, without an
-    autograd link. One object per ShardTensor while its piece, layout and requires_grad stay: the
-    guards compare tensors by identity (no two arguments may alias), and temporaries made afresh
-    on each read could share an address."""
-    piece, layout = _C.local_piece_of(x), _C.layout_of(x)
-    cached = _GUARD_VIEWS.get(id(x))
-    if cached is not None and cached[0]() is x and cached[1] is piece:
-        view = cached[2]
-        if view._layout == layout and view.requires_grad == x.requires_grad and view._strides == tuple(x.stride()):
-            return view
-    view = TraceableShardTensor(_own_view(piece), layout, x.stride(), requires_grad=x.requires_grad)
+    cached = _GUARD_PIECES.get(id(x))
+    if cached is not None and cached[0]() is x and cached[1] is piece and cached[2].requires_grad == x.requires_grad:
+        return cached[2]
+    alias = piece.detach().requires_grad_(x.requires_grad)
     key = id(x)
-    _GUARD_VIEWS[key] = (weakref.ref(x, lambda _: _GUARD_VIEWS.pop(key, None)), piece, view)
-    return view
+    _GUARD_PIECES[key] = (weakref.ref(x, lambda _: _GUARD_PIECES.pop(key, None)), piece, alias)
+    return alias
 
 
-def _own_view(piece: torch.Tensor) -> torch.Tensor:
-    """A view of the piece of its own: ShardTensors that share a piece (a tensor and its detached
-    alias) enter a graph as distinct inputs, as the guards found them."""
-    return piece.view_as(piece)
-
-
-def as_traceable(x: torch.Tensor) -> TraceableShardTensor:
-    """``x`` (a ShardTensor) as a traced region takes it, differentiably."""
-    return _ToTraceable.apply(x)
-
-
-def from_traceable(t: TraceableShardTensor) -> torch.Tensor:
-    """A compiled region's result back as a ShardTensor, differentiably."""
-    return _FromTraceable.apply(t)
+def guard_piece_of_any_layout(x: torch.Tensor):
+    """guard_piece for whatever layout ``x`` has now (what the guards' failure reasons compare)."""
+    if not _C.is_shard_tensor(x):
+        return None
+    return guard_piece(x, _C.layout_of(x), x.stride())

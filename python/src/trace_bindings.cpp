@@ -54,12 +54,11 @@ void bind_tracing(py::module_& m) {
       },
       py::arg("value"));
   m.def("local_piece_of", &local_piece_of, py::arg("t"));
-  m.def(
-      "from_local_with_layout",
-      [](const at::Tensor& local, const ShardTensorSpec& layout) {
-        return from_local(local, layout.mesh(), layout.placements(), ShardSizing::trusted(layout.shard_sizes()), false);
-      },
-      py::arg("local"), py::arg("layout"), py::call_guard<py::gil_scoped_release>());
+  py::class_<GradientLayoutSlot, std::shared_ptr<GradientLayoutSlot>>(m, "GradientLayoutSlot")
+      .def(py::init<>())
+      .def_readwrite("layout", &GradientLayoutSlot::layout);
+  m.def("piece_into_graph", &piece_into_graph, py::arg("t"), py::arg("slot"));
+  m.def("shard_tensor_out_of_graph", &shard_tensor_out_of_graph, py::arg("piece"), py::arg("layout"), py::arg("global_strides"));
   py::class_<TracingContext>(m, "TracingScope").def(py::init<>()).def("enter", &TracingContext::enter).def("exit", &TracingContext::exit);
 }
 

@@ -2,7 +2,12 @@
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include "shardtensor/tracing.h"
 
+#include <ATen/core/grad_mode.h>
+
+#include "autograd/grad_fn.h"
+#include "dispatch/relayout.h"
 #include "dispatch/shard_tensor_impl.h"
+#include "shardtensor/redistribute.h"
 #include "shardtensor/shard_tensor.h"
 #include "util/strings.h"
 
@@ -20,6 +25,27 @@ at::Tensor local_piece_of(const at::Tensor& t) {
   const ShardTensorImpl* impl = shard_tensor_impl(t);
   TORCH_CHECK(impl, "local_piece_of: not a ShardTensor");
   return impl->local();
+}
+
+at::Tensor piece_into_graph(const at::Tensor& t, const std::shared_ptr<GradientLayoutSlot>& slot) {
+  const ShardTensorImpl* impl = shard_tensor_impl(t);
+  TORCH_CHECK(impl, "piece_into_graph: not a ShardTensor");
+  if (!t.requires_grad() || !at::GradMode::is_enabled()) return impl->local();
+  return attach_grad_fn(impl->local().variable_data(), t,
+                        [slot, unset = gradient_layout(impl->spec())](const at::Tensor& grad) {
+                          return make_shard_tensor(grad, slot->layout.value_or(unset));
+                        },
+                        "PieceIntoGraphBackward");
+}
+
+at::Tensor shard_tensor_out_of_graph(const at::Tensor& piece, const ShardTensorSpec& spec, std::vector<int64_t> global_strides) {
+  ShardTensorSpec grad_layout = gradient_layout(spec);
+  return attach_grad_fn(shard_tensor_over(piece, spec, std::move(global_strides)), piece,
+                        [grad_layout](const at::Tensor& grad) {
+                          const ShardTensorImpl* impl = shard_tensor_impl(grad);
+                          return impl && impl->spec() == grad_layout ? impl->local() : local_piece_of(move_to(grad, grad_layout));
+                        },
+                        "OutOfGraphBackward");
 }
 
 }  // namespace shardtensor

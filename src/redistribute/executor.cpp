@@ -73,36 +73,7 @@ void reduce_scatter_boxes(Comm& comm, const at::Tensor& local, const Box& held, 
 // ring all-reduce, with no copy of the input first.
 at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const AllReduceStep& step, StepTransport how) {
   if (how.kind == TransportKind::None) return fresh_copy(local);
-  Comm& comm = mesh.comm(step.mesh_dim);
-  const int64_t n = comm.size(), me = comm.rank();
-  how = available_on(comm, how);
-  // Peer memory turned out unavailable: small reductions go to c10d, as transport_for sends them
-  // when peer memory is off.
-  if (how.kind == TransportKind::Messages && static_cast<int64_t>(local.nbytes()) < kMessagesAllReduceBytes)
-    how.kind = TransportKind::Collective;
-  if (how.kind == TransportKind::Collective) {
-    at::Tensor out = fresh_copy(local);
-    comm.all_reduce(out, step.op);
-    return out;
-  }
-  at::Tensor out = at::empty(local.sizes(), local.options());
-  const at::Tensor flat = local.contiguous().view({-1});
-  const at::Tensor out_flat = out.view({-1});
-  const Box whole{{0}, {flat.numel()}};
-  std::vector<Box> chunks;
-  for (int64_t size : chunk_sizes(flat.numel(), n))
-    chunks.push_back(Box{{chunks.empty() ? 0 : chunks.back().offsets[0] + chunks.back().shape[0]}, {size}});
-  reduce_scatter_boxes(comm, flat, whole, chunks, view_of_part(out_flat, whole, chunks[me]), step.op, "all_reduce", how);
-
-  // The reduced chunks to every member; peer memory may have gone back to messages meanwhile.
-  PartExchange gather{{}, out_flat, out_flat, "all_reduce", /*counts=*/false};
-  for (int64_t p = 0; p < n; ++p) {
-    if (p == me) continue;
-    gather.parts.push_back({p, me, chunks[p], whole, whole});
-    gather.parts.push_back({me, p, chunks[me], whole, whole});
-  }
-  move_parts(comm, how, gather);
-  return out;
+  return all_reduce_on(mesh.comm(step.mesh_dim), local, step.op, how);
 }
 
 // The size of `spec`'s tensor over its ranks: the same on every rank, so whether a transfer
@@ -140,6 +111,42 @@ std::string describe_scatter(const void* context) {
 }
 
 }  // namespace
+
+at::Tensor all_reduce_on(Comm& comm, const at::Tensor& local, ReduceOp op, StepTransport how) {
+  const int64_t n = comm.size(), me = comm.rank();
+  how = available_on(comm, how);
+  // Peer memory turned out unavailable: small reductions go to c10d, as transport_for sends them
+  // when peer memory is off.
+  if (how.kind == TransportKind::Messages && static_cast<int64_t>(local.nbytes()) < kMessagesAllReduceBytes)
+    how.kind = TransportKind::Collective;
+  if (how.kind == TransportKind::Collective) {
+    at::Tensor out = fresh_copy(local);
+    comm.all_reduce(out, op);
+    return out;
+  }
+  // Traced, the two exchanges below would be two operators of the graph, with the copies between
+  // them functionalized into passes over the whole tensor: one operator runs them as here.
+  if (tracing_collectives()) return traced_all_reduce(comm, local, op, how);
+  at::Tensor out = at::empty(local.sizes(), local.options());
+  const at::Tensor flat = local.contiguous().view({-1});
+  const at::Tensor out_flat = out.view({-1});
+  const Box whole{{0}, {flat.numel()}};
+  std::vector<Box> chunks;
+  for (int64_t size : chunk_sizes(flat.numel(), n))
+    chunks.push_back(Box{{chunks.empty() ? 0 : chunks.back().offsets[0] + chunks.back().shape[0]}, {size}});
+  reduce_scatter_boxes(comm, flat, whole, chunks, view_of_part(out_flat, whole, chunks[me]), op, "all_reduce", how);
+
+  // The reduced chunks to every member; peer memory may have gone back to messages meanwhile.
+  PartExchange gather{{}, out_flat, out_flat, "all_reduce", /*counts=*/false};
+  for (int64_t p = 0; p < n; ++p) {
+    if (p == me) continue;
+    gather.parts.push_back({p, me, chunks[p], whole, whole});
+    gather.parts.push_back({me, p, chunks[me], whole, whole});
+  }
+  move_parts(comm, how, gather);
+  return out;
+}
+
 
 at::Tensor local_box_of(const at::Tensor& global, const ShardTensorSpec& spec) {
   const Box whole{std::vector<int64_t>(spec.ndim(), 0), spec.shape()};

@@ -15,6 +15,8 @@ class Tensor;
 
 namespace shardtensor {
 
+class Comm;
+
 // `local` holds this rank's piece under `source`; returns its piece under the plan's last
 // layout, always a fresh tensor (never a view of `local`). Every rank of the mesh must call
 // this with the same source spec, plan and options. The steps go by the transports the plan
@@ -45,6 +47,13 @@ at::Tensor run_kernel_step(const LoweredStep& step, const DeviceMesh& mesh, cons
 std::vector<std::vector<at::Tensor>> run_ring_batch(const LoweredStep& step, int64_t batch, const std::vector<std::vector<at::Tensor>>& sent,
                                                     const std::vector<at::Tensor>& like, const DeviceMesh& mesh,
                                                     const std::function<void()>& while_moving = {});
+// `local` reduced by `op` over `comm`'s group, a fresh tensor, through `how` (an AllReduce
+// step's transport): c10d's all_reduce, or a reduce-scatter and an all-gather of flat chunks
+// through peer memory or messages. While tracing, one operator of the graph (traced_all_reduce).
+at::Tensor all_reduce_on(Comm& comm, const at::Tensor& local, ReduceOp op, StepTransport how);
+// all_reduce_on recorded as one shardtensor::all_reduce_parts call, whose kernel runs it
+// (redistribute/executor_traced.cpp). Only while tracing.
+at::Tensor traced_all_reduce(Comm& comm, const at::Tensor& local, ReduceOp op, const StepTransport& how);
 // The same over the groups of `mesh_dims` of `mesh`, one reduction per mesh dim, lowered per call.
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op);
 

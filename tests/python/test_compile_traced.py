@@ -3,7 +3,8 @@ _traceable): a tensor-parallel MLP, torchtitan's llama plan, the demo's U-Net on
 transformer block on a sequence split, each under the eager, aot_eager and inductor backends, on
 sizes the mesh does not divide, values and gradients against the same model on one process. All
 four compile with fullgraph=True; a graph holds the moves of eager mode (shardtensor::exchange_parts
-for exchanges of parts, torch's functional collectives for the collectives of equal pieces); a
+for exchanges of parts, shardtensor::all_reduce_parts for an all-reduce through peer memory,
+torch's functional collectives for the collectives of equal pieces); a
 graph is specialised on the layout (another split of the same shape recompiles)."""
 
 import copy
@@ -258,13 +259,14 @@ def graph_collectives_body(rank, world_size, peer_memory):
     in_graphs = _counted(lambda: outputs.append(compiled(x)) or outputs[0].sum().backward())
     assert_close(outputs[0], single(x).detach(), "TP-MLP output", **TOL)
     forward = _calls(graphs[0])
-    exchanges = [c for c in forward if "exchange_parts" in c]
+    moves = [c for c in forward if "exchange_parts" in c or "all_reduce_parts" in c]
     functional = [c for c in forward if c.startswith("_c10d_functional.all_reduce")]
     if world_size == 1:
-        assert not exchanges and not functional and in_graphs.total == 0, forward
+        assert not moves and not functional and in_graphs.total == 0, forward
     elif peer_memory:
-        # The row-parallel layer's all-reduce: a reduce-scatter and an all-gather of parts.
-        assert len(exchanges) == 2 and not functional, forward
+        # The row-parallel layer's all-reduce: one operator, whose kernel runs eager mode's
+        # reduce-scatter and all-gather of parts (not two exchanges with copies between them).
+        assert moves == ["shardtensor.all_reduce_parts.default"] and not functional, forward
         assert in_graphs.counts == eager.counts and eager.total > 0, (in_graphs.table, eager.table)
         # A derivative that uses a moved input (square's uses its input, the all-reduced output)
         # takes the move the forward made, as eager mode's saved input does: no second exchange,
@@ -280,7 +282,7 @@ def graph_collectives_body(rank, world_size, peer_memory):
             model.zero_grad()
             assert in_graphs.counts == eager.counts and in_graphs.bytes == eager.bytes, (backend, in_graphs.table, eager.table)
     else:
-        assert len(functional) == 1 and not exchanges, forward
+        assert len(functional) == 1 and not moves, forward
         assert in_graphs.total == 0, in_graphs.table
 
 
@@ -288,6 +290,58 @@ def graph_collectives_body(rank, world_size, peer_memory):
 def test_a_compiled_graph_holds_the_moves_of_eager_mode(world_size, peer_memory):
     env = dict(ENV, SHARDTENSOR_PEER_MEMORY="1" if peer_memory else "0")
     run_ranks(graph_collectives_body, world_size, peer_memory, env=env)
+
+
+def edges_body(rank, world_size, backend):
+    """What crosses a compiled graph's edges, where ShardTensors enter as their pieces and leave
+    rebuilt: a sharded parameter updated in place inside the graph keeps the update; an input
+    returned as it is comes back as a ShardTensor of its layout; and a Partial input's gradient
+    reaches its piece whole (d/d piece of sum(T^2), T the sum of the pieces, is 2T on every rank,
+    not 2T summed over the ranks)."""
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    torch._dynamo.reset()
+    w = torch.arange(7 * 3, dtype=torch.float64).view(7, 3)
+    p = st.distribute_tensor(w, mesh, [st.Shard(0)], sharding_shapes={0: chunk_sizes(7, world_size)}).requires_grad_()
+    g = st.distribute_tensor(torch.ones(7, 3, dtype=torch.float64), mesh, [st.Shard(0)],
+                             sharding_shapes={0: chunk_sizes(7, world_size)})
+
+    @torch.compile(fullgraph=True, backend=backend)
+    def sgd(p, g):
+        with torch.no_grad():
+            p.sub_(g * 0.5)
+
+    sgd(p, g)
+    sgd(p, g)
+    assert_close(p.full_tensor(), w - 1.0, "a parameter updated in a graph", **TOL)
+
+    @torch.compile(fullgraph=True, backend=backend)
+    def unchanged(x):
+        return x, x * 2
+
+    same, doubled = unchanged(p.detach())
+    assert st.is_shard_tensor(same) and same.placements == (st.Shard(0),), same
+    assert_close(same.full_tensor(), w - 1.0, "an input returned as it is", **TOL)
+    assert_close(doubled.full_tensor(), 2 * (w - 1.0), "an input doubled", **TOL)
+
+    local = torch.full((4,), float(rank + 1), dtype=torch.float64, requires_grad=True)
+    total = world_size * (world_size + 1) / 2
+
+    @torch.compile(fullgraph=True, backend=backend)
+    def squares(q):
+        return (q * q).sum()
+
+    out = squares(st.from_local(local, mesh, [st.Partial()]))
+    out.backward()
+    assert_close(out.full_tensor(), torch.tensor(4 * total * total, dtype=torch.float64), "sum of squares", **TOL)
+    assert_close(local.grad, torch.full((4,), 2 * total, dtype=torch.float64), "a Partial input's gradient", **TOL)
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_what_crosses_a_graphs_edges_keeps_its_layout_and_gradient(world_size):
+    for backend in ("aot_eager", "inductor"):
+        run_ranks(edges_body, world_size, backend, env=ENV)
 
 
 def peer_fails_body(rank, world_size, out_dir, fault):
