@@ -753,11 +753,13 @@ def render_compile(doc, records, figs, traced=False):
     if rows and traced:
         body += ("\n\nWith `SHARDTENSOR_COMPILE=trace` shardtensor's operators are traced (`python/shardtensor/"
                  "_compile_trace.py`): the compiled TP-MLP step is one graph of local operators and shardtensor's "
-                 "moves, which Inductor compiles; on these same-host ranks the moves are `shardtensor::exchange_parts` "
-                 "calls through peer memory, eager mode's transport (torch's functional collectives on Gloo made the "
-                 "step 2-3x slower than eager). The U-Net step is one graph too: its halos, batch-norm statistics "
-                 "and upsampling traced. What the compiled steps still pay over eager is Python in AOTAutograd's "
-                 "runtime wrappers around the subclass, per call.")
+                 "moves, which Inductor compiles; ShardTensors enter and leave the graph as their plain pieces, so "
+                 "AOTAutograd's runtime wrappers are those of a plain graph. On these same-host ranks the row-parallel "
+                 "all-reduce is one `shardtensor::all_reduce_parts` call, which runs eager mode's transport through "
+                 "peer memory (torch's functional collectives on Gloo made the step 2-3x slower than eager). The "
+                 "U-Net step is one graph too: its halos, batch-norm statistics and upsampling traced. What a "
+                 "compiled step still pays over eager is torch.compile's own Python per call (dynamo's guards, "
+                 "AOTAutograd's and Inductor's wrappers), which on 4 ranks sharing 2 cores each rank pays twice.")
     elif rows:
         body += ("\n\nBy default shardtensor's operators on ShardTensors are not traced: under torch.compile they run "
                  "eagerly behind graph breaks (`python/shardtensor/_compile.py`), so its compiled step is its eager C++ "
