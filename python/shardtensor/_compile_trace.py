@@ -232,13 +232,9 @@ def _returning_shard_tensors(compiled, leaving: list):
             rebuilt[i] = _C.shard_tensor_out_of_graph(rebuilt[i], layout, strides)
         return type(out)(rebuilt) if isinstance(out, tuple) else rebuilt
 
-    # The frame's bytecode calls it around the graph: not a frame for dynamo to translate.
-    _skip_code(run.__code__)
-    run.__wrapped__ = compiled
-    return run
-
-
-def _skip_code(code) -> None:
     from torch._dynamo.eval_frame import skip_code
 
-    skip_code(code)
+    # The frame's bytecode calls it around the graph: not a frame for dynamo to translate.
+    skip_code(run.__code__)
+    run.__wrapped__ = compiled
+    return run

@@ -321,10 +321,14 @@ class _FromLocal(torch.autograd.Function):
         # The piece's gradient is the gradient's piece in the layout's gradient layout (a Partial
         # gradient's piece is only a term of it; a gradient laid out otherwise has other
         # pieces), as eager from_local's backward moves it.
-        layout, target = ctx.layout, _gradient_placements(ctx.layout)
-        if grad._layout.placements != target or grad._layout.shard_sizes != layout.shard_sizes:
-            grad = redistribute(grad, target, layout.shard_sizes)
-        return grad._local, None, None
+        return _moved(grad, _gradient_placements(ctx.layout), ctx.layout.shard_sizes)._local, None, None
+
+
+def _moved(grad: TraceableShardTensor, placements: list, shard_sizes) -> TraceableShardTensor:
+    """``grad`` in ``placements`` with ``shard_sizes``: a redistribute where it is not so already."""
+    if grad._layout.placements != placements or grad._layout.shard_sizes != shard_sizes:
+        grad = redistribute(grad, placements, shard_sizes)
+    return grad
 
 
 def to_local_in_graph(x: TraceableShardTensor, grad_placements=None) -> torch.Tensor:
@@ -454,16 +458,15 @@ def new_gradient_slot() -> int:
 class _IntoGraph(torch.autograd.Function):
     @staticmethod
     def forward(ctx, piece, layout, strides, slot):
-        ctx.layout, ctx.slot = layout, slot
-        return TraceableShardTensor(piece.view_as(piece), layout, strides)
+        ctx.slot = slot
+        return _FromLocal.forward(ctx, piece, layout, strides)
 
     @staticmethod
     def backward(ctx, grad):
         layout = ctx.layout
         target = [came if (kind, came[0]) == (_REPLICATE, _PARTIAL) else wanted
                   for (kind, _), came, wanted in zip(layout.placements, grad._layout.placements, _gradient_placements(layout))]
-        if grad._layout.placements != target or grad._layout.shard_sizes != layout.shard_sizes:
-            grad = redistribute(grad, target, layout.shard_sizes)
+        grad = _moved(grad, target, layout.shard_sizes)
         _GRADIENT_SLOTS[ctx.slot].layout = grad._layout
         return grad._local, None, None, None
 

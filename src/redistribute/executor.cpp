@@ -67,10 +67,7 @@ void reduce_scatter_boxes(Comm& comm, const at::Tensor& local, const Box& held, 
   move_parts(comm, how, exchange);
 }
 
-// A reduction over a group: c10d's all_reduce where the step's transport is a collective;
-// otherwise out of place, as a reduce-scatter of flat chunks followed by an all-gather of the
-// reduced chunks, both copied through the peers' memory or sent as messages: the bytes of a
-// ring all-reduce, with no copy of the input first.
+// A plan's AllReduce step: all_reduce_on (executor.h) over the step's group.
 at::Tensor all_reduce(const at::Tensor& local, const DeviceMesh& mesh, const AllReduceStep& step, StepTransport how) {
   if (how.kind == TransportKind::None) return fresh_copy(local);
   return all_reduce_on(mesh.comm(step.mesh_dim), local, step.op, how);
@@ -112,6 +109,9 @@ std::string describe_scatter(const void* context) {
 
 }  // namespace
 
+// Out of place, as a reduce-scatter of flat chunks followed by an all-gather of the reduced
+// chunks, both copied through the peers' memory or sent as messages: the bytes of a ring
+// all-reduce, with no copy of the input first.
 at::Tensor all_reduce_on(Comm& comm, const at::Tensor& local, ReduceOp op, StepTransport how) {
   const int64_t n = comm.size(), me = comm.rank();
   how = available_on(comm, how);
@@ -146,7 +146,6 @@ at::Tensor all_reduce_on(Comm& comm, const at::Tensor& local, ReduceOp op, StepT
   move_parts(comm, how, gather);
   return out;
 }
-
 
 at::Tensor local_box_of(const at::Tensor& global, const ShardTensorSpec& spec) {
   const Box whole{std::vector<int64_t>(spec.ndim(), 0), spec.shape()};

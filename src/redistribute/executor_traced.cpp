@@ -8,6 +8,8 @@
 // functionalized, those copies are masked passes over the whole tensor, which made a 1 MiB
 // all-reduce in a graph take twice eager mode's time. Like exchange_parts, the operator is an
 // ordered effect (python/shardtensor/_traceable.py): every rank runs its calls in the traced order.
+// And like an exchange (transports/traced_bytes.h), an all-reduce a derivative repeats on the same
+// traced bytes takes the first one's result instead of a second call.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -16,6 +18,7 @@
 #include "comm/c10d_comm.h"
 #include "comm/traced_collectives.h"
 #include "redistribute/executor.h"
+#include "redistribute/transports/traced_bytes.h"
 
 namespace shardtensor {
 namespace {
@@ -42,13 +45,25 @@ TORCH_LIBRARY_IMPL(shardtensor, CPU, m) { m.impl("all_reduce_parts", TORCH_FN(al
 TORCH_LIBRARY_IMPL(shardtensor, CUDA, m) { m.impl("all_reduce_parts", TORCH_FN(all_reduce_parts_on_device)); }
 TORCH_LIBRARY_IMPL(shardtensor, Meta, m) { m.impl("all_reduce_parts", TORCH_FN(all_reduce_parts_meta)); }
 
+// The all-reduces recorded in the graph being traced, by (comm, op, transport, message bytes), per
+// thread: as many as traced_exchange.cpp keeps of exchanges.
+thread_local RecordedMoves<std::vector<int64_t>> recorded_all_reduces(32);
+
 }  // namespace
 
 at::Tensor traced_all_reduce(Comm& comm, const at::Tensor& local, ReduceOp op, const StepTransport& how) {
   static const auto call = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("shardtensor::all_reduce_parts", "")
                                .typed<at::Tensor(const at::Tensor&, int64_t, int64_t, int64_t, int64_t)>();
-  return call.call(local, comm.number(), static_cast<int64_t>(op), static_cast<int64_t>(how.kind), how.message_bytes);
+  std::vector<int64_t> key{comm.number(), static_cast<int64_t>(op), static_cast<int64_t>(how.kind), how.message_bytes};
+  const bool reusable = is_traced_piece(local);
+  std::vector<TracedBytes> read;
+  if (reusable) read.emplace_back(local);
+  // A copy of the earlier result: callers get a fresh tensor, which they may write.
+  if (at::Tensor earlier = reusable ? recorded_all_reduces.find(key, read) : at::Tensor(); earlier.defined()) return earlier.clone();
+  at::Tensor result = call.call(local, key[0], key[1], key[2], key[3]);
+  if (reusable) recorded_all_reduces.add(std::move(key), std::move(read), result);
+  return result;
 }
 
 }  // namespace shardtensor
