@@ -8,7 +8,9 @@ TP-MLP (bench/python_bench.py's section 3, sizes 32 x 256 x 1024 and 64 x 512 x 
 Shard(0), W2 Shard(1), input and target Replicate; a step is the forward and the mean-square loss
 (the part handed to torch.compile, backend inductor), then backward and an SGD update (eager, as
 a training loop runs them). Four variants: shardtensor eager and compiled, DTensor eager and
-compiled (torch's DTensor traces to functional collectives, which Inductor sees). U-Net: the
+compiled (torch's DTensor traces to functional collectives, which Inductor sees). Beside them, the
+step's local work alone in plain torch (each rank's pieces, no all-reduce), eager and compiled:
+what torch.compile itself saves, or costs, on this computation at this size. U-Net: the
 demo's model (examples/heat_unet_demo.py, float32, Replicate parameters) on its 250 x 190 field
 split unevenly over H, forward and loss compiled, eager and compiled.
 
@@ -38,6 +40,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import Replicate as DReplicate
 from torch.distributed.tensor import Shard as DShard
 from torch.distributed.tensor import distribute_tensor as dt_distribute
@@ -52,7 +55,9 @@ LR = 1e-3
 
 
 def full(t):
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    """The whole tensor: a ShardTensor's or DTensor's gathered, a plain one as it is (shardtensor
+    installs full_tensor on every torch.Tensor, so the method's presence does not tell)."""
+    return t.full_tensor() if st.is_shard_tensor(t) or isinstance(t, DTensor) else t
 
 
 class Device:
@@ -91,6 +96,12 @@ def time_variants(steps_of: dict, steps: int, warmup: int = 3) -> dict:
     return {name: Stat(s) for name, s in samples.items()}
 
 
+def local_loss(x, w1, w2, target):
+    """mlp_loss on this rank's plain pieces, without the row-parallel all-reduce: what torch.compile
+    makes of the step's local work alone, the reference for what it can save on this machine."""
+    return mlp_loss(x, w1, w2, target)
+
+
 def tp_rows(mesh, tmesh, steps, device):
     rows = []
     for batch, dim, hidden in (TP_SIZES if device.kind == "cpu" else CUDA_TP_SIZES):
@@ -107,19 +118,25 @@ def tp_rows(mesh, tmesh, steps, device):
             return (dt_distribute(x, tmesh, [DReplicate()]), dt_distribute(w1, tmesh, [DShard(0)]).requires_grad_(),
                     dt_distribute(w2, tmesh, [DShard(1)]).requires_grad_(), dt_distribute(target, tmesh, [DReplicate()]))
 
-        args = {"shardtensor eager": ours(), "shardtensor compiled": ours(), "DTensor eager": theirs(), "DTensor compiled": theirs()}
-        fns = {"shardtensor eager": mlp_loss, "shardtensor compiled": compiled, "DTensor eager": mlp_loss, "DTensor compiled": compiled}
+        def pieces():
+            return tuple(t.to_local().detach().clone().requires_grad_(t.requires_grad) for t in ours())
+
+        args = {"shardtensor eager": ours(), "shardtensor compiled": ours(), "DTensor eager": theirs(), "DTensor compiled": theirs(),
+                "torch eager": pieces(), "torch compiled": pieces()}
+        fns = {"shardtensor eager": mlp_loss, "shardtensor compiled": compiled, "DTensor eager": mlp_loss, "DTensor compiled": compiled,
+               "torch eager": local_loss, "torch compiled": torch.compile(local_loss, backend="inductor")}
         steps_of = {name: (lambda f=fns[name], a=args[name]: sgd_step(*a, LR, loss_fn=f)) for name in args}
         first = {name: full(f()).detach() for name, f in steps_of.items()}
         what = f"TP-MLP {batch}x{dim}x{hidden}"
-        reference = [full(w).detach() for w in args["shardtensor eager"][1:3]]
         differences = {}
         for name, loss in first.items():
-            check(device.close(loss, first["shardtensor eager"]),
-                  f"{what}: {name}'s loss {loss} against eager shardtensor's {first['shardtensor eager']}")
+            # The local work alone is checked against itself eager: it is not the model's loss.
+            against = "torch eager" if name.startswith("torch") else "shardtensor eager"
+            reference = [full(w).detach() for w in args[against][1:3]]
+            check(device.close(loss, first[against]), f"{what}: {name}'s loss {loss} against {against}'s {first[against]}")
             weights = [full(w).detach() for w in args[name][1:3]]
             for w, ref, label in zip(weights, reference, ("w1", "w2")):
-                check(device.close(w, ref), f"{what}: {name}'s {label} after one step differs from eager shardtensor's "
+                check(device.close(w, ref), f"{what}: {name}'s {label} after one step differs from {against}'s "
                                             f"by up to {max_difference(w, ref):.3g}")
             differences[name] = max(max_difference(w, ref) for w, ref in zip(weights, reference))
         steps_of = {name: device.timed(f) for name, f in steps_of.items()}
@@ -165,7 +182,7 @@ def unet_row(mesh, steps, device):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=30, help="timed steps per variant (default 30)")
+    p.add_argument("--steps", type=int, default=100, help="timed steps per variant (default 100: the 4-rank steps share 2 cores, and fewer left medians 10%% apart between runs)")
     p.add_argument("--json", metavar="FILE", help="rank 0 also writes the figures to FILE")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="where the pieces live (cuda: one GPU per rank, a cuda mesh over NCCL)")
@@ -186,8 +203,9 @@ def main():
               f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}; median ms of {args.steps} steps, slowest rank")
         for r in tp:
             print(f"TP-MLP {r['batch']} x {r['dim']} x {r['hidden']}: " + ", ".join(
-                f"{k} {r[k]['median']:.3f}" for k in ("shardtensor eager", "shardtensor compiled", "DTensor eager", "DTensor compiled"))
-                + "; weights after one step within " + f"{max(r['weight_difference'].values()):.2g} of eager shardtensor's")
+                f"{k} {r[k]['median']:.3f}" for k in ("shardtensor eager", "shardtensor compiled", "DTensor eager", "DTensor compiled",
+                                                      "torch eager", "torch compiled"))
+                + "; weights after one step within " + f"{max(r['weight_difference'].values()):.2g} of eager's")
         print(f"U-Net {unet['height']} x {unet['width']}, batch {unet['batch']}, H split {unet['sizes']}: "
               f"eager {unet['eager']['median']:.1f}, compiled {unet['compiled']['median']:.1f}; "
               f"weights after one step within {unet['weight_difference']:.2g} of eager's")

@@ -741,15 +741,21 @@ def render_unet_dp(doc, records, figs):
 def render_compile(doc, records, figs, traced=False):
     d = next((rec["data"] for rec in records if rec.get("data")), None) or {}
     variants = ["shardtensor eager", "shardtensor compiled", "DTensor eager", "DTensor compiled"]
-    rows = [[f"TP-MLP {r['batch']} x {r['dim']} x {r['hidden']}", *(mmm(r[v]) for v in variants),
+    # The step's local work alone in plain torch (each rank's pieces, no all-reduce), where the run has it.
+    local = ["torch eager", "torch compiled"] if all("torch eager" in r for r in d.get("tp_mlp", [])) and d.get("tp_mlp") else []
+    rows = [[f"TP-MLP {r['batch']} x {r['dim']} x {r['hidden']}", *(mmm(r[v]) for v in variants + local),
              ratio(med(r["shardtensor compiled"]), med(r["shardtensor eager"])),
-             ratio(med(r["shardtensor compiled"]), med(r["DTensor compiled"]))] for r in d.get("tp_mlp", [])]
+             ratio(med(r["shardtensor compiled"]), med(r["DTensor compiled"])),
+             *([ratio(med(r["torch compiled"]), med(r["torch eager"]))] if local else [])] for r in d.get("tp_mlp", [])]
     u = d.get("unet")
     if u:
         rows.append([f"U-Net {u['height']} x {u['width']}, batch {u['batch']}, H split {u['sizes']}", mmm(u["eager"], 1),
-                     mmm(u["compiled"], 1), "", "", ratio(med(u["compiled"]), med(u["eager"])), ""])
+                     mmm(u["compiled"], 1), "", "", *([""] * len(local)), ratio(med(u["compiled"]), med(u["eager"])), "",
+                     *([""] if local else [])])
     body = table(["step", "shardtensor eager ms", "shardtensor compiled ms", "DTensor eager ms", "DTensor compiled ms",
-                  "shardtensor compiled / eager", "shardtensor compiled / DTensor compiled"], rows) if rows else ""
+                  *(["torch eager ms (local work)", "torch compiled ms (local work)"] if local else []),
+                  "shardtensor compiled / eager", "shardtensor compiled / DTensor compiled",
+                  *(["torch compiled / eager (local work)"] if local else [])], rows) if rows else ""
     if rows and traced:
         body += ("\n\nWith `SHARDTENSOR_COMPILE=trace` shardtensor's operators are traced (`python/shardtensor/"
                  "_compile_trace.py`): the compiled TP-MLP step is one graph of local operators and shardtensor's "
@@ -768,7 +774,8 @@ def render_compile(doc, records, figs, traced=False):
     doc.section("torch.compile against eager, ShardTensors traced" if traced else "torch.compile against eager",
                 f"One training step, {d.get('world', '?')} ranks (`bench/compile_bench.py`): the tensor-parallel MLP "
                 f"(W1 Shard(0), W2 Shard(1); forward and mean-square loss under `torch.compile(backend=\"inductor\")`, "
-                f"with the backward compiled alongside, and an eager SGD update) with shardtensor and with torch's DTensor, eager and compiled; the demo's "
+                f"with the backward compiled alongside, and an eager SGD update) with shardtensor and with torch's DTensor, eager and compiled, and its local work alone in plain "
+                f"torch (each rank's pieces, no all-reduce: what torch.compile saves or costs on this computation); the demo's "
                 f"U-Net (float32, Replicate parameters) on its field split unevenly over H, eager and compiled. In "
                 f"turns, ms of the slowest rank, min / median / max over {d.get('steps', '?')} steps after the compiling "
                 f"warm-up; each variant's first loss checked against shardtensor's eager one first.", records, body,

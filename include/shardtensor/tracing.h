@@ -39,6 +39,13 @@ at::Tensor piece_into_graph(const at::Tensor& t, const std::shared_ptr<GradientL
 // its gradient moved to gradient_layout(spec) and handed back into the graph as a piece.
 at::Tensor shard_tensor_out_of_graph(const at::Tensor& piece, const ShardTensorSpec& spec, std::vector<int64_t> global_strides);
 
+// What torch.compile's guards compare a ShardTensor argument `t` by, for a graph traced for the
+// layout `spec` and global strides `global_strides`: an alias of its piece that requires grad
+// where `t` does, the same object on every call while the piece stays (the guards compare
+// tensors by identity); undefined where `t` is not a ShardTensor of that layout (the guard
+// fails: another graph).
+at::Tensor guard_piece(const at::Tensor& t, const ShardTensorSpec& spec, c10::IntArrayRef global_strides);
+
 // Whether this thread is tracing (a TracingScope is open).
 bool tracing_collectives();
 

@@ -146,7 +146,7 @@ def teach(dynamo) -> None:
             traced = self.get(source.base)
             layout, strides = _C.layout_of(traced), tuple(traced.stride())
             self._cached_guard_managers[name] = manager_of(self, source.base).lambda_manager(
-                python_lambda=lambda x: _traceable.guard_piece(x, layout, strides), source=name,
+                python_lambda=_C.PieceGuard(layout, list(strides)), source=name,
                 example_value=example_value, guard_manager_enum=self.get_guard_manager_type(source, example_value))
         return self._cached_guard_managers[name]
 
@@ -223,18 +223,12 @@ def _pieces_out(gm) -> list:
 
 def _returning_shard_tensors(compiled, leaving: list):
     """``compiled``, with the pieces at the positions ``leaving`` names rebuilt as ShardTensors of
-    their layouts (differentiably: their gradients go back into the graph as pieces)."""
-
-    def run(*args, **kwargs):
-        out = compiled(*args, **kwargs)
-        rebuilt = list(out)
-        for i, layout, strides in leaving:
-            rebuilt[i] = _C.shard_tensor_out_of_graph(rebuilt[i], layout, strides)
-        return type(out)(rebuilt) if isinstance(out, tuple) else rebuilt
-
-    from torch._dynamo.eval_frame import skip_code
-
-    # The frame's bytecode calls it around the graph: not a frame for dynamo to translate.
-    skip_code(run.__code__)
+    their layouts (differentiably: their gradients go back into the graph as pieces). A C++
+    callable: the frame's bytecode calls it around the graph on every call."""
+    # The backend hands back its graph behind dynamo's disable(), as dynamo then wraps the result
+    # too; unwrapped, a call pays for one disable, not two.
+    inner = getattr(compiled, "_torchdynamo_orig_callable", compiled) if getattr(compiled, "_torchdynamo_disable", False) \
+        else compiled
+    run = _C.ShardTensorResults(inner, leaving)
     run.__wrapped__ = compiled
     return run

@@ -20,8 +20,6 @@ local ATen operators and collectives, and eager mode never meets this class.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
@@ -477,26 +475,13 @@ def out_of_graph(x: TraceableShardTensor) -> torch.Tensor:
     return _ToLocal.apply(x, _flat_placements(_gradient_placements(x._layout)))
 
 
-_GUARD_PIECES: dict = {}  # id(ShardTensor) -> (weak reference to it, its piece, the alias guards compare)
-
-
 def guard_piece(x: torch.Tensor, layout, strides: tuple):
     """What dynamo's guards compare a ShardTensor argument by, for a graph traced for ``layout``
-    and global ``strides``: an alias of its piece that requires grad where ``x`` does, or None
-    where ``x`` is not a ShardTensor of that layout (the guard fails: another graph). One object
-    per ShardTensor while its piece and requires_grad stay: the guards compare tensors by
-    identity (no two arguments may alias), and temporaries made afresh on each read could share
-    an address."""
-    if not _C.is_shard_tensor(x) or _C.layout_of(x) != layout or x.stride() != strides:
-        return None
-    piece = _C.local_piece_of(x)
-    cached = _GUARD_PIECES.get(id(x))
-    if cached is not None and cached[0]() is x and cached[1] is piece and cached[2].requires_grad == x.requires_grad:
-        return cached[2]
-    alias = piece.detach().requires_grad_(x.requires_grad)
-    key = id(x)
-    _GUARD_PIECES[key] = (weakref.ref(x, lambda _: _GUARD_PIECES.pop(key, None)), piece, alias)
-    return alias
+    and global ``strides``: an alias of its piece that requires grad where ``x`` does (the same
+    object while the piece stays: the guards compare tensors by identity), or None where ``x``
+    is not a ShardTensor of that layout (the guard fails: another graph). The guards call the
+    C++ form directly (_C.PieceGuard)."""
+    return _C.PieceGuard(layout, list(strides))(x)
 
 
 def guard_piece_of_any_layout(x: torch.Tensor):

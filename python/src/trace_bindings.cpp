@@ -3,6 +3,9 @@
 // C++ ShardTensor and out again, and the tracing scope (shardtensor/tracing.h).
 #include <ATen/ScalarOps.h>
 #include <pybind11/complex.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <tuple>
 
 #include "bindings.h"
 #include "shardtensor/shard_tensor.h"
@@ -15,6 +18,40 @@ struct TracingContext {
   std::optional<TracingScope> scope;
   void enter() { scope.emplace(); }
   void exit() { scope.reset(); }
+};
+
+// A guard of one ShardTensor argument of a compiled graph: guard_piece with the graph's layout
+// and strides bound, so that dynamo's guard manager calls C++ directly on every call.
+struct PieceGuard {
+  ShardTensorSpec layout;
+  std::vector<int64_t> strides;
+
+  py::object operator()(py::handle x) const {
+    if (!THPVariable_Check(x.ptr())) return py::none();
+    at::Tensor alias = guard_piece(THPVariable_Unpack(x.ptr()), layout, strides);
+    return alias.defined() ? py::cast(alias) : py::none();
+  }
+};
+
+// A compiled graph whose results at some positions are ShardTensors' pieces, returning those as
+// ShardTensors (shard_tensor_out_of_graph) on every call, with no Python frame of its own.
+struct ShardTensorResults {
+  struct Result {
+    size_t position;
+    ShardTensorSpec layout;
+    std::vector<int64_t> strides;
+  };
+  py::object compiled;
+  std::vector<Result> results;
+
+  py::object operator()(const py::args& args, const py::kwargs& kwargs) const {
+    py::object out = compiled(*args, **kwargs);
+    py::list rebuilt(out);
+    for (const Result& r : results)
+      rebuilt[r.position] = py::cast(shard_tensor_out_of_graph(rebuilt[r.position].cast<at::Tensor>(), r.layout, r.strides));
+    if (py::isinstance<py::tuple>(out)) return py::tuple(rebuilt);
+    return std::move(rebuilt);
+  }
 };
 
 }  // namespace
@@ -59,6 +96,17 @@ void bind_tracing(py::module_& m) {
       .def_readwrite("layout", &GradientLayoutSlot::layout);
   m.def("piece_into_graph", &piece_into_graph, py::arg("t"), py::arg("slot"));
   m.def("shard_tensor_out_of_graph", &shard_tensor_out_of_graph, py::arg("piece"), py::arg("layout"), py::arg("global_strides"));
+  py::class_<PieceGuard>(m, "PieceGuard")
+      .def(py::init<ShardTensorSpec, std::vector<int64_t>>(), py::arg("layout"), py::arg("strides"))
+      .def("__call__", &PieceGuard::operator(), py::arg("x"));
+  py::class_<ShardTensorResults>(m, "ShardTensorResults", py::dynamic_attr())
+      .def(py::init([](py::object compiled, const std::vector<std::tuple<size_t, ShardTensorSpec, std::vector<int64_t>>>& results) {
+             ShardTensorResults out{std::move(compiled), {}};
+             for (const auto& [position, layout, strides] : results) out.results.push_back({position, layout, strides});
+             return out;
+           }),
+           py::arg("compiled"), py::arg("results"))
+      .def("__call__", &ShardTensorResults::operator());
   py::class_<TracingContext>(m, "TracingScope").def(py::init<>()).def("enter", &TracingContext::enter).def("exit", &TracingContext::exit);
 }
 

@@ -27,6 +27,12 @@ at::Tensor local_piece_of(const at::Tensor& t) {
   return impl->local();
 }
 
+at::Tensor guard_piece(const at::Tensor& t, const ShardTensorSpec& spec, c10::IntArrayRef global_strides) {
+  ShardTensorImpl* impl = shard_tensor_impl(t);
+  if (!impl || impl->spec() != spec || t.strides() != global_strides) return {};
+  return impl->guard_alias(t.requires_grad());
+}
+
 at::Tensor piece_into_graph(const at::Tensor& t, const std::shared_ptr<GradientLayoutSlot>& slot) {
   const ShardTensorImpl* impl = shard_tensor_impl(t);
   TORCH_CHECK(impl, "piece_into_graph: not a ShardTensor");

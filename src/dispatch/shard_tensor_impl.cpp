@@ -64,6 +64,7 @@ void ShardTensorImpl::replace(at::Tensor local, ShardTensorSpec spec) {
   local_ = std::move(local);
   spec_ = std::move(spec);
   resolution_.reset();
+  guard_alias_.reset();
   refresh_sizes_and_strides();
   refresh_numel();
 }
@@ -103,6 +104,15 @@ void ShardTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl
   spec_ = other->spec_;
   permuted_strides_ = other->permuted_strides_;
   resolution_.reset();
+  guard_alias_.reset();
+}
+
+const at::Tensor& ShardTensorImpl::guard_alias(bool requires_grad) {
+  if (!guard_alias_.defined() || guard_alias_.requires_grad() != requires_grad) {
+    guard_alias_ = local_.detach();
+    guard_alias_.set_requires_grad(requires_grad);
+  }
+  return guard_alias_;
 }
 
 ShardTensorImpl* shard_tensor_impl(const at::Tensor& t) {

@@ -45,6 +45,11 @@ class ShardTensorImpl final : public c10::TensorImpl {
   // (keep_leaf_gradient_layout in dispatch/relayout.h).
   bool claim_gradient_hook() { return !std::exchange(gradient_hooked_, true); }
 
+  // The plain tensor that torch.compile's guards compare this ShardTensor by (tracing.h:
+  // guard_piece): the piece, detached, requiring grad as asked. The same object while the piece
+  // stays, for the guards compare tensors by identity (two arguments must not alias).
+  const at::Tensor& guard_alias(bool requires_grad);
+
   // Global strides other than the contiguous ones, for views that permute dims (see the kernel);
   // a permutation of the contiguous strides of the global shape. Kept while the shape is.
   void set_global_strides(std::vector<int64_t> strides);
@@ -73,6 +78,7 @@ class ShardTensorImpl final : public c10::TensorImpl {
   std::optional<Resolution> resolution_;
   bool resolution_may_be_cached() const;
   bool gradient_hooked_ = false;
+  at::Tensor guard_alias_;  // dropped with the piece it aliases (replace, set_data)
 };
 
 // The wrapper's impl, or nullptr for any other tensor (including undefined ones).

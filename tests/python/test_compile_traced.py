@@ -344,6 +344,39 @@ def test_what_crosses_a_graphs_edges_keeps_its_layout_and_gradient(world_size):
         run_ranks(edges_body, world_size, backend, env=ENV)
 
 
+def guard_body(rank, world_size):
+    """What a compiled graph's guards compare a ShardTensor argument by (_C.PieceGuard, which
+    dynamo's guard manager calls on every call): one alias of its piece, the same object while
+    the piece stays (the guards compare tensors by identity), None for anything else."""
+    import shardtensor as st
+    from shardtensor import _C
+
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    sizes = chunk_sizes(7, world_size)
+    x = st.distribute_tensor(torch.randn(7, 3), mesh, [st.Shard(0)], sharding_shapes={0: sizes}).requires_grad_()
+    guard = _C.PieceGuard(_C.layout_of(x), list(x.stride()))
+    alias = guard(x)
+    assert alias is guard(x), "a second call made another object"
+    assert not st.is_shard_tensor(alias) and alias.requires_grad, alias
+    assert alias.data_ptr() == x.to_local().data_ptr() and alias.shape == x.to_local().shape, "not an alias of the piece"
+    other_split = st.distribute_tensor(torch.randn(7, 3), mesh, [st.Shard(0)], sharding_shapes={0: sizes[::-1]})
+    if sizes[::-1] != sizes:
+        assert guard(other_split) is None, "another split passed the guard"
+    assert guard(st.distribute_tensor(torch.randn(7, 3), mesh, [st.Replicate()])) is None, "another placement passed"
+    assert guard(x.detach().t()) is None, "another shape passed"
+    assert guard(torch.randn(7, 3)) is None and guard("x") is None, "a plain tensor or a string passed"
+    x.requires_grad_(False)
+    plain = guard(x)
+    assert plain is not alias and not plain.requires_grad, "requires_grad changed, the alias did not"
+    x.data = st.distribute_tensor(torch.zeros(7, 3), mesh, [st.Shard(0)], sharding_shapes={0: sizes})
+    fresh = guard(x)
+    assert fresh is not plain and torch.equal(fresh, torch.zeros_like(fresh)), "a new piece kept the old alias"
+
+
+def test_a_guard_compares_an_argument_by_one_alias_of_its_piece():
+    run_ranks(guard_body, 2, env=ENV)
+
+
 def peer_fails_body(rank, world_size, out_dir, fault):
     """The last rank dies, or stops, before a compiled TP-MLP step whose graph exchanges parts
     through peer memory: every other rank raises within the collective timeout, from inside the
