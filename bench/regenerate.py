@@ -765,7 +765,10 @@ def render_compile(doc, records, figs, traced=False):
                  "peer memory (torch's functional collectives on Gloo made the step 2-3x slower than eager). The "
                  "U-Net step is one graph too: its halos, batch-norm statistics and upsampling traced. What a "
                  "compiled step still pays over eager is torch.compile's own Python per call (dynamo's guards, "
-                 "AOTAutograd's and Inductor's wrappers), which on 4 ranks sharing 2 cores each rank pays twice.")
+                 "AOTAutograd's and Inductor's wrappers), which on 4 ranks sharing 2 cores each rank pays twice. The "
+                 "local-work columns show what torch.compile does to the same step's local operators in plain torch "
+                 "(each rank's pieces, no communication): where it makes them slower, a compiled step whose graph is "
+                 "those operators and one all-reduce cannot be faster than the eager one.")
     elif rows:
         body += ("\n\nBy default shardtensor's operators on ShardTensors are not traced: under torch.compile they run "
                  "eagerly behind graph breaks (`python/shardtensor/_compile.py`), so its compiled step is its eager C++ "
