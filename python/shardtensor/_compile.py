@@ -45,6 +45,8 @@ _HINTS = [
     "Use fullgraph=False (the default): the sharded operators then run eagerly between compiled graphs.",
     "To compile the work on each rank's piece, compile a function of plain tensors and apply it with "
     "shardtensor.local_map(torch.compile(fn), out_placements, in_placements).",
+    "To trace the sharded operators into the graph (fullgraph=True included), set SHARDTENSOR_COMPILE=trace in "
+    "the environment before torch._dynamo is imported (experimental; docs/python.md, \"torch.compile\").",
 ]
 _warned = False
 
@@ -67,7 +69,7 @@ def _warn_once() -> None:
     if not _warned:
         _warned = True
         warnings.warn("torch.compile: " + _EXPLANATION + " (each such operator is a graph break; "
-                      "TORCH_LOGS=graph_breaks lists them)", stacklevel=1)
+                      "TORCH_LOGS=graph_breaks lists them; SHARDTENSOR_COMPILE=trace traces them instead)", stacklevel=1)
 
 
 def traces() -> bool:

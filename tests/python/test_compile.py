@@ -161,7 +161,8 @@ def _split_sum(x):
 def layouts_body(rank, world_size):
     """The same global shape split two ways through one compiled function: each call gives its
     own layout's answer (no graph is built on a ShardTensor, so none can be reused for another
-    layout); and fullgraph=True refuses with dynamo's error, which names ShardTensor."""
+    layout); and fullgraph=True refuses with dynamo's error, which names ShardTensor and says how
+    to trace it instead."""
     import shardtensor as st
     from torch._dynamo.exc import Unsupported
 
@@ -175,8 +176,9 @@ def layouts_body(rank, world_size):
         assert_close(out.to_local(), _split_sum(x.narrow(0, sum(sizes[:rank]), sizes[rank])), f"split {sizes}: local sum", **TOL)
         assert_close(out.full_tensor(), _split_sum(x), f"split {sizes}: full sum", **TOL)
     torch._dynamo.reset()  # dynamo remembers that _split_sum's frame runs eagerly, and would not trace it again
-    with pytest.raises(Unsupported, match="ShardTensor"):
+    with pytest.raises(Unsupported, match="ShardTensor") as refused:
         torch.compile(_split_sum, backend="eager", fullgraph=True)(sx)
+    assert "SHARDTENSOR_COMPILE=trace" in str(refused.value), f"the error does not say how to trace: {refused.value}"
 
 
 @pytest.mark.parametrize("world_size", [1, 4])
