@@ -1,6 +1,8 @@
 // What torch.compile's traceable wrapper (shardtensor/_traceable.py) needs: a ShardTensor's
 // layout as a hashable constant (Layout, the C++ spec), the wrapper's piece and layout back to a
-// C++ ShardTensor and out again, and the tracing scope (shardtensor/tracing.h).
+// C++ ShardTensor and out again, and the tracing scope (shardtensor/tracing.h); and what a
+// compiled graph's edges run on every call (shardtensor/_compile_trace.py): the guard of a
+// ShardTensor argument, its piece handed in, and the ShardTensor results rebuilt.
 #include <ATen/ScalarOps.h>
 #include <pybind11/complex.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -95,7 +97,6 @@ void bind_tracing(py::module_& m) {
       .def(py::init<>())
       .def_readwrite("layout", &GradientLayoutSlot::layout);
   m.def("piece_into_graph", &piece_into_graph, py::arg("t"), py::arg("slot"));
-  m.def("shard_tensor_out_of_graph", &shard_tensor_out_of_graph, py::arg("piece"), py::arg("layout"), py::arg("global_strides"));
   py::class_<PieceGuard>(m, "PieceGuard")
       .def(py::init<ShardTensorSpec, std::vector<int64_t>>(), py::arg("layout"), py::arg("strides"))
       .def("__call__", &PieceGuard::operator(), py::arg("x"));
