@@ -381,17 +381,22 @@ class Doc:
         self.machine = machine_text
         self.cxx_torch = cxx_torch_text
         self.failures = []
+        self.titles = []
+
+    def _listed(self, title):
+        """``title`` in the table of contents, linked to its section."""
+        self.titles.append(title)
+        anchor = re.sub(r"[^a-z0-9 _-]", "", title.lower()).replace(" ", "-")
+        self.contents.append(f"[{title}](#{anchor})")
 
     def keep(self, title, text):
         """A section of the previous results file that no benchmark here writes, as it was."""
-        anchor = re.sub(r"[^a-z0-9 _-]", "", title.lower()).replace(" ", "-")
-        self.contents.append(f"[{title}](#{anchor})")
+        self._listed(title)
         self.parts.append(text)
 
     def section(self, title, what, records, body, torch_text=None, figure=None):
         """One benchmark: a title, one or two sentences, where and how it ran, the table."""
-        anchor = re.sub(r"[^a-z0-9 _-]", "", title.lower()).replace(" ", "-")
-        self.contents.append(f"[{title}](#{anchor})")
+        self._listed(title)
         lines = [f"## {title}", "", what, ""]
         if torch_text is None:
             torch_text = self.cxx_torch
@@ -1061,7 +1066,7 @@ def sections_not_regenerated(path, doc) -> list:
         return []
     with open(path) as f:
         parts = re.split(r"^## ", f.read(), flags=re.M)[1:]
-    written = {c[1:c.index("](")] for c in doc.contents}
+    written = set(doc.titles)
     return [(part.split("\n", 1)[0].strip(), "## " + part.rstrip() + "\n") for part in parts
             if part.split("\n", 1)[0].strip() not in written]
 

@@ -227,8 +227,9 @@ def _returning_shard_tensors(compiled, leaving: list):
     callable: the frame's bytecode calls it around the graph on every call."""
     # The backend hands back its graph behind dynamo's disable(), as dynamo then wraps the result
     # too; unwrapped, a call pays for one disable, not two.
-    inner = getattr(compiled, "_torchdynamo_orig_callable", compiled) if getattr(compiled, "_torchdynamo_disable", False) \
-        else compiled
+    inner = compiled
+    if getattr(compiled, "_torchdynamo_disable", False):
+        inner = compiled._torchdynamo_orig_callable
     run = _C.ShardTensorResults(inner, leaving)
     run.__wrapped__ = compiled
     return run

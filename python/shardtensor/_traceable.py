@@ -481,7 +481,7 @@ def guard_piece(x: torch.Tensor, layout, strides: tuple):
     object while the piece stays: the guards compare tensors by identity), or None where ``x``
     is not a ShardTensor of that layout (the guard fails: another graph). The guards call the
     C++ form directly (_C.PieceGuard)."""
-    return _C.PieceGuard(layout, list(strides))(x)
+    return _C.guard_piece(x, layout, list(strides))
 
 
 def guard_piece_of_any_layout(x: torch.Tensor):

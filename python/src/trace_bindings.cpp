@@ -22,17 +22,20 @@ struct TracingContext {
   void exit() { scope.reset(); }
 };
 
+// guard_piece for any Python object: None where it is no tensor or not a ShardTensor of `layout`.
+py::object guard_piece_or_none(py::handle x, const ShardTensorSpec& layout, c10::IntArrayRef strides) {
+  if (!THPVariable_Check(x.ptr())) return py::none();
+  at::Tensor alias = guard_piece(THPVariable_Unpack(x.ptr()), layout, strides);
+  return alias.defined() ? py::cast(alias) : py::none();
+}
+
 // A guard of one ShardTensor argument of a compiled graph: guard_piece with the graph's layout
 // and strides bound, so that dynamo's guard manager calls C++ directly on every call.
 struct PieceGuard {
   ShardTensorSpec layout;
   std::vector<int64_t> strides;
 
-  py::object operator()(py::handle x) const {
-    if (!THPVariable_Check(x.ptr())) return py::none();
-    at::Tensor alias = guard_piece(THPVariable_Unpack(x.ptr()), layout, strides);
-    return alias.defined() ? py::cast(alias) : py::none();
-  }
+  py::object operator()(py::handle x) const { return guard_piece_or_none(x, layout, strides); }
 };
 
 // A compiled graph whose results at some positions are ShardTensors' pieces, returning those as
@@ -97,6 +100,12 @@ void bind_tracing(py::module_& m) {
       .def(py::init<>())
       .def_readwrite("layout", &GradientLayoutSlot::layout);
   m.def("piece_into_graph", &piece_into_graph, py::arg("t"), py::arg("slot"));
+  m.def(
+      "guard_piece",
+      [](py::handle x, const ShardTensorSpec& layout, const std::vector<int64_t>& strides) {
+        return guard_piece_or_none(x, layout, strides);
+      },
+      py::arg("x"), py::arg("layout"), py::arg("strides"));
   py::class_<PieceGuard>(m, "PieceGuard")
       .def(py::init<ShardTensorSpec, std::vector<int64_t>>(), py::arg("layout"), py::arg("strides"))
       .def("__call__", &PieceGuard::operator(), py::arg("x"));
