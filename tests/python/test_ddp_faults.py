@@ -41,6 +41,7 @@ def fails_in_hook_body(rank, world_size, out_dir, fault):
     target = st.distribute_tensor(torch.randn(2, 1, 9, 6), mesh["domain"], [st.Shard(2)])
     F.mse_loss(wrapped(x), target).backward()  # one healthy step first
     opt.step()
+    torch.distributed.barrier()  # over on every rank before the fault (as in test_compile_traced.py)
     before = [p.detach().clone() for p in model.parameters()]
 
     armed[0] = True
