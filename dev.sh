@@ -169,6 +169,8 @@ build_line() {
   cmake --build "$build_dir" -j2 "${targets[@]}" || return 1
 }
 
+CTEST_JOBS=${CTEST_JOBS:-4}
+
 # Runs ctest in the tree of line $1 (extra arguments go to ctest, e.g. -L smoke). Callers use
 # `... || status=1`, where bash ignores `set -e` inside the function: every step that can fail
 # returns explicitly, so a failed build never tests old binaries.
@@ -177,7 +179,9 @@ ctest_line() {
   echo "== torch line '$1': $(grep -m1 '^SHARDTENSOR_TORCH_LINE:' "$build_dir/CMakeCache.txt" | cut -d= -f2-) =="
   shift
   local status=0
-  ctest --test-dir "$build_dir" --output-on-failure --timeout 900 "$@" || status=$?
+  # -j: the tests that mostly wait run beside the ones that compute (tests/CMakeLists.txt: the
+  # "cores" lock keeps two of those from running at once).
+  ctest --test-dir "$build_dir" --output-on-failure --timeout 900 -j "$CTEST_JOBS" "$@" || status=$?
   # Tests that could not run here (no GPU) say why; show it, so no skip goes unseen.
   grep -ho "cuda_tests: skipped: .*" "$build_dir/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u || true
   return $status

@@ -47,7 +47,7 @@ def run_ctest(build_dir: str, regex: str, log_path: str) -> dict[str, str]:
     """Failed test name -> its output, for one ctest round."""
     with open(log_path, "w") as log:
         subprocess.run(["ctest", "--test-dir", build_dir, "-R", regex, "-LE", "subset", "--output-on-failure",
-                        "--timeout", "900"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
+                        "--timeout", "900", "-j", os.environ.get("CTEST_JOBS", "4")], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
     text = open(log_path, errors="replace").read()
     failed = re.findall(r"^\s*\d+ - (\S+) \((?:Failed|Timeout|SEGFAULT|Exception|Child aborted|Subprocess aborted)", text, re.M)
     failures = {}
