@@ -1,63 +1,71 @@
 """Placements, under DTensor's names and meanings: Shard(dim), Replicate(), Partial(op).
 
-Every function of shardtensor also accepts torch.distributed.tensor's own placement objects.
-Placements cross into C++ as (kind, value) pairs; see python/src/bindings.h.
+They are torch's own: each class subclasses torch.distributed.tensor's, so shardtensor's and
+torch's placements are one vocabulary (equal both ways, equal hashes, isinstance of torch's).
+Only ZigzagShard and NormPartial add layouts, and they equal no plain Shard or Partial. Every
+function of shardtensor also accepts torch's objects. Placements cross into C++ as
+(kind, value) pairs; see python/src/bindings.h.
 """
 
 from __future__ import annotations
 
 import struct
 
+from torch.distributed.tensor import Partial as _TorchPartial
+from torch.distributed.tensor import Placement
+from torch.distributed.tensor import Replicate as _TorchReplicate
+from torch.distributed.tensor import Shard as _TorchShard
+from torch.distributed.tensor._ops._math_ops import _NormPartial
+
 _REDUCE_OPS = ("sum", "avg", "max", "min", "product")
 
 
-class Placement:
-    """Base of the three placements; the is_* queries match DTensor's."""
+class _Written:
+    """What our placements add to torch's: one way to write them down, by constructor arguments.
 
-    __slots__ = ("__weakref__",)  # compiled graphs hold placements as constants, weakly
+    A compiled graph writes a placement with ``__fx_repr__`` as a constant of the trace
+    (_compile.py) and holds it weakly (torch's placements take weak references); pickle and
+    copy rebuild it from the same arguments, where torch's state would drop ZigzagShard's unit.
+    """
 
-    def is_shard(self, dim: int | None = None) -> bool:
-        return False
-
-    def is_replicate(self) -> bool:
-        return False
-
-    def is_partial(self, reduce_op: str | None = None) -> bool:
-        return False
-
-    def __fx_repr__(self):
-        """How a compiled graph writes this placement, a constant of the trace (_compile.py)."""
-        name = type(self).__name__
-        return f"{name}(*{self._arguments()!r})", {name: type(self)}
+    __slots__ = ()
 
     def _arguments(self) -> tuple:
         return ()
 
+    def __fx_repr__(self):
+        name = type(self).__name__
+        return f"{name}(*{self._arguments()!r})", {name: type(self)}
 
-class Shard(Placement):
+    def __reduce__(self):
+        return type(self), self._arguments()
+
+    def __ne__(self, other):
+        # Explicit: torch's base has no __ne__, and object's would not reach a subclass's __eq__
+        # first (Shard(1) != ZigzagShard(1) must ask ZigzagShard).
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+
+class Shard(_Written, _TorchShard):
     """Splits tensor dim `dim` over the ranks of a mesh dim (uneven splits allowed)."""
 
-    __slots__ = ("dim",)
+    __slots__ = ()
 
     def __init__(self, dim: int):
         if not isinstance(dim, int):
             raise TypeError(f"Shard(dim): dim must be an int, got {type(dim).__name__}")
-        self.dim = dim
+        super().__init__(dim)
 
     def _arguments(self) -> tuple:
         return (self.dim,)
 
-    def is_shard(self, dim: int | None = None) -> bool:
-        return dim is None or dim == self.dim
-
     def __eq__(self, other):
-        return isinstance(other, Shard) and not isinstance(other, ZigzagShard) and other.dim == self.dim
+        # torch's _StridedShard is no Shard subclass; a ZigzagShard answers for itself first.
+        return isinstance(other, _TorchShard) and not isinstance(other, ZigzagShard) and other.dim == self.dim
 
     def __hash__(self):
-        return hash(("shard", self.dim))
-
-    def __repr__(self):
-        return f"Shard(dim={self.dim})"
+        return hash(self.dim)  # torch's
 
 
 class ZigzagShard(Shard):
@@ -65,9 +73,7 @@ class ZigzagShard(Shard):
     2n - 1 - r (load-balanced causal attention; see shardtensor.context_parallel). The tensor
     stays the one in order: full_tensor() and redistribute give every position where it was.
     `unit` > 1 where a zigzag sequence was flattened with the dims after it: the chunks are then
-    whole multiples of `unit` positions."""
-
-    __slots__ = ("unit",)
+    whole multiples of `unit` positions. torch has no such layout: it equals no plain Shard."""
 
     def __init__(self, dim: int, unit: int = 1):
         super().__init__(dim)
@@ -87,76 +93,63 @@ class ZigzagShard(Shard):
     def __repr__(self):
         return f"ZigzagShard(dim={self.dim})" if self.unit == 1 else f"ZigzagShard(dim={self.dim}, unit={self.unit})"
 
+    def __str__(self):
+        return f"Z({self.dim})" if self.unit == 1 else f"Z({self.dim}, unit={self.unit})"
 
-class Replicate(Placement):
+
+class Replicate(_Written, _TorchReplicate):
     """Every rank of the mesh dim holds the whole tensor."""
 
     __slots__ = ()
 
-    def is_replicate(self) -> bool:
-        return True
-
     def __eq__(self, other):
-        return isinstance(other, Replicate)
+        return isinstance(other, _TorchReplicate)
 
     def __hash__(self):
-        return hash("replicate")
-
-    def __repr__(self):
-        return "Replicate()"
+        return -1  # torch's (Python makes it -2 for both)
 
 
-class Partial(Placement):
+class Partial(_Written, _TorchPartial):
     """Every rank of the mesh dim holds one term of a pending reduction."""
 
-    __slots__ = ("reduce_op",)
+    __slots__ = ()
 
     def __init__(self, reduce_op: str = "sum"):
         if reduce_op not in _REDUCE_OPS:
             raise ValueError(f"Partial(reduce_op={reduce_op!r}): allowed are {', '.join(map(repr, _REDUCE_OPS))}")
-        self.reduce_op = reduce_op
+        super().__init__(reduce_op)
 
     def _arguments(self) -> tuple:
         return (self.reduce_op,)
 
-    def is_partial(self, reduce_op: str | None = None) -> bool:
-        return reduce_op is None or reduce_op == self.reduce_op
-
     def __eq__(self, other):
-        return isinstance(other, Partial) and other.reduce_op == self.reduce_op
+        return (isinstance(other, _TorchPartial) and not isinstance(other, _NormPartial)
+                and other.reduce_op == self.reduce_op)
 
     def __hash__(self):
-        return hash(("partial", self.reduce_op))
-
-    def __repr__(self):
-        return f"Partial({self.reduce_op})"
+        return 1 + hash(self.reduce_op)  # torch's
 
 
-class NormPartial(Partial):
-    """A pending p-norm (DTensor's ``_NormPartial``): every rank holds the p-norm of its part, the
-    value is the p-norm of those. What a norm over a split dim gives; it reduces as a sum of p-th
-    powers. p = 0 and 1 are Partial(sum), +-inf Partial(max) / Partial(min)."""
-
-    __slots__ = ("norm_type",)
+class NormPartial(_NormPartial, Partial):
+    """A pending p-norm (DTensor's ``_NormPartial``, which it is and equals): every rank holds the
+    p-norm of its part, the value is the p-norm of those. What a norm over a split dim gives; it
+    reduces as a sum of p-th powers, so its ``reduce_op`` is "sum", as torch's. p = 0 and 1 are
+    Partial(sum), +-inf Partial(max) / Partial(min)."""
 
     def __init__(self, norm_type: float = 2.0):
-        self.reduce_op = "norm"
-        self.norm_type = float(norm_type)
+        _NormPartial.__init__(self, float(norm_type))
 
     def _arguments(self) -> tuple:
         return (self.norm_type,)
 
-    def is_partial(self, reduce_op: str | None = None) -> bool:
-        return reduce_op in (None, "norm")
-
-    def __eq__(self, other):
-        return isinstance(other, NormPartial) and other.norm_type == self.norm_type
-
-    def __hash__(self):
-        return hash(("norm", self.norm_type))
+    __eq__ = _NormPartial.__eq__
+    __hash__ = _NormPartial.__hash__
 
     def __repr__(self):
         return f"NormPartial(norm_type={self.norm_type:g})"
+
+    def __str__(self):
+        return f"P(norm{self.norm_type:g})"
 
 
 # A NormPartial crosses as (3, the bits of its float p).
@@ -220,24 +213,20 @@ def decode(encoded) -> tuple[Placement, ...]:
 
 
 def to_torch(placements):
-    """Our placements as torch.distributed.tensor's (for to_dtensor)."""
-    from torch.distributed.tensor import Partial as TPartial, Replicate as TReplicate, Shard as TShard
-
+    """Our placements as torch.distributed.tensor's own classes (for to_dtensor): equal already,
+    but torch's code may test exact types, and ours add layouts torch has not."""
     out = []
     for p in placements:
         if isinstance(p, ZigzagShard):
             raise ValueError("to_dtensor: DTensor has no zigzag placement; zigzag_unshard the tensor first")
         if p.is_shard():
-            out.append(TShard(p.dim))
+            out.append(_TorchShard(p.dim))
         elif p.is_replicate():
-            out.append(TReplicate())
+            out.append(_TorchReplicate())
+        elif isinstance(p, _NormPartial):
+            out.append(_NormPartial(norm_type=p.norm_type))
+        elif p.reduce_op == "product":
+            raise ValueError("to_dtensor: DTensor has no Partial(product); redistribute to Replicate first")
         else:
-            if p.reduce_op == "product":
-                raise ValueError("to_dtensor: DTensor has no Partial(product); redistribute to Replicate first")
-            if isinstance(p, NormPartial):
-                from torch.distributed.tensor._ops._math_ops import _NormPartial
-
-                out.append(_NormPartial(norm_type=p.norm_type))
-                continue
-            out.append(TPartial(p.reduce_op))
+            out.append(_TorchPartial(p.reduce_op))
     return tuple(out)
