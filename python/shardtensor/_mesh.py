@@ -201,6 +201,19 @@ class DeviceMesh(_TorchDeviceMesh):
     def __hash__(self):
         return hash(self._cpp)
 
+    # A mesh is immutable and stands for process groups, which cannot be copied: a copy is the
+    # mesh itself, so copy.deepcopy(module) of a module that holds one works, as with torch's.
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        # Groups do not pickle; what does is the mesh's identity, looked up among the live meshes
+        # of the process that unpickles it.
+        return _live_mesh, (self.device_type, self.shape, tuple(self._cpp.ranks), self.mesh_dim_names)
+
     def __fx_repr__(self):
         """How a compiled graph names this mesh, a constant of the trace (_compile.py)."""
         if self not in _IN_GRAPHS:
@@ -214,6 +227,19 @@ class DeviceMesh(_TorchDeviceMesh):
 
 # Meshes by their C++ handle, so that x.device_mesh returns the object the program built.
 _BY_CPP: dict = {}
+
+
+def _live_mesh(device_type: str, shape: tuple, ranks: tuple, mesh_dim_names) -> DeviceMesh:
+    """The live mesh a pickled one names (DeviceMesh.__reduce__): the most recent of this
+    process's meshes with that device type, shape, rank layout and dim names."""
+    for mesh in reversed(list(_BY_CPP.values())):
+        if (mesh.device_type, mesh.shape, tuple(mesh._cpp.ranks), mesh.mesh_dim_names) == (
+                device_type, tuple(shape), tuple(ranks), mesh_dim_names):
+            return mesh
+    names = f", mesh_dim_names={mesh_dim_names}" if mesh_dim_names else ""
+    raise RuntimeError(f"unpickling DeviceMesh('{device_type}', shape {tuple(shape)}, ranks {list(ranks)}{names}): no such "
+                       "mesh lives in this process. A mesh stands for process groups, which do not pickle: build the "
+                       "same mesh here first (init_device_mesh / DeviceMesh), then unpickle")
 
 
 def mesh_of_cpp(cpp_mesh) -> DeviceMesh:
