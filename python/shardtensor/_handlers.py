@@ -96,6 +96,17 @@ def _has_kernel(op: torch._ops.OpOverload, key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(qualified(op), key)
 
 
+def known_to_dispatcher(op: torch._ops.OpOverload) -> bool:
+    """Whether torch's dispatcher has `op` now. torch.ops also lists TorchScript-only overloads
+    the dispatcher never routes tensors through (aten::add(Scalar, Scalar), aten.add.default),
+    and a torch.library operator defined after its handler was registered is not there yet."""
+    try:
+        torch._C._dispatch_find_schema_or_throw(op._schema.name, op._schema.overload_name)
+    except RuntimeError:
+        return False
+    return True
+
+
 def dispatch_keys_for(op: torch._ops.OpOverload, what: str) -> list[str]:
     """The keys a handler kernel for `op` goes on, or a ValueError where none reaches it."""
     if _has_kernel(op, "AutogradPrivateUse1"):
@@ -274,13 +285,27 @@ class _Registry(dict):
 
     def __setitem__(self, key, handler):
         key, handler = self._check(key, handler)
-        if key not in self._installed:
+        # A second handler for a key replaces the first (a dict's, and PhysicsNeMo's, semantics):
+        # what is installed already looks the handler up on every call.
+        if self._installed.get(key) is None:
             self._installed[key] = self._install(key)
         super().__setitem__(key, handler)
+        _install_pending()
 
     def __delitem__(self, key):
         super().__delitem__(key)
-        self._uninstall(key, self._installed.pop(key))
+        installed = self._installed.pop(key)
+        if installed:
+            self._uninstall(key, installed)
+
+    def install_pending(self) -> None:
+        """Installs the entries stored before torch's dispatcher knew their operators."""
+        for key in [k for k, installed in self._installed.items() if installed is None]:
+            try:
+                self._installed[key] = self._install(key)
+            except ValueError as e:  # defined since as an operator no handler can reach
+                warnings.warn(f"{e}; its stored handler stays inactive")
+                self._installed[key] = ()
 
     def pop(self, key, *default):
         if key in self:
@@ -327,10 +352,15 @@ class DispatchRegistry(_Registry):
 
     def _check(self, key, handler):
         op = resolve_operator(key, self.what)
-        dispatch_keys_for(op, self.what)
+        if known_to_dispatcher(op):
+            dispatch_keys_for(op, self.what)
         return op, _callable(handler, self.what)
 
     def _install(self, op):
+        """The kernels' registration; None (stored, installed at a later registration) while
+        the dispatcher does not know `op`, as PhysicsNeMo's registry keeps any OpOverload."""
+        if not known_to_dispatcher(op):
+            return None
         return _library_for(op, {key: _dispatch_kernel(op, self, key) for key in dispatch_keys_for(op, self.what)})
 
     def _uninstall(self, op, lib):
@@ -344,7 +374,8 @@ class FunctionRegistry(_Registry):
         if not callable(func):
             raise TypeError(f"{self.what}: expected a function or method, got {type(func).__name__}")
         func = getattr(func, "_shardtensor_original", func)  # the patched name of an earlier handler
-        if not _homes_of(func):
+        # Registered already: its names now hold the replacement, so look no further.
+        if func not in self._installed and not _homes_of(func):
             raise ValueError(f"{self.what}: found no name for {func!r} in {', '.join(_FUNCTION_HOMES)}, torch.Tensor or its "
                              "module; register it by its path: register_named_function_handler('package.module.name', h)")
         return func, _callable(handler, self.what)
@@ -397,6 +428,12 @@ class NamedFunctionRegistry(_Registry):
         else:
             owner, attr, original = value
             setattr(owner, attr, original)
+
+
+def _install_pending() -> None:
+    """Any registration installs the dispatch handlers whose operators the dispatcher has come to
+    know since (a torch.library op defined after its handler)."""
+    REGISTRIES["_dispatch_registry"].install_pending()
 
 
 REGISTRIES = {

@@ -61,9 +61,14 @@ class ShardTensor(metaclass=_ShardTensorMeta):
                         "distribute_tensor() or scatter_tensor()")
 
     @staticmethod
-    def from_local(local_tensor, device_mesh=None, placements=None, sharding_shapes="chunk", *, run_check=False, shape=None,
-                   stride=None):
-        return from_local(local_tensor, device_mesh, placements, run_check=run_check, shape=shape, stride=stride,
+    def from_local(local_tensor, device_mesh=None, placements=None, sharding_shapes="chunk", global_shape=None, *,
+                   run_check=False, shape=None, stride=None):
+        """PhysicsNeMo's signature; ``global_shape`` is DTensor's ``shape``, checked against the pieces."""
+        if global_shape is not None and shape is not None and tuple(global_shape) != tuple(shape):
+            raise ValueError(f"ShardTensor.from_local: global_shape={tuple(global_shape)} and shape={tuple(shape)} "
+                             "differ; pass one of them")
+        return from_local(local_tensor, device_mesh, placements, run_check=run_check,
+                          shape=shape if global_shape is None else global_shape, stride=stride,
                           sharding_shapes=sharding_shapes)
 
     @staticmethod
@@ -180,12 +185,37 @@ def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=Fal
         sizes = _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
     global_shape = [int(s) for s in shape] if shape is not None else None
     out = _C.from_local(local_tensor, mesh._cpp, encoded, mode, global_shape, sizes, run_check)
+    if global_shape is not None and mode != "chunk":  # chunk sizes are cut from the shape itself
+        _check_shape_of_pieces(out, mesh, global_shape, sharding_shapes)
     if stride is not None and tuple(int(s) for s in stride) != out.stride():
         # The global strides follow from the local piece's memory order; DTensor takes them on
         # trust, so a wrong one would only surface as wrong views later.
         raise ValueError(f"from_local: stride={tuple(stride)} does not describe the global tensor of shape "
                          f"{tuple(out.shape)} laid out like the local piece, whose strides are {out.stride()}")
     return out
+
+
+def _check_shape_of_pieces(out, mesh: DeviceMesh, shape: list[int], sharding_shapes) -> None:
+    """A shape given beside inferred or explicit sizes must be the one the pieces make. Every
+    rank of the mesh learns whether any rank's differs (one all-reduce of a flag per mesh dim),
+    so a rank that passed another shape than the others fails them all, not only itself."""
+    import torch.distributed as dist
+
+    mine_differs = tuple(out.shape) != tuple(shape)
+    anyone_differs = mine_differs
+    if mesh.get_coordinate() is not None and mesh.size() > 1:
+        flag = torch.tensor([int(mine_differs)], device=mesh._cpp.device)
+        for d in range(mesh.ndim):  # a maximum along every mesh dim in turn is one over the mesh
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=mesh.get_group(d))
+        anyone_differs = bool(flag.item())
+    if not anyone_differs:
+        return
+    how = f"sharding_shapes={sharding_shapes!r}" if isinstance(sharding_shapes, str) else "the given sharding_shapes"
+    if mine_differs:
+        raise ValueError(f"from_local: the global shape {tuple(shape)} does not match the pieces, which make a tensor of "
+                         f"shape {tuple(out.shape)} ({how}); pass the shape the local pieces concatenate to")
+    raise ValueError(f"from_local: another rank's global shape does not match the pieces, which make a tensor of shape "
+                     f"{tuple(out.shape)} ({how}); every rank must pass the same global shape")
 
 
 def distribute_tensor(tensor, device_mesh=None, placements=None, *, src_data_rank=0, sharding_shapes=None):

@@ -12,6 +12,7 @@ The multi-rank checks run in one body per world size (1-4), each launch costing 
 
 import copy
 import pickle
+import re
 import weakref
 
 import pytest
@@ -83,11 +84,7 @@ def test_decoded_placements_are_torchs():
     assert [type(p) for p in _placements.to_torch(decoded)] == [TShard, TReplicate, TPartial, _NormPartial]
 
 
-def mix_body(rank, world_size):
-    import shardtensor as st
-
-    mesh = st.init_device_mesh("cpu", (world_size,))
-    g = torch.arange(30.0).reshape(10, 3)
+def _placement_checks(mesh, g):
     # Placements: torch's go in, ours come out, and they are the same.
     x = st.distribute_tensor(g, mesh, [TShard(0)])
     assert x.placements == (TShard(0),) and (TShard(0),) == x.placements
@@ -97,6 +94,155 @@ def mix_body(rank, world_size):
     torch.testing.assert_close(s.full_tensor(), g.sum(0))
 
 
+def _mesh_checks(rank, world_size, mesh, blob_path):
+    from shardtensor._mesh import DeviceMesh
+
+    assert copy.copy(mesh) is mesh and copy.deepcopy(mesh) is mesh
+    model = torch.nn.Linear(3, 2)
+    model.mesh = mesh                                       # PhysicsNeMo's modules keep their mesh
+    model.weight = torch.nn.Parameter(st.distribute_tensor(model.weight.detach(), mesh, [st.Shard(0)]))
+    twin = copy.deepcopy(model)
+    assert twin.mesh is mesh and twin.weight.device_mesh == mesh and twin.weight is not model.weight
+    torch.testing.assert_close(twin.weight.full_tensor(), model.weight.full_tensor())
+    again = pickle.loads(pickle.dumps(mesh))
+    assert again == mesh and again.get_group() is mesh.get_group()
+    assert pickle.loads(pickle.dumps([mesh, mesh]))[1] is again
+    if world_size == 4:
+        grid = st.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "domain"))
+        for m in (grid, grid["dp"], grid["domain"]):
+            back = pickle.loads(pickle.dumps(m))
+            assert isinstance(back, DeviceMesh) and back == m and back.mesh_dim_names == m.mesh_dim_names
+            assert back.get_coordinate() == m.get_coordinate()
+        assert pickle.loads(pickle.dumps(grid["dp"])) != pickle.loads(pickle.dumps(grid["domain"]))
+    if rank == 0 and blob_path is not None:
+        with open(blob_path, "wb") as f:
+            f.write(pickle.dumps(mesh))                     # unpickled by the test's own process
+
+
+def _sync_checks(rank, world_size, mesh):
+    from torch.distributed.tensor import distribute_tensor as torch_distribute
+
+    src = world_size - 1
+    torch.manual_seed(rank)                                 # every rank starts from other values
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    torch.manual_seed(src)
+    expected = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).state_dict()
+    # A DTensor parameter and buffer hold each rank's own values: sync must leave them as they are.
+    mine = torch.full((world_size, 2), float(rank))
+    model[1].register_parameter("extra", torch.nn.Parameter(torch_distribute(mine, mesh.to_torch(), [TReplicate()],
+                                                                             src_data_rank=None)))
+    model[1].register_buffer("stat", torch_distribute(mine, mesh.to_torch(), [TShard(0)], src_data_rank=None))
+    st.sync_module_over_mesh(model, mesh, src_mesh_rank=src, verify=True)
+    state = model.state_dict()
+    for name, value in expected.items():
+        assert torch.equal(state[name], value), name
+    assert torch.equal(model[1].extra.to_local(), mine) and torch.equal(model[1].stat.to_local(), mine[rank:rank + 1])
+
+    # PhysicsNeMo's types: RuntimeError for the module's state, on every rank, naming the rank.
+    everything_sharded = torch.nn.Linear(2, 2)
+    everything_sharded.weight = torch.nn.Parameter(st.distribute_tensor(torch.ones(2, 2), mesh, [st.Shard(0)]))
+    everything_sharded.bias = torch.nn.Parameter(st.distribute_tensor(torch.ones(2), mesh, [st.Replicate()]))
+    with pytest.raises(RuntimeError, match="all distributed"):
+        st.sync_module_over_mesh(everything_sharded, mesh)
+    odd = world_size - 1                                    # only this rank's module is on the meta device
+    with torch.device("meta" if rank == odd else "cpu"):
+        lopsided = torch.nn.Linear(2, 2)
+    with pytest.raises(RuntimeError, match=f"mesh rank {odd}, '.*weight' is a meta tensor"):
+        st.sync_module_over_mesh(lopsided, mesh)
+    with pytest.raises(ValueError, match="src_mesh_rank"):  # an argument: still ValueError
+        st.sync_module_over_mesh(model, mesh, src_mesh_rank=world_size)
+
+
+def _handler_checks(rank, world_size, mesh, g):
+    import torch.nn.functional as F
+    from shardtensor import ShardTensor
+
+    x = st.distribute_tensor(g, mesh, [st.Shard(0)])
+    saved = (dict(ShardTensor._dispatch_registry), dict(ShardTensor._function_registry))
+    try:
+        # Any OpOverload is stored, as PhysicsNeMo's dict keeps it; aten.add.default is a
+        # TorchScript-only overload (Scalar + Scalar) that torch's dispatcher does not know.
+        def never(*args, **kwargs):
+            raise AssertionError("a handler of an operator the dispatcher never routes ran")
+
+        ShardTensor.register_dispatch_handler(torch.ops.aten.add.default, never)
+        assert ShardTensor._dispatch_registry[torch.ops.aten.add.default] is never
+        torch.testing.assert_close((x + x).full_tensor(), g + g)          # aten.add.Tensor: its C++ rule
+
+        # A second handler for an operator replaces the first.
+        def zeros(t):
+            return ShardTensor.from_local(torch.zeros_like(t.to_local()), t.device_mesh, t.placements,
+                                          sharding_shapes=t.sharding_shapes())
+
+        def erf(t):
+            return ShardTensor.from_local(torch.special.erf(t.to_local()), t.device_mesh, t.placements,
+                                          sharding_shapes=t.sharding_shapes())
+
+        ShardTensor.register_dispatch_handler(torch.ops.aten.erf.default, zeros)
+        torch.testing.assert_close(torch.erf(x).full_tensor(), torch.zeros_like(g))
+        ShardTensor.register_dispatch_handler(torch.ops.aten.erf.default, erf)
+        torch.testing.assert_close(torch.erf(x).full_tensor(), torch.erf(g))
+
+        # The same for functions, torch.mul (a builtin) and F.softsign, by whatever name is current.
+        for home, name, expected in ((torch, "mul", g * g), (F, "softsign", F.softsign(g))):
+            func = getattr(home, name)
+            ShardTensor.register_function_handler(func, lambda f, types, args, kwargs: args[0] * 0)
+            current = getattr(home, name)
+            assert current is not func                                    # the patched name
+            ShardTensor.register_function_handler(current, lambda f, types, args, kwargs: f(*args, **kwargs))
+            assert sum(k is func for k in ShardTensor._function_registry) == 1   # one entry, replaced
+            result = current(x, x) if name == "mul" else current(x)
+            torch.testing.assert_close(result.full_tensor(), expected, msg=name)
+    finally:
+        ShardTensor._dispatch_registry = saved[0]
+        ShardTensor._function_registry = saved[1]
+    # Restoring the registries put torch's own functions back.
+    assert not hasattr(torch.mul, "_shardtensor_original") and not hasattr(F.softsign, "_shardtensor_original")
+
+
+def _global_shape_checks(rank, world_size, mesh, g):
+    from shardtensor import ShardTensor
+
+    sizes = [10 - 3 * (world_size - 1)] + [3] * (world_size - 1)        # 10 rows, uneven
+    start = sum(sizes[:rank])
+    piece = g[start:start + sizes[rank]]
+    for how in ("infer", {0: [(n, 3) for n in sizes]}):
+        y = ShardTensor.from_local(piece, mesh, [st.Shard(0)], how, (10, 3))   # PhysicsNeMo's positions
+        torch.testing.assert_close(y.full_tensor(), g)
+        with pytest.raises(ValueError, match=r"global shape \(11, 3\) does not match .* shape \(10, 3\)"):
+            ShardTensor.from_local(piece, mesh, [st.Shard(0)], how, global_shape=(11, 3))
+        if world_size > 1:
+            # One rank passes another shape: every rank raises, none hangs or goes on.
+            theirs = (11, 3) if rank == 1 else (10, 3)
+            with pytest.raises(ValueError, match="does not match" if rank == 1 else "another rank's global shape"):
+                ShardTensor.from_local(piece, mesh, [st.Shard(0)], how, global_shape=theirs)
+    chunk = st.distribute_tensor(g, mesh, [st.Shard(0)]).to_local()
+    y = ShardTensor.from_local(chunk, mesh, [st.Shard(0)], "chunk", global_shape=(10, 3))
+    torch.testing.assert_close(y.full_tensor(), g)
+    # torch.chunk sizes cut from a shape the pieces do not make (on 4 ranks only the last one's
+    # piece differs): the C++ layout check raises on every rank.
+    with pytest.raises(ValueError, match="passed a local tensor of shape"):
+        ShardTensor.from_local(chunk, mesh, [st.Shard(0)], "chunk", global_shape=(11, 3))
+    with pytest.raises(ValueError, match="differ"):
+        ShardTensor.from_local(chunk, mesh, [st.Shard(0)], "chunk", global_shape=(10, 3), shape=(9, 3))
+
+
+def mix_body(rank, world_size, blob_path=None):
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    g = torch.arange(30.0).reshape(10, 3)
+    _placement_checks(mesh, g)
+    _mesh_checks(rank, world_size, mesh, blob_path)
+    _sync_checks(rank, world_size, mesh)
+    _handler_checks(rank, world_size, mesh, g)
+    _global_shape_checks(rank, world_size, mesh, g)
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_torch_mix(world_size):
-    run_ranks(mix_body, world_size)
+def test_torch_mix(world_size, tmp_path):
+    blob = tmp_path / "mesh.pickle"
+    run_ranks(mix_body, world_size, str(blob))
+    if world_size > 1:
+        # This process has no mesh of several ranks: unpickling one names what is missing.
+        missing = re.escape(f"ranks {list(range(world_size))}): no such mesh lives in this process")
+        with pytest.raises(RuntimeError, match=missing):
+            pickle.loads(blob.read_bytes())
