@@ -17,9 +17,10 @@ Ranks start from a fork server that has imported torch and shardtensor once: a f
 interpreter spends about 3 s of CPU importing them, which on CI's two cores was most of a short
 multi-rank test. A run that passes its own `env` starts fresh interpreters instead (spawn), since
 torch and the library read some variables at import (TORCH_LOGS, SHARDTENSOR_LOG,
-SHARDTENSOR_ARENA); so does a run that asks for `start_method="spawn"`, such as a test of what
-happens at interpreter exit, which a forked rank never reaches (multiprocessing ends it with
-os._exit).
+SHARDTENSOR_ARENA), unless every variable it sets is one of `READ_WHEN_FIRST_USED`, which a
+forked rank sets before anything reads them; so does a run that asks for `start_method="spawn"`,
+such as a test of what happens at interpreter exit, which a forked rank never reaches
+(multiprocessing ends it with os._exit).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ import socket
 import traceback
 
 COLLECTIVE_TIMEOUT_S = "20"
+# Read when torch.compile first loads dynamo and Inductor (torch._inductor.config reads the
+# first, shardtensor's hook on dynamo's import the second), which `import torch, shardtensor`
+# does not do: the fork server's ranks set them in time.
+READ_WHEN_FIRST_USED = frozenset({"TORCHINDUCTOR_COMPILE_THREADS", "SHARDTENSOR_COMPILE"})
 PORT_ATTEMPTS = 3
 # What rank 0 raises when its store cannot bind the port (src/comm/c10d_mesh.cpp), and what a
 # rank that reached another job's store instead raises.
@@ -49,6 +54,14 @@ def _rank_main(body, rank, world_size, port, extra_env, args, errors, forked=Fal
         "SHARDTENSOR_TIMEOUT_S": COLLECTIVE_TIMEOUT_S, "SHARDTENSOR_STRICT": "1",
     })
     os.environ.update(extra_env)
+    if forked and extra_env:
+        import sys
+
+        # Too late for READ_WHEN_FIRST_USED if the fork server already loaded what reads them.
+        loaded = [m for m in ("torch._dynamo", "torch._inductor.config") if m in sys.modules]
+        if loaded:
+            errors.put((rank, f"{sorted(extra_env)} were set after {loaded} were imported: run with spawn"))
+            raise SystemExit(1)
     try:
         body(rank, world_size, *args)
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent
@@ -72,7 +85,7 @@ def _rank_main(body, rank, world_size, port, extra_env, args, errors, forked=Fal
 
 def run_ranks(body, world_size: int, *args, timeout: float = 180.0, env: dict | None = None,
               start_method: str = "forkserver") -> None:
-    if env or start_method == "spawn":
+    if start_method == "spawn" or (env and not set(env) <= READ_WHEN_FIRST_USED):
         ctx = multiprocessing.get_context("spawn")
     else:
         ctx = multiprocessing.get_context("forkserver")
