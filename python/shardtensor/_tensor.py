@@ -185,7 +185,10 @@ def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=Fal
         sizes = _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh)
     global_shape = [int(s) for s in shape] if shape is not None else None
     out = _C.from_local(local_tensor, mesh._cpp, encoded, mode, global_shape, sizes, run_check)
-    if global_shape is not None and mode != "chunk":  # chunk sizes are cut from the shape itself
+    # A shape given beside inferred or explicit sizes is the user's word, checked over the mesh.
+    # Not for chunk sizes (cut from the shape itself), nor for trusted sizes: those come from a
+    # layout every rank shares, and the shape with them (a parallel style's input, every forward).
+    if global_shape is not None and mode in ("infer", "given"):
         _check_shape_of_pieces(out, mesh, global_shape, sharding_shapes)
     if stride is not None and tuple(int(s) for s in stride) != out.stride():
         # The global strides follow from the local piece's memory order; DTensor takes them on

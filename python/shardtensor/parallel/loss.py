@@ -108,10 +108,10 @@ def _class_max(x, class_dim: int):
     else:
         local = local.new_full(local.shape[:class_dim] + (1,) + local.shape[class_dim + 1:], float("-inf"))
     placements = [Partial("max") if p.is_shard(class_dim) else p for p in x.placements]
+    # The global shape follows from x's sizes and the one-wide class dim: no shape to pass (and
+    # to check over the mesh on every call).
     sizes = {d: s for d, s in x.shard_sizes().items() if d != class_dim}
-    shape = list(x.shape)
-    shape[class_dim] = 1
-    shift = from_local(local, x.device_mesh, placements, sharding_shapes=sizes, shape=shape)
+    shift = from_local(local, x.device_mesh, placements, sharding_shapes=sizes)
     return shift.redistribute(x.device_mesh, _without_partial(shift))
 
 
