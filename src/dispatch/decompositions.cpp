@@ -1,7 +1,9 @@
 #include "dispatch/decompositions.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ops/ctc_loss_native.h>
 #include <ATen/ops/linear_native.h>
+#include <ATen/ops/tensor_split_native.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -12,6 +14,7 @@
 #include "domain/halo.h"
 #include "redistribute/executor.h"
 #include "redistribute/plan.h"
+#include "shardtensor/redistribute.h"
 #include "util/torch_compat.h"
 
 namespace shardtensor {
@@ -144,6 +147,26 @@ at::Tensor linear_on_shards(const at::Tensor& input, const at::Tensor& weight, c
   // Two split leading dims cannot both survive a flattening either way: libtorch's, which gathers.
   if (split <= 0 || split_leading_dims != 1) return at::native::linear(input, weight, bias);
   return at::native::linear(input.movedim(split, 0), weight, bias).movedim(0, split);
+}
+
+namespace {
+// The whole value of a tensor argument that a composite reads on the host.
+at::Tensor host_value(const at::Tensor& t) { return shard_tensor_impl(t) ? full_tensor(t) : t; }
+}  // namespace
+
+std::vector<at::Tensor> tensor_split_by_host_indices(const at::Tensor& self, const at::Tensor& indices_or_sections, int64_t dim) {
+  return at::native::tensor_split(self, host_value(indices_or_sections), dim);
+}
+
+at::Tensor ctc_loss_by_host_lengths(const at::Tensor& log_probs, const at::Tensor& targets, const at::Tensor& input_lengths,
+                                    const at::Tensor& target_lengths, int64_t blank, int64_t reduction, bool zero_infinity) {
+  return at::native::ctc_loss(log_probs, targets, host_value(input_lengths), host_value(target_lengths), blank, reduction,
+                              zero_infinity);
+}
+
+at::Tensor max_pool1d_with_indices_first(const at::Tensor& self, c10::IntArrayRef kernel_size, c10::IntArrayRef stride,
+                                         c10::IntArrayRef padding, c10::IntArrayRef dilation, bool ceil_mode) {
+  return std::get<0>(at::max_pool1d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode));
 }
 
 at::Tensor dist_as_norm(const at::Tensor& self, const at::Tensor& other, const at::Scalar& p) {

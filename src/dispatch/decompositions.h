@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <tuple>
+#include <vector>
 
 namespace torch {
 class Library;
@@ -44,6 +45,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> batch_norm_a
     const at::Tensor& input, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
     const c10::optional<at::Tensor>& running_mean, const c10::optional<at::Tensor>& running_var, bool training,
     double momentum, double eps, bool cudnn_enabled);
+
+// Composites that read a tensor argument's values on the host (its data pointer): a ShardTensor
+// has none, so libtorch's decomposition would raise "Cannot access data pointer". Each reads the
+// whole value of that argument (a plain tensor, gathered where it is split) and goes on as
+// libtorch does; its other arguments keep their layouts.
+//  - tensor_split(self, tensor_indices_or_sections, dim): the indices or the section count;
+//  - ctc_loss(log_probs, targets, input_lengths, target_lengths, ...): the two lengths.
+std::vector<at::Tensor> tensor_split_by_host_indices(const at::Tensor& self, const at::Tensor& indices_or_sections, int64_t dim);
+at::Tensor ctc_loss_by_host_lengths(const at::Tensor& log_probs, const at::Tensor& targets, const at::Tensor& input_lengths,
+                                    const at::Tensor& target_lengths, int64_t blank, int64_t reduction, bool zero_infinity);
+
+// max_pool1d as max_pool1d_with_indices, which the pooling rules serve: libtorch's own CPU
+// path for an input that needs no gradient computes on the input's data pointer.
+at::Tensor max_pool1d_with_indices_first(const at::Tensor& self, c10::IntArrayRef kernel_size, c10::IntArrayRef stride,
+                                         c10::IntArrayRef padding, c10::IntArrayRef dilation, bool ceil_mode);
 
 // Registers the `.vec` upsample overloads (output size or scale factors) as their sized
 // overloads, computing the output size as libtorch does, on the libtorch lines where they do

@@ -96,6 +96,16 @@ void write_back_self(const at::Tensor& self, const ShardTensorSpec& target, cons
   }
 }
 
+// An input the op wrote (not self, not out=) ran as `target`, moved from `home`: the copy it
+// wrote goes back into the caller's tensor, a ShardTensor (as self does) or a plain tensor
+// standing for Replicate, so that the write is not lost with the copy.
+void write_back_input(const at::Tensor& caller, const ShardTensorSpec& home, const ShardTensorSpec& target,
+                      const at::Tensor& written) {
+  if (shard_tensor_impl(caller)) return write_back_self(caller, target, written);
+  at::Tensor destination = caller;
+  destination.copy_(execute_redistribute(written, target, plan_redistribute(target, home)));
+}
+
 void log_call(const Propagation& p) {
   std::ostringstream os;
   os << p.meta.name << (p.fallback ? " (fallback)" : "") << ":";
@@ -214,8 +224,17 @@ void run_propagated(const c10::OperatorHandle& op, torch::jit::Stack* stack, Pro
     if (resolves) impl->cache_resolution(target, moved);
     return moved;
   };
+  // Written inputs the op ran on moved copies of: (the caller's tensor, its input index, the copy).
+  std::vector<std::tuple<at::Tensor, size_t, at::Tensor>> written_copies;
+  auto unwrap_argument = [&](const at::Tensor& t, bool written) -> at::Tensor {
+    const size_t input = k;
+    at::Tensor local = unwrap_input(t);
+    if (written && p.plans[input] && !outside_mesh) written_copies.emplace_back(t, input, local);
+    return local;
+  };
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& arg = (*stack)[args_begin + i];
+    const bool written = is_written_input(schema, i);
     if (is_out_argument(schema, i)) {
       if (arg.isTensor() && shard_tensor_impl(arg.toTensor())) {
         out_wrappers.emplace_back(i, arg.toTensor());
@@ -224,16 +243,16 @@ void run_propagated(const c10::OperatorHandle& op, torch::jit::Stack* stack, Pro
       continue;
     }
     if (arg.isTensor()) {
-      if (arg.toTensor().defined()) arg = unwrap_input(arg.toTensor());
+      if (arg.toTensor().defined()) arg = unwrap_argument(arg.toTensor(), written);
     } else if (arg.isTensorList()) {
       std::vector<at::Tensor> locals;
-      for (const at::Tensor& t : arg.toTensorVector()) locals.push_back(t.defined() ? unwrap_input(t) : t);
+      for (const at::Tensor& t : arg.toTensorVector()) locals.push_back(t.defined() ? unwrap_argument(t, written) : t);
       arg = locals;
     } else if (arg.isList()) {
       c10::List<c10::IValue> list = arg.toList();
       for (size_t j = 0; j < list.size(); ++j) {
         c10::IValue e = list.get(j);
-        if (e.isTensor() && e.toTensor().defined()) list.set(j, unwrap_input(e.toTensor()));
+        if (e.isTensor() && e.toTensor().defined()) list.set(j, unwrap_argument(e.toTensor(), written));
       }
     }
   }
@@ -246,6 +265,9 @@ void run_propagated(const c10::OperatorHandle& op, torch::jit::Stack* stack, Pro
   } else {
     op.callBoxed(stack);
   }
+
+  for (const auto& [caller, input, copy] : written_copies)
+    write_back_input(caller, p.meta.inputs[input].spec, p.result.input_targets[input], copy);
 
   const size_t num_returns = schema.returns().size();
   const size_t returns_begin = stack->size() - num_returns;

@@ -67,6 +67,11 @@ void register_everything() {
   whole_autograd->impl("_batch_norm_impl_index", TORCH_FN(batch_norm_as_native));
   whole->impl("dist", TORCH_FN(dist_as_norm));
   whole_autograd->impl("dist", TORCH_FN(dist_as_norm));
+  for (torch::Library* lib : {whole.get(), whole_autograd.get()}) {
+    lib->impl("tensor_split.tensor_indices_or_sections", TORCH_FN(tensor_split_by_host_indices));
+    lib->impl("ctc_loss.Tensor", TORCH_FN(ctc_loss_by_host_lengths));
+    lib->impl("max_pool1d", TORCH_FN(max_pool1d_with_indices_first));
+  }
   register_upsample_vec_decompositions(*whole, *whole_autograd);
   register_in_place_shape_ops(*whole);
   register_direct_kernels(*whole);

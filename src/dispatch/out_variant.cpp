@@ -57,10 +57,27 @@ const c10::OperatorHandle* find_functional(const c10::OperatorHandle& op) {
   return nullptr;
 }
 
+// A plain out= tensor beside ShardTensor inputs is a composite's own buffer (linalg.matrix_rank
+// sums into an at::empty, chunked linear_cross_entropy multiplies into one): torch made it from
+// the input's options, which carry no layout. A plain tensor stands for the whole tensor (as a
+// plain input does under implicit replication), so it gets the whole result, resized as torch
+// resizes an out= tensor; the composite then goes on with it as with any plain tensor.
+void write_whole(const std::string& op_name, const at::Tensor& out, const ShardTensorImpl& result) {
+  TORCH_CHECK(c10::canCast(result.spec().dtype(), out.scalar_type()), op_name, ": result type ", result.spec().dtype(),
+              " can't be cast to the desired output type ", out.scalar_type(), " of the out= tensor");
+  const ShardTensorSpec& from = result.spec();
+  const ShardTensorSpec whole(from.mesh(), Placements(from.mesh().ndim(), Replicate()), from.shape(), from.dtype());
+  at::Tensor gathered = from == whole ? result.local() : execute_redistribute(result.local(), from, plan_redistribute(from, whole));
+  at::Tensor plain = out;
+  if (!plain.sizes().equals(gathered.sizes())) plain.resize_(gathered.sizes());
+  plain.copy_(gathered);
+}
+
 // Writes `result` (the functional overload's output) into the caller's out= tensor.
 void write_out(const std::string& op_name, const at::Tensor& out, at::Tensor result) {
   ShardTensorImpl* target = shard_tensor_impl(out);
   ShardTensorImpl* source = shard_tensor_impl(result);
+  if (!target && source) return write_whole(op_name, out, *source);
   TORCH_CHECK(target && source, op_name, ": the out= tensor is a ", target ? "ShardTensor" : "plain tensor",
               " but the result is a ", source ? "ShardTensor" : "plain tensor",
               "; pass a ShardTensor out= tensor with ShardTensor inputs (empty_like(input) makes one), or plain "

@@ -163,7 +163,7 @@ RuleResult fallback_result(const OpMeta& meta) {
 bool runs_on_local_pieces_alone(const Propagation& p) {
   const c10::FunctionSchema& schema = *p.meta.schema;
   for (size_t i = 0; i < schema.arguments().size(); ++i)
-    if (is_out_argument(schema, i)) return false;
+    if (is_out_argument(schema, i) || is_written_input(schema, i)) return false;
   for (const RedistributePlan* plan : p.plans)
     if (plan) return false;
   // A rule's kernel qualifies where it declares no moves (a local reshape); only declared ones can say so.
@@ -304,7 +304,11 @@ Cache& cache() {
 }  // namespace
 
 bool is_out_argument(const c10::FunctionSchema& schema, size_t i) {
-  if (i == 0 || i >= schema.arguments().size()) return false;
+  return i < schema.arguments().size() && schema.arguments()[i].is_out();
+}
+
+bool is_written_input(const c10::FunctionSchema& schema, size_t i) {
+  if (i == 0 || i >= schema.arguments().size() || schema.arguments()[i].is_out()) return false;
   const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
   return alias && alias->isWrite();
 }

@@ -50,8 +50,14 @@ struct Propagation {
   std::function<at::Tensor(const at::Tensor& piece)> piece_kernel;
 };
 
-// Argument `i` of the call is an out= tensor (written, but not self): not a rule input.
+// Argument `i` of the call is an out= tensor (keyword-only and written, torchgen's out= form):
+// not a rule input; the result is written into it.
 bool is_out_argument(const c10::FunctionSchema& schema, size_t i);
+
+// Argument `i` is an input the op also writes, other than self and out= (batch norm's running
+// statistics, a fused optimizer's state): the rule sees it like any input, and where it ran
+// moved to another layout the kernel writes the moved copy back into the caller's tensor.
+bool is_written_input(const c10::FunctionSchema& schema, size_t i);
 
 // The cached propagation of the call on `args` (ShardTensors still wrapped), built on a miss.
 // Checks the inputs first: plain tensors, mixed meshes, strict mode.

@@ -19,9 +19,14 @@ RuleResult batched_matrix_rule(const OpMeta& op) {
   RuleResult r;
   r.input_targets = {target};
   r.outputs.assign(op.schema->returns().size(), layout_of(target));
-  // svd without U and Vh (svdvals) returns them as empty 1-d tensors, not batch-led.
-  if (op.name == "aten::_linalg_svd" && !bool_arg(op, "compute_uv"))
-    r.outputs[0] = r.outputs[2] = replicated_layout(op.mesh());
+  // Factors the call does not ask for come back as empty 1-d tensors, not batch-led: U and Vh
+  // of svd without them (svdvals), the eigenvectors of eigvalsh, Q of qr(mode="r"), P of
+  // lu(pivot=False).
+  const OutputLayout empty = replicated_layout(op.mesh());
+  if (op.name == "aten::_linalg_svd" && !bool_arg(op, "compute_uv")) r.outputs[0] = r.outputs[2] = empty;
+  if (op.name == "aten::_linalg_eigh" && !bool_arg(op, "compute_v")) r.outputs[1] = empty;
+  if (op.name == "aten::linalg_qr" && op.arg("mode").toStringRef() == "r") r.outputs[0] = empty;
+  if (op.name == "aten::linalg_lu" && !bool_arg(op, "pivot")) r.outputs[0] = empty;
   return r;
 }
 

@@ -9,6 +9,7 @@
 // whole index answers locally into a Partial(sum) instead (index_select_rule).
 #include <ATen/core/function_schema.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "rules/contribution.h"
@@ -176,6 +177,13 @@ RuleResult squeeze_rule(const OpMeta& op) {
   if (op.name == "aten::squeeze.dim") {
     const int64_t d = wrap_dim(int_arg(op, "dim"), in.ndim(), op);
     if (in.ndim() > 0 && in.shape()[d] == 1) dropped.push_back(d);
+  } else if (op.name == "aten::squeeze.dims") {
+    // A 0-d tensor takes dim 0 or -1 and stays as it is, as in torch.
+    for (int64_t d : int_list_arg(op, "dim")) {
+      d = wrap_dim(d, std::max<int64_t>(in.ndim(), 1), op);
+      if (in.ndim() > 0 && in.shape()[d] == 1 && !std::count(dropped.begin(), dropped.end(), d)) dropped.push_back(d);
+    }
+    std::sort(dropped.begin(), dropped.end());
   } else {
     for (int64_t d = 0; d < in.ndim(); ++d)
       if (in.shape()[d] == 1) dropped.push_back(d);
@@ -193,6 +201,45 @@ RuleResult squeeze_rule(const OpMeta& op) {
   plan.num_args = static_cast<int64_t>(op.schema->arguments().size());
   r.kernel_plan = declare(std::move(plan));
   return r;
+}
+
+// An output that keeps `in`'s dims except `removed` (in order) and appends `appended` whole
+// dims: diagonal (the diagonal last), unfold (the window last, the unfolded dim in place).
+RuleResult view_reading_dims_whole(const OpMeta& op, const std::vector<int64_t>& read_whole,
+                                   const std::vector<int64_t>& removed) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  // A slice of a pending sum is the pending sum of slices: Partials stay.
+  const ShardTensorSpec target = keep_shared_partials(replicate_tensor_dims(in, read_whole), {in});
+  std::vector<int64_t> dim_map(in.ndim());
+  int64_t next = 0;
+  for (int64_t d = 0; d < in.ndim(); ++d) dim_map[d] = std::count(removed.begin(), removed.end(), d) ? -1 : next++;
+  return keep_layout(target, remap_dims(target, dim_map));
+}
+
+// diagonal(self, offset, dim1, dim2): the two dims are read whole (a diagonal crosses every
+// shard of both); the other dims keep their pieces, so the result is a view of the local piece
+// wherever dim1 and dim2 are whole already.
+RuleResult diagonal_rule(const OpMeta& op) {
+  const int64_t ndim = op.inputs[0].spec.ndim();
+  const int64_t a = wrap_dim(int_arg(op, "dim1"), ndim, op), b = wrap_dim(int_arg(op, "dim2"), ndim, op);
+  TORCH_CHECK(a != b, op.name, ": diagonal dimensions cannot be identical ", a, ", ", b);
+  return view_reading_dims_whole(op, {a, b}, {a, b});
+}
+
+// unfold(self, dimension, size, step): windows cross shard boundaries, so the unfolded dim is
+// read whole; the other dims keep their pieces, and the window dim comes last, whole.
+RuleResult unfold_rule(const OpMeta& op) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  const int64_t dim = wrap_dim(int_arg(op, "dimension"), std::max<int64_t>(in.ndim(), 1), op);
+  return view_reading_dims_whole(op, in.ndim() ? std::vector<int64_t>{dim} : std::vector<int64_t>{}, {});
+}
+
+// as_strided(self, size, stride, storage_offset): sizes and strides address the whole tensor's
+// memory, so it runs on the whole tensor: a view of the local piece where self is Replicate
+// (aliasing kept), else of a gathered copy. The result is Replicate.
+RuleResult as_strided_rule(const OpMeta& op) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  return keep_layout(replicated(in), replicated_layout(in.mesh()));
 }
 
 // `in` with `dims` gathered but Partial kept: expanding or repeating a pending sum expands
@@ -426,7 +473,10 @@ void register_view_rules(RuleRegistry& registry) {
   registry.add("aten::permute", permute_rule);
   for (const char* name : {"aten::transpose.int", "aten::t"}) registry.add(name, transpose_rule);
   registry.add("aten::unsqueeze", unsqueeze_rule);
-  for (const char* name : {"aten::squeeze", "aten::squeeze.dim"}) registry.add(name, squeeze_rule);
+  for (const char* name : {"aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims"}) registry.add(name, squeeze_rule);
+  registry.add("aten::diagonal", diagonal_rule);
+  registry.add("aten::unfold", unfold_rule);
+  registry.add("aten::as_strided", as_strided_rule);
   // These keep every position of a dim they keep (their placements are copied or remapped).
   for (const char* name : {"aten::detach", "aten::alias", "aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::permute",
                            "aten::transpose.int", "aten::t", "aten::unsqueeze", "aten::squeeze", "aten::squeeze.dim"})
