@@ -14,6 +14,8 @@
 #   ./dev.sh bench [ARGS]   run the benchmarks and rewrite bench/RESULTS.md and bench/figures/
 #   ./dev.sh flakes N [--load]  the multi-rank suites N times (beside a CPU load), then every
 #                           test that failed at least once, with its failure (tools/flake_hunt.py)
+#   ./dev.sh opinfo [--ops a,b] [--world-size N]  torch's OpInfo database on ShardTensors against
+#                           one process (tests/python/opinfo_sweep.py), with a table of outcomes
 #
 # Torch lines (TORCH_LINE, default "debian" for cdemo and build):
 #   debian  Debian 12's libtorch-dev 1.13.1, built in build/
@@ -282,6 +284,11 @@ case "${1:-}" in
     build_line wheel
     install_python_package
     exec "$VENV/bin/python" tools/flake_hunt.py "$@"
+    ;;
+  opinfo)  # ./dev.sh opinfo [tests/python/opinfo_sweep.py's options]
+    shift
+    install_python_package
+    exec "$VENV/bin/python" tests/python/opinfo_sweep.py "$@"
     ;;
   bench)
     shift

@@ -42,9 +42,12 @@ ShardTensorSpec output_spec(const Propagation& p, const OutputLayout& layout, co
   ShardTensorSpec spec(p.meta.mesh(), layout.placements, global, local.scalar_type(), layout.sizes);
   TORCH_INTERNAL_ASSERT(spec.shardings().size() == layout.sizes.size(), p.meta.name,
                         ": the rule shards an output dim without giving its shard sizes: ", spec);
-  TORCH_INTERNAL_ASSERT(local.sizes().equals(spec.local_shape()), p.meta.name, ": the rule's output layout ", spec,
-                        " gives this rank a piece of shape [", join(spec.local_shape(), ", "),
-                        "] but the operator computed one of shape [", join(local.sizes().vec(), ", "), "]");
+  // A rule that promises another piece than the operator computed is a bug in the rule: wrapping
+  // the piece anyway would give a tensor whose layout lies, so the call raises, naming the rule.
+  TORCH_CHECK(local.sizes().equals(spec.local_shape()), p.meta.name, ": its sharding rule's output layout ", spec,
+              " gives this rank a piece of shape [", join(spec.local_shape(), ", "), "] but the operator computed one of shape [",
+              join(local.sizes().vec(), ", "), "]. This is a bug in the rule for ", p.meta.name,
+              "; until it is fixed, compute this operator on full_tensor() or to_local() pieces.");
   return spec;
 }
 

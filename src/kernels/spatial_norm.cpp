@@ -23,7 +23,10 @@ LocalKernel batch_norm_forward(const DeclaredReductions& reduce, int64_t count) 
     const OpArguments args(op, stack);
     const at::Tensor x = args.tensor("input");
     const c10::optional<at::Tensor> weight = args.optional_tensor("weight"), bias = args.optional_tensor("bias");
-    const c10::optional<at::Tensor> running_mean = args.optional_tensor("running_mean"), running_var = args.optional_tensor("running_var");
+    // _native_batch_norm_legit.no_stats has no running statistics.
+    const bool stats = args.has("running_mean");
+    const c10::optional<at::Tensor> running_mean = stats ? args.optional_tensor("running_mean") : c10::nullopt;
+    const c10::optional<at::Tensor> running_var = stats ? args.optional_tensor("running_var") : c10::nullopt;
     const double momentum = args.to_double("momentum"), eps = args.to_double("eps");
     const std::vector<int64_t> dims = all_but_channel(x.dim());
     const at::Tensor xd = x.to(at::kDouble);
@@ -39,9 +42,12 @@ LocalKernel batch_norm_forward(const DeclaredReductions& reduce, int64_t count) 
     if (running_mean && running_mean->defined()) running_mean->mul_(1 - momentum).add_(mean.to(running_mean->scalar_type()), momentum);
     if (running_var && running_var->defined())
       running_var->mul_(1 - momentum).add_((var * (static_cast<double>(count) / std::max<int64_t>(count - 1, 1))).to(running_var->scalar_type()), momentum);
+    const size_t returns = op.schema().returns().size();
     stack->push_back(out);
     stack->push_back(mean.to(x.scalar_type()));
     stack->push_back(invstd.to(x.scalar_type()));
+    // _batch_norm_with_update's reserve space, which only cuDNN's backward reads: empty, as on CPU.
+    if (returns == 4) stack->push_back(at::empty({0}, x.options().dtype(at::kByte)));
   };
 }
 
@@ -52,7 +58,9 @@ LocalKernel batch_norm_backward(const DeclaredReductions& reduce, int64_t count)
     const OpArguments args(op, stack);
     const at::Tensor grad = args.tensor("grad_out"), x = args.tensor("input");
     const c10::optional<at::Tensor> weight = args.optional_tensor("weight");
-    const at::Tensor mean = args.tensor("save_mean").to(at::kDouble), invstd = args.tensor("save_invstd").to(at::kDouble);
+    // batch_norm_backward names the saved inverse deviation save_var (what _batch_norm_with_update saved).
+    const char* invstd_name = args.has("save_invstd") ? "save_invstd" : "save_var";
+    const at::Tensor mean = args.tensor("save_mean").to(at::kDouble), invstd = args.tensor(invstd_name).to(at::kDouble);
     const c10::List<bool> mask = args.bool_list("output_mask");
     const std::vector<int64_t> dims = all_but_channel(x.dim());
     const at::Tensor gd = grad.to(at::kDouble), centred = x.to(at::kDouble) - per_channel(mean, x.dim());

@@ -9,6 +9,8 @@
 // norm's are per-channel sums over rows, Partial(sum) over the sharding mesh dims.
 #include "rules/spatial_norm.h"
 
+#include <ATen/core/function_schema.h>
+
 namespace shardtensor {
 
 std::vector<int64_t> all_but_channel(int64_t ndim) {
@@ -33,7 +35,7 @@ RuleResult batch_norm_rule_in(const OpMeta& op, bool training) {
   const ShardTensorSpec in = channels_whole(op.inputs[0].spec);
   if (training)
     for (const char* stat_name : {"running_mean", "running_var"})
-      if (const TensorInput* stat = op.input_named(stat_name))
+      if (const TensorInput* stat = op.has_arg(stat_name) ? op.input_named(stat_name) : nullptr)
         TORCH_CHECK(stat->spec.is_replicated(), op.name, ": the running ",
                     stat_name == std::string("running_mean") ? "mean" : "variance",
                     " is updated in place, so it must be replicated (a Replicate ShardTensor, or a plain tensor inside an "
@@ -43,16 +45,23 @@ RuleResult batch_norm_rule_in(const OpMeta& op, bool training) {
   for (size_t k = 1; k < op.inputs.size(); ++k) r.input_targets.push_back(replicated(op.inputs[k].spec));
   const OutputLayout whole = replicated_layout(in.mesh());
   r.outputs = {layout_of(in), whole, whole};
+  if (op.schema->returns().size() == 4) r.outputs.push_back(whole);  // _batch_norm_with_update's reserve
   const std::vector<int64_t> mesh_dims = sharding_mesh_dims(in);
   if (training && !mesh_dims.empty())
     r.kernel_plan = declare(SpatialNormPlan(SpatialNormPlan::Norm::Batch, false, in.mesh(), mesh_dims,
                                             global_count(in, all_but_channel(in.ndim()))));
   else
-    r.kernel_plan = empty_safe({}, {Follows::AllDims, Follows::Nothing, Follows::Nothing});
+    r.kernel_plan = empty_safe({}, r.outputs.size() == 4
+                                       ? std::vector<Follows>{Follows::AllDims, Follows::Nothing, Follows::Nothing, Follows::Nothing}
+                                       : std::vector<Follows>{Follows::AllDims, Follows::Nothing, Follows::Nothing});
   return r;
 }
 
 RuleResult batch_norm_rule(const OpMeta& op) { return batch_norm_rule_in(op, bool_arg(op, "training")); }
+
+// _batch_norm_with_update (training, the statistics updated) and _batch_norm_no_update
+// (evaluation): batch norm's two forms without a training argument.
+RuleResult batch_norm_training_rule(const OpMeta& op) { return batch_norm_rule_in(op, /*training=*/true); }
 
 // Eval mode's batch norm while torch.compile traces: the running statistics, no training argument.
 RuleResult batch_norm_no_training_rule(const OpMeta& op) { return batch_norm_rule_in(op, /*training=*/false); }
@@ -65,7 +74,9 @@ RuleResult batch_norm_backward_rule(const OpMeta& op) {
     r.input_targets.push_back(arg == "input" ? in : arg == "grad_out" ? align_to(input.spec, in) : replicated(input.spec));
   }
   const std::vector<int64_t> mesh_dims = sharding_mesh_dims(in);
-  if (bool_arg(op, "train") && !mesh_dims.empty()) {
+  // native_batch_norm_backward says "train"; batch_norm_backward (of _batch_norm_with_update) "update".
+  const bool train = op.has_arg("train") ? bool_arg(op, "train") : bool_arg(op, "update");
+  if (train && !mesh_dims.empty()) {
     const OutputLayout whole = replicated_layout(in.mesh());
     r.outputs = {layout_of(in), whole, whole};
     r.kernel_plan = declare(SpatialNormPlan(SpatialNormPlan::Norm::Batch, true, in.mesh(), mesh_dims,
@@ -138,7 +149,11 @@ void register_spatial_norm_rules(RuleRegistry& registry) {
   // What batch_norm decomposes into while torch.compile traces (the same arguments by name).
   registry.add("aten::_native_batch_norm_legit", batch_norm_rule);
   registry.add("aten::_native_batch_norm_legit_no_training", batch_norm_no_training_rule);
+  registry.add("aten::_native_batch_norm_legit.no_stats", batch_norm_rule);
+  registry.add("aten::_batch_norm_with_update", batch_norm_training_rule);
+  registry.add("aten::_batch_norm_no_update", batch_norm_no_training_rule);
   registry.add("aten::native_batch_norm_backward", batch_norm_backward_rule);
+  registry.add("aten::batch_norm_backward", batch_norm_backward_rule);
   registry.add("aten::native_group_norm", group_norm_rule);
   registry.add("aten::native_group_norm_backward", group_norm_backward_rule);
 }

@@ -48,6 +48,9 @@ RANDOM_OR_UNINITIALISED = (
     "nn.functional.alpha_dropout", "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
     "torch.ops.aten._efficient_attention_forward", "nn.functional.scaled_dot_product_attention",
     "item", "bincount", "unique", "unique_consecutive",
+    # Its samples train with dropout_p 0.5: OpInfo seeds torch's generator, which ShardTensor
+    # random ops do not draw from (st.manual_seed seeds them; issue 76 asks for torch.manual_seed).
+    "nn.functional.multi_head_attention_forward",
 )
 
 # What a message holds when the library lost control: an internal assert, or torch reading the
@@ -162,6 +165,8 @@ def _compare(actual, expected) -> str | None:
                 return f"output {i}: {type(a).__name__} where one process gives a tensor"
             if a.shape != e.shape or a.dtype != e.dtype:
                 return f"output {i}: shape {tuple(a.shape)} {a.dtype} != {tuple(e.shape)} {e.dtype}"
+            if a.dtype.is_floating_point and a.dtype.itemsize == 1:  # float8: torch compares those bitwise
+                a, e = a.double(), e.double()
             try:
                 torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5, equal_nan=True, check_device=False)
             except AssertionError as err:
