@@ -234,6 +234,41 @@ RuleResult unfold_rule(const OpMeta& op) {
   return view_reading_dims_whole(op, in.ndim() ? std::vector<int64_t>{dim} : std::vector<int64_t>{}, {});
 }
 
+// diagonal_backward(grad_output, input_sizes, offset, dim1, dim2) and unfold_backward(grad_in,
+// input_sizes, dim, size, step): the gradient of an input whose `whole_dims` the forward read
+// whole. The gradient's last dim (the diagonal, the window) is read whole, and so is unfold's
+// unfolded dim; every other dim keeps its pieces, with input_sizes rewritten to the local ones.
+// `input_dim_of[j]`: the input dim that the gradient's dim j came from.
+RuleResult view_backward_rule(const OpMeta& op, const std::vector<int64_t>& input_dim_of, const std::vector<int64_t>& grad_whole) {
+  const ShardTensorSpec& grad = op.inputs[0].spec;
+  const ShardTensorSpec target = keep_shared_partials(replicate_tensor_dims(grad, grad_whole), {grad});
+  std::vector<SizeFromInput> rewrites;
+  for (int64_t j = 0; j < grad.ndim(); ++j)
+    if (input_dim_of[j] >= 0 && target.sharding_of(j)) rewrites.push_back({input_dim_of[j], j});
+  RuleResult r = keep_layout(target, remap_dims(target, input_dim_of));
+  if (!rewrites.empty()) r.kernel_plan = with_local_sizes(op.arg_index("input_sizes"), 0, rewrites);
+  return r;
+}
+
+RuleResult diagonal_backward_rule(const OpMeta& op) {
+  const int64_t ndim = static_cast<int64_t>(int_list_arg(op, "input_sizes").size());
+  const int64_t a = wrap_dim(int_arg(op, "dim1"), ndim, op), b = wrap_dim(int_arg(op, "dim2"), ndim, op);
+  std::vector<int64_t> input_dim_of;
+  for (int64_t d = 0; d < ndim; ++d)
+    if (d != a && d != b) input_dim_of.push_back(d);
+  input_dim_of.push_back(-1);  // the diagonal, spread over dim1 and dim2
+  return view_backward_rule(op, input_dim_of, {ndim - 2});
+}
+
+RuleResult unfold_backward_rule(const OpMeta& op) {
+  const int64_t ndim = static_cast<int64_t>(int_list_arg(op, "input_sizes").size());
+  const int64_t dim = wrap_dim(int_arg(op, "dim"), std::max<int64_t>(ndim, 1), op);
+  std::vector<int64_t> input_dim_of(ndim);
+  std::iota(input_dim_of.begin(), input_dim_of.end(), 0);
+  input_dim_of.push_back(-1);  // the window, folded back into dim
+  return view_backward_rule(op, input_dim_of, {dim, ndim});
+}
+
 // as_strided(self, size, stride, storage_offset): sizes and strides address the whole tensor's
 // memory, so it runs on the whole tensor: a view of the local piece where self is Replicate
 // (aliasing kept), else of a gathered copy. The result is Replicate.
@@ -476,6 +511,8 @@ void register_view_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims"}) registry.add(name, squeeze_rule);
   registry.add("aten::diagonal", diagonal_rule);
   registry.add("aten::unfold", unfold_rule);
+  registry.add("aten::diagonal_backward", diagonal_backward_rule);
+  registry.add("aten::unfold_backward", unfold_backward_rule);
   registry.add("aten::as_strided", as_strided_rule);
   // These keep every position of a dim they keep (their placements are copied or remapped).
   for (const char* name : {"aten::detach", "aten::alias", "aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::permute",

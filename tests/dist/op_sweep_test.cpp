@@ -264,6 +264,22 @@ std::vector<Case> all_cases() {
     const at::Tensor& v = x[0];
     return v.squeeze().unsqueeze(1) + v.squeeze(1).unsqueeze(0).expand({3, 4, 5}).sum(0).unsqueeze(1) + v.expand({4, 6, 5}).sum(1, true);
   }));
+  // Views that read some dims whole (diagonal's two, unfold's one) keep the others' pieces.
+  cases.push_back(on("diagonal/unfold", [] { return Tensors{normal({5, 4, 4})}; }, [](const Tensors& x) {
+    const at::Tensor& m = x[0];
+    return m.diagonal(0, 1, 2).t() * 2 + m.unfold(2, 2, 1).sum({2, 3}).t() + m.diagonal(1, 0, 2).sum(1, true) +
+           m.diagonal(-1, -1, 1).t().sum(0);
+  }));
+  // as_strided addresses the whole tensor's memory: it runs on the whole tensor. Its backward
+  // (a scatter into fresh zeros) is not swept: the input is a constant.
+  cases.push_back(on("as_strided", [] { return Tensors{normal({6, 4}), normal({3, 3})}; },
+                     [](const Tensors& x) { return x[0].as_strided({3, 3}, {4, 1}, 2) * x[1] + x[0].as_strided({3, 3}, {1, 4}); },
+                     /*constants=*/{0}));
+#if TORCH_VERSION_MAJOR >= 2
+  cases.push_back(on("squeeze.dims", [] { return Tensors{normal({4, 1, 5, 1})}; }, [](const Tensors& x) {
+    return x[0].squeeze(at::IntArrayRef{1, 3}) * 3 + x[0].squeeze(at::IntArrayRef{0, -1}).sum(0);
+  }));
+#endif
   cases.push_back(on("select/slice/narrow/index_select", [] { return Tensors{normal({5, 6}), at::tensor({4, 0, 2}, at::kLong)}; },
                      [](const Tensors& x) {
                        const at::Tensor& v = x[0];

@@ -80,12 +80,20 @@ TEST(OutVariants, TheResultIsCastToTheOutDtypeWhereTorchAllowsIt) {
   EXPECT_ERROR_CONTAINS(at::add_out(as_long, halves, halves), "aten::add.out", "Double can't be cast", "Long");
 }
 
-TEST(OutVariants, APlainOutTensorWithShardTensorInputsIsRefused) {
+// A composite's own buffer (linalg.matrix_rank sums into an at::empty): a plain out= tensor
+// stands for the whole tensor, so it gets the whole result, resized where torch would.
+TEST(OutVariants, APlainOutTensorWithShardTensorInputsGetsTheWholeResult) {
   const DeviceMesh& mesh = test_meshes().front();
-  const at::Tensor sharded = distribute_tensor(same_randn({4, 4}, 5), mesh, {Shard(0)});
-  at::Tensor plain = at::empty({4, 4}, at::kDouble);
-  EXPECT_ERROR_CONTAINS(at::mul_out(plain, sharded, sharded), "aten::mul.out", "out= tensor is a plain tensor",
-                        "result is a ShardTensor");
+  const at::Tensor global = same_randn({5, 4}, 5);
+  const at::Tensor sharded = distribute_tensor(global, mesh, {Shard(0)});
+  at::Tensor plain = at::empty({5, 4}, at::kDouble);
+  const at::Tensor& returned = at::mul_out(plain, sharded, sharded);
+  EXPECT_FALSE(is_shard_tensor(returned));
+  EXPECT_TRUE(at::allclose(plain, global * global));
+  at::Tensor empty = at::empty({0}, at::kFloat);
+  at::sum_out(empty, sharded, {1});
+  EXPECT_EQ(empty.sizes(), at::IntArrayRef({5}));
+  EXPECT_TRUE(at::allclose(empty, global.sum(1).to(at::kFloat)));
 }
 
 // The whole-tensor answers of item 7 move only what they must: a norm over a sharded dim nothing

@@ -171,6 +171,16 @@ std::vector<Case> spatial_cases() {
                        at::Tensor out = std::get<0>(at::_native_batch_norm_legit(x[0] - 1, x[1], x[2], running_mean, running_var, true, 0.1, 1e-5));
                        return out + (running_mean * 3 + running_var).view({1, 4, 1, 1});
                      }));
+  // torch 2.x's batch norm without a training argument (the update says which), and the legit
+  // form without running statistics.
+  cases.push_back(on("_batch_norm_with_update / _no_update / legit no_stats", [] { return Tensors{normal({3, 4, 7, 5}), normal({4}), normal({4})}; },
+                     [](const Tensors& x) {
+                       auto [running_mean, running_var] = running_statistics(x[0]);
+                       at::Tensor out = std::get<0>(at::_batch_norm_with_update(x[0] - 1, x[1], x[2], running_mean, running_var, 0.1, 1e-5));
+                       at::Tensor eval = std::get<0>(at::_batch_norm_no_update(x[0], x[1], x[2], running_mean, running_var, 0.1, 1e-5));
+                       at::Tensor no_stats = std::get<0>(at::_native_batch_norm_legit(x[0] * 2, x[1], x[2], true, 0.1, 1e-5));
+                       return out + eval * 2 + no_stats + (running_mean * 3 + running_var).view({1, 4, 1, 1});
+                     }));
   // ... and what eval mode's batch_norm decomposes into there.
   cases.push_back(on("_native_batch_norm_legit_no_training", [] { return Tensors{normal({3, 4, 7, 5}), normal({4}), normal({4}), unit({4}), unit({4})}; },
                      [](const Tensors& x) { return std::get<0>(at::_native_batch_norm_legit_no_training(x[0] * 2, x[1], x[2], x[3], x[4], 0.1, 1e-5)); },
