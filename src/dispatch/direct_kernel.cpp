@@ -138,7 +138,7 @@ struct DirectKernel<Op, at::Tensor(Args...)> {
   }
 
   static at::Tensor call(Args... args) {
-    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+    c10::impl::ExcludeDispatchKeyGuard on_pieces(kExcludedOnPieces);
     // A cache hit is found from the typed arguments (propagation_key.h); only a miss, a rule
     // kernel run on a stack, or an output whose strides follow the arguments boxes them.
     Propagation* p = propagation_key::find_cached(op().schema(), args...);

@@ -2,6 +2,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/StringUtil.h>
 
 #include <mutex>
@@ -101,6 +102,8 @@ c10::IValue element_of(const c10::IValue& value, Spread spread, size_t i) {
 }  // namespace
 
 void foreach_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // torch's _foreach_* kernels run below autocast, so their elements' operators never cast.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const ElementwisePlan& plan = cached_plan(op);
   const size_t n = op.schema().arguments().size();
   std::vector<c10::IValue> args(std::make_move_iterator(stack->end() - n), std::make_move_iterator(stack->end()));

@@ -181,7 +181,7 @@ at::Tensor wrap_direct_output(Propagation& p, c10::ArrayRef<c10::IValue> args, c
 
 void shard_tensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = op.schema().arguments().size();
-  c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+  c10::impl::ExcludeDispatchKeyGuard on_pieces(kExcludedOnPieces);
   if (const c10::OperatorHandle* functional = functional_overload_of(op)) return run_out_variant(op, *functional, stack);
   run_propagated(op, stack, propagate(op, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - num_args, num_args)));
 }

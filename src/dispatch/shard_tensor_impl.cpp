@@ -1,7 +1,9 @@
 // See shard_tensor_impl.h.
 #include "dispatch/shard_tensor_impl.h"
 
+#include <c10/core/DispatchKeySet.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/TensorOptions.h>
 
 #include <optional>
 #include <typeinfo>
@@ -15,6 +17,12 @@ ShardTensorImpl::ShardTensorImpl(at::Tensor local, ShardTensorSpec spec, std::ve
       spec_(std::move(spec)),
       permuted_strides_(std::move(global_strides)) {
   TORCH_INTERNAL_ASSERT(!shard_tensor_impl(local_), "a ShardTensor cannot hold another ShardTensor");
+  // torch.autocast("cpu") / ("cuda") must cast ShardTensor arguments as it casts plain ones. A
+  // tensor's autocast key comes from its backend, which for a ShardTensor is PrivateUse1 (whose
+  // autocast no device_type enables): take the piece's instead. Inference tensors have none.
+  if (!is_inference())
+    key_set_ = key_set_ | c10::getAutocastRelatedKeySetFromBackend(
+                              c10::toBackendComponent(c10::computeDispatchKey(c10::nullopt, c10::nullopt, local_.device())));
   TORCH_INTERNAL_ASSERT(permuted_strides_.empty() || permuted_strides_.size() == spec_.shape().size());
   TORCH_INTERNAL_ASSERT_DEBUG_ONLY(local_.sizes().vec() == spec_.local_shape());
   set_storage_access_should_throw();

@@ -17,6 +17,11 @@
 
 namespace shardtensor {
 
+// What a ShardTensor kernel excludes while it computes on local pieces: autograd (autograd
+// records the call on the wrappers, not on their pieces) and autocast (a kernel below autocast
+// never casts: autocast acted on the ShardTensor call already, or the op is not on its lists).
+constexpr c10::DispatchKeySet kExcludedOnPieces = c10::autograd_dispatch_keyset | c10::autocast_dispatch_keyset;
+
 class ShardTensorImpl final : public c10::TensorImpl {
  public:
   // `global_strides`: as set_global_strides; empty for the contiguous ones.
