@@ -19,6 +19,7 @@
 #include "dispatch/decompositions.h"
 #include "dispatch/direct_kernel.h"
 #include "dispatch/foreach.h"
+#include "dispatch/fused_steps.h"
 #include "dispatch/in_place_shape.h"
 #include "dispatch/kernel.h"
 #include "dispatch/op_name.h"
@@ -43,6 +44,12 @@ void whole_composite_autograd_kernel(const c10::OperatorHandle& op, torch::jit::
                   ": differentiating this backward operator again (double backward) is not supported on ShardTensors.");
   }
   shard_tensor_kernel(op, stack);
+}
+
+// "name.overload" of an aten operator as the dispatcher names it.
+c10::OperatorName aten_operator(const std::string& unqualified) {
+  const size_t dot = unqualified.find('.');
+  return {"aten::" + unqualified.substr(0, dot), dot == std::string::npos ? "" : unqualified.substr(dot + 1)};
 }
 
 void register_everything() {
@@ -71,6 +78,12 @@ void register_everything() {
     lib->impl("tensor_split.tensor_indices_or_sections", TORCH_FN(tensor_split_by_host_indices));
     lib->impl("ctc_loss.Tensor", TORCH_FN(ctc_loss_by_host_lengths));
     lib->impl("max_pool1d", TORCH_FN(max_pool1d_with_indices_first));
+  }
+  // Fused optimizer steps and GradScaler's unscale, on the local pieces (fused_steps.h).
+  for (torch::Library* lib : {whole.get(), whole_autograd.get()}) {
+    for (const char* name : kFusedStepOps)
+      if (c10::Dispatcher::singleton().findSchema(aten_operator(name))) lib->impl(name, torch::CppFunction::makeFromBoxedFunction<&fused_step_kernel>());
+    lib->impl(kUnscaleOp, torch::CppFunction::makeFromBoxedFunction<&unscale_kernel>());
   }
   register_upsample_vec_decompositions(*whole, *whole_autograd);
   register_in_place_shape_ops(*whole);
