@@ -4,10 +4,11 @@
 //    with its plan, each output's layout (see propagation.h);
 // 2. unwrap every ShardTensor argument to its local piece, redistributing inputs whose layout
 //    differs from the target;
-// 3. run the operator (or the rule's local kernel) on the local pieces with the autograd keys
-//    excluded, so local tensors record no second graph;
+// 3. run the operator (or the rule's local kernel) on the local pieces with the autograd and
+//    autocast keys excluded, so local tensors record no second graph and are never cast;
 // 4. wrap each output with its spec; arguments the op writes (self of add_, out= tensors)
-//    come back as the caller's own wrappers, updated.
+//    come back as the caller's own wrappers, updated, and written inputs that ran moved
+//    (batch norm's running statistics) get the moved copy written back.
 #include "dispatch/kernel.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
