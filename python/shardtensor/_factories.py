@@ -53,10 +53,12 @@ def randn(*size, device_mesh=None, placements=None, dtype=None, requires_grad=Fa
 
 
 def manual_seed(seed: int, device_mesh=None) -> None:
-    """Seeds shardtensor's random factories and random ops. Every rank must pass the same seed:
-    with `device_mesh` the ranks of that mesh check it now (one small all-gather), as DTensor's
-    manual_seed does; without it, the first random draw on each mesh checks it. Either way a
-    rank-dependent seed raises on every rank."""
+    """Gives shardtensor's random factories and random ops their own seed. Until it is called
+    they draw their keys from torch's default generator (torch.manual_seed decides them); from
+    then on, from this seed. Every rank must pass the same seed: with `device_mesh` the ranks
+    of that mesh check it now (one small all-gather), as DTensor's manual_seed does; without
+    it, the first random draw on each mesh checks it. Either way a rank-dependent seed raises
+    on every rank."""
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"manual_seed: seed must be a non-negative int, got {seed!r}")
     if device_mesh is None:

@@ -27,10 +27,12 @@ std::atomic<bool>& checks_flag() {
   return flag;
 }
 
-// The seed generation (counter_random.h) each mesh last checked, by mesh hash.
+// The seed generation (counter_random.h) each mesh last checked, by mesh hash, and the torch
+// seed each mesh last checked while keys follow torch's generator.
 struct CheckedSeeds {
   std::mutex mutex;
   std::unordered_map<size_t, uint64_t> generation_of_mesh;
+  std::unordered_map<size_t, uint64_t> torch_seed_of_mesh;
 };
 CheckedSeeds& checked_seeds() {
   static CheckedSeeds checked;
@@ -44,6 +46,19 @@ void check_seeds_agree(const DeviceMesh& mesh, uint64_t seed) {
                 " has ", static_cast<uint64_t>(rows[0][0]), " and global rank ", mesh.ranks()[*r], " has ",
                 static_cast<uint64_t>(rows[*r][0]), ". A Replicate tensor would hold different values on different ranks; ",
                 "pass every rank the same seed (not one derived from its rank).");
+  }
+}
+
+// Keys follow torch's generator: ranks must have seeded it alike.
+void check_torch_seeds_agree(const DeviceMesh& mesh, uint64_t seed) {
+  const AgreementRows rows = gather_rows(mesh, {static_cast<int64_t>(seed)});
+  if (const auto r = first_row_differing(rows, 0)) {
+    TORCH_CHECK_VALUE(false, "random operator on a ShardTensor: the ranks of ", mesh, " seeded torch differently (torch.manual_seed): ",
+                      "global rank ", mesh.ranks()[0], " has seed ", static_cast<uint64_t>(rows[0][0]), " and global rank ",
+                      mesh.ranks()[*r], " has ", static_cast<uint64_t>(rows[*r][0]),
+                      ". ShardTensor random operators draw from torch's generator, and a Replicate tensor would hold different "
+                      "values on different ranks; seed every rank alike, or give shardtensor its own seed with "
+                      "shardtensor.manual_seed(seed, mesh).");
   }
 }
 
@@ -156,6 +171,23 @@ void seed_checked_over(const DeviceMesh& mesh, uint64_t seed) {
 uint64_t next_random_key_on(const DeviceMesh& mesh) {
   const SeedState seeded = random_seed_state();
   // Outside the mesh there is no one to check with; the key is drawn all the same.
+  if (mesh.size() > 1 && seeded.generation == 0 && agreement_checks_enabled() && mesh.includes_this_rank()) {
+    // Keys follow torch's generator: the first draw on each mesh after torch's seed changed checks it.
+    const uint64_t seed = torch_generator_seed();
+    bool checked_already;
+    {
+      CheckedSeeds& checked = checked_seeds();
+      std::lock_guard<std::mutex> lock(checked.mutex);
+      auto it = checked.torch_seed_of_mesh.find(mesh.hash());
+      checked_already = it != checked.torch_seed_of_mesh.end() && it->second == seed;
+    }
+    if (!checked_already) {
+      check_torch_seeds_agree(mesh, seed);  // a collective: it raises on every rank alike
+      CheckedSeeds& checked = checked_seeds();
+      std::lock_guard<std::mutex> lock(checked.mutex);
+      checked.torch_seed_of_mesh[mesh.hash()] = seed;
+    }
+  }
   if (mesh.size() > 1 && seeded.generation > 0 && agreement_checks_enabled() && mesh.includes_this_rank()) {
     bool checked_already;
     {

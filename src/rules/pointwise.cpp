@@ -302,7 +302,7 @@ RuleResult new_factory(const OpMeta& op) {
 const char* const kUnaryOps[] = {
     "abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
     "atan", "sinh", "cosh", "tanh", "sigmoid", "relu", "sqrt", "rsqrt", "reciprocal", "sign", "floor", "ceil",
-    "round", "trunc", "frac", "erf", "erfc", "logical_not", "bitwise_not", "silu", "mish", "hardsigmoid",
+    "round", "trunc", "frac", "erf", "erfc", "erfinv", "logical_not", "bitwise_not", "silu", "mish", "hardsigmoid",
     "hardswish"};
 
 // Activation forms that take extra scalar arguments: still one tensor, still elementwise.
@@ -325,7 +325,9 @@ const char* const kBinaryOps[] = {
     "aten::leaky_relu_backward", "aten::hardtanh_backward", "aten::elu_backward",
     "aten::copy_", "aten::div.Tensor_mode", "aten::logical_and_", "aten::logical_or_", "aten::hardsigmoid_backward",
     "aten::hardswish_backward", "aten::softplus_backward", "aten::sgn", "aten::sgn_", "aten::remainder.Tensor",
-    "aten::remainder_.Tensor", "aten::fmod.Tensor", "aten::fmod_.Tensor"};
+    "aten::remainder_.Tensor", "aten::fmod.Tensor", "aten::fmod_.Tensor", "aten::bitwise_and.Tensor",
+    "aten::bitwise_and_.Tensor", "aten::bitwise_or.Tensor", "aten::bitwise_or_.Tensor", "aten::bitwise_xor.Tensor",
+    "aten::bitwise_xor_.Tensor", "aten::logical_xor", "aten::logical_xor_"};
 
 }  // namespace
 

@@ -1,10 +1,12 @@
 #include "util/counter_random.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <mutex>
 
 namespace shardtensor {
 namespace {
@@ -53,7 +55,19 @@ at::Tensor counter_draws(const std::vector<int64_t>& offsets, const std::vector<
   return values;
 }
 
-uint64_t next_random_key() { return next_key++; }
+uint64_t next_random_key() {
+  if (seed_generation.load() > 0) return next_key++;
+  at::Generator torch_default = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(torch_default.mutex());
+  return torch_default.get<at::CPUGeneratorImpl>()->random64();
+}
+
+uint64_t torch_generator_seed() {
+  at::Generator torch_default = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(torch_default.mutex());
+  return torch_default.current_seed();
+}
+
 void set_random_seed(uint64_t seed) {
   next_key = seed;
   last_seed = seed;

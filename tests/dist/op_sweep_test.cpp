@@ -264,6 +264,16 @@ std::vector<Case> all_cases() {
     const at::Tensor& v = x[0];
     return v.squeeze().unsqueeze(1) + v.squeeze(1).unsqueeze(0).expand({3, 4, 5}).sum(0).unsqueeze(1) + v.expand({4, 6, 5}).sum(1, true);
   }));
+  // Bitwise and logical combinations of masks (nn.init.trunc_normal_ reaches bitwise_or), erfinv.
+  cases.push_back(on("bitwise/logical_xor/erfinv", [] { return Tensors{normal({5, 4}), normal({5, 4})}; }, [](const Tensors& x) {
+    const at::Tensor a = x[0] > 0, b = x[1] > 0.5;
+    at::Tensor c = a.clone();
+    c.bitwise_or_(b).bitwise_and_(a).bitwise_xor_(b).logical_xor_(a);
+    at::Tensor e = (x[0] * 0.3).clamp(-0.9, 0.9);  // clamp's backward reads its input, not the result erfinv_ overwrites
+    e.erfinv_();
+    const at::Tensor masks = a.bitwise_or(b).to(at::kDouble) + a.bitwise_and(b) * 2 + a.bitwise_xor(b) * 3 + a.logical_xor(b) + c;
+    return masks * x[0] + (x[1] * 0.3).tanh().erfinv() + e;
+  }));
   // Views that read some dims whole (diagonal's two, unfold's one) keep the others' pieces.
   cases.push_back(on("diagonal/unfold", [] { return Tensors{normal({5, 4, 4})}; }, [](const Tensors& x) {
     const at::Tensor& m = x[0];
