@@ -15,10 +15,10 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from oracle import assert_close
 from ranks import run_ranks
+from test_parallel_api import MLP  # DTensor's tutorial MLP
 
 WORLD_SIZES = [1, 2, 3, 4]
 BF16 = dict(rtol=2e-2, atol=2e-2)   # the same bf16 ops may sum in another order on pieces
@@ -81,16 +81,6 @@ def ops_body(rank, world_size):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_operators_under_autocast_take_autocasts_dtypes(world_size):
     run_ranks(ops_body, world_size)
-
-
-class MLP(nn.Module):
-    def __init__(self, dim=16, hidden=30):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden)
-        self.w2 = nn.Linear(hidden, dim)
-
-    def forward(self, x):
-        return self.w2(F.relu(self.w1(x)))
 
 
 def mlp_body(rank, world_size):
