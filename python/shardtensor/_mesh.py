@@ -94,6 +94,10 @@ class DeviceMesh(_TorchDeviceMesh):
         mesh._attach(cpp_mesh, torch_mesh, groups)
         return mesh
 
+    # The mesh this one is a dim of (mesh["tp"] of a ("dp", "tp") mesh), and which dim: how
+    # fully_shard finds the mesh a tensor-parallel parameter and the data-parallel dim share.
+    _parent = None
+
     def _attach(self, cpp_mesh, torch_mesh, groups) -> None:
         self._cpp = cpp_mesh
         self._torch_mesh = torch_mesh
@@ -167,7 +171,7 @@ class DeviceMesh(_TorchDeviceMesh):
     def __getattr__(self, name: str):
         # Reached only for names this class and torch's do not define as such: torch's private
         # state (_layout, _root_mesh, ...), which its inherited methods and its FSDP read.
-        if name.startswith("__") or name in ("_cpp", "_torch_mesh", "_groups"):
+        if name.startswith("__") or name in ("_cpp", "_torch_mesh", "_groups", "_parent"):
             raise AttributeError(name)
         return getattr(self.to_torch(), name)
 
@@ -182,7 +186,9 @@ class DeviceMesh(_TorchDeviceMesh):
         torch_sub = None
         if groups is None and self._torch_mesh is not None and self.mesh_dim_names:
             torch_sub = self._torch_mesh[self.mesh_dim_names[d]]
-        return DeviceMesh._wrap(sub, torch_sub, groups)
+        sub_mesh = DeviceMesh._wrap(sub, torch_sub, groups)
+        sub_mesh._parent = (self, d)
+        return sub_mesh
 
     def _dim(self, mesh_dim: int | str) -> int:
         if isinstance(mesh_dim, str):
@@ -251,6 +257,7 @@ def shutdown() -> None:
     """At exit: drop shardtensor's references to process groups, and destroy the default group if
     shardtensor created it (a program that created its own destroys it itself)."""
     _BY_CPP.clear()
+    _OF_DIMS.clear()
     _C.release_cached_layouts()
     _C.release_communicators()
     if _initialised_here and dist.is_available() and dist.is_initialized():
@@ -376,3 +383,44 @@ def from_torch_mesh(torch_mesh) -> DeviceMesh:
     cpp = _C.DeviceMesh.from_process_groups(shape, ranks, groups, list(torch_mesh.mesh_dim_names or ()),
                                             torch_mesh.device_type, collective_timeout_s(), mesh_group)
     return DeviceMesh._wrap(cpp, torch_mesh)
+
+
+def mesh_of_dims(root: DeviceMesh, dims) -> DeviceMesh:
+    """The mesh of `root`'s dims `dims`, in that order, through this rank (the other dims fixed at
+    this rank's coordinate), over root's own groups per dim and a mesh-wide group of its own
+    (built through the store: torch.distributed orders a group's ranks, and this layout's
+    row-major order may not be theirs), so every rank of the mesh builds it, in one order. ``mesh_of_dims(mesh_2d, [1, 0])`` is the transposed mesh, whose first dim
+    splits a tensor dim first when both shard it (how fully_shard nests "dp" inside "tp")."""
+    dims = [root._dim(d) for d in dims]
+    if dims == list(range(root.ndim)):
+        return root
+    key = (root._cpp, tuple(dims))
+    found = _OF_DIMS.get(key)
+    if found is not None:
+        return found
+    coordinate = root.get_coordinate()
+    if coordinate is None:
+        raise ValueError(f"the mesh {root} does not include rank {dist.get_rank()}")
+    index = tuple(slice(None) if d in dims else coordinate[d] for d in range(root.ndim))
+    kept = sorted(dims)
+    layout = root.mesh[index].permute([kept.index(d) for d in dims])
+    names = [root.mesh_dim_names[d] for d in dims] if root.mesh_dim_names else []
+    cpp = _C.DeviceMesh.from_process_groups(list(layout.shape), layout.flatten().tolist(),
+                                            [root.get_group(d) for d in dims], names, root.device_type,
+                                            root._cpp.timeout_s, None,
+                                            build_mesh_group_through=dist.distributed_c10d._get_default_store())
+    mesh = DeviceMesh._wrap(cpp, groups=[root.get_group(d) for d in dims])
+    _OF_DIMS[key] = mesh
+    return mesh
+
+
+def root_and_dims(mesh: DeviceMesh):
+    """(the mesh `mesh` was sliced from, `mesh`'s dims in it): (root, [d]) for mesh["name"], else
+    (mesh, all its dims)."""
+    if mesh._parent is not None:
+        root, d = mesh._parent
+        return root, [d]
+    return mesh, list(range(mesh.ndim))
+
+
+_OF_DIMS: dict = {}

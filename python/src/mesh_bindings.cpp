@@ -1,11 +1,13 @@
 // DeviceMesh for Python: built by the C++ rendezvous, or over process groups that
 // torch.distributed already holds (the usual torchrun program), so no second rendezvous opens.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 
 #include "bindings.h"
 #include "shardtensor/device_mesh.h"
+#include "shardtensor/mesh_over_groups.h"
 
 namespace shardtensor::python {
 namespace {
@@ -46,17 +48,18 @@ void bind_mesh(py::module_& m) {
           "from_process_groups",
           [](std::vector<int64_t> shape, std::vector<int64_t> ranks, const std::vector<py::object>& groups,
              std::vector<std::string> names, const std::string& device_type, double timeout_s,
-             const py::object& mesh_group) {
+             const py::object& mesh_group, const py::object& build_mesh_group_through) {
             std::vector<GroupPtr> cpp_groups;
             for (const py::object& g : groups) cpp_groups.push_back(group_from(g));
             GroupPtr whole = group_from(mesh_group);
+            c10::intrusive_ptr<c10d::Store> store;
+            if (!build_mesh_group_through.is_none()) store = build_mesh_group_through.cast<c10::intrusive_ptr<c10d::Store>>();
             py::gil_scoped_release no_gil;
-            return DeviceMesh::from_process_groups(std::move(shape), std::move(ranks), std::move(cpp_groups),
-                                                   std::move(names), options_for(device_type, timeout_s),
-                                                   std::move(whole));
+            return mesh_over_process_groups(std::move(shape), std::move(ranks), std::move(cpp_groups), std::move(names),
+                                            options_for(device_type, timeout_s), std::move(whole), std::move(store));
           },
           py::arg("shape"), py::arg("ranks"), py::arg("groups"), py::arg("dim_names"), py::arg("device_type"),
-          py::arg("timeout_s"), py::arg("mesh_group"))
+          py::arg("timeout_s"), py::arg("mesh_group"), py::arg("build_mesh_group_through") = py::none())
       .def_static("without_comms", &DeviceMesh::without_comms, py::arg("shape"), py::arg("my_rank"),
                   py::arg("dim_names") = std::vector<std::string>{}, py::arg("device_type") = std::string("cpu"))
       .def_property_readonly("ndim", &DeviceMesh::ndim)

@@ -25,12 +25,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <random>
 
 #include "comm/c10d_comm.h"
+#include "shardtensor/mesh_over_groups.h"
 #include "mesh/mesh_impl.h"
 #include "mesh/world_env.h"
 #include "util/strings.h"
@@ -260,12 +262,18 @@ CommBackend resolve_backend(const MeshOptions& options) {
   return options.device_type == "cuda" ? CommBackend::Nccl : CommBackend::Gloo;
 }
 
+// `base`: the store to rendezvous through (torch.distributed's, for a mesh over its groups);
+// by default the world's own.
 std::shared_ptr<Comm> make_group(const std::vector<int64_t>& group_ranks, int64_t my_rank, const std::string& name,
-                                 CommBackend backend, std::chrono::milliseconds timeout) {
+                                 CommBackend backend, std::chrono::milliseconds timeout,
+                                 c10::intrusive_ptr<c10d::Store> base = {}) {
   const int64_t group_rank = std::find(group_ranks.begin(), group_ranks.end(), my_rank) - group_ranks.begin();
   if (group_ranks.size() == 1) return make_self_comm(my_rank);
-  auto world = world_store(timeout);
-  world->setTimeout(timeout);  // the store outlives the mesh that created it; waits follow this mesh
+  auto world = base;
+  if (!world) {
+    world = world_store(timeout);
+    world->setTimeout(timeout);  // the store outlives the mesh that created it; waits follow this mesh
+  }
   auto store = c10::make_intrusive<c10d::PrefixStore>(name, world);
   const int size = static_cast<int>(group_ranks.size());
   wait_for_members(*store, group_rank, group_ranks, timeout);
@@ -346,6 +354,15 @@ DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vect
                                            std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups,
                                            std::vector<std::string> dim_names, const MeshOptions& options,
                                            c10::intrusive_ptr<c10d::ProcessGroup> mesh_group) {
+  return mesh_over_process_groups(std::move(shape), std::move(ranks), std::move(groups), std::move(dim_names), options,
+                                  std::move(mesh_group), {});
+}
+
+DeviceMesh mesh_over_process_groups(std::vector<int64_t> shape, std::vector<int64_t> ranks,
+                                    std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups,
+                                    std::vector<std::string> dim_names, const MeshOptions& options,
+                                    c10::intrusive_ptr<c10d::ProcessGroup> mesh_group,
+                                    c10::intrusive_ptr<c10d::Store> build_mesh_group_through) {
   const WorldEnv& env = world_env();
   auto impl = make_mesh_topology(std::move(shape), std::move(ranks), std::move(dim_names), env.rank, env.world_size);
   TORCH_CHECK(groups.size() == impl->shape.size(), "DeviceMesh::from_process_groups: ", groups.size(),
@@ -381,6 +398,19 @@ DeviceMesh DeviceMesh::from_process_groups(std::vector<int64_t> shape, std::vect
     impl->mesh_comm =
         make_c10d_comm(compat::backend_of(mesh_group, impl->device.type()), impl->ranks, position, options.timeout,
                        compat::registered_name(mesh_group));
+  } else if (build_mesh_group_through) {
+    // Named by the layout and how many times this process built it: the mesh's ranks build the
+    // same layouts in one order, as every mesh's groups are built.
+    static std::mutex mutex;
+    static std::map<std::vector<int64_t>, int64_t> built;
+    int64_t count;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      count = built[impl->ranks]++;
+    }
+    impl->mesh_comm = make_group(impl->ranks, env.rank,
+                                 "shardtensor/over/" + join(impl->ranks, ",") + "/" + std::to_string(count) + "/",
+                                 resolve_backend(options), options.timeout, build_mesh_group_through);
   }
   return DeviceMesh(std::move(impl));
 }

@@ -1,0 +1,166 @@
+"""fully_shard and the FSDPModule methods it adds (FSDP2's API), over FSDPParam.
+
+A forward pre-hook registers each managed parameter's unsharded form on the modules that hold
+it (what the module's code reads as ``self.weight``) and the forward hook puts the sharded one
+back, so between steps ``parameters()``, ``state_dict()`` and optimizers see the sharded
+ShardTensors. The unsharded tensors the forward used stay alive only in autograd's graph until
+the backward needs them; each gradient is reduce-scattered as soon as autograd has it
+(FSDPParam.reduce).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+
+from .. import _C
+from .._mesh import DeviceMesh
+from ._param import FSDPParam
+
+
+class FSDPModule:
+    """What ``fully_shard`` adds to a module's class (as FSDP2's FSDPModule): ``FSDPLinear`` for
+    an ``nn.Linear``. isinstance(module, shardtensor.fsdp.FSDPModule) tells them apart."""
+
+    def unshard(self, async_op: bool = False):
+        """Registers the unsharded parameters now (all-gathered) until ``reshard()``: the next
+        forwards use them without gathering. Returns None (the gather is synchronous)."""
+        self._fsdp_state.register(unsharded=True)
+        self._fsdp_state.explicitly_unsharded = True
+        return None
+
+    def reshard(self) -> None:
+        """Registers the sharded parameters again (after ``unshard()``)."""
+        self._fsdp_state.explicitly_unsharded = False
+        self._fsdp_state.register(unsharded=False)
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
+        """Off: backwards keep each rank's gradient term unreduced (gradient accumulation without
+        communication); the next backward with it on adds them in and reduces once."""
+        for state in self._fsdp_states(recurse):
+            for p in state.params:
+                p.requires_gradient_sync = bool(requires_gradient_sync)
+
+    def set_reshard_after_forward(self, reshard_after_forward: bool, recurse: bool = True) -> None:
+        if not isinstance(reshard_after_forward, bool):
+            raise ValueError(f"set_reshard_after_forward: expected a bool, got {reshard_after_forward!r}")
+        for state in self._fsdp_states(recurse):
+            state.reshard_after_forward = reshard_after_forward
+
+    def _fsdp_states(self, recurse: bool):
+        modules = self.modules() if recurse else [self]
+        return [m._fsdp_state for m in modules if isinstance(m, FSDPModule)]
+
+
+class _FSDPState:
+    def __init__(self, params: list[FSDPParam], mesh: DeviceMesh, reshard_after_forward, mp_policy):
+        self.params, self.mesh, self.mp_policy = params, mesh, mp_policy
+        self.reshard_after_forward = reshard_after_forward
+        self.explicitly_unsharded = False
+
+    def register(self, unsharded: bool) -> None:
+        for p in self.params:
+            value = p.unsharded() if unsharded else p.sharded
+            for module, name in p.owners:
+                module._parameters[name] = value  # not setattr: the unsharded one is not a Parameter
+
+
+def _cast_floating(tree, dtype):
+    return torch.utils._pytree.tree_map_only(
+        torch.Tensor, lambda t: t.to(dtype) if torch.is_floating_point(t) else t, tree)
+
+
+def _pre_forward(module, args, kwargs):
+    state = module._fsdp_state
+    if not state.explicitly_unsharded:
+        state.register(unsharded=True)
+    policy = state.mp_policy
+    if policy.param_dtype is not None and policy.cast_forward_inputs:
+        args, kwargs = _cast_floating((args, kwargs), policy.param_dtype)
+    return args, kwargs
+
+
+def _post_forward(module, args, output):
+    state = module._fsdp_state
+    if not state.explicitly_unsharded:
+        state.register(unsharded=False)
+    if state.mp_policy.output_dtype is not None:
+        output = _cast_floating(output, state.mp_policy.output_dtype)
+    return output
+
+
+_FSDP_CLASSES: dict = {}
+
+
+def _fsdp_class(cls):
+    if cls not in _FSDP_CLASSES:
+        _FSDP_CLASSES[cls] = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {"__module__": cls.__module__})
+    return _FSDP_CLASSES[cls]
+
+
+def _managed_parameters(module: nn.Module, ignored):
+    """{parameter: [(owner, name), ...]} of module's subtree that no inner fully_shard manages."""
+    owners: dict = {}
+    fqns: dict = {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for name, param in sub._parameters.items():
+            if param is None or param in ignored or getattr(param, "_fsdp_param", None) is not None:
+                continue
+            owners.setdefault(param, []).append((sub, name))
+            fqns.setdefault(param, f"{prefix}.{name}" if prefix else name)
+    return owners, fqns
+
+
+def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_after_forward: bool | None = None,
+                mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(), offload_policy: OffloadPolicy = OffloadPolicy(),
+                ignored_params: set | None = None) -> nn.Module:
+    """FSDP2's fully_shard for ShardTensor and plain parameters: each parameter of ``module`` that
+    no earlier call on a submodule took becomes a ShardTensor split on dim 0 over ``mesh`` (1-D:
+    ``Shard(0)``; 2-D, HSDP: ``(Replicate(), Shard(0))``), nested inside the layout tensor
+    parallelism gave it, any sizes, unevenly, without padding. Forward all-gathers them and
+    backward reduce-scatters the gradients, averaged over the data-parallel ranks, in
+    ``mp_policy``'s dtypes. Returns ``module``, its class now also an FSDPModule.
+
+    The meanings are FSDP2's; two differ in how, not in values: ``reshard_after_forward`` is
+    kept (``set_reshard_after_forward``) but the unsharded parameters a forward used stay in
+    autograd's graph until its backward, so neither setting all-gathers in backward; and the
+    gathers are one per parameter, not one flat buffer per module.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"fully_shard: expected an nn.Module, got {type(module).__name__} (a list of modules is not "
+                        f"supported: call fully_shard on each)")
+    if isinstance(module, FSDPModule):
+        raise ValueError(f"fully_shard: the module {type(module).__name__} is already fully sharded; call fully_shard "
+                         f"once per module, bottom-up")
+    if mesh is None:
+        raise ValueError("fully_shard: pass the data-parallel mesh (mesh=device_mesh['dp'])")
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"fully_shard: mesh must be a shardtensor DeviceMesh, got {type(mesh).__name__}")
+    if mesh.ndim not in (1, 2):
+        raise ValueError(f"fully_shard: mesh must be 1-D (FSDP) or 2-D (HSDP: ('replicate', 'shard')), got {mesh}")
+    if mesh.get_coordinate() is None:
+        raise ValueError(f"fully_shard: the mesh {mesh} does not include this rank ({_C.world_rank()}); every rank "
+                         f"that calls fully_shard must be on the data-parallel mesh")
+    if not isinstance(mp_policy, MixedPrecisionPolicy):
+        raise TypeError(f"fully_shard: mp_policy must be a torch.distributed.fsdp.MixedPrecisionPolicy, got "
+                        f"{type(mp_policy).__name__}")
+    if isinstance(offload_policy, CPUOffloadPolicy):
+        raise NotImplementedError("fully_shard: CPUOffloadPolicy is not supported; pass OffloadPolicy() (no offload)")
+    ignored = set(ignored_params or ())
+    owners, fqns = _managed_parameters(module, ignored)
+    for param in owners:
+        if param.dim() == 0:
+            raise ValueError(f"fully_shard: parameter {fqns[param]!r} is a scalar; FSDP shards dim 0 (make it a 1-D "
+                             f"tensor of one element)")
+    params = [FSDPParam(fqns[p], p, owners[p], mesh, mp_policy) for p in owners]
+    for p in params:
+        for owner, name in p.owners:
+            owner._parameters[name] = p.sharded
+    if reshard_after_forward is None:
+        reshard_after_forward = True
+    module._fsdp_state = _FSDPState(params, mesh, reshard_after_forward, mp_policy)
+    module.__class__ = _fsdp_class(type(module))
+    module.register_forward_pre_hook(_pre_forward, with_kwargs=True)
+    module.register_forward_hook(_post_forward)
+    return module

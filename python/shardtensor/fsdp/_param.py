@@ -1,0 +1,139 @@
+"""One parameter under fully_shard: the sharded ShardTensor the module holds between steps (what
+optimizers step and state dicts save), and the autograd function that all-gathers it for a
+forward and reduce-scatters its gradient.
+
+The sharded parameter is laid out on a mesh whose dims are the parameter's own (tensor
+parallelism's, if any) followed by the data-parallel ones, with ``Shard(0)`` on the last: the
+earlier mesh dim splits a tensor dim first (nested sharding, docs/placements.md), so each rank's
+data-parallel piece is a part of its tensor-parallel piece (what DTensor needs ``_StridedShard``
+for), any size, uneven, no padding. An all-gather over the data-parallel dims gives back the
+tensor-parallel piece; the gradient, one term per data-parallel rank, is ``Partial("avg")`` over
+those dims and reduce-scatters back to the sharded layout.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import _C
+from .._mesh import DeviceMesh, mesh_of_dims, root_and_dims
+from .._placements import Partial, Replicate, Shard
+from .._tensor import from_local
+
+
+def data_parallel_placements(dp_mesh: DeviceMesh) -> list:
+    """FSDP2's: Shard(0) over a 1-D mesh; HSDP's (Replicate(), Shard(0)) over a 2-D one."""
+    return [Replicate()] * (dp_mesh.ndim - 1) + [Shard(0)]
+
+
+def _sizes_or_chunk(sizes: dict):
+    return sizes if sizes else "chunk"
+
+
+class FSDPParam:
+    """A parameter's sharded form and how to gather it, for one fully_shard call.
+
+    owners: the (module, attribute name) pairs that hold it (several for tied weights)."""
+
+    def __init__(self, fqn: str, param: nn.Parameter, owners, dp_mesh: DeviceMesh, mp_policy):
+        self.fqn, self.owners, self.mp_policy = fqn, owners, mp_policy
+        self.requires_gradient_sync = True
+        self.pending_grad = None  # this rank's unreduced gradient while sync is off
+        self.is_shard_tensor = _C.is_shard_tensor(param)
+        dp_placements = data_parallel_placements(dp_mesh)
+        dp_root, dp_dims = root_and_dims(dp_mesh)
+        if self.is_shard_tensor:
+            self.unsharded_mesh = param.device_mesh
+            self.unsharded_placements = tuple(param.placements)
+            self.unsharded_sizes = param.shard_sizes()
+            root, dims = root_and_dims(self.unsharded_mesh)
+            if root != dp_root:
+                raise ValueError(
+                    f"fully_shard: parameter {fqn!r} is a ShardTensor on {self.unsharded_mesh}, and the data-parallel "
+                    f"mesh {dp_mesh} is not a dim of the same mesh. Build one mesh with both dims "
+                    f"(init_device_mesh(..., mesh_dim_names=('dp', 'tp'))), and pass mesh['tp'] to parallelize_module "
+                    f"and mesh['dp'] to fully_shard")
+            if set(dims) & set(dp_dims):
+                raise ValueError(
+                    f"fully_shard: parameter {fqn!r} is already laid out over the data-parallel mesh dims "
+                    f"{[dp_root.mesh_dim_names[d] if dp_root.mesh_dim_names else d for d in dp_dims]} "
+                    f"(placements {list(self.unsharded_placements)} on {self.unsharded_mesh}); fully_shard shards "
+                    f"parameters over mesh dims they are not laid out on")
+            self.mesh = mesh_of_dims(root, dims + dp_dims)
+            lead = list(self.unsharded_placements)
+        else:
+            self.unsharded_mesh, self.unsharded_placements, self.unsharded_sizes = None, (), {}
+            self.mesh, lead = dp_mesh, []
+        n = len(dp_placements)
+        self.placements = tuple(lead + dp_placements)
+        self.gathered_placements = tuple(lead + [Replicate()] * n)
+        self.grad_placements = tuple(lead + [Partial("avg")] * n)
+        self.shape = tuple(param.shape)
+        with torch.no_grad():
+            local = param.detach().to_local() if self.is_shard_tensor else param.detach()
+            # Every rank holds its tensor-parallel piece whole: each keeps its part (no message).
+            whole = self._on_mesh(local, self.gathered_placements, self.unsharded_sizes)
+            sharded = whole.redistribute(self.mesh, self.placements)
+        self.sharded_sizes = sharded.shard_sizes()
+        self.sharded = nn.Parameter(sharded, requires_grad=param.requires_grad)
+        self.sharded._fsdp_param = self
+
+    def _on_mesh(self, local: torch.Tensor, placements, sizes):
+        return from_local(local, self.mesh, placements, shape=self.shape, sharding_shapes=_sizes_or_chunk(sizes),
+                          _trusted_sizes=True)
+
+    # ---- the forward's parameter -------------------------------------------------------
+    def unsharded(self) -> torch.Tensor:
+        """The parameter as the module computes with it (plain, or a ShardTensor laid out as
+        tensor parallelism left it), in the policy's param_dtype; differentiable."""
+        return _AllGather.apply(self.sharded, self)
+
+    def gather(self, sharded: torch.Tensor) -> torch.Tensor:
+        param_dtype = self.mp_policy.param_dtype
+        if param_dtype is not None and param_dtype != sharded.dtype:
+            sharded = sharded.to(param_dtype)  # before the all-gather: half the bytes
+        local = sharded.redistribute(self.mesh, self.gathered_placements).to_local()
+        if local.data_ptr() == self.sharded._local_tensor.data_ptr():  # one data-parallel rank: no copy was made
+            local = local.clone()
+        if not self.is_shard_tensor:
+            return local
+        return from_local(local, self.unsharded_mesh, self.unsharded_placements, shape=self.shape,
+                          sharding_shapes=_sizes_or_chunk(self.unsharded_sizes), _trusted_sizes=True)
+
+    # ---- the backward's gradient -------------------------------------------------------
+    def reduce(self, grad: torch.Tensor):
+        """This rank's gradient term of the unsharded parameter, averaged over the data-parallel
+        ranks into the sharded layout, in reduce_dtype (then the parameter's dtype)."""
+        if _C.is_shard_tensor(grad):
+            if self.is_shard_tensor:
+                if tuple(grad.placements) != self.unsharded_placements:  # e.g. Partial over "tp"
+                    grad = grad.redistribute(self.unsharded_mesh, self.unsharded_placements,
+                                             sharding_shapes=self.unsharded_sizes or None)
+            else:  # a plain weight used on ShardTensor activations (PhysicsNeMo's recipe)
+                grad = grad.redistribute(grad.device_mesh, [Replicate()] * grad.device_mesh.ndim)
+            grad = grad.to_local()
+        reduce_dtype = self.mp_policy.reduce_dtype or self.sharded.dtype
+        grad = grad.to(reduce_dtype)
+        if self.pending_grad is not None:
+            grad = grad + self.pending_grad
+            self.pending_grad = None
+        if not self.requires_gradient_sync:
+            self.pending_grad = grad
+            return None
+        terms = self._on_mesh(grad, self.grad_placements, self.unsharded_sizes)
+        reduced = terms.redistribute(self.mesh, self.placements, sharding_shapes=self.sharded_sizes or None)
+        return reduced.to(self.sharded.dtype)
+
+
+class _AllGather(torch.autograd.Function):
+    """sharded parameter -> the unsharded one; backward: gradient terms -> sharded gradient."""
+
+    @staticmethod
+    def forward(ctx, sharded, fsdp_param: FSDPParam):
+        ctx.fsdp_param = fsdp_param
+        return fsdp_param.gather(sharded)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.fsdp_param.reduce(grad), None
