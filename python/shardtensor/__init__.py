@@ -50,8 +50,10 @@ from ._debug import (
 )
 from .parallel.api import distribute_module
 from ._sync import sync_module_over_mesh
+from .fsdp import _torch_guard
 
 install_tensor_methods()
+_torch_guard.install()  # torch's fully_shard on ShardTensor parameters raises at once, naming ours
 _compile.install()  # torch.compile leaves ShardTensors to eager mode (graph breaks): see _compile
 
 

@@ -10,8 +10,8 @@ torch's MixedPrecisionPolicy and OffloadPolicy are the policy types, as in
 torch.distributed.fsdp.
 """
 
-from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 from ._module import FSDPModule, fully_shard
 
-__all__ = ["FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "fully_shard"]
+__all__ = ["CPUOffloadPolicy", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy", "fully_shard"]

@@ -27,10 +27,6 @@ def data_parallel_placements(dp_mesh: DeviceMesh) -> list:
     return [Replicate()] * (dp_mesh.ndim - 1) + [Shard(0)]
 
 
-def _sizes_or_chunk(sizes: dict):
-    return sizes if sizes else "chunk"
-
-
 class FSDPParam:
     """A parameter's sharded form and how to gather it, for one fully_shard call.
 
@@ -80,8 +76,8 @@ class FSDPParam:
         self.sharded._fsdp_param = self
 
     def _on_mesh(self, local: torch.Tensor, placements, sizes):
-        return from_local(local, self.mesh, placements, shape=self.shape, sharding_shapes=_sizes_or_chunk(sizes),
-                          _trusted_sizes=True)
+        # The sizes follow from the layout every rank shares: no agreement all-gather.
+        return from_local(local, self.mesh, placements, shape=self.shape, sharding_shapes=sizes, _trusted_sizes=True)
 
     # ---- the forward's parameter -------------------------------------------------------
     def unsharded(self) -> torch.Tensor:
@@ -99,7 +95,7 @@ class FSDPParam:
         if not self.is_shard_tensor:
             return local
         return from_local(local, self.unsharded_mesh, self.unsharded_placements, shape=self.shape,
-                          sharding_shapes=_sizes_or_chunk(self.unsharded_sizes), _trusted_sizes=True)
+                          sharding_shapes=self.unsharded_sizes, _trusted_sizes=True)
 
     # ---- the backward's gradient -------------------------------------------------------
     def reduce(self, grad: torch.Tensor):

@@ -1,0 +1,306 @@
+"""Issue 75: sharded data parallelism on ShardTensor and plain parameters (shardtensor.fsdp,
+FSDP2's API), against one process.
+
+- FSDP alone (1-D "dp", world sizes 1-4): an MLP wrapped per layer and at the root, hidden
+  widths the world size divides, does not divide (27) and leaves empty shards (3 over 4);
+  parameters after 10 AdamW steps equal one process's, whose loss is the mean of the ranks'
+  batches; with and without reshard_after_forward; bytes on the wire are the parameter bytes;
+- FSDP x TP (2x2 ("dp", "tp"), Colwise / Rowwise, even and uneven), HSDP (2x2 ("replicate",
+  "shard")), FSDP x domain (PhysicsNeMo's recipe: plain weights, activations split over
+  "domain"), each against one process;
+- bf16 MixedPrecisionPolicy against one process's bf16 run; gradient accumulation with
+  set_requires_gradient_sync(False); unshard() / reshard();
+- bad input: a clear error on every rank; torch's own fully_shard on ShardTensor parameters.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from oracle import assert_close
+from ranks import run_ranks
+
+STEPS = 10
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden=27, dtype=torch.float64):
+        super().__init__()
+        self.w1 = nn.Linear(8, hidden, dtype=dtype)
+        self.w2 = nn.Linear(hidden, 6, dtype=dtype)
+        self.w3 = nn.Linear(6, 5, dtype=dtype)
+
+    def forward(self, x):
+        return self.w3(F.relu(self.w2(F.relu(self.w1(x)))))
+
+
+def _wrap(model, mesh, **kwargs):
+    from shardtensor.fsdp import fully_shard
+
+    fully_shard(model.w1, mesh=mesh, **kwargs)
+    fully_shard(model.w2, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)  # the root takes w3
+    return model
+
+
+def _batches(dp, seed=1, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(dp * 3 + 1, 8, generator=g, dtype=dtype).tensor_split(dp) for _ in range(STEPS)]
+
+
+def _one_process(reference, batches, steps=STEPS):
+    """The oracle: each step's loss is the mean of the data-parallel ranks' losses (FSDP's and
+    DDP's meaning), then one AdamW step."""
+    opt = torch.optim.AdamW(reference.parameters(), lr=0.02, weight_decay=0.1)
+    for chunks in batches[:steps]:
+        opt.zero_grad()
+        (sum(reference(x).pow(2).mean() for x in chunks) / len(chunks)).backward()
+        opt.step()
+    return reference
+
+
+def _train(model, batches, dp_rank, steps=STEPS):
+    opt = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.1)
+    for chunks in batches[:steps]:
+        opt.zero_grad()
+        model(chunks[dp_rank]).pow(2).mean().backward()
+        opt.step()
+    return model
+
+
+def _assert_parameters(model, reference, what, **tolerance):
+    import shardtensor as st
+
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert isinstance(p, st.ShardTensor), f"{what}: {name} is not a ShardTensor between steps"
+        assert_close(p.full_tensor(), q.detach(), f"{what}: {name}", **tolerance)
+
+
+def fsdp_body(rank, world_size):
+    import shardtensor as st
+    from shardtensor.fsdp import FSDPModule
+
+    mesh = st.init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
+    batches = _batches(world_size)
+    for hidden in (4 * world_size, 27, 3):
+        torch.manual_seed(hidden)
+        reference = MLP(hidden)
+        expected = _one_process(copy.deepcopy(reference), batches)
+        for reshard in (True, False):
+            what = f"hidden {hidden}, reshard_after_forward={reshard}"
+            model = _wrap(copy.deepcopy(reference), mesh, reshard_after_forward=reshard)
+            assert isinstance(model, FSDPModule) and isinstance(model.w1, FSDPModule) and type(model).__name__ == "FSDPMLP"
+            assert [n for n, _ in model.named_parameters()] == [n for n, _ in reference.named_parameters()]
+            for name, p in model.named_parameters():
+                assert p.placements == (st.Shard(0),), f"{what}: {name} {p.placements}"
+                assert p.shard_sizes()[0] == [len(c) for c in torch.arange(p.shape[0]).chunk(world_size)] + \
+                    [0] * (world_size - len(torch.arange(p.shape[0]).chunk(world_size))), f"{what}: {name}"
+            _train(model, batches, rank)
+            _assert_parameters(model, expected, what)
+            assert set(model.state_dict()) == set(reference.state_dict())
+
+    # Bytes on the wire: each all-gather and reduce-scatter moves every piece to the other
+    # ranks once, nothing for padding (27 rows over 4 is 7, 7, 7, 6).
+    model = _wrap(MLP(27), mesh)
+    x = batches[0][rank]
+    with st.CommDebugMode() as comms:
+        y = model(x)
+    forward = comms.get_bytes()
+    with st.CommDebugMode() as comms:
+        y.sum().backward()
+    backward = comms.get_bytes()
+    assert comms.get_comm_counts() == ({"reduce_scatter": 6} if world_size > 1 else {}), comms.get_comm_counts()
+    sent = torch.tensor([forward, backward], dtype=torch.float64)
+    torch.distributed.all_reduce(sent)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert sent.tolist() == [parameter_bytes * (world_size - 1)] * 2, (sent.tolist(), parameter_bytes)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_fsdp_matches_one_process(world_size):
+    run_ranks(fsdp_body, world_size)
+
+
+def tp_body(rank, world_size):
+    import shardtensor as st
+    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = st.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp_rank = mesh.get_coordinate()[0]
+    batches = _batches(2)
+    plan = {"w1": ColwiseParallel(), "w2": RowwiseParallel()}
+    for hidden in (8, 27, 3):
+        torch.manual_seed(hidden)
+        reference = MLP(hidden)
+        expected = _one_process(copy.deepcopy(reference), batches)
+        model = parallelize_module(copy.deepcopy(reference), mesh["tp"], plan)
+        _wrap(model, mesh["dp"])
+        w1 = model.w1.weight
+        # "dp" nested inside "tp": the tp piece of the rows, split again over dp.
+        assert w1.placements == (st.Shard(0), st.Shard(0)) and w1.device_mesh.mesh_dim_names == ("tp", "dp")
+        assert model.w2.weight.placements == (st.Shard(1), st.Shard(0))
+        _train(model, batches, dp_rank)
+        _assert_parameters(model, expected, f"FSDP x TP, hidden {hidden}")
+
+    # HSDP: replicated over "replicate", sharded over "shard".
+    hsdp = st.init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(5)
+    reference = MLP(27)
+    expected = _one_process(copy.deepcopy(reference), _batches(4))
+    model = _wrap(copy.deepcopy(reference), hsdp)
+    assert model.w1.weight.placements == (st.Replicate(), st.Shard(0))
+    _train(model, _batches(4), rank)
+    _assert_parameters(model, expected, "HSDP")
+
+
+def test_fsdp_with_tensor_parallelism_and_hsdp():
+    run_ranks(tp_body, 4)
+
+
+def domain_body(rank, world_size):
+    """PhysicsNeMo's recipe with shardtensor's fully_shard: plain weights, activations split over
+    "domain", FSDP over "dp": parameters after 20 Adam steps equal one process's."""
+    from test_plain_params import _demo_unet, _halves_oracle
+
+    import shardtensor as st
+    from shardtensor.fsdp import fully_shard
+
+    mesh = st.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "domain"))
+    dp = mesh.get_coordinate()[0]
+    torch.manual_seed(3)
+    UNet = _demo_unet()
+    state = UNet().double().state_dict()
+    halves = [torch.randn(2, 1, 18, 10, dtype=torch.float64) for _ in range(2)]
+    targets = [torch.randn(2, 1, 18, 10, dtype=torch.float64) for _ in range(2)]
+
+    def make_opt(params):
+        return torch.optim.Adam(params, lr=1e-3)
+
+    expected = _halves_oracle(UNet, state, halves, targets, 20, make_opt).state_dict()
+    xs = st.distribute_tensor(halves[dp], mesh["domain"], [st.Shard(2)], sharding_shapes={2: [10, 8]})
+    ts = st.distribute_tensor(targets[dp], mesh["domain"], [st.Shard(2)], sharding_shapes={2: [10, 8]})
+    model = UNet().double()
+    model.load_state_dict(state)
+    fully_shard(model, mesh=mesh["dp"])
+    opt = make_opt(model.parameters())
+    for _ in range(20):
+        opt.zero_grad()
+        F.mse_loss(model(xs), ts).backward()
+        opt.step()
+    for name, p in model.named_parameters():
+        assert_close(p.full_tensor(), expected[name], f"FSDP x domain {name}", rtol=1e-9, atol=1e-11)
+
+
+def test_fsdp_with_domain_parallelism():
+    run_ranks(domain_body, 4)
+
+
+def mixed_precision_body(rank, world_size):
+    """param_dtype=bf16, reduce_dtype=fp32: the forward computes in bf16 like one process's
+    model cast to bf16, gradients are reduced in fp32 and the fp32 parameters step."""
+    import shardtensor as st
+    from shardtensor.fsdp import MixedPrecisionPolicy
+
+    mesh = st.init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
+    batches = _batches(world_size, dtype=torch.float32)
+    torch.manual_seed(0)
+    reference = MLP(27, dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = _wrap(copy.deepcopy(reference), mesh, mp_policy=policy)
+    out = model(batches[0][rank])
+    assert out.dtype == torch.bfloat16 and model.w1.weight.dtype == torch.float32
+    out.float().pow(2).mean().backward()
+    assert model.w1.weight.grad.dtype == torch.float32
+    # One process: the bf16 copy of the model computes each rank's batch, and the bf16
+    # gradients are averaged in fp32.
+    low = copy.deepcopy(reference).bfloat16()
+    expected = {name: torch.zeros_like(q) for name, q in reference.named_parameters()}
+    for x in batches[0]:
+        low.zero_grad()
+        low(x.bfloat16()).float().pow(2).mean().backward()
+        for name, q in low.named_parameters():
+            expected[name] += q.grad.float() / world_size
+    for name, p in model.named_parameters():
+        assert_close(p.grad.full_tensor(), expected[name], f"bf16 gradient of {name}", rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_fsdp_mixed_precision(world_size):
+    run_ranks(mixed_precision_body, world_size)
+
+
+def accumulation_body(rank, world_size):
+    """set_requires_gradient_sync(False) for the first micro-batch: no reduce-scatter, and the
+    second backward's reduced gradient is that of both micro-batches; unshard() and reshard()."""
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
+    batches = _batches(world_size)
+    torch.manual_seed(0)
+    reference = MLP(27)
+    model = _wrap(copy.deepcopy(reference), mesh)
+    model.set_requires_gradient_sync(False)
+    with st.CommDebugMode() as comms:
+        model(batches[0][rank]).pow(2).mean().backward()
+    assert "reduce_scatter" not in comms.get_comm_counts(), comms.get_comm_counts()
+    model.set_requires_gradient_sync(True)
+    model(batches[1][rank]).pow(2).mean().backward()
+    for chunks in batches[:2]:
+        (sum(reference(x).pow(2).mean() for x in chunks) / world_size).backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert_close(p.grad.full_tensor(), q.grad, f"accumulated gradient of {name}")
+
+    model.unshard()
+    assert not isinstance(model.w3.weight, st.ShardTensor)  # registered unsharded until reshard()
+    with st.CommDebugMode() as comms:
+        model.w3(torch.ones(2, 6, dtype=torch.float64))
+    assert comms.get_total_counts() == 0, comms.table()
+    model.reshard()
+    assert isinstance(model.w3.weight, st.ShardTensor)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_fsdp_gradient_accumulation_and_explicit_unshard(world_size):
+    run_ranks(accumulation_body, world_size)
+
+
+def bad_input_body(rank, world_size):
+    import shardtensor as st
+    from shardtensor.fsdp import CPUOffloadPolicy, fully_shard
+    from shardtensor.parallel import ColwiseParallel, parallelize_module
+
+    mesh = st.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = fully_shard(MLP(), mesh=mesh["dp"])
+    with pytest.raises(ValueError, match="already fully sharded"):
+        fully_shard(model, mesh=mesh["dp"])
+    with pytest.raises(ValueError, match="does not include this rank"):
+        fully_shard(MLP(), mesh=st.DeviceMesh("cpu", [0, 1]) if rank >= 2 else st.DeviceMesh("cpu", [2, 3]))
+    on_dp = parallelize_module(MLP(), mesh["dp"], {"w1": ColwiseParallel()})
+    with pytest.raises(ValueError, match="'w1.weight' is already laid out over the data-parallel mesh dims"):
+        fully_shard(on_dp, mesh=mesh["dp"])
+    other = st.init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
+    on_other = parallelize_module(MLP(), other, {"w1": ColwiseParallel()})
+    with pytest.raises(ValueError, match="'w1.weight' is a ShardTensor on .* not a dim of the same mesh"):
+        fully_shard(on_other, mesh=mesh["dp"])
+    scalar = nn.Module()
+    scalar.gain = nn.Parameter(torch.tensor(2.0))
+    with pytest.raises(ValueError, match="'gain' is a scalar"):
+        fully_shard(scalar, mesh=mesh["dp"])
+    with pytest.raises(NotImplementedError, match="CPUOffloadPolicy"):
+        fully_shard(MLP(), mesh=mesh["dp"], offload_policy=CPUOffloadPolicy())
+    with pytest.raises(ValueError, match="pass the data-parallel mesh"):
+        fully_shard(MLP())
+
+    # torch's FSDP2 on ShardTensor parameters: at once, naming the parameter and the call to use.
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    tp_model = parallelize_module(MLP(), mesh["tp"], {"w1": ColwiseParallel()})
+    with pytest.raises(TypeError, match="'w1.weight' is a ShardTensor.*shardtensor.fsdp.fully_shard"):
+        torch_fully_shard(tp_model, mesh=mesh["dp"])
+
+
+def test_fsdp_bad_input_is_a_clear_error_on_every_rank():
+    run_ranks(bad_input_body, 4)
