@@ -11,11 +11,11 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = pytest.mark.skipif(GPUS == 0, reason="no CUDA device visible (torch.cuda.is_available() is false)")
 
 
-def run_ranks_on_gpus(body, world_size):
+def run_ranks_on_gpus(body, world_size, *args):
     """run_ranks with one GPU a rank: skips, saying so, where fewer than world_size are visible."""
     if world_size > GPUS:
         pytest.skip(f"{world_size} ranks need {world_size} GPUs, {GPUS} visible")
-    run_ranks(body, world_size)
+    run_ranks(body, world_size, *args)
 
 
 def cuda_body(rank, world_size):
@@ -109,3 +109,13 @@ def cuda_batch_norm_body(rank, world_size):
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_cuda_batch_norm_on_spatial_shards(world_size):
     run_ranks_on_gpus(cuda_batch_norm_body, world_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_training_step_with_fsdp_tp_autocast_gradscaler_and_fused_adamw(dtype):
+    """Issues 75 and 76 on CUDA: the training script's step (test_fsdp.py) at world size 1: a
+    ("dp", "tp") mesh of one GPU, tensor parallelism, shardtensor's fully_shard, CUDA autocast,
+    GradScaler and fused AdamW (CUDA's fused kernels on the pieces), against eager one-GPU."""
+    from test_fsdp import training_script_body
+
+    run_ranks_on_gpus(training_script_body, 1, "cuda", dtype, 5)

@@ -304,3 +304,48 @@ def bad_input_body(rank, world_size):
 
 def test_fsdp_bad_input_is_a_clear_error_on_every_rank():
     run_ranks(bad_input_body, 4)
+
+
+def training_script_body(rank, world_size, device_type="cpu", dtype=torch.bfloat16, steps=3):
+    """A training script's step on a ("dp", "tp") mesh: tensor parallelism, fully_shard over "dp",
+    autocast, GradScaler and fused AdamW; parameters after `steps` steps against one process
+    running the same recipe on the dp ranks' batches. On CPU at 2x2 here; tests/python/test_cuda.py
+    runs it on CUDA (fp16 and bf16) where a GPU is lent."""
+    import shardtensor as st
+    from shardtensor.fsdp import fully_shard
+    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    dp_size = 2 if world_size % 2 == 0 else 1
+    mesh = st.init_device_mesh(device_type, (dp_size, world_size // dp_size), mesh_dim_names=("dp", "tp"))
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if device_type == "cuda" else torch.device("cpu")
+    torch.manual_seed(0)
+    reference = MLP(27, dtype=torch.float32).to(device)
+    model = parallelize_module(copy.deepcopy(reference), mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    fully_shard(model.w1, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    reference_opt = torch.optim.AdamW(reference.parameters(), lr=0.01, fused=True)
+    scaler, reference_scaler = torch.amp.GradScaler(device_type), torch.amp.GradScaler(device_type)
+    dp_rank = mesh.get_coordinate()[0]
+    g = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        chunks = torch.randn(dp_size * 4 + 1, 8, generator=g).to(device).tensor_split(dp_size)
+        with torch.autocast(device_type, dtype=dtype):
+            loss = model(chunks[dp_rank]).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        with torch.autocast(device_type, dtype=dtype):
+            reference_loss = sum(reference(x).float().pow(2).mean() for x in chunks) / dp_size
+        reference_scaler.scale(reference_loss).backward()
+        reference_scaler.step(reference_opt)
+        reference_scaler.update()
+        reference_opt.zero_grad()
+        assert scaler.get_scale() == reference_scaler.get_scale(), f"step {step}: the scale differs"
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert_close(p.full_tensor(), q.detach(), f"{device_type} {dtype} training step: {name}", rtol=1e-3, atol=2e-3)
+
+
+def test_training_script_step_with_autocast_gradscaler_and_fused_adamw():
+    run_ranks(training_script_body, 4)
