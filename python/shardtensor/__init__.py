@@ -15,7 +15,7 @@ import atexit
 
 import torch  # loads libtorch before the extension that links it
 
-from . import _C, _compile, _logging, _mesh
+from . import _C, _compile, _fsdp_guard, _logging, _mesh, _torch_checkpoint
 from ._placements import NormPartial, Partial, Placement, Replicate, Shard, ZigzagShard
 from ._mesh import DeviceMesh, init_device_mesh
 from ._tensor import (
@@ -50,10 +50,11 @@ from ._debug import (
 )
 from .parallel.api import distribute_module
 from ._sync import sync_module_over_mesh
-from .fsdp import _torch_guard
+
 
 install_tensor_methods()
-_torch_guard.install()  # torch's fully_shard on ShardTensor parameters raises at once, naming ours
+_torch_checkpoint.install()  # torch.distributed.checkpoint and torch's state-dict utilities take ShardTensors
+_fsdp_guard.install()  # torch's fully_shard on ShardTensor parameters raises at once, naming ours
 _compile.install()  # torch.compile leaves ShardTensors to eager mode (graph breaks): see _compile
 
 

@@ -26,15 +26,13 @@ itself: it takes a second, and it binds ``torch.distributed.nn``'s defaults to t
 
 from __future__ import annotations
 
-import importlib.abc
 import os
-import importlib.util
-import sys
 import warnings
 
 import torch
 
 from . import _C
+from ._after_import import after_import
 
 _DYNAMO = "torch._dynamo"
 _EXPLANATION = (
@@ -124,26 +122,6 @@ def _teach_graph_breaks(dynamo) -> None:
     cls.wrap_tensor = wrap_tensor
 
 
-class _TeachAfterImport(importlib.abc.MetaPathFinder):
-    """Finds torch._dynamo as usual and teaches it once it has loaded."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _DYNAMO:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        run_module = spec.loader.exec_module
-
-        def exec_module(module):
-            run_module(module)
-            _teach_or_warn(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def _teach_or_warn(dynamo) -> None:
     try:
         _teach(dynamo)
@@ -154,7 +132,4 @@ def _teach_or_warn(dynamo) -> None:
 
 def install() -> None:
     """Teaches dynamo now if it is loaded, else as soon as it is."""
-    if _DYNAMO in sys.modules:
-        _teach_or_warn(sys.modules[_DYNAMO])
-    elif not any(isinstance(f, _TeachAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _TeachAfterImport())
+    after_import(_DYNAMO, _teach_or_warn)

@@ -9,12 +9,15 @@ way of importing fully_shard.
 
 from __future__ import annotations
 
-from .. import _C
+from . import _C
+from ._after_import import after_import
 
 
 def install() -> None:
-    from torch.distributed.fsdp._fully_shard import _fsdp_init
+    after_import("torch.distributed.fsdp._fully_shard._fsdp_init", _guard)
 
+
+def _guard(_fsdp_init) -> None:
     collect = getattr(_fsdp_init, "_get_managed_states", None)
     if collect is None or getattr(collect, "_shardtensor_guard", False):
         return  # another torch layout: its fully_shard fails as it does

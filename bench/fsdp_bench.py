@@ -1,0 +1,176 @@
+"""A training step under sharded data parallelism, shardtensor's fully_shard against torch's FSDP2,
+in turns, in one run: 1-D data parallelism over 4 ranks, and FSDP x TP on a 2x2 ("dp", "tp")
+mesh (DTensor's parallelize_module under torch's FSDP2 against shardtensor's under its own).
+Results: bench/RESULTS.md.
+
+    .venv/bin/shardrun -n 4 .venv/bin/python bench/fsdp_bench.py [--json FILE] [--steps N]
+
+The model: 4 residual feed-forward blocks (x + W2 gelu(W1 x)), each wrapped by fully_shard, and
+the root; float32. Sizes: "even" (dim 256, hidden 1024: every split is even) and "uneven"
+(dim 250, hidden 1002: 250 rows over 4 ranks, 501 over 2; FSDP2 pads them, shardtensor does not).
+A step: forward of this rank's batch (16 rows), mean-square loss, backward, AdamW (foreach),
+zero_grad. Before timing, both programs take one step from the same weights and data, and
+their parameters must agree with each other. Each step's time is the slowest rank's, median of
+--steps, the programs in turns with a barrier before each step.
+
+Bytes: what shardtensor's collectives send in one step (CommDebugMode, summed over ranks)
+against the parameter bytes x (dp - 1) x 2 that one all-gather and one reduce-scatter of every
+parameter need; FSDP2's padded dim-0 size gives its figure. Memory: this rank's parameter,
+gradient and AdamW-state bytes between steps against a quarter of the one-process model's.
+"""
+
+import argparse
+import copy
+import json
+import os
+import platform
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import shardtensor as st
+from python_bench import time_in_turns
+
+SIZES = {"even": (256, 1024), "uneven": (250, 1002)}
+BLOCKS, BATCH = 4, 16
+
+
+class Block(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return x + self.w2(F.gelu(self.w1(x)))
+
+
+class Model(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(dim, hidden) for _ in range(BLOCKS))
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
+
+
+def whole(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def step_fn(model, x):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+
+    def step():
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    step.optimizer = opt
+    return step
+
+
+def build(reference, layout, mesh, tmesh):
+    """(shardtensor's model, torch's model) for the layout, from the same weights."""
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel as TColwise, RowwiseParallel as TRowwise
+    from torch.distributed.tensor.parallel import parallelize_module as torch_parallelize
+
+    from shardtensor.fsdp import fully_shard
+    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    ours, theirs = copy.deepcopy(reference), copy.deepcopy(reference)
+    if layout == "FSDP x TP":
+        plan = {f"blocks.{i}.w1": ColwiseParallel() for i in range(BLOCKS)} | \
+               {f"blocks.{i}.w2": RowwiseParallel() for i in range(BLOCKS)}
+        tplan = {f"blocks.{i}.w1": TColwise() for i in range(BLOCKS)} | {f"blocks.{i}.w2": TRowwise() for i in range(BLOCKS)}
+        parallelize_module(ours, mesh["tp"], plan)
+        torch_parallelize(theirs, tmesh["tp"], tplan)
+        dp_mesh, tdp_mesh = mesh["dp"], tmesh["dp"]
+    else:
+        dp_mesh, tdp_mesh = mesh, tmesh
+    for model, shard, m in ((ours, fully_shard, dp_mesh), (theirs, torch_fully_shard, tdp_mesh)):
+        for block in model.blocks:
+            shard(block, mesh=m)
+        shard(model, mesh=m)
+    return ours, theirs
+
+
+def run(layout, size, mesh, tmesh, steps):
+    dim, hidden = SIZES[size]
+    dp = 2 if layout == "FSDP x TP" else mesh.size()
+    dp_rank = mesh.get_coordinate()[0]
+    torch.manual_seed(0)
+    reference = Model(dim, hidden)
+    ours, theirs = build(reference, layout, mesh, tmesh)
+    x = torch.randn(dp, BATCH, dim, generator=torch.Generator().manual_seed(1))[dp_rank]
+    ours_step, theirs_step = step_fn(ours, x), step_fn(theirs, x)
+    with st.CommDebugMode() as comms:
+        ours_step()
+    theirs_step()
+    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
+        torch.testing.assert_close(whole(p), whole(q), rtol=1e-3, atol=1e-4, msg=lambda m: f"{layout} {size} {name}: {m}")
+    sent = torch.tensor([comms.get_bytes()], dtype=torch.float64)
+    dist.all_reduce(sent)
+    param_bytes = sum(p.numel() * 4 for p in reference.parameters())
+    padded_bytes = sum(-(-p.shape[0] // dp) * dp * (p.numel() // p.shape[0]) * 4 for p in reference.parameters())
+    tp = mesh.size() // dp
+    # Each dp group all-gathers and reduce-scatters what its ranks hold (a tensor-parallel piece,
+    # or a whole parameter tensor parallelism replicates), each piece to the dp - 1 others.
+    stored = torch.tensor([sum(p._local_tensor.numel() * 4 for p in ours.parameters())], dtype=torch.float64)
+    dist.all_reduce(stored)
+    fewest = int(stored.item()) * (dp - 1) * 2
+    # Between steps: the parameter pieces, their gradients (freed by zero_grad, counted as held
+    # during the step) and AdamW's two states; the largest rank's.
+    optimizer = ours_step.optimizer
+    held = sum(p._local_tensor.numel() * 4 * 2 for p in ours.parameters())
+    held += sum(v._local_tensor.numel() * 4 for s in optimizer.state.values() for k, v in s.items() if k != "step")
+    held = torch.tensor([held], dtype=torch.float64)
+    dist.all_reduce(held, op=dist.ReduceOp.MAX)
+    held = int(held.item())
+    ours_ms, theirs_ms = time_in_turns([ours_step, theirs_step], steps)
+    return dict(layout=layout, size=size, dim=dim, hidden=hidden, dp=dp, tp=tp, shardtensor_ms=ours_ms.json(),
+                torch_ms=theirs_ms.json(), ratio=float(ours_ms) / float(theirs_ms), bytes_sent=int(sent.item()),
+                bytes_fewest=fewest, padded_parameter_bytes=padded_bytes, parameter_bytes=param_bytes,
+                held_bytes=held, one_process_bytes=param_bytes * 4)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--json", help="rank 0 writes the figures here")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != 4:
+        raise SystemExit("fsdp_bench.py: run it on 4 ranks (shardrun -n 4)")
+    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
+
+    rows = []
+    for layout, shape, names in (("FSDP", (4,), ("dp",)), ("FSDP x TP", (2, 2), ("dp", "tp"))):
+        mesh = st.init_device_mesh("cpu", shape, mesh_dim_names=names)
+        tmesh = torch_mesh("cpu", shape, mesh_dim_names=names)
+        for size in SIZES:
+            rows.append(run(layout, size, mesh, tmesh, args.steps))
+    if dist.get_rank() == 0:
+        print(f"FSDP step, 4 ranks, ms of the slowest rank, min / median / max of {args.steps} steps")
+        print("| layout | size | shardtensor ms | torch FSDP2 ms | shardtensor / FSDP2 | bytes sent (all ranks) | "
+              "fewest | FSDP2's padded parameter bytes / parameter bytes | held per rank / one process's |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            a, b = r["shardtensor_ms"], r["torch_ms"]
+            print(f"| {r['layout']} (dp {r['dp']}, tp {r['tp']}) | {r['size']}: dim {r['dim']}, hidden {r['hidden']} "
+                  f"| {a['min']:.1f} / {a['median']:.1f} / {a['max']:.1f} | {b['min']:.1f} / {b['median']:.1f} / {b['max']:.1f} "
+                  f"| {r['ratio']:.2f} | {r['bytes_sent']:,} | {r['bytes_fewest']:,} "
+                  f"| {r['padded_parameter_bytes'] / r['parameter_bytes']:.4f} | {r['held_bytes'] / r['one_process_bytes']:.4f} |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(rows=rows, steps=args.steps, torch=torch.__version__, python=platform.python_version()),
+                          f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Runs a function on a module of torch's as soon as it is imported, without importing it first:
+how shardtensor adapts parts of torch that ``import shardtensor`` should not pay to load
+(torch._dynamo, torch.distributed.checkpoint's state-dict utilities)."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+
+
+class _RunAfterImport(importlib.abc.MetaPathFinder):
+    """Finds `name` as usual and runs `then(module)` once it has loaded."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run_module = spec.loader.exec_module
+
+        def exec_module(module):
+            run_module(module)
+            self.then(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def after_import(name: str, then) -> None:
+    """then(module) now if `name` is loaded, else right after its import."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(f, _RunAfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _RunAfterImport(name, then))
