@@ -1,0 +1,216 @@
+"""Issue 75: torch.distributed.checkpoint (DCP) and torch's state-dict utilities on ShardTensors,
+with torch's real DCP (FileSystemWriter / FileSystemReader on real files) and default planners.
+
+- a model under FSDP x TP (2x2, hidden width 27: uneven), with its AdamW state, saved by dcp.save
+  on 4 ranks, loaded by dcp.load on 2, 3 and 4 ranks under other layouts (1-D FSDP, 3-way
+  tensor parallelism, 4-way with the last layer split too), value for value against
+  what the saving ranks held; the optimizer state too, through get/set_optimizer_state_dict;
+- interop: a checkpoint of torch's FSDP2 + DTensor program loads into shardtensor's, and the
+  reverse;
+- get_model_state_dict / get_optimizer_state_dict with full_state_dict (and cpu_offload):
+  plain whole tensors equal to the one-process model's; set_model_state_dict of a full state
+  dict into a sharded model;
+- a load whose shapes differ from the checkpoint's, and a missing key, raise on every rank.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from oracle import assert_close
+from ranks import run_ranks
+from test_fsdp import MLP, _batches
+
+
+def _whole(t):
+    import shardtensor as st
+
+    return t.full_tensor() if st.is_shard_tensor(t) else t.detach()
+
+
+def _layout(model, world_size, layout):
+    """The model laid out as `layout` says, on a fresh mesh of this world."""
+    import shardtensor as st
+    from shardtensor.fsdp import fully_shard
+    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    if layout == "fsdp x tp":
+        mesh = st.init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("dp", "tp"))
+        parallelize_module(model, mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+        fully_shard(model.w1, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    elif layout == "fsdp":
+        mesh = st.init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
+        fully_shard(model.w2, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    elif layout == "tp":
+        mesh = st.init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+        parallelize_module(model, mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    elif layout == "tp, w3 split":
+        mesh = st.init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+        parallelize_module(model, mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel(),
+                                         "w3": ColwiseParallel(output_layouts=st.Replicate())})
+    return model
+
+
+def save_body(rank, world_size, path):
+    """2x2 FSDP x TP, two AdamW steps, then dcp.save of the model and optimizer state; rank 0
+    keeps the whole values the loaders must find (torch.save, the oracle)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    torch.manual_seed(0)
+    model = _layout(MLP(27), world_size, "fsdp x tp")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    batches = _batches(2)
+    dp_rank = model.w3.weight.device_mesh.get_coordinate()[0]
+    for chunks in batches[:2]:
+        model(chunks[dp_rank]).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    model_state, optim_state = get_state_dict(model, opt)
+    dcp.save({"model": model_state, "optim": optim_state}, storage_writer=dcp.FileSystemWriter(path))
+    whole = {name: _whole(p) for name, p in model.named_parameters()}
+    exp_avg = {name: _whole(opt.state[p]["exp_avg"]) for name, p in model.named_parameters()}
+    if rank == 0:
+        torch.save({"params": whole, "exp_avg": exp_avg}, f"{path}/oracle.pt")
+
+
+def load_body(rank, world_size, path, layout):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    oracle = torch.load(f"{path}/oracle.pt")
+    torch.manual_seed(1)  # other weights than the saved ones
+    model = _layout(MLP(27), world_size, layout)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    model(torch.ones(1, 8, dtype=torch.float64)).sum().backward()  # the state exists, as after a step
+    opt.step()
+    opt.zero_grad()
+    model_state, optim_state = get_state_dict(model, opt)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(path))
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for name, p in model.named_parameters():
+        assert_close(_whole(p), oracle["params"][name], f"{layout} on {world_size}: {name}", rtol=0, atol=0)
+        assert_close(_whole(opt.state[p]["exp_avg"]), oracle["exp_avg"][name], f"{layout} on {world_size}: exp_avg of {name}",
+                     rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("world_size, layout", [(2, "fsdp"), (3, "tp"), (4, "tp, w3 split"), (4, "fsdp x tp")])
+def test_dcp_save_on_4_ranks_load_on_other_layouts(tmp_path_factory, world_size, layout):
+    path = tmp_path_factory.getbasetemp() / "fsdp_x_tp_checkpoint"
+    if not (path / ".metadata").exists():
+        run_ranks(save_body, 4, str(path))
+    run_ranks(load_body, world_size, str(path), layout)
+
+
+def _torch_layout(model, mesh):
+    """torch's own: DTensor tensor parallelism on "tp", FSDP2 on "dp"."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    parallelize_module(model, mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    fully_shard(model.w1, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def interop_body(rank, world_size, path):
+    """DTensor / FSDP2's checkpoint into shardtensor's model, and shardtensor's into theirs."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    reference = MLP(28)  # even: DTensor's side needs it
+    theirs = _torch_layout(copy.deepcopy(reference), init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")))
+    dcp.save({"model": theirs.state_dict()}, storage_writer=dcp.FileSystemWriter(f"{path}/from_dtensor"))
+    ours = _layout(MLP(28), world_size, "fsdp x tp")
+    state = {"model": ours.state_dict()}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(f"{path}/from_dtensor"))
+    ours.load_state_dict(state["model"])
+    for (name, p), (_, q) in zip(ours.named_parameters(), reference.named_parameters()):
+        assert_close(_whole(p), q.detach(), f"DTensor's checkpoint in shardtensor: {name}", rtol=0, atol=0)
+
+    torch.manual_seed(2)
+    reference = MLP(28)
+    ours = _layout(copy.deepcopy(reference), world_size, "fsdp x tp")
+    dcp.save({"model": ours.state_dict()}, storage_writer=dcp.FileSystemWriter(f"{path}/from_shardtensor"))
+    theirs = _torch_layout(MLP(28), init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")))
+    state = {"model": theirs.state_dict()}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(f"{path}/from_shardtensor"))
+    theirs.load_state_dict(state["model"])
+    for (name, p), (_, q) in zip(theirs.named_parameters(), reference.named_parameters()):
+        assert_close(p.full_tensor(), q.detach(), f"shardtensor's checkpoint in DTensor: {name}", rtol=0, atol=0)
+
+
+def test_dcp_interop_with_dtensor_and_fsdp2(tmp_path):
+    run_ranks(interop_body, 4, str(tmp_path))
+
+
+def state_dict_body(rank, world_size):
+    """Full state dicts (plain whole tensors, as torch gives for DTensor models) of TP, FSDP and
+    FSDP x TP models, with and without cpu_offload; a full state dict loaded back."""
+    import shardtensor as st
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict, set_model_state_dict)
+
+    torch.manual_seed(0)
+    reference = MLP(27)
+    for layout in ("tp", "fsdp", "fsdp x tp"):
+        model = _layout(copy.deepcopy(reference), world_size, layout)
+        for cpu_offload in (False, True):
+            options = StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
+            full = get_model_state_dict(model, options=options)
+            if cpu_offload and rank != 0:
+                assert full == {}, f"{layout}: cpu_offload keeps the full state dict on rank 0 only"
+                continue
+            assert set(full) == set(reference.state_dict())
+            for name, value in reference.state_dict().items():
+                assert not st.is_shard_tensor(full[name]), f"{layout}: {name} is still a ShardTensor"
+                assert_close(full[name], value, f"{layout} full state dict: {name}", rtol=0, atol=0)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        model(torch.ones(2, 8, dtype=torch.float64)).sum().backward()
+        opt.step()
+        full_optim = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+        for name, p in model.named_parameters():
+            state = full_optim["state"][name]
+            assert not st.is_shard_tensor(state["exp_avg"]) and state["exp_avg"].shape == p.shape, f"{layout}: {name}"
+            assert_close(state["exp_avg"], _whole(opt.state[p]["exp_avg"]), f"{layout}: exp_avg of {name}", rtol=0, atol=0)
+        # A full state dict back into the sharded model.
+        torch.manual_seed(5)
+        other = MLP(27)
+        set_model_state_dict(model, other.state_dict(), options=StateDictOptions(full_state_dict=True))
+        for (name, p), (_, q) in zip(model.named_parameters(), other.named_parameters()):
+            assert_close(_whole(p), q.detach(), f"{layout}: set_model_state_dict {name}", rtol=0, atol=0)
+
+
+def test_state_dict_utilities_give_full_tensors():
+    run_ranks(state_dict_body, 4)
+
+
+def mismatch_body(rank, world_size, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    torch.manual_seed(0)
+    model = _layout(MLP(27), world_size, "fsdp x tp")
+    dcp.save({"model": model.state_dict()}, storage_writer=dcp.FileSystemWriter(path))
+    wider = _layout(MLP(30), world_size, "fsdp x tp")
+    # DCP raises a CheckpointException (a BaseException) on every rank, each rank's failure in it.
+    with pytest.raises(CheckpointException) as raised:
+        dcp.load({"model": wider.state_dict()}, storage_reader=dcp.FileSystemReader(path))
+    assert set(raised.value.failures) == set(range(world_size))
+    assert "Size mismatch between saved torch.Size([27, 8]) and current: torch.Size([30, 8]) for model.w1.weight" in \
+        str(raised.value.failures[rank])
+    extra = model.state_dict()
+    extra["w4.weight"] = extra["w3.weight"]
+    with pytest.raises(CheckpointException) as raised:
+        dcp.load({"model": extra}, storage_reader=dcp.FileSystemReader(path))
+    assert "model.w4.weight" in str(raised.value.failures[rank]), raised.value.failures[rank]
+
+
+def test_dcp_load_of_other_shapes_or_missing_keys_raises_on_every_rank(tmp_path):
+    run_ranks(mismatch_body, 4, str(tmp_path))
