@@ -102,10 +102,32 @@ def fsdp_body(rank, world_size):
             _assert_parameters(model, expected, what)
             assert set(model.state_dict()) == set(reference.state_dict())
 
+    # reshard_after_forward (FSDP2's default: every module but the root): between forward and
+    # backward only the root's parameters stay unsharded; the backward gathers the others again.
+    torch.manual_seed(0)
+    reference = MLP(27)
+    model = _wrap(copy.deepcopy(reference), mesh)
+    x = batches[0][rank]
+    with st.CommDebugMode() as comms:
+        loss = model(x).pow(2).mean()
+    held = {name: p._fsdp_param.last_unsharded() is not None for name, p in model.named_parameters()}
+    assert held == {"w1.weight": False, "w1.bias": False, "w2.weight": False, "w2.bias": False,
+                    "w3.weight": True, "w3.bias": True}, held
+    forward_gathers = comms.get_comm_counts().get("all_gather", 0)
+    with st.CommDebugMode() as comms:
+        loss.backward()
+    if world_size > 1:
+        # again for w2.weight only: the input's gradient needs it; w1's input needs none, and
+        # the biases' and weights' own gradients need no parameter
+        assert comms.get_comm_counts() == {"all_gather": 1, "reduce_scatter": 6}, comms.get_comm_counts()
+        assert forward_gathers == 6
+    (sum(reference(x).pow(2).mean() for x in batches[0]) / world_size).backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert_close(p.grad.full_tensor(), q.grad, f"gradient of {name} after resharding")
+
     # Bytes on the wire: each all-gather and reduce-scatter moves every piece to the other
     # ranks once, nothing for padding (27 rows over 4 is 7, 7, 7, 6).
-    model = _wrap(MLP(27), mesh)
-    x = batches[0][rank]
+    model = _wrap(MLP(27), mesh, reshard_after_forward=False)
     with st.CommDebugMode() as comms:
         y = model(x)
     forward = comms.get_bytes()

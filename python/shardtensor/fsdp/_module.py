@@ -3,9 +3,8 @@
 A forward pre-hook registers each managed parameter's unsharded form on the modules that hold
 it (what the module's code reads as ``self.weight``) and the forward hook puts the sharded one
 back, so between steps ``parameters()``, ``state_dict()`` and optimizers see the sharded
-ShardTensors. The unsharded tensors the forward used stay alive only in autograd's graph until
-the backward needs them; each gradient is reduce-scattered as soon as autograd has it
-(FSDPParam.reduce).
+ShardTensors. With reshard_after_forward, autograd keeps notes instead of the unsharded tensors
+(_reshard.py); each gradient is reduce-scattered as soon as autograd has it (FSDPParam.reduce).
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from .. import _C
 from .._mesh import DeviceMesh
+from . import _reshard
 from ._param import FSDPParam
 
 
@@ -59,11 +59,12 @@ class _FSDPState:
         self.reshard_after_forward = reshard_after_forward
         self.explicitly_unsharded = False
 
-    def register(self, unsharded: bool) -> None:
-        for p in self.params:
-            value = p.unsharded() if unsharded else p.sharded
+    def register(self, unsharded: bool) -> list:
+        values = [p.unsharded() if unsharded else p.sharded for p in self.params]
+        for p, value in zip(self.params, values):
             for module, name in p.owners:
                 module._parameters[name] = value  # not setattr: the unsharded one is not a Parameter
+        return values
 
 
 def _cast_floating(tree, dtype):
@@ -71,10 +72,20 @@ def _cast_floating(tree, dtype):
         torch.Tensor, lambda t: t.to(dtype) if torch.is_floating_point(t) else t, tree)
 
 
+# Forwards of fully sharded modules running now, outermost first: the first is the root.
+_RUNNING: list = []
+
+
 def _pre_forward(module, args, kwargs):
     state = module._fsdp_state
+    if state.reshard_after_forward is None:  # FSDP2's default: the root keeps them, the others do not
+        state.reshard_after_forward = bool(_RUNNING)
+    _RUNNING.append(module)
+    state.hooks = None
     if not state.explicitly_unsharded:
-        state.register(unsharded=True)
+        unsharded = state.register(unsharded=True)
+        if state.reshard_after_forward and torch.is_grad_enabled():
+            state.hooks = (_reshard.enter(state.params, unsharded), unsharded)
     policy = state.mp_policy
     if policy.param_dtype is not None and policy.cast_forward_inputs:
         args, kwargs = _cast_floating((args, kwargs), policy.param_dtype)
@@ -83,6 +94,12 @@ def _pre_forward(module, args, kwargs):
 
 def _post_forward(module, args, output):
     state = module._fsdp_state
+    if _RUNNING and _RUNNING[-1] is module:
+        _RUNNING.pop()
+    if state.hooks is not None:
+        hooks, unsharded = state.hooks
+        _reshard.leave(hooks, state.params, unsharded)
+        state.hooks = None
     if not state.explicitly_unsharded:
         state.register(unsharded=False)
     if state.mp_policy.output_dtype is not None:
@@ -122,10 +139,10 @@ def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_af
     backward reduce-scatters the gradients, averaged over the data-parallel ranks, in
     ``mp_policy``'s dtypes. Returns ``module``, its class now also an FSDPModule.
 
-    The meanings are FSDP2's; two differ in how, not in values: ``reshard_after_forward`` is
-    kept (``set_reshard_after_forward``) but the unsharded parameters a forward used stay in
-    autograd's graph until its backward, so neither setting all-gathers in backward; and the
-    gathers are one per parameter, not one flat buffer per module.
+    The meanings are FSDP2's: with ``reshard_after_forward`` (by default for every module but
+    the root) the unsharded parameters are not kept from forward to backward, which gathers
+    them again. One difference in how, not in values: each parameter is gathered by itself,
+    not in one flat buffer per module.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"fully_shard: expected an nn.Module, got {type(module).__name__} (a list of modules is not "
@@ -157,10 +174,8 @@ def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_af
     for p in params:
         for owner, name in p.owners:
             owner._parameters[name] = p.sharded
-    if reshard_after_forward is None:
-        reshard_after_forward = True
     module._fsdp_state = _FSDPState(params, mesh, reshard_after_forward, mp_policy)
     module.__class__ = _fsdp_class(type(module))
     module.register_forward_pre_hook(_pre_forward, with_kwargs=True)
-    module.register_forward_hook(_post_forward)
+    module.register_forward_hook(_post_forward, always_call=True)  # also when the forward raises
     return module

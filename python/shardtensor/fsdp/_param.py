@@ -13,6 +13,8 @@ those dims and reduce-scatters back to the sharded layout.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -36,6 +38,9 @@ class FSDPParam:
         self.fqn, self.owners, self.mp_policy = fqn, owners, mp_policy
         self.requires_gradient_sync = True
         self.pending_grad = None  # this rank's unreduced gradient while sync is off
+        self.unsharded_storage_offset = 0  # where the last unsharded local tensor starts in its storage
+        self._regathered = None  # gathered again for the backward (reshard_after_forward)
+        self.last_unsharded = lambda: None
         self.is_shard_tensor = _C.is_shard_tensor(param)
         dp_placements = data_parallel_placements(dp_mesh)
         dp_root, dp_dims = root_and_dims(dp_mesh)
@@ -83,7 +88,18 @@ class FSDPParam:
     def unsharded(self) -> torch.Tensor:
         """The parameter as the module computes with it (plain, or a ShardTensor laid out as
         tensor parallelism left it), in the policy's param_dtype; differentiable."""
-        return _AllGather.apply(self.sharded, self)
+        out = _AllGather.apply(self.sharded, self)
+        self.unsharded_storage_offset = (out._local_tensor if self.is_shard_tensor else out).storage_offset()
+        self.last_unsharded = weakref.ref(out)  # whether it is still held (tests, bench/fsdp_bench.py)
+        return out
+
+    def regathered(self) -> torch.Tensor:
+        """The unsharded parameter gathered again for the backward, once until its gradient is
+        reduced (reshard_after_forward)."""
+        if self._regathered is None:
+            with torch.no_grad():
+                self._regathered = self.gather(self.sharded)
+        return self._regathered
 
     def gather(self, sharded: torch.Tensor) -> torch.Tensor:
         param_dtype = self.mp_policy.param_dtype
@@ -101,6 +117,7 @@ class FSDPParam:
     def reduce(self, grad: torch.Tensor):
         """This rank's gradient term of the unsharded parameter, averaged over the data-parallel
         ranks into the sharded layout, in reduce_dtype (then the parameter's dtype)."""
+        self._regathered = None  # every use of it in this backward has run
         if _C.is_shard_tensor(grad):
             if self.is_shard_tensor:
                 if tuple(grad.placements) != self.unsharded_placements:  # e.g. Partial over "tp"
