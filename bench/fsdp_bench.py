@@ -14,9 +14,13 @@ their parameters must agree with each other. Each step's time is the slowest ran
 --steps, the programs in turns with a barrier before each step.
 
 Bytes: what shardtensor's collectives send in one step (CommDebugMode, summed over ranks)
-against the parameter bytes x (dp - 1) x 2 that one all-gather and one reduce-scatter of every
-parameter need; FSDP2's padded dim-0 size gives its figure. Memory: this rank's parameter,
-gradient and AdamW-state bytes between steps against a quarter of the one-process model's.
+against what FSDP2's schedule needs without padding: (dp - 1) x the bytes the ranks hold, for one
+all-gather and one reduce-scatter of every parameter and the backward's second all-gather of the
+blocks' (they reshard after forward; shardtensor gathers only what the backward reads, so it may
+send less); FSDP2's padded dim-0 size gives its padding. Memory: the largest rank's parameter,
+gradient and AdamW-state bytes against a quarter of the one-process model's (the gradients
+counted as during a step), and the unsharded parameter bytes held from a forward to its
+backward (by default the root's only) against the largest wrapped module's.
 """
 
 import argparse
@@ -56,6 +60,10 @@ class Model(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.out(x)
+
+
+def _local_bytes(t):
+    return (t._local_tensor if st.is_shard_tensor(t) else t).numel() * 4
 
 
 def whole(t):
@@ -120,9 +128,13 @@ def run(layout, size, mesh, tmesh, steps):
     tp = mesh.size() // dp
     # Each dp group all-gathers and reduce-scatters what its ranks hold (a tensor-parallel piece,
     # or a whole parameter tensor parallelism replicates), each piece to the dp - 1 others.
-    stored = torch.tensor([sum(p._local_tensor.numel() * 4 for p in ours.parameters())], dtype=torch.float64)
+    # The blocks reshard after forward (FSDP2's default for all but the root), so their
+    # parameters may be gathered again in backward: FSDP2 gathers all of them.
+    stored = torch.tensor([sum(p._local_tensor.numel() * 4 for p in ours.parameters()),
+                           sum(p._local_tensor.numel() * 4 for b in ours.blocks for p in b.parameters())],
+                          dtype=torch.float64)
     dist.all_reduce(stored)
-    fewest = int(stored.item()) * (dp - 1) * 2
+    fewest = int(stored[0].item() * 2 + stored[1].item()) * (dp - 1)
     # Between steps: the parameter pieces, their gradients (freed by zero_grad, counted as held
     # during the step) and AdamW's two states; the largest rank's.
     optimizer = ours_step.optimizer
@@ -131,11 +143,21 @@ def run(layout, size, mesh, tmesh, steps):
     held = torch.tensor([held], dtype=torch.float64)
     dist.all_reduce(held, op=dist.ReduceOp.MAX)
     held = int(held.item())
+    # Between a forward and its backward: the unsharded parameter bytes still held (by default
+    # only the root's: the blocks reshard after forward), against the largest wrapped module's.
+    loss = ours(x).pow(2).mean()
+    unsharded_held = sum(_local_bytes(u) for p in ours.parameters() if (u := p._fsdp_param.last_unsharded()) is not None)
+    loss.backward()
+    ours_step.optimizer.zero_grad()
+    with torch.no_grad():
+        largest = max(sum(_local_bytes(fp.gather(fp.sharded)) for fp in m._fsdp_state.params)
+                      for m in [ours, *ours.blocks])
     ours_ms, theirs_ms = time_in_turns([ours_step, theirs_step], steps)
     return dict(layout=layout, size=size, dim=dim, hidden=hidden, dp=dp, tp=tp, shardtensor_ms=ours_ms.json(),
                 torch_ms=theirs_ms.json(), ratio=float(ours_ms) / float(theirs_ms), bytes_sent=int(sent.item()),
                 bytes_fewest=fewest, padded_parameter_bytes=padded_bytes, parameter_bytes=param_bytes,
-                held_bytes=held, one_process_bytes=param_bytes * 4)
+                held_bytes=held, one_process_bytes=param_bytes * 4, unsharded_after_forward=unsharded_held,
+                largest_module_unsharded=largest)
 
 
 def main():
@@ -158,14 +180,16 @@ def main():
     if dist.get_rank() == 0:
         print(f"FSDP step, 4 ranks, ms of the slowest rank, min / median / max of {args.steps} steps")
         print("| layout | size | shardtensor ms | torch FSDP2 ms | shardtensor / FSDP2 | bytes sent (all ranks) | "
-              "fewest | FSDP2's padded parameter bytes / parameter bytes | held per rank / one process's |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "fewest | FSDP2's padded parameter bytes / parameter bytes | held per rank / one process's | "
+              "unsharded bytes after forward / largest module's |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             a, b = r["shardtensor_ms"], r["torch_ms"]
             print(f"| {r['layout']} (dp {r['dp']}, tp {r['tp']}) | {r['size']}: dim {r['dim']}, hidden {r['hidden']} "
                   f"| {a['min']:.1f} / {a['median']:.1f} / {a['max']:.1f} | {b['min']:.1f} / {b['median']:.1f} / {b['max']:.1f} "
                   f"| {r['ratio']:.2f} | {r['bytes_sent']:,} | {r['bytes_fewest']:,} "
-                  f"| {r['padded_parameter_bytes'] / r['parameter_bytes']:.4f} | {r['held_bytes'] / r['one_process_bytes']:.4f} |")
+                  f"| {r['padded_parameter_bytes'] / r['parameter_bytes']:.4f} | {r['held_bytes'] / r['one_process_bytes']:.4f} "
+                  f"| {r['unsharded_after_forward']:,} / {r['largest_module_unsharded']:,} |")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(rows=rows, steps=args.steps, torch=torch.__version__, python=platform.python_version()),
