@@ -371,3 +371,43 @@ def training_script_body(rank, world_size, device_type="cpu", dtype=torch.bfloat
 
 def test_training_script_step_with_autocast_gradscaler_and_fused_adamw():
     run_ranks(training_script_body, 4)
+
+
+def llama_body(rank, world_size, config):
+    """torchtitan's llama plan (embedding, RMSNorm, grouped-query attention with rotary
+    positions, SwiGLU, loss_parallel; examples/llama_tensor_parallel.py) on "tp", fully_shard per
+    layer and at the root on "dp", 2x2: parameters after 3 AdamW steps equal one process's."""
+    from test_llama_block import CONFIGS, _example
+
+    import shardtensor as st
+    from shardtensor.fsdp import fully_shard
+    from shardtensor.parallel import loss_parallel
+
+    llama = _example()
+    vocab, dim, heads, kv_heads, hidden, layers, seqlen = CONFIGS[config]
+    mesh = st.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp_rank = mesh.get_coordinate()[0]
+    torch.manual_seed(0)
+    single = llama.Llama(vocab, dim, heads, kv_heads, hidden, layers, seqlen).double()
+    model = llama.parallelize(copy.deepcopy(single), mesh["tp"], heads % 2 == 0 and kv_heads % 2 == 0)
+    for layer in model.layers.values():
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    tokens, labels = torch.randint(0, vocab, (2, 2, seqlen)), torch.randint(0, vocab, (2, 2, seqlen))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    single_opt = torch.optim.AdamW(single.parameters(), lr=0.01)
+    for step in range(3):
+        with loss_parallel():
+            F.cross_entropy(model(tokens[dp_rank]).flatten(0, 1), labels[dp_rank].flatten(0, 1)).backward()
+        opt.step()
+        opt.zero_grad()
+        (sum(F.cross_entropy(single(t).flatten(0, 1), y.flatten(0, 1)) for t, y in zip(tokens, labels)) / 2).backward()
+        single_opt.step()
+        single_opt.zero_grad()
+    for (name, p), q in zip(model.named_parameters(), single.parameters()):
+        assert_close(p.full_tensor(), q.detach(), f"llama {config}, FSDP x TP: {name}", rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("config", ["even", "uneven"])
+def test_llama_under_torchtitans_plan_with_fsdp(config):
+    run_ranks(llama_body, 4, config, timeout=400)
