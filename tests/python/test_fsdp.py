@@ -10,7 +10,7 @@ FSDP2's API), against one process.
   "domain"), each against one process;
 - bf16 MixedPrecisionPolicy against one process's bf16 run; gradient accumulation with
   set_requires_gradient_sync(False); unshard() / reshard();
-- bad input: a clear error on every rank; torch's own fully_shard on ShardTensor parameters.
+- bad input: a clear error on every rank; torch's own fully_shard and DDP on ShardTensor parameters.
 """
 
 import copy
@@ -322,6 +322,8 @@ def bad_input_body(rank, world_size):
     tp_model = parallelize_module(MLP(), mesh["tp"], {"w1": ColwiseParallel()})
     with pytest.raises(TypeError, match="'w1.weight' is a ShardTensor.*shardtensor.fsdp.fully_shard"):
         torch_fully_shard(tp_model, mesh=mesh["dp"])
+    with pytest.raises(TypeError, match="DistributedDataParallel: parameter 'w1.weight' is a ShardTensor.*fully_shard"):
+        torch.nn.parallel.DistributedDataParallel(tp_model, process_group=mesh["dp"].get_group())
 
 
 def test_fsdp_bad_input_is_a_clear_error_on_every_rank():
