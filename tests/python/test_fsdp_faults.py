@@ -1,0 +1,90 @@
+"""Issue 75, faults: a rank that dies or stops inside a fully sharded step (in the forward's
+all-gather of a parameter, or in the backward's reduce-scatter of a gradient): every other rank
+raises within the collective timeout, and none changes its parameters (no optimizer step on a
+half-reduced gradient). 2x2 ("dp", "tp") mesh, FSDP x TP; the last rank fails."""
+
+import os
+import signal
+import time
+
+import pytest
+
+import torch
+
+from ranks import COLLECTIVE_TIMEOUT_S, run_ranks
+from test_fsdp import MLP, _batches
+
+
+def fails_in_step_body(rank, world_size, out_dir, fault, where):
+    import shardtensor as st
+    from shardtensor.fsdp import _param, fully_shard
+    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = st.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = parallelize_module(MLP(27), mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    fully_shard(model.w1, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    dying, armed = world_size - 1, [False]
+    method = "gather" if where == "forward" else "reduce"
+    real = getattr(_param.FSDPParam, method)
+
+    def failing(self, *args):  # the last rank fails as it reaches its first move of the armed step
+        if armed[0] and rank == dying:
+            if fault == "stops":  # until rank 0 has its report; then it leaves
+                with open(os.path.join(out_dir, "stopped.pid"), "w") as f:
+                    f.write(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGSTOP)
+            os._exit(0)  # the parent checks the other ranks' reports, not this exit code
+        return real(self, *args)
+
+    setattr(_param.FSDPParam, method, failing)  # in this rank's process only
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = _batches(2)[0][mesh.get_coordinate()[0]]
+    model(x).pow(2).mean().backward()  # one healthy step first
+    opt.step()
+    torch.distributed.barrier()  # over on every rank before the fault (as in test_compile_traced.py)
+    before = [p.detach().full_tensor().clone() for p in model.parameters()]
+    torch.distributed.barrier()
+
+    armed[0] = True
+    started = time.monotonic()
+    outcome = "no error"
+    try:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        torch.distributed.barrier()  # a survivor whose own moves completed learns of the death here
+        opt.step()
+    except Exception as error:  # noqa: BLE001 - the kind is torch's or shardtensor's
+        outcome = f"raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    took = time.monotonic() - started
+    unchanged = all(torch.equal(p.detach()._local_tensor, b) for p, b in
+                    zip(model.parameters(), (_local_of(p, b) for p, b in zip(model.parameters(), before))))
+    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+        f.write(f"{took:.1f}\n{int(unchanged)}\n{outcome}\n")
+    if rank == 0 and fault == "stops":
+        with open(os.path.join(out_dir, "stopped.pid")) as f:
+            os.kill(int(f.read()), signal.SIGCONT)
+    os._exit(0)  # the group is broken: leave without the exit handlers' collectives
+
+
+def _local_of(p, whole):
+    """This rank's piece of `whole` as `p` lays it out (its global offsets and local shape)."""
+    from shardtensor import _C
+
+    out = whole
+    for dim, (offset, size) in enumerate(zip(_C.local_offsets(p), _C.local_shape(p))):
+        out = out.narrow(dim, offset, size)
+    return out
+
+
+@pytest.mark.parametrize("fault, where", [("dies", "backward"), ("stops", "forward")])
+def test_rank_failing_in_a_fully_sharded_step(fault, where, tmp_path):
+    run_ranks(fails_in_step_body, 4, str(tmp_path), fault, where, timeout=120)
+    limit = float(COLLECTIVE_TIMEOUT_S) + 15
+    for rank in range(3):
+        took, unchanged, outcome = (tmp_path / f"rank{rank}").read_text().splitlines()
+        assert outcome.startswith("raised"), f"rank {rank} finished the step although rank 3 {fault}: {outcome}"
+        assert float(took) <= limit, f"rank {rank} raised after {took} s (limit {limit} s): {outcome}"
+        assert unchanged == "1", f"rank {rank} changed its parameters although rank 3 {fault} ({outcome})"
+    assert not (tmp_path / "rank3").exists()
