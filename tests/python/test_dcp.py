@@ -214,3 +214,60 @@ def mismatch_body(rank, world_size, path):
 
 def test_dcp_load_of_other_shapes_or_missing_keys_raises_on_every_rank(tmp_path):
     run_ranks(mismatch_body, 4, str(tmp_path))
+
+
+def dies_during_save_body(rank, world_size, path):
+    """Step 1 saved; the last rank dies while writing step 2: the others raise within the
+    collective timeout, and step 2 has no .metadata (DCP will not load it as complete)."""
+    import os
+    import time
+
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = _layout(MLP(27), world_size, "fsdp x tp")
+    dcp.save({"model": model.state_dict()}, storage_writer=dcp.FileSystemWriter(f"{path}/step-1"))
+    whole = {name: _whole(p) for name, p in model.named_parameters()}  # collective: on every rank
+    if rank == 0:
+        torch.save(whole, f"{path}/oracle.pt")
+    torch.distributed.barrier()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    if rank == world_size - 1:
+        def die(self, *args, **kwargs):
+            os._exit(0)
+        dcp.FileSystemWriter.write_data = die
+    started = time.monotonic()
+    outcome = "no error"
+    try:
+        dcp.save({"model": model.state_dict()}, storage_writer=dcp.FileSystemWriter(f"{path}/step-2"))
+    except BaseException as error:  # noqa: BLE001 - DCP raises CheckpointException, a BaseException
+        outcome = f"raised {type(error).__name__}"
+    with open(f"{path}/rank{rank}", "w") as f:
+        f.write(f"{time.monotonic() - started:.1f}\n{outcome}\n")
+    os._exit(0)  # the group is broken: leave without the exit handlers' collectives
+
+
+def load_step_1_body(rank, world_size, path):
+    import torch.distributed.checkpoint as dcp
+
+    oracle = torch.load(f"{path}/oracle.pt")
+    model = _layout(MLP(27), world_size, "fsdp")
+    state = {"model": model.state_dict()}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(f"{path}/step-1"))
+    model.load_state_dict(state["model"])
+    for name, p in model.named_parameters():
+        assert_close(_whole(p), oracle[name], f"step 1 after the failed step 2: {name}", rtol=0, atol=0)
+
+
+def test_a_rank_dying_during_dcp_save_is_an_error_and_the_previous_checkpoint_loads(tmp_path):
+    from ranks import COLLECTIVE_TIMEOUT_S
+
+    run_ranks(dies_during_save_body, 4, str(tmp_path), timeout=120)
+    for rank in range(3):
+        took, outcome = (tmp_path / f"rank{rank}").read_text().splitlines()
+        assert outcome.startswith("raised"), f"rank {rank} finished dcp.save although rank 3 died: {outcome}"
+        assert float(took) <= float(COLLECTIVE_TIMEOUT_S) + 15, f"rank {rank} raised after {took} s"
+    assert not (tmp_path / "step-2" / ".metadata").exists()
+    run_ranks(load_step_1_body, 2, str(tmp_path))
