@@ -10,10 +10,10 @@ import sys
 
 
 class _RunAfterImport(importlib.abc.MetaPathFinder):
-    """Finds `name` as usual and runs `then(module)` once it has loaded."""
+    """Finds `name` as usual and runs each of `then` on the module once it has loaded."""
 
-    def __init__(self, name: str, then):
-        self.name, self.then = name, then
+    def __init__(self, name: str):
+        self.name, self.then = name, []
 
     def find_spec(self, fullname, path, target=None):
         if fullname != self.name:
@@ -26,7 +26,8 @@ class _RunAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run_module(module)
-            self.then(module)
+            for then in self.then:
+                then(module)
 
         spec.loader.exec_module = exec_module
         return spec
@@ -36,5 +37,10 @@ def after_import(name: str, then) -> None:
     """then(module) now if `name` is loaded, else right after its import."""
     if name in sys.modules:
         then(sys.modules[name])
-    elif not any(isinstance(f, _RunAfterImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _RunAfterImport(name, then))
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _RunAfterImport) and f.name == name), None)
+    if finder is None:
+        finder = _RunAfterImport(name)
+        sys.meta_path.insert(0, finder)
+    if then not in finder.then:
+        finder.then.append(then)

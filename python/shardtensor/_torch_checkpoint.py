@@ -16,7 +16,8 @@ tensors, ShardedTensors and DTensors (which define their own).
 torch's ``get_model_state_dict`` / ``get_optimizer_state_dict`` with ``full_state_dict=True``
 gather DTensors through ``_gather_state_dict``; the wrapper installed here first makes every
 ShardTensor in the state dict its full tensor (on every rank, in the state dict's order), so the
-result holds plain whole tensors, as it does for DTensor models.
+result holds plain whole tensors, as it does for DTensor models. ``dcp.async_save`` stages
+each ShardTensor as a ShardTensor over a CPU copy of its piece.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from . import _C
+from ._tensor import from_local
 from ._after_import import after_import
 
 
@@ -84,16 +86,58 @@ _PROTOCOL = {
 }
 
 
-def _full_tensors(tree):
-    """Every ShardTensor in a (nested) state dict made its full tensor; the rest as it is."""
+def _full_tensor(t):
+    _refuse_partial(t, "full_state_dict")
+    return t.full_tensor()
+
+
+def _map_shard_tensors(tree, fn):
+    """The (nested) state dict with every ShardTensor t replaced by fn(t)."""
     if isinstance(tree, torch.Tensor) and _C.is_shard_tensor(tree):
-        _refuse_partial(tree, "full_state_dict")
-        return tree.full_tensor()
+        return fn(tree)
     if isinstance(tree, dict):
-        return {k: _full_tensors(v) for k, v in tree.items()}
+        return {k: _map_shard_tensors(v, fn) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
-        return type(tree)(_full_tensors(v) for v in tree)
+        return type(tree)(_map_shard_tensors(v, fn) for v in tree)
     return tree
+
+
+def _wrap_create_cpu_state_dict(utils) -> None:
+    """dcp.async_save stages the state dict in CPU memory (_create_cpu_state_dict, then
+    _copy_state_dict into it): a ShardTensor's stage is a ShardTensor of the same layout over a
+    CPU copy of its local piece, made by torch's code for that piece."""
+    create = getattr(utils, "_create_cpu_state_dict", None)
+    if create is None or getattr(create, "_shardtensor", False):
+        return
+
+    def _create_cpu_state_dict(state_dict, *args, **kwargs):
+        originals = []
+
+        def strip(t):
+            originals.append(t)
+            return ("shardtensor", len(originals) - 1, t._local_tensor)
+
+        def rewrap(tree):
+            if isinstance(tree, tuple) and len(tree) == 3 and tree[0] == "shardtensor":
+                t = originals[tree[1]]
+                return from_local(tree[2], t.device_mesh, t.placements, shape=t.shape, sharding_shapes=t.shard_sizes(),
+                                  _trusted_sizes=True)
+            if isinstance(tree, dict):
+                return {k: rewrap(v) for k, v in tree.items()}
+            if isinstance(tree, (list, tuple)):
+                return type(tree)(rewrap(v) for v in tree)
+            return tree
+
+        # torch's code stages each local piece (pinned or shared memory as asked), then each
+        # stage is wrapped in its tensor's layout.
+        staged = create(_map_shard_tensors(state_dict, strip), *args, **kwargs)
+        return rewrap(staged)
+
+    _create_cpu_state_dict._shardtensor = True
+    utils._create_cpu_state_dict = _create_cpu_state_dict
+    after_import("torch.distributed.checkpoint.staging",
+                 lambda module: setattr(module, "_create_cpu_state_dict", _create_cpu_state_dict)
+                 if getattr(module, "_create_cpu_state_dict", None) is create else None)
 
 
 def _wrap_gather(utils) -> None:
@@ -103,7 +147,7 @@ def _wrap_gather(utils) -> None:
         return  # another torch layout: its full state dicts keep ShardTensors
 
     def _gather_state_dict(state_dict, *args, **kwargs):
-        return gather(_full_tensors(state_dict), *args, **kwargs)
+        return gather(_map_shard_tensors(state_dict, _full_tensor), *args, **kwargs)
 
     _gather_state_dict._shardtensor = True
     utils._gather_state_dict = _gather_state_dict
@@ -125,3 +169,4 @@ def install() -> None:
         attribute.fget._shardtensor = True
         setattr(T, name, attribute)
     after_import("torch.distributed._state_dict_utils", _wrap_gather)
+    after_import("torch.distributed._state_dict_utils", _wrap_create_cpu_state_dict)

@@ -10,7 +10,9 @@ with torch's real DCP (FileSystemWriter / FileSystemReader on real files) and de
 - get_model_state_dict / get_optimizer_state_dict with full_state_dict (and cpu_offload):
   plain whole tensors equal to the one-process model's; set_model_state_dict of a full state
   dict into a sharded model;
-- a load whose shapes differ from the checkpoint's, and a missing key, raise on every rank.
+- dcp.async_save;
+- a load whose shapes differ from the checkpoint's, and a missing key, raise on every rank; a
+  rank dying during dcp.save is an error on the others and leaves the previous step loadable.
 """
 
 import copy
@@ -152,7 +154,8 @@ def test_dcp_interop_with_dtensor_and_fsdp2(tmp_path):
 
 def state_dict_body(rank, world_size):
     """Full state dicts (plain whole tensors, as torch gives for DTensor models) of TP, FSDP and
-    FSDP x TP models, with and without cpu_offload; a full state dict loaded back."""
+    FSDP x TP models, with and without cpu_offload; a full state dict loaded back, given on every
+    rank or broadcast from rank 0."""
     import shardtensor as st
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict, set_model_state_dict)
@@ -179,12 +182,16 @@ def state_dict_body(rank, world_size):
             state = full_optim["state"][name]
             assert not st.is_shard_tensor(state["exp_avg"]) and state["exp_avg"].shape == p.shape, f"{layout}: {name}"
             assert_close(state["exp_avg"], _whole(opt.state[p]["exp_avg"]), f"{layout}: exp_avg of {name}", rtol=0, atol=0)
-        # A full state dict back into the sharded model.
-        torch.manual_seed(5)
-        other = MLP(27)
-        set_model_state_dict(model, other.state_dict(), options=StateDictOptions(full_state_dict=True))
-        for (name, p), (_, q) in zip(model.named_parameters(), other.named_parameters()):
-            assert_close(_whole(p), q.detach(), f"{layout}: set_model_state_dict {name}", rtol=0, atol=0)
+        # A full state dict back into the sharded model: every rank's, then rank 0's broadcast.
+        for seed, broadcast in ((5, False), (6, True)):
+            torch.manual_seed(seed)
+            other = MLP(27)
+            given = other.state_dict() if rank == 0 or not broadcast else {}
+            set_model_state_dict(model, given, options=StateDictOptions(full_state_dict=True,
+                                                                        broadcast_from_rank0=broadcast))
+            for (name, p), (_, q) in zip(model.named_parameters(), other.named_parameters()):
+                assert_close(_whole(p), q.detach(), f"{layout}: set_model_state_dict (broadcast_from_rank0="
+                             f"{broadcast}) {name}", rtol=0, atol=0)
 
 
 def test_state_dict_utilities_give_full_tensors():
@@ -271,3 +278,28 @@ def test_a_rank_dying_during_dcp_save_is_an_error_and_the_previous_checkpoint_lo
         assert float(took) <= float(COLLECTIVE_TIMEOUT_S) + 15, f"rank {rank} raised after {took} s"
     assert not (tmp_path / "step-2" / ".metadata").exists()
     run_ranks(load_step_1_body, 2, str(tmp_path))
+
+
+def async_save_body(rank, world_size, path):
+    """dcp.async_save: the training may go on while it writes; once its future is done, the
+    checkpoint loads into another layout with the values of the moment it was taken."""
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = _layout(MLP(27), world_size, "fsdp")
+    taken = {name: _whole(p) for name, p in model.named_parameters()}
+    future = dcp.async_save({"model": model.state_dict()}, storage_writer=dcp.FileSystemWriter(path))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2)  # changed while the save may still be writing
+    future.result()
+    other = _layout(MLP(27), world_size, "tp")
+    state = {"model": other.state_dict()}
+    dcp.load(state, storage_reader=dcp.FileSystemReader(path))
+    other.load_state_dict(state["model"])
+    for name, p in other.named_parameters():
+        assert_close(_whole(p), taken[name], f"async_save: {name}", rtol=0, atol=0)
+
+
+def test_dcp_async_save(tmp_path):
+    run_ranks(async_save_body, 2, str(tmp_path))
