@@ -95,11 +95,11 @@ install_torch_wheel() {
 
 # The Python package's build and test tools, in .venv beside torch (small: pip's cache serves
 # them again on this machine).
-PYTHON_TOOLS=(numpy pytest scikit-build-core matplotlib expecttest)
+PYTHON_TOOLS=(numpy pytest scikit-build-core matplotlib expecttest safetensors)
 
 install_python_tools() {
   install_torch_wheel || return 1
-  "$VENV/bin/python" -c "import numpy, pytest, scikit_build_core, matplotlib, expecttest" 2>/dev/null && return 0
+  "$VENV/bin/python" -c "import numpy, pytest, scikit_build_core, matplotlib, expecttest, safetensors" 2>/dev/null && return 0
   echo "dev.sh: installing ${PYTHON_TOOLS[*]} into $VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PYTHON_TOOLS[@]}"
 }

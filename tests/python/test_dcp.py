@@ -303,3 +303,26 @@ def async_save_body(rank, world_size, path):
 
 def test_dcp_async_save(tmp_path):
     run_ranks(async_save_body, 2, str(tmp_path))
+
+
+def export_body(rank, world_size, path):
+    """A Hugging Face-style export: the full state dict of a model under FSDP x TP, written by rank
+    0 with safetensors, equals the one-process model's file, tensor for tensor."""
+    from safetensors.torch import load_file, save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    torch.manual_seed(0)
+    reference = MLP(27)
+    model = _layout(copy.deepcopy(reference), world_size, "fsdp x tp")
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        save_file(full, f"{path}/model.safetensors")
+        save_file(reference.state_dict(), f"{path}/one_process.safetensors")
+        exported, expected = load_file(f"{path}/model.safetensors"), load_file(f"{path}/one_process.safetensors")
+        assert exported.keys() == expected.keys()
+        for name in expected:
+            assert torch.equal(exported[name], expected[name]), name
+
+
+def test_full_state_dict_exports_to_safetensors(tmp_path):
+    run_ranks(export_body, 4, str(tmp_path))
