@@ -102,6 +102,7 @@ class DeviceMesh(_TorchDeviceMesh):
         self._cpp = cpp_mesh
         self._torch_mesh = torch_mesh
         self._groups = groups  # this rank's ProcessGroup per mesh dim
+        self._subs = {}  # mesh dim -> the 1-d mesh along it (__getitem__)
         _BY_CPP[cpp_mesh] = self
 
     # ---- shape and this rank's place ----
@@ -158,6 +159,11 @@ class DeviceMesh(_TorchDeviceMesh):
 
     def to_torch(self):
         """torch's own DeviceMesh over the same process groups (for DTensor interop)."""
+        if self._torch_mesh is None and self._parent is not None and self._parent[0].mesh_dim_names:
+            # torch's sub-mesh of torch's mesh of the parent: sub-meshes of one mesh then share
+            # one torch root, which torch's mesh concatenation and FSDP2's 2-D path require.
+            parent, d = self._parent
+            self._torch_mesh = parent.to_torch()[parent.mesh_dim_names[d]]
         if self._torch_mesh is None:
             if self._groups is None:
                 raise RuntimeError("this mesh was not built over torch.distributed groups")
@@ -171,23 +177,35 @@ class DeviceMesh(_TorchDeviceMesh):
     def __getattr__(self, name: str):
         # Reached only for names this class and torch's do not define as such: torch's private
         # state (_layout, _root_mesh, ...), which its inherited methods and its FSDP read.
-        if name.startswith("__") or name in ("_cpp", "_torch_mesh", "_groups", "_parent"):
+        if name.startswith("__") or name in ("_cpp", "_torch_mesh", "_groups", "_parent", "_subs"):
             raise AttributeError(name)
         return getattr(self.to_torch(), name)
+
+    @property
+    def _root_mesh(self):
+        # torch's class declares it with a default (None), so __getattr__ never sees it: the
+        # root of torch's mesh, shared by the sub-meshes of one mesh (to_torch).
+        return self.to_torch()._root_mesh
 
     def __getitem__(self, name: str) -> "DeviceMesh":
         """The 1-d mesh along the named dim through this rank (mesh['tp'])."""
         d = self._dim(name)
         sub = self._cpp.submesh(d)
+        if d in self._subs:
+            return self._subs[d]
         found = _BY_CPP.get(sub)
-        if found is not None:
-            return found
         groups = [self._groups[d]] if self._groups is not None else None
         torch_sub = None
         if groups is None and self._torch_mesh is not None and self.mesh_dim_names:
             torch_sub = self._torch_mesh[self.mesh_dim_names[d]]
+        # A new wrapper even where an equal mesh exists (the world's, for a dim of all ranks): this
+        # one knows its parent, and its torch mesh is a sub-mesh of the parent's. Tensors on the
+        # equal mesh keep naming the wrapper they had.
         sub_mesh = DeviceMesh._wrap(sub, torch_sub, groups)
         sub_mesh._parent = (self, d)
+        self._subs[d] = sub_mesh
+        if found is not None:
+            _BY_CPP[sub] = found
         return sub_mesh
 
     def _dim(self, mesh_dim: int | str) -> int:

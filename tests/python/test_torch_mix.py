@@ -2,7 +2,8 @@
 
 - one placement vocabulary: shardtensor's placements are torch's (equal both ways, equal
   hashes, isinstance), with ZigzagShard and NormPartial equal to no plain Shard / Partial;
-- meshes copy (a module holding one deep-copies) and pickle within a process;
+- meshes copy (a module holding one deep-copies) and pickle within a process; the sub-meshes
+  of one mesh share one torch root (torch joins them; FSDP2's HSDP over the joined mesh);
 - PhysicsNeMo's contracts: sync_module_over_mesh skips DTensors and raises RuntimeError for
   modules that differ; handler registries take any OpOverload and replace a handler registered
   twice; ShardTensor.from_local(..., global_shape=...) checks the shape on every rank.
@@ -227,6 +228,28 @@ def _global_shape_checks(rank, world_size, mesh, g):
         ShardTensor.from_local(chunk, mesh, [st.Shard(0)], "chunk", global_shape=(10, 3), shape=(9, 3))
 
 
+def _shared_root_checks(rank, world_size):
+    """The sub-meshes of one mesh are sub-meshes of one torch root: torch joins them, and its
+    FSDP2 shards a plain model over the joined mesh (HSDP), values as on one process."""
+    from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = st.init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("ddp", "domain"))
+    ddp, domain = mesh["ddp"], mesh["domain"]
+    assert ddp._get_root_mesh() is domain._get_root_mesh() is mesh.to_torch()
+    joined = TorchDeviceMesh._concatenate([ddp.to_torch(), domain.to_torch()])
+    assert joined.mesh.tolist() == mesh.mesh.tolist() and joined.mesh_dim_names == ("ddp", "domain")
+    torch.manual_seed(0)
+    single = torch.nn.Linear(4, 6)
+    model = copy.deepcopy(single)
+    fully_shard(model, mesh=joined)
+    batches = torch.randn(world_size, 3, 4)
+    model(batches[rank]).pow(2).mean().backward()
+    (sum(single(b).pow(2).mean() for b in batches) / world_size).backward()
+    for (name, p), q in zip(model.named_parameters(), single.parameters()):
+        torch.testing.assert_close(p.grad.full_tensor(), q.grad, msg=name)
+
+
 def mix_body(rank, world_size, blob_path=None):
     mesh = st.init_device_mesh("cpu", (world_size,))
     g = torch.arange(30.0).reshape(10, 3)
@@ -235,6 +258,8 @@ def mix_body(rank, world_size, blob_path=None):
     _sync_checks(rank, world_size, mesh)
     _handler_checks(rank, world_size, mesh, g)
     _global_shape_checks(rank, world_size, mesh, g)
+    if world_size % 2 == 0:
+        _shared_root_checks(rank, world_size)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
