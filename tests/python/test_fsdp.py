@@ -413,3 +413,23 @@ def llama_body(rank, world_size, config):
 @pytest.mark.parametrize("config", ["even", "uneven"])
 def test_llama_under_torchtitans_plan_with_fsdp(config):
     run_ranks(llama_body, 4, config, timeout=400)
+
+
+def compiled_body(rank, world_size):
+    """torch.compile of a fully sharded model (the default mode: shardtensor's operators run
+    eagerly behind graph breaks): the gradients equal eager's."""
+    import shardtensor as st
+
+    mesh = st.init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
+    torch.manual_seed(0)
+    reference = MLP(27)
+    compiled_model, eager = _wrap(copy.deepcopy(reference), mesh), _wrap(copy.deepcopy(reference), mesh)
+    x = _batches(world_size)[0][rank]
+    torch.compile(compiled_model)(x).pow(2).mean().backward()
+    eager(x).pow(2).mean().backward()
+    for (name, p), (_, q) in zip(compiled_model.named_parameters(), eager.named_parameters()):
+        assert_close(p.grad.full_tensor(), q.grad.full_tensor(), f"compiled FSDP: gradient of {name}")
+
+
+def test_fsdp_under_torch_compile():
+    run_ranks(compiled_body, 2)
