@@ -63,7 +63,8 @@ class Model(nn.Module):
 
 
 def _local_bytes(t):
-    return (t._local_tensor if st.is_shard_tensor(t) else t).numel() * 4
+    local = t._local_tensor if st.is_shard_tensor(t) else t
+    return local.numel() * local.element_size()
 
 
 def whole(t):

@@ -190,9 +190,9 @@ class DeviceMesh(_TorchDeviceMesh):
     def __getitem__(self, name: str) -> "DeviceMesh":
         """The 1-d mesh along the named dim through this rank (mesh['tp'])."""
         d = self._dim(name)
-        sub = self._cpp.submesh(d)
         if d in self._subs:
             return self._subs[d]
+        sub = self._cpp.submesh(d)
         found = _BY_CPP.get(sub)
         groups = [self._groups[d]] if self._groups is not None else None
         torch_sub = None
@@ -407,8 +407,9 @@ def mesh_of_dims(root: DeviceMesh, dims) -> DeviceMesh:
     """The mesh of `root`'s dims `dims`, in that order, through this rank (the other dims fixed at
     this rank's coordinate), over root's own groups per dim and a mesh-wide group of its own
     (built through the store: torch.distributed orders a group's ranks, and this layout's
-    row-major order may not be theirs), so every rank of the mesh builds it, in one order. ``mesh_of_dims(mesh_2d, [1, 0])`` is the transposed mesh, whose first dim
-    splits a tensor dim first when both shard it (how fully_shard nests "dp" inside "tp")."""
+    row-major order may not be theirs), so every rank of the mesh builds it, in one order.
+    ``mesh_of_dims(mesh_2d, [1, 0])`` is the transposed mesh, whose first dim splits a tensor dim
+    first when both shard it (how fully_shard nests "dp" inside "tp")."""
     dims = [root._dim(d) for d in dims]
     if dims == list(range(root.ndim)):
         return root
@@ -423,11 +424,11 @@ def mesh_of_dims(root: DeviceMesh, dims) -> DeviceMesh:
     kept = sorted(dims)
     layout = root.mesh[index].permute([kept.index(d) for d in dims])
     names = [root.mesh_dim_names[d] for d in dims] if root.mesh_dim_names else []
-    cpp = _C.DeviceMesh.from_process_groups(list(layout.shape), layout.flatten().tolist(),
-                                            [root.get_group(d) for d in dims], names, root.device_type,
-                                            root._cpp.timeout_s, None,
+    groups = [root.get_group(d) for d in dims]
+    cpp = _C.DeviceMesh.from_process_groups(list(layout.shape), layout.flatten().tolist(), groups, names,
+                                            root.device_type, root._cpp.timeout_s, None,
                                             build_mesh_group_through=dist.distributed_c10d._get_default_store())
-    mesh = DeviceMesh._wrap(cpp, groups=[root.get_group(d) for d in dims])
+    mesh = DeviceMesh._wrap(cpp, groups=groups)
     _OF_DIMS[key] = mesh
     return mesh
 

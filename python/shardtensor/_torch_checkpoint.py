@@ -162,7 +162,7 @@ def install() -> None:
     T = torch.Tensor
     for name, method in _PROTOCOL.items():
         if name in T.__dict__:
-            if getattr(T.__dict__[name].fget, "_shardtensor", False):
+            if getattr(getattr(T.__dict__[name], "fget", None), "_shardtensor", False):
                 continue
             raise RuntimeError(f"shardtensor: torch.Tensor already has {name!r} in torch {torch.__version__}")
         attribute = _protocol_property(method)

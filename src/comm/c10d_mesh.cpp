@@ -25,9 +25,9 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <map>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <random>
 

@@ -9,7 +9,6 @@ graph is specialised on the layout (another split of the same shape recompiles).
 
 import copy
 import os
-import signal
 from functools import partial
 import time
 
@@ -20,7 +19,8 @@ from torch import nn
 
 from compile_models import MLP, TOL, check_gradients, llama_block, tp_mlp, unet
 from oracle import assert_close, chunk_sizes
-from ranks import COLLECTIVE_TIMEOUT_S, run_ranks
+from peer_faults import RAISE_LIMIT_S, fail, read_report, report_and_leave
+from ranks import run_ranks
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 # Inductor compiles in worker processes by default; the ranks already share two cores.
@@ -394,33 +394,23 @@ def peer_fails_body(rank, world_size, out_dir, fault):
     # docs/transports_and_faults.md), which is not what this test is about.
     torch.distributed.barrier()
     if rank == world_size - 1:
-        if fault == "stops":  # until rank 0 has its report; then it leaves
-            with open(os.path.join(out_dir, "stopped.pid"), "w") as f:
-                f.write(str(os.getpid()))
-            os.kill(os.getpid(), signal.SIGSTOP)
-        os._exit(0)  # the parent checks the other ranks' reports, not this exit code
+        fail(out_dir, fault)
     started = time.monotonic()
     try:
         out = compiled(x)
         outcome = f"no error: an output of shape {tuple(out.shape)}"
     except Exception as error:  # noqa: BLE001 - the kind is what the graph's operator raised
         outcome = f"raised {type(error).__name__}: {str(error).splitlines()[0][:300]}"
-    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
-        f.write(f"{time.monotonic() - started:.1f}\n{outcome}\n")
-    if rank == 0 and fault == "stops":
-        with open(os.path.join(out_dir, "stopped.pid")) as f:
-            os.kill(int(f.read()), signal.SIGCONT)
-    os._exit(0)  # the group is broken: leave without the exit handlers' collectives
+    report_and_leave(out_dir, rank, fault, f"{time.monotonic() - started:.1f}", outcome)
 
 
 @pytest.mark.parametrize("fault", ["dies", "stops"])
 def test_a_peer_failing_before_a_compiled_step_is_an_error_on_every_other_rank(fault, tmp_path):
     run_ranks(peer_fails_body, 3, str(tmp_path), fault, timeout=240, env=ENV)
-    limit = float(COLLECTIVE_TIMEOUT_S) + 15
     for rank in range(2):
-        took, outcome = (tmp_path / f"rank{rank}").read_text().splitlines()
+        took, outcome = read_report(tmp_path, rank)
         assert outcome.startswith("raised") and "shardtensor" in outcome, f"rank {rank}, the last rank {fault}: {outcome}"
-        assert float(took) <= limit, f"rank {rank} raised after {took} s (limit {limit} s): {outcome}"
+        assert float(took) <= RAISE_LIMIT_S, f"rank {rank} raised after {took} s (limit {RAISE_LIMIT_S} s): {outcome}"
     assert not (tmp_path / "rank2").exists()
 
 

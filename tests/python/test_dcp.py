@@ -19,7 +19,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from oracle import assert_close
 from ranks import run_ranks

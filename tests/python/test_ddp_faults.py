@@ -2,8 +2,6 @@
 every other rank raises within the collective timeout, and none changes its parameters (no
 optimizer step on a half-summed gradient). 2x2 ("dp", "domain") mesh; the last rank fails."""
 
-import os
-import signal
 import time
 
 import pytest
@@ -11,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ranks import COLLECTIVE_TIMEOUT_S, run_ranks
+from peer_faults import assert_survivors_raised_and_kept_their_parameters, fail, report_and_leave
+from ranks import run_ranks
 
 
 def fails_in_hook_body(rank, world_size, out_dir, fault):
@@ -26,11 +25,7 @@ def fails_in_hook_body(rank, world_size, out_dir, fault):
 
     def hook(state, bucket):  # the last rank fails when DDP hands it a bucket, before its all-reduce
         if armed[0] and rank == dying:
-            if fault == "stops":  # until rank 0 has its report; then it leaves
-                with open(os.path.join(out_dir, "stopped.pid"), "w") as f:
-                    f.write(str(os.getpid()))
-                os.kill(os.getpid(), signal.SIGSTOP)
-            os._exit(0)  # the parent checks the other ranks' reports, not this exit code
+            fail(out_dir, fault)
         return real_hook(state, bucket)
 
     st_ddp._mesh_sum_hook = hook  # in this rank's process only, before DDP takes it
@@ -56,21 +51,10 @@ def fails_in_hook_body(rank, world_size, out_dir, fault):
         outcome = f"raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
     took = time.monotonic() - started
     unchanged = all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before))
-    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
-        f.write(f"{took:.1f}\n{int(unchanged)}\n{outcome}\n")
-    if rank == 0 and fault == "stops":
-        with open(os.path.join(out_dir, "stopped.pid")) as f:
-            os.kill(int(f.read()), signal.SIGCONT)
-    os._exit(0)  # the group is broken: leave without the exit handlers' collectives
+    report_and_leave(out_dir, rank, fault, f"{took:.1f}", int(unchanged), outcome)
 
 
 @pytest.mark.parametrize("fault", ["dies", "stops"])
 def test_rank_failing_in_ddp_comm_hook(fault, tmp_path):
     run_ranks(fails_in_hook_body, 4, str(tmp_path), fault, timeout=120)
-    limit = float(COLLECTIVE_TIMEOUT_S) + 15
-    for rank in range(3):
-        took, unchanged, outcome = (tmp_path / f"rank{rank}").read_text().splitlines()
-        assert outcome.startswith("raised"), f"rank {rank} finished the step although rank 3 {fault}: {outcome}"
-        assert float(took) <= limit, f"rank {rank} raised after {took} s (limit {limit} s): {outcome}"
-        assert unchanged == "1", f"rank {rank} changed its parameters although rank 3 {fault} ({outcome})"
-    assert not (tmp_path / "rank3").exists()
+    assert_survivors_raised_and_kept_their_parameters(tmp_path, 4, fault)

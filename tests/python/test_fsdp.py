@@ -185,25 +185,13 @@ def test_fsdp_with_tensor_parallelism_and_hsdp():
 def domain_body(rank, world_size):
     """PhysicsNeMo's recipe with shardtensor's fully_shard: plain weights, activations split over
     "domain", FSDP over "dp": parameters after 20 Adam steps equal one process's."""
-    from test_plain_params import _demo_unet, _halves_oracle
+    from test_plain_params import _dp_domain_problem
 
     import shardtensor as st
     from shardtensor.fsdp import fully_shard
 
     mesh = st.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "domain"))
-    dp = mesh.get_coordinate()[0]
-    torch.manual_seed(3)
-    UNet = _demo_unet()
-    state = UNet().double().state_dict()
-    halves = [torch.randn(2, 1, 18, 10, dtype=torch.float64) for _ in range(2)]
-    targets = [torch.randn(2, 1, 18, 10, dtype=torch.float64) for _ in range(2)]
-
-    def make_opt(params):
-        return torch.optim.Adam(params, lr=1e-3)
-
-    expected = _halves_oracle(UNet, state, halves, targets, 20, make_opt).state_dict()
-    xs = st.distribute_tensor(halves[dp], mesh["domain"], [st.Shard(2)], sharding_shapes={2: [10, 8]})
-    ts = st.distribute_tensor(targets[dp], mesh["domain"], [st.Shard(2)], sharding_shapes={2: [10, 8]})
+    UNet, state, _, _, make_opt, expected, xs, ts = _dp_domain_problem(mesh, 20)
     model = UNet().double()
     model.load_state_dict(state)
     fully_shard(model, mesh=mesh["dp"])

@@ -3,15 +3,14 @@ all-gather of a parameter, or in the backward's reduce-scatter of a gradient): e
 raises within the collective timeout, and none changes its parameters (no optimizer step on a
 half-reduced gradient). 2x2 ("dp", "tp") mesh, FSDP x TP; the last rank fails."""
 
-import os
-import signal
 import time
 
 import pytest
 
 import torch
 
-from ranks import COLLECTIVE_TIMEOUT_S, run_ranks
+from peer_faults import assert_survivors_raised_and_kept_their_parameters, fail, report_and_leave
+from ranks import run_ranks
 from test_fsdp import MLP, _batches
 
 
@@ -31,11 +30,7 @@ def fails_in_step_body(rank, world_size, out_dir, fault, where):
 
     def failing(self, *args):  # the last rank fails as it reaches its first move of the armed step
         if armed[0] and rank == dying:
-            if fault == "stops":  # until rank 0 has its report; then it leaves
-                with open(os.path.join(out_dir, "stopped.pid"), "w") as f:
-                    f.write(str(os.getpid()))
-                os.kill(os.getpid(), signal.SIGSTOP)
-            os._exit(0)  # the parent checks the other ranks' reports, not this exit code
+            fail(out_dir, fault)
         return real(self, *args)
 
     setattr(_param.FSDPParam, method, failing)  # in this rank's process only
@@ -60,12 +55,7 @@ def fails_in_step_body(rank, world_size, out_dir, fault, where):
     took = time.monotonic() - started
     unchanged = all(torch.equal(p.detach()._local_tensor, b) for p, b in
                     zip(model.parameters(), (_local_of(p, b) for p, b in zip(model.parameters(), before))))
-    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
-        f.write(f"{took:.1f}\n{int(unchanged)}\n{outcome}\n")
-    if rank == 0 and fault == "stops":
-        with open(os.path.join(out_dir, "stopped.pid")) as f:
-            os.kill(int(f.read()), signal.SIGCONT)
-    os._exit(0)  # the group is broken: leave without the exit handlers' collectives
+    report_and_leave(out_dir, rank, fault, f"{took:.1f}", int(unchanged), outcome)
 
 
 def _local_of(p, whole):
@@ -81,10 +71,4 @@ def _local_of(p, whole):
 @pytest.mark.parametrize("fault, where", [("dies", "backward"), ("stops", "forward")])
 def test_rank_failing_in_a_fully_sharded_step(fault, where, tmp_path):
     run_ranks(fails_in_step_body, 4, str(tmp_path), fault, where, timeout=120)
-    limit = float(COLLECTIVE_TIMEOUT_S) + 15
-    for rank in range(3):
-        took, unchanged, outcome = (tmp_path / f"rank{rank}").read_text().splitlines()
-        assert outcome.startswith("raised"), f"rank {rank} finished the step although rank 3 {fault}: {outcome}"
-        assert float(took) <= limit, f"rank {rank} raised after {took} s (limit {limit} s): {outcome}"
-        assert unchanged == "1", f"rank {rank} changed its parameters although rank 3 {fault} ({outcome})"
-    assert not (tmp_path / "rank3").exists()
+    assert_survivors_raised_and_kept_their_parameters(tmp_path, 4, fault)

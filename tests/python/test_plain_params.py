@@ -169,6 +169,28 @@ def _halves_oracle(UNet, state, xs, targets, steps, make_opt):
     return model
 
 
+def _make_adam(params):
+    return torch.optim.Adam(params, lr=1e-3)
+
+
+def _dp_domain_problem(mesh, steps):
+    """The U-Net problem of the ("dp", "domain") tests: the model class, its initial state, one
+    batch half per dp rank and its targets, the optimizer, the one-process parameters after
+    `steps` steps, and this rank's half split unevenly over "domain" (input and target)."""
+    import shardtensor as st
+
+    dp = mesh.get_coordinate()[0]
+    torch.manual_seed(3)
+    UNet = _demo_unet()
+    state = UNet().double().state_dict()
+    halves = [torch.randn(2, 1, 18, 10, dtype=torch.float64) for _ in range(2)]
+    targets = [torch.randn(2, 1, 18, 10, dtype=torch.float64) for _ in range(2)]
+    expected = _halves_oracle(UNet, state, halves, targets, steps, _make_adam).state_dict()
+    xs = st.distribute_tensor(halves[dp], mesh["domain"], [st.Shard(2)], sharding_shapes={2: [10, 8]})
+    ts = st.distribute_tensor(targets[dp], mesh["domain"], [st.Shard(2)], sharding_shapes={2: [10, 8]})
+    return UNet, state, halves, targets, _make_adam, expected, xs, ts
+
+
 def dp_domain_body(rank, world_size):
     """2x2 ("dp", "domain"): torch's DDP over mesh["dp"].get_group() and FSDP2 given
     shardtensor's own mesh["dp"] (reshard_after_forward both ways, a MixedPrecisionPolicy),
@@ -180,19 +202,8 @@ def dp_domain_body(rank, world_size):
 
     mesh = st.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "domain"))
     dp = mesh.get_coordinate()[0]
-    torch.manual_seed(3)
-    UNet = _demo_unet()
-    state = UNet().double().state_dict()
-    halves = [torch.randn(2, 1, 18, 10, dtype=torch.float64) for _ in range(2)]
-    targets = [torch.randn(2, 1, 18, 10, dtype=torch.float64) for _ in range(2)]
     steps = 20
-
-    def make_opt(params):
-        return torch.optim.Adam(params, lr=1e-3)
-
-    expected = _halves_oracle(UNet, state, halves, targets, steps, make_opt).state_dict()
-    xs = st.distribute_tensor(halves[dp], mesh["domain"], [st.Shard(2)], sharding_shapes={2: [10, 8]})
-    ts = st.distribute_tensor(targets[dp], mesh["domain"], [st.Shard(2)], sharding_shapes={2: [10, 8]})
+    UNet, state, halves, targets, make_opt, expected, xs, ts = _dp_domain_problem(mesh, steps)
 
     def train(model):
         opt = make_opt(model.parameters())

@@ -54,8 +54,8 @@ class FSDPModule:
 
 
 class _FSDPState:
-    def __init__(self, params: list[FSDPParam], mesh: DeviceMesh, reshard_after_forward, mp_policy):
-        self.params, self.mesh, self.mp_policy = params, mesh, mp_policy
+    def __init__(self, params: list[FSDPParam], reshard_after_forward, mp_policy):
+        self.params, self.mp_policy = params, mp_policy
         self.reshard_after_forward = reshard_after_forward
         self.explicitly_unsharded = False
 
@@ -98,7 +98,7 @@ def _post_forward(module, args, output):
         _RUNNING.pop()
     if state.hooks is not None:
         hooks, unsharded = state.hooks
-        _reshard.leave(hooks, state.params, unsharded)
+        _reshard.leave(hooks, unsharded)
         state.hooks = None
     if not state.explicitly_unsharded:
         state.register(unsharded=False)
@@ -174,7 +174,7 @@ def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_af
     for p in params:
         for owner, name in p.owners:
             owner._parameters[name] = p.sharded
-    module._fsdp_state = _FSDPState(params, mesh, reshard_after_forward, mp_policy)
+    module._fsdp_state = _FSDPState(params, reshard_after_forward, mp_policy)
     module.__class__ = _fsdp_class(type(module))
     module.register_forward_pre_hook(_pre_forward, with_kwargs=True)
     module.register_forward_hook(_post_forward, always_call=True)  # also when the forward raises

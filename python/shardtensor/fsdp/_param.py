@@ -38,7 +38,6 @@ class FSDPParam:
         self.fqn, self.owners, self.mp_policy = fqn, owners, mp_policy
         self.requires_gradient_sync = True
         self.pending_grad = None  # this rank's unreduced gradient while sync is off
-        self.unsharded_storage_offset = 0  # where the last unsharded local tensor starts in its storage
         self._regathered = None  # gathered again for the backward (reshard_after_forward)
         self.last_unsharded = lambda: None
         self.is_shard_tensor = _C.is_shard_tensor(param)
@@ -89,7 +88,6 @@ class FSDPParam:
         """The parameter as the module computes with it (plain, or a ShardTensor laid out as
         tensor parallelism left it), in the policy's param_dtype; differentiable."""
         out = _AllGather.apply(self.sharded, self)
-        self.unsharded_storage_offset = (out._local_tensor if self.is_shard_tensor else out).storage_offset()
         self.last_unsharded = weakref.ref(out)  # whether it is still held (tests, bench/fsdp_bench.py)
         return out
 

@@ -20,7 +20,7 @@ from .. import _C
 from .._tensor import from_local
 
 # storage address of the local tensor of an unsharded parameter whose module's forward is
-# running -> its FSDPParam
+# running -> (its FSDPParam, where that local tensor starts in the storage)
 _LIVE: dict = {}
 
 
@@ -40,11 +40,11 @@ class _Regather:
 
     __slots__ = ("param", "size", "stride", "offset", "layout")
 
-    def __init__(self, param, t: torch.Tensor):
+    def __init__(self, param, start: int, t: torch.Tensor):
         local = _local(t)
         self.param = param
         self.size, self.stride = local.size(), local.stride()
-        self.offset = local.storage_offset() - param.unsharded_storage_offset
+        self.offset = local.storage_offset() - start
         self.layout = (t.device_mesh, t.placements, t.shape, t.shard_sizes()) if _C.is_shard_tensor(t) else None
 
     def rebuild(self) -> torch.Tensor:
@@ -59,9 +59,9 @@ class _Regather:
 def _pack(t: torch.Tensor):
     if _LIVE:
         key = _storage_key(t)
-        param = _LIVE.get(key) if key is not None else None
-        if param is not None:
-            return _Regather(param, t)
+        live = _LIVE.get(key) if key is not None else None
+        if live is not None:
+            return _Regather(*live, t)
     return t
 
 
@@ -73,13 +73,13 @@ def enter(params, unsharded) -> contextlib.AbstractContextManager:
     """Starts a forward of a module that reshards after it: its unsharded parameters' views are
     saved as notes. Returns the hooks' context, to exit when the forward ends."""
     for param, tensor in zip(params, unsharded):
-        _LIVE[_storage_key(tensor)] = param
+        _LIVE[_storage_key(tensor)] = (param, _local(tensor).storage_offset())
     hooks = torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
     hooks.__enter__()
     return hooks
 
 
-def leave(hooks, params, unsharded) -> None:
+def leave(hooks, unsharded) -> None:
     hooks.__exit__(None, None, None)
     for tensor in unsharded:
         _LIVE.pop(_storage_key(tensor), None)
