@@ -46,8 +46,11 @@ from torch.distributed.tensor import Shard as DShard
 from torch.distributed.tensor import distribute_tensor as dt_distribute
 
 import shardtensor as st
+from shardtensor import _dtensor_operands
 from python_bench import Stat, check, mlp_loss, run_ms, sgd_step
 from unet_dp_domain_bench import load_demo
+
+_dtensor_operands.uninstall()  # torch's DTensor timed as torch ships it, without shardtensor's operand check
 
 TP_SIZES = [(32, 256, 1024), (64, 512, 2048)]
 CUDA_TP_SIZES = TP_SIZES + [(1024, 1024, 4096)]

@@ -64,12 +64,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardtensor as st
+from shardtensor import _dtensor_operands
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import Partial as DPartial
 from torch.distributed.tensor import Replicate as DReplicate
 from torch.distributed.tensor import Shard as DShard
 from torch.distributed.tensor import distribute_tensor as dt_distribute
 from torch.distributed.tensor.debug import CommDebugMode as DTCommDebugMode
+
+_dtensor_operands.uninstall()  # torch's DTensor timed as torch ships it, without shardtensor's operand check
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

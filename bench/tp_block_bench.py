@@ -34,7 +34,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import shardtensor as st
+from shardtensor import _dtensor_operands
 from python_bench import time_in_turns  # the slowest rank's ms per call, a barrier before each, in turns
+
+_dtensor_operands.uninstall()  # torch's DTensor timed as torch ships it, without shardtensor's operand check
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
                        "llama_tensor_parallel.py")

@@ -15,7 +15,7 @@ import atexit
 
 import torch  # loads libtorch before the extension that links it
 
-from . import _C, _compile, _data_parallel_guards, _logging, _mesh, _torch_checkpoint
+from . import _C, _compile, _data_parallel_guards, _dtensor_operands, _logging, _mesh, _torch_checkpoint
 from ._placements import NormPartial, Partial, Placement, Replicate, Shard, ZigzagShard
 from ._mesh import DeviceMesh, init_device_mesh
 from ._tensor import (
@@ -55,6 +55,7 @@ from ._sync import sync_module_over_mesh
 install_tensor_methods()
 _torch_checkpoint.install()  # torch.distributed.checkpoint and torch's state-dict utilities take ShardTensors
 _data_parallel_guards.install()  # torch's fully_shard and DDP on ShardTensor parameters raise at once
+_dtensor_operands.install()  # an operator meeting DTensors beside ShardTensors runs on ShardTensors
 _compile.install()  # torch.compile leaves ShardTensors to eager mode (graph breaks): see _compile
 
 

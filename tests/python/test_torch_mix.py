@@ -6,7 +6,9 @@
   of one mesh share one torch root (torch joins them; FSDP2's HSDP over the joined mesh);
 - PhysicsNeMo's contracts: sync_module_over_mesh skips DTensors and raises RuntimeError for
   modules that differ; handler registries take any OpOverload and replace a handler registered
-  twice; ShardTensor.from_local(..., global_shape=...) checks the shape on every rank.
+  twice; ShardTensor.from_local(..., global_shape=...) checks the shape on every rank;
+- torch DTensors as operands beside ShardTensors, on the same mesh or a sub-mesh, with their
+  gradients as DTensors; on an unrelated mesh, an error naming both.
 
 The multi-rank checks run in one body per world size (1-4), each launch costing seconds.
 """
@@ -250,6 +252,62 @@ def _shared_root_checks(rank, world_size):
         torch.testing.assert_close(p.grad.full_tensor(), q.grad, msg=name)
 
 
+def _dtensor_operand_checks(rank, world_size, mesh):
+    """torch DTensors beside ShardTensors: torch's distribute_module on our mesh (the module deep-
+    copied, then trained), DTensors on torch's mesh of ours and on a sub-mesh, against one process;
+    a DTensor on an unrelated mesh is an error naming both meshes."""
+    from torch.distributed.tensor import DTensor, distribute_module
+    from torch.distributed.tensor import distribute_tensor as torch_distribute
+
+    torch.manual_seed(0)
+    single = torch.nn.Conv2d(2, 3, 3, padding=1).double()
+    field = torch.randn(2, 2, 9, 5, dtype=torch.float64)
+    distributed = copy.deepcopy(single)
+    distribute_module(distributed, mesh)                   # torch's: the weights become DTensors
+    model = copy.deepcopy(distributed)                      # PhysicsNeMo's programs copy such modules
+    assert isinstance(model.weight, DTensor) and model.weight is not distributed.weight
+    x = st.distribute_tensor(field, mesh, [st.Shard(2)])    # 9 rows: uneven, an empty piece at 4 ranks
+    opt, single_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(single.parameters(), lr=0.1)
+    for step in range(3):
+        y = model(x)
+        assert st.is_shard_tensor(y) and y.placements == (st.Shard(2),)
+        expected = single(field)
+        torch.testing.assert_close(y.full_tensor(), expected, msg=f"step {step}: output")
+        y.pow(2).sum().backward()
+        expected.pow(2).sum().backward()
+        for name, p in model.named_parameters():
+            q = dict(single.named_parameters())[name]
+            assert isinstance(p.grad, DTensor) and p.grad.placements == p.placements, (name, type(p.grad))
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad, msg=f"step {step}: {name}.grad")
+        opt.step(), single_opt.step(), opt.zero_grad(), single_opt.zero_grad()
+    torch.testing.assert_close(model.weight.full_tensor(), single.weight.detach(), msg="trained weight")
+
+    # A DTensor on torch's own mesh over our mesh's groups, as an operand of a method and of torch.*.
+    g = torch.arange(30.0).reshape(10, 3)
+    d = torch_distribute(g.flip(0), mesh.to_torch(), [TShard(0)])
+    xs = st.distribute_tensor(g, mesh, [st.Replicate()])
+    torch.testing.assert_close(xs.mul(d).full_tensor(), g * g.flip(0))
+    torch.testing.assert_close(torch.add(d, xs).full_tensor(), g + g.flip(0))
+
+    # On a sub-mesh of the ShardTensors' mesh: the other dim replicates it.
+    shape = (2, world_size // 2) if world_size % 2 == 0 else (1, world_size)
+    grid = st.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
+    wide = torch.arange(42.0).reshape(7, 6)
+    xg = st.distribute_tensor(wide, grid, [st.Shard(0), st.Shard(1)]).requires_grad_()
+    for tp in (grid["tp"], grid.to_torch()["tp"]):          # ours, and torch's sub-mesh of its mesh
+        bias = torch_distribute(torch.arange(6.0), tp, [TShard(0)]).requires_grad_()
+        out = xg * 2 + bias
+        torch.testing.assert_close(out.full_tensor(), wide * 2 + torch.arange(6.0))
+        out.sum().backward()
+        assert isinstance(bias.grad, DTensor) and bias.grad.device_mesh == tp and bias.grad.placements == (TShard(0),)
+        torch.testing.assert_close(bias.grad.full_tensor(), torch.full((6,), 7.0))
+    if world_size == 1:
+        return                                             # dp and tp are both the one rank: one mesh
+    stranger = torch_distribute(torch.ones(6), grid["dp"], [TReplicate()])
+    with pytest.raises(ValueError, match=r"a torch DTensor on DeviceMesh.*'dp'.* met ShardTensors on DeviceMesh.*sub-mesh"):
+        st.distribute_tensor(torch.ones(6), grid["tp"], [st.Replicate()]) + stranger
+
+
 def mix_body(rank, world_size, blob_path=None):
     mesh = st.init_device_mesh("cpu", (world_size,))
     g = torch.arange(30.0).reshape(10, 3)
@@ -258,6 +316,7 @@ def mix_body(rank, world_size, blob_path=None):
     _sync_checks(rank, world_size, mesh)
     _handler_checks(rank, world_size, mesh, g)
     _global_shape_checks(rank, world_size, mesh, g)
+    _dtensor_operand_checks(rank, world_size, mesh)
     if world_size % 2 == 0:
         _shared_root_checks(rank, world_size)
 
