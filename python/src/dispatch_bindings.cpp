@@ -7,6 +7,7 @@
 
 #include "bindings.h"
 #include "shardtensor/dispatch.h"
+#include "shardtensor/sharding_rule.h"
 #include "shardtensor/log.h"
 
 namespace shardtensor::python {
@@ -74,6 +75,7 @@ void bind_dispatch(py::module_& m) {
   m.def("is_strict", &is_strict);
   m.def("fallback_operators", &fallback_operators);
   m.def("propagated_operators", &propagated_operators);
+  m.def("sharding_rule_names", &sharding_rule_names);  // every operator with a rule ("aten::add.Tensor")
   // Without the GIL: dropping the last reference to a Gloo backend joins its worker threads,
   // and a worker may need the GIL to release a Python tensor its last collective kept.
   m.def("release_cached_layouts", &release_cached_layouts, py::call_guard<py::gil_scoped_release>());

@@ -329,7 +329,70 @@ const char* const kBinaryOps[] = {
     "aten::bitwise_and_.Tensor", "aten::bitwise_or.Tensor", "aten::bitwise_or_.Tensor", "aten::bitwise_xor.Tensor",
     "aten::bitwise_xor_.Tensor", "aten::logical_xor", "aten::logical_xor_"};
 
+// Elementwise in every tensor operand, with DTensor's pointwise strategy in torch 2.15 (found by
+// tests/python/test_operator_coverage.py): the special functions, bitwise and shift operators,
+// scalar-first and in-place overloads of the comparisons and arithmetic, and activations. Each
+// output element reads the same-index elements of the operands, so the general rule serves them.
+const char* const kMoreElementwise[] = {
+    "aten::__ilshift__.Scalar", "aten::__ilshift__.Tensor", "aten::__irshift__.Scalar", "aten::__irshift__.Tensor",
+    "aten::__ixor__.Scalar", "aten::__ixor__.Tensor", "aten::__lshift__.Scalar", "aten::__lshift__.Tensor",
+    "aten::__rshift__.Scalar", "aten::__rshift__.Tensor", "aten::__xor__.Scalar", "aten::__xor__.Tensor",
+    "aten::acosh", "aten::acosh_", "aten::angle", "aten::asinh",
+    "aten::asinh_", "aten::atan2", "aten::atan2_", "aten::atanh",
+    "aten::atanh_", "aten::bitwise_and.Scalar", "aten::bitwise_and.Scalar_Tensor", "aten::bitwise_and_.Scalar",
+    "aten::bitwise_left_shift.Scalar_Tensor", "aten::bitwise_left_shift.Tensor", "aten::bitwise_left_shift.Tensor_Scalar", "aten::bitwise_left_shift_.Tensor",
+    "aten::bitwise_left_shift_.Tensor_Scalar", "aten::bitwise_or.Scalar", "aten::bitwise_or.Scalar_Tensor", "aten::bitwise_or_.Scalar",
+    "aten::bitwise_right_shift.Scalar_Tensor", "aten::bitwise_right_shift.Tensor", "aten::bitwise_right_shift.Tensor_Scalar", "aten::bitwise_right_shift_.Tensor",
+    "aten::bitwise_right_shift_.Tensor_Scalar", "aten::bitwise_xor.Scalar", "aten::bitwise_xor.Scalar_Tensor", "aten::bitwise_xor_.Scalar",
+    "aten::celu", "aten::celu_", "aten::clamp.Tensor", "aten::clamp_.Tensor",
+    "aten::clamp_max.Tensor", "aten::clamp_max_.Tensor", "aten::clamp_min.Tensor", "aten::clamp_min_.Tensor",
+    "aten::clip", "aten::clip.Tensor", "aten::clip_", "aten::clip_.Tensor",
+    "aten::copysign.Scalar", "aten::copysign.Tensor", "aten::copysign_.Scalar", "aten::copysign_.Tensor",
+    "aten::deg2rad", "aten::deg2rad_", "aten::digamma", "aten::digamma_",
+    "aten::div.Scalar_mode", "aten::div_.Scalar_mode", "aten::div_.Tensor_mode", "aten::eq_.Scalar",
+    "aten::eq_.Tensor", "aten::float_power.Scalar", "aten::float_power.Tensor_Scalar", "aten::float_power.Tensor_Tensor",
+    "aten::float_power_.Scalar", "aten::float_power_.Tensor", "aten::fmax", "aten::fmin",
+    "aten::gcd", "aten::gcd_", "aten::ge_.Scalar", "aten::ge_.Tensor",
+    "aten::gt_.Scalar", "aten::gt_.Tensor", "aten::hardshrink", "aten::heaviside",
+    "aten::heaviside_", "aten::hypot", "aten::hypot_", "aten::i0",
+    "aten::i0_", "aten::igamma", "aten::igamma_", "aten::igammac",
+    "aten::igammac_", "aten::isfinite", "aten::isinf", "aten::isneginf",
+    "aten::isposinf", "aten::lcm", "aten::lcm_", "aten::ldexp.Tensor",
+    "aten::ldexp_", "aten::le_.Scalar", "aten::le_.Tensor", "aten::lerp.Tensor",
+    "aten::lerp_.Tensor", "aten::lgamma", "aten::lgamma_", "aten::logaddexp",
+    "aten::logaddexp2", "aten::logit", "aten::logit_", "aten::logit_backward",
+    "aten::lt_.Scalar", "aten::lt_.Tensor", "aten::max.other", "aten::min.other",
+    "aten::mvlgamma", "aten::mvlgamma_", "aten::ne_.Scalar", "aten::ne_.Tensor",
+    "aten::nextafter", "aten::nextafter_", "aten::polygamma", "aten::polygamma_",
+    "aten::pow.Scalar", "aten::pow_.Tensor", "aten::rad2deg", "aten::rad2deg_",
+    "aten::relu6", "aten::relu6_", "aten::remainder.Scalar_Tensor", "aten::round.decimals",
+    "aten::round_.decimals", "aten::selu", "aten::selu_", "aten::signbit",
+    "aten::silu_backward", "aten::sinc", "aten::sinc_", "aten::softshrink",
+    "aten::special_airy_ai", "aten::special_bessel_j0", "aten::special_bessel_j1", "aten::special_bessel_y0",
+    "aten::special_bessel_y1", "aten::special_chebyshev_polynomial_t", "aten::special_chebyshev_polynomial_t.n_scalar", "aten::special_chebyshev_polynomial_t.x_scalar",
+    "aten::special_chebyshev_polynomial_u", "aten::special_chebyshev_polynomial_u.n_scalar", "aten::special_chebyshev_polynomial_u.x_scalar", "aten::special_chebyshev_polynomial_v",
+    "aten::special_chebyshev_polynomial_v.n_scalar", "aten::special_chebyshev_polynomial_v.x_scalar", "aten::special_chebyshev_polynomial_w", "aten::special_chebyshev_polynomial_w.n_scalar",
+    "aten::special_chebyshev_polynomial_w.x_scalar", "aten::special_entr", "aten::special_erfcx", "aten::special_hermite_polynomial_h",
+    "aten::special_hermite_polynomial_h.n_scalar", "aten::special_hermite_polynomial_h.x_scalar", "aten::special_hermite_polynomial_he", "aten::special_hermite_polynomial_he.n_scalar",
+    "aten::special_hermite_polynomial_he.x_scalar", "aten::special_i0e", "aten::special_i1", "aten::special_i1e",
+    "aten::special_laguerre_polynomial_l", "aten::special_laguerre_polynomial_l.n_scalar", "aten::special_laguerre_polynomial_l.x_scalar", "aten::special_legendre_polynomial_p",
+    "aten::special_legendre_polynomial_p.n_scalar", "aten::special_legendre_polynomial_p.x_scalar", "aten::special_log_ndtr", "aten::special_modified_bessel_i0",
+    "aten::special_modified_bessel_i1", "aten::special_modified_bessel_k0", "aten::special_modified_bessel_k1", "aten::special_ndtri",
+    "aten::special_scaled_modified_bessel_k0", "aten::special_scaled_modified_bessel_k1", "aten::special_shifted_chebyshev_polynomial_t", "aten::special_shifted_chebyshev_polynomial_t.n_scalar",
+    "aten::special_shifted_chebyshev_polynomial_t.x_scalar", "aten::special_shifted_chebyshev_polynomial_u", "aten::special_shifted_chebyshev_polynomial_u.n_scalar", "aten::special_shifted_chebyshev_polynomial_u.x_scalar",
+    "aten::special_shifted_chebyshev_polynomial_v", "aten::special_shifted_chebyshev_polynomial_v.n_scalar", "aten::special_shifted_chebyshev_polynomial_v.x_scalar", "aten::special_shifted_chebyshev_polynomial_w",
+    "aten::special_shifted_chebyshev_polynomial_w.n_scalar", "aten::special_shifted_chebyshev_polynomial_w.x_scalar", "aten::special_spherical_bessel_j0", "aten::special_xlog1py",
+    "aten::special_xlog1py.other_scalar", "aten::special_xlog1py.self_scalar", "aten::special_zeta", "aten::special_zeta.other_scalar",
+    "aten::special_zeta.self_scalar", "aten::square", "aten::square_", "aten::true_divide.Tensor",
+    "aten::true_divide_.Tensor", "aten::xlogy.Scalar_Other", "aten::xlogy.Scalar_Self", "aten::xlogy.Tensor",
+    "aten::xlogy_.Scalar_Other", "aten::xlogy_.Tensor",
+};
+
 }  // namespace
+
+std::vector<std::string> more_elementwise_op_names() {
+  return {std::begin(kMoreElementwise), std::end(kMoreElementwise)};
+}
 
 void register_pointwise_rules(RuleRegistry& registry) {
   const Rule resolve = with_policy(PartialPolicy::Resolve);
@@ -339,6 +402,7 @@ void register_pointwise_rules(RuleRegistry& registry) {
   }
   for (const char* name : kUnaryWithArgs) registry.add(name, resolve);
   for (const char* name : kBinaryOps) registry.add(name, resolve);
+  for (const char* name : kMoreElementwise) registry.add(name, resolve);
   // Partial-keeping policies (Note [Partial through pointwise]) replace `resolve` where they apply.
   const std::pair<PartialPolicy, std::vector<std::string>> policies[] = {
       {PartialPolicy::LinearUnary, {"aten::neg", "aten::neg_", "aten::clone", "aten::mul.Scalar", "aten::mul_.Scalar",
@@ -375,6 +439,7 @@ void register_pointwise_rules(RuleRegistry& registry) {
   }
   for (const char* name : kUnaryWithArgs) registry.carry_order(name);
   for (const char* name : kBinaryOps) registry.carry_order(name);
+  for (const char* name : kMoreElementwise) registry.carry_order(name);
   for (const auto& [policy, names] : policies)
     for (const std::string& name : names) registry.carry_order(name);
   for (const char* name : {"aten::zeros_like", "aten::ones_like", "aten::empty_like", "aten::full_like", "aten::new_zeros",

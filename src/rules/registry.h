@@ -55,4 +55,9 @@ void register_dtype_view_rules(RuleRegistry& registry);
 void register_comparison_rules(RuleRegistry& registry);
 void register_linalg_rules(RuleRegistry& registry);
 
+// The elementwise operators the pointwise rule serves by name alone (special functions, bitwise
+// and shift operators, scalar-first and in-place overloads): the operator sweep builds a case
+// for each from its schema.
+std::vector<std::string> more_elementwise_op_names();
+
 }  // namespace shardtensor

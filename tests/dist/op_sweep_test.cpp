@@ -14,6 +14,7 @@
 
 #include "dist/dist_fixture.h"
 #include "dist/sweep_case.h"
+#include "rules/registry.h"
 
 using namespace shardtensor;
 using namespace shardtensor::testing;
@@ -57,6 +58,70 @@ Case unary(const std::string& op, std::vector<c10::IValue> extra = {}, bool inpl
 Case binary(const std::string& label, std::vector<int64_t> a, std::vector<int64_t> b,
             std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> f) {
   return {label, [a, b] { return Tensors{unit(a), unit(b)}; }, [f](const Tensors& x) { return f(x[0], x[1]); }};
+}
+
+// A case for an elementwise operator built from its schema: every tensor argument (optional ones
+// too) is a [5, 7] input, in the operator's domain (integers for the bitwise, shift, gcd and lcm
+// operators; the second argument of the orthogonal polynomials a small integer degree; zeta's
+// order above 1, acosh's argument above 1); Scalars 0.3 then 0.6 (3 then 2 for integers),
+// ints 1, strings "floor". In-place
+// overloads write into a copy. Values only: these operators' gradients are formulas of
+// operators the sweep checks, and several have none.
+Case elementwise_from_schema(const std::string& qualified) {
+  const size_t dot = qualified.find('.');
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
+      qualified.substr(0, dot).c_str(), dot == std::string::npos ? "" : qualified.substr(dot + 1).c_str());
+  const std::string base = qualified.substr(6, dot == std::string::npos ? std::string::npos : dot - 6);
+  const bool integers = base.find("bitwise") != std::string::npos || base.find("shift") != std::string::npos ||
+                        base.find("xor") != std::string::npos || base == "gcd" || base == "gcd_" || base == "lcm" || base == "lcm_";
+  const bool polynomial = base.find("polynomial") != std::string::npos;
+  const bool inplace = !base.empty() && base.back() == '_' && base.rfind("__", 0) != 0;
+  std::vector<const c10::Argument*> tensor_args, all_args;
+  for (const c10::Argument& a : op.schema().arguments()) all_args.push_back(&a);
+  size_t tensors = 0;
+  for (const c10::Argument* a : all_args)
+    if (a->type()->kind() == c10::TypeKind::TensorType ||
+        (a->type()->kind() == c10::TypeKind::OptionalType && a->type()->containedType(0)->kind() == c10::TypeKind::TensorType))
+      ++tensors;
+  auto make = [=] {
+    Tensors xs;
+    for (size_t i = 0; i < tensors; ++i) {
+      at::Tensor t = unit({5, 7});
+      if (integers) t = (t * 20).round().to(at::kLong) + (i == 0 ? 1 : 0);
+      else if (polynomial && i == 1) t = (t * 4).round();
+      else if (base.find("zeta") != std::string::npos && i == 0) t = t + 1.5;
+      else if (base.rfind("acosh", 0) == 0) t = t + 1.0;
+      xs.push_back(t);
+    }
+    return xs;
+  };
+  auto fn = [=](const Tensors& x) {
+    std::vector<c10::IValue> args;
+    size_t next = 0, scalars = 0;
+    for (const c10::Argument* a : all_args) {
+      const c10::TypeKind kind = a->type()->kind();
+      const c10::TypeKind inner = kind == c10::TypeKind::OptionalType ? a->type()->containedType(0)->kind() : kind;
+      if (inner == c10::TypeKind::TensorType) {
+        at::Tensor t = x[next++];
+        args.push_back(inplace && next == 1 ? t.clone() : t);
+      } else if (inner == c10::TypeKind::NumberType) {  // optional ones too: clip's bounds
+        const bool first = scalars++ == 0;
+        args.push_back(integers ? c10::Scalar(first ? 3 : 2) : c10::Scalar(first ? 0.3 : 0.6));
+      } else if (a->default_value()) {
+        args.push_back(*a->default_value());
+      } else if (inner == c10::TypeKind::IntType) {
+        args.push_back(int64_t{1});
+      } else if (inner == c10::TypeKind::StringType) {
+        args.push_back(std::string("floor"));
+      } else {
+        TORCH_CHECK(false, qualified, ": the sweep has no value for argument ", a->name(), " of type ", a->type()->str());
+      }
+    }
+    return call(qualified, args).to(at::kDouble);
+  };
+  std::vector<size_t> constants(tensors);
+  for (size_t i = 0; i < tensors; ++i) constants[i] = i;
+  return on(qualified + " (from its schema)", make, fn, constants);
 }
 
 // Every operator whose schema takes a Scalar, with the Scalar an int, a bool and a float: Python
@@ -109,6 +174,7 @@ std::vector<Case> scalar_kind_cases() {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
+  for (const std::string& name : more_elementwise_op_names()) cases.push_back(elementwise_from_schema(name));
   for (const char* name : {"abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan",
                            "asin", "acos", "atan", "sinh", "cosh", "tanh", "sigmoid", "relu", "sqrt", "rsqrt",
                            "reciprocal", "sign", "floor", "ceil", "round", "trunc", "frac", "erf", "erfc", "silu", "mish",
