@@ -40,6 +40,22 @@ ShardTensorSpec replicate_tensor_dims(const ShardTensorSpec& spec, const std::ve
   return with_placements(spec, ps);
 }
 
+ShardTensorSpec keep_leading_dims(const ShardTensorSpec& spec, int64_t n) {
+  std::vector<int64_t> trailing;
+  for (int64_t d = std::max<int64_t>(n, 0); d < spec.ndim(); ++d) trailing.push_back(d);
+  return replicate_tensor_dims(spec, trailing);
+}
+
+ShardTensorSpec leading_like(const ShardTensorSpec& spec, const ShardTensorSpec& lead, int64_t n) {
+  Placements ps = lead.placements();
+  for (Placement& p : ps)
+    if (!p.is_shard() || p.tensor_dim >= n || p.tensor_dim >= spec.ndim()) p = Replicate();
+  ShardTensorSpec t = with_placements(spec, ps);
+  for (const DimSharding& s : lead.shardings())
+    if (s.tensor_dim < n && s.tensor_dim < spec.ndim()) t = with_dim_sizes(t, s.tensor_dim, s.sizes);
+  return t;
+}
+
 ShardTensorSpec with_dim_sizes(const ShardTensorSpec& spec, int64_t tensor_dim, const std::vector<int64_t>& sizes) {
   const DimSharding* s = spec.sharding_of(tensor_dim);
   TORCH_INTERNAL_ASSERT(s, "with_dim_sizes: tensor dim ", tensor_dim, " is not sharded in ", spec);

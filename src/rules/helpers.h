@@ -28,6 +28,14 @@ ShardTensorSpec keep_linear_partials(const ShardTensorSpec& spec);
 // what an operator needs when it reads those dims whole.
 ShardTensorSpec replicate_tensor_dims(const ShardTensorSpec& spec, const std::vector<int64_t>& tensor_dims);
 
+// `spec` with only its shards of the first `n` tensor dims kept (the rest, and Partials, made
+// Replicate): the layout of an operator that treats its leading dims (batch, channels)
+// independently and reads the trailing ones whole.
+ShardTensorSpec keep_leading_dims(const ShardTensorSpec& spec, int64_t n);
+// `spec` laid out with `lead`'s shards of the first `n` tensor dims (the same mesh dims and
+// sizes; `lead` keeps only those), the rest Replicate: an operand that shares the lead's
+// leading dims (a sampling grid's batch, an index's batch and channels).
+ShardTensorSpec leading_like(const ShardTensorSpec& spec, const ShardTensorSpec& lead, int64_t n);
 // `spec` with the size table of `tensor_dim` replaced by `sizes` (same mesh dims): aligns an
 // operand's shard boundaries with another's.
 ShardTensorSpec with_dim_sizes(const ShardTensorSpec& spec, int64_t tensor_dim, const std::vector<int64_t>& sizes);

@@ -203,9 +203,41 @@ RuleResult index_put_rule(const OpMeta& op) {
   return r;
 }
 
+// index_fill(self, dim, index, value) and index_reduce(self, dim, index, source, reduce, ...)
+// write the positions of `dim` that the index names, so that dim is read whole; the other dims
+// keep their shards, a source follows self (its `dim` may be shorter), and the index (and a
+// tensor value) is read whole.
+RuleResult index_along_dim_rule(const OpMeta& op) {
+  const TensorInput& self = *op.input_named("self");
+  const int64_t dim = wrap_dim(int_arg(op, "dim"), std::max<int64_t>(self.spec.ndim(), 1), op);
+  const ShardTensorSpec target = replicate_tensor_dims(without_partial(self.spec), {dim});
+  RuleResult r;
+  for (const TensorInput& in : op.inputs) {
+    if (in.arg_index == self.arg_index) r.input_targets.push_back(target);
+    else if (arg_name(op, in) == "source") r.input_targets.push_back(follow(in.spec, target));
+    else r.input_targets.push_back(replicated(in.spec));
+  }
+  r.outputs = {layout_of(target)};
+  return r;
+}
+
+// bucketize(self, boundaries): each element's bucket among the (whole) boundaries, so self
+// keeps its layout, Partials resolved.
+RuleResult bucketize_rule(const OpMeta& op) {
+  const ShardTensorSpec target = without_partial(op.input_named("self")->spec);
+  RuleResult r;
+  r.input_targets = {target, replicated(op.input_named("boundaries")->spec)};
+  r.outputs = {layout_of(target)};
+  return r;
+}
+
 }  // namespace
 
 void register_indexing_rules(RuleRegistry& registry) {
+  for (const char* name : {"aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor", "aten::index_fill_.int_Scalar",
+                           "aten::index_fill_.int_Tensor", "aten::index_reduce", "aten::index_reduce_"})
+    registry.add(name, index_along_dim_rule);
+  registry.add("aten::bucketize.Tensor", bucketize_rule);
   registry.add("aten::index.Tensor", index_rule);
   for (const char* name : {"aten::index_put_", "aten::index_put", "aten::_index_put_impl_"})
     registry.add(name, index_put_rule);

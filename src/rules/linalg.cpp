@@ -1,4 +1,4 @@
-// Batched matrix functions (svd, qr, inverse, determinants, cholesky, eigh, lu): each reads
+// Batched matrix functions (svd, qr, inverse, determinants, cholesky, eigh, lu, ldl, tril, triu): each reads
 // whole matrices, the last two dims, so a shard of those is gathered first; batch dims keep
 // their shards (any sizes, empty pieces included), and every output (U, S, Vh; det, LU,
 // pivots; info...) leads with the same batch dims, laid out alike. Partials are resolved:
@@ -45,7 +45,10 @@ void register_linalg_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::_linalg_svd", "aten::linalg_qr", "aten::linalg_inv_ex", "aten::_linalg_det",
                            "aten::_linalg_slogdet", "aten::linalg_cholesky_ex", "aten::_linalg_eigh",
                            "aten::linalg_lu_factor_ex", "aten::linalg_eig", "aten::linalg_lu", "aten::_linalg_eigvals",
-                           "aten::linalg_eigvals", "aten::linalg_matrix_exp", "aten::logdet", "aten::det", "aten::slogdet"})
+                           "aten::linalg_eigvals", "aten::linalg_matrix_exp", "aten::logdet", "aten::det", "aten::slogdet",
+                           "aten::cholesky_inverse", "aten::geqrf", "aten::linalg_ldl_factor_ex",
+                           // Triangles of each matrix: the matrix dims whole, the batch dims split.
+                           "aten::tril", "aten::tril_", "aten::triu", "aten::triu_"})
     registry.add(name, batched_matrix_rule);
   registry.add("aten::_linalg_check_errors", check_errors_rule);
 }

@@ -98,7 +98,7 @@ RuleResult layer_norm_backward_rule(const OpMeta& op) {
 }  // namespace
 
 void register_normalization_rules(RuleRegistry& registry) {
-  for (const char* name : {"aten::_softmax", "aten::_log_softmax"}) registry.add(name, softmax_rule);
+  for (const char* name : {"aten::_softmax", "aten::_log_softmax", "aten::_safe_softmax"}) registry.add(name, softmax_rule);
   for (const char* name : {"aten::_softmax_backward_data", "aten::_log_softmax_backward_data"})
     registry.add(name, softmax_backward_rule);
   registry.add("aten::native_layer_norm", layer_norm_rule);

@@ -12,6 +12,8 @@
 // Backward passes scatter the window gradients to the ranks that own them.
 #include "rules/pooling.h"
 
+#include <ATen/core/function_schema.h>
+
 namespace shardtensor {
 namespace {
 
@@ -154,6 +156,24 @@ RuleResult adaptive_backward_rule(const OpMeta& op) {
   return r;
 }
 
+// Pools whose windows are adaptive (max), random (fractional) or given by indices (unpooling):
+// no halo geometry serves them, so the k spatial dims are read whole. The batch dim keeps its
+// shards (libtorch takes an empty batch, not empty channels, so channels are read whole too),
+// and the other tensor inputs (indices, random samples) follow self's batch. An unbatched input
+// ([C, spatial...]) is read whole.
+RuleResult spatial_whole_rule(const OpMeta& op, int64_t k) {
+  const TensorInput& self = *op.input_named("self");
+  const bool batched = self.spec.ndim() == k + 2;
+  const ShardTensorSpec target = batched ? keep_leading_dims(self.spec, 1) : replicated(self.spec);
+  RuleResult r;
+  for (const TensorInput& in : op.inputs)
+    r.input_targets.push_back(in.arg_index == self.arg_index ? target
+                              : batched                       ? leading_like(in.spec, target, 1)
+                                                              : replicated(in.spec));
+  r.outputs.assign(op.schema->returns().size(), layout_of(target));
+  return r;
+}
+
 }  // namespace
 
 std::string PoolPlan::name() const {
@@ -175,6 +195,10 @@ void register_pooling_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::_adaptive_avg_pool2d", "aten::_adaptive_avg_pool3d"}) registry.add(name, adaptive_rule);
   for (const char* name : {"aten::_adaptive_avg_pool2d_backward", "aten::_adaptive_avg_pool3d_backward"})
     registry.add(name, adaptive_backward_rule);
+  for (const char* name : {"aten::adaptive_max_pool2d", "aten::fractional_max_pool2d", "aten::max_unpool2d"})
+    registry.add(name, [](const OpMeta& op) { return spatial_whole_rule(op, 2); });
+  for (const char* name : {"aten::adaptive_max_pool3d", "aten::fractional_max_pool3d", "aten::max_unpool3d"})
+    registry.add(name, [](const OpMeta& op) { return spatial_whole_rule(op, 3); });
 }
 
 }  // namespace shardtensor

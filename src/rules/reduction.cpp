@@ -177,6 +177,13 @@ void register_reduction_rules(RuleRegistry& registry) {
   add("aten::all.dim", {Over::DimArg, Combine::Gather});
   add("aten::any.dim", {Over::DimArg, Combine::Gather});
   add("aten::logsumexp", {Over::DimArg, Combine::Gather});
+  // Order statistics read the reduced dims whole (values and indices); the other dims keep
+  // their shards.
+  for (const char* name : {"aten::median.dim", "aten::nanmedian.dim", "aten::mode", "aten::kthvalue"})
+    add(name, {Over::DimArg, Combine::Gather});
+  for (const char* name : {"aten::median", "aten::nanmedian"}) add(name, {Over::AllDims, Combine::Gather});
+  add("aten::any.dims", {Over::DimArg, Combine::Gather});
+  add("aten::var_mean.correction", {Over::DimArg, Combine::Gather});
   for (const char* name : {"aten::norm.Scalar", "aten::norm.ScalarOpt_dtype"}) add(name, {Over::AllDims, Combine::Norm});
   for (const char* name : {"aten::norm.ScalarOpt_dim", "aten::norm.ScalarOpt_dim_dtype", "aten::linalg_vector_norm"})
     add(name, {Over::DimArg, Combine::Norm});

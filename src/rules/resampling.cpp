@@ -10,9 +10,11 @@
 // opposite its rows (padding), gathers the window of sources they read, and applies the map
 // with index_select; the backward applies the transposed map with index_add and scatters the
 // window gradient back. Constant padding is a window gathered with the pad value as fill.
-#include <cmath>
-
 #include "rules/resampling.h"
+
+#include <ATen/core/function_schema.h>
+
+#include <cmath>
 
 namespace shardtensor {
 namespace {
@@ -391,7 +393,36 @@ std::vector<MoveStep> IndexMapPlan::moves() const {
   return backward ? halo_scatter_adds(halo) : halo_gathers(halo);
 }
 
+// grid_sampler_{2,3}d(input, grid, ...): every output point reads the input where its grid
+// point says, anywhere in the image, so the batch dim alone keeps its shards; the grid follows
+// the input's batch. Backward (grad_output, input, grid, ...) gives grad_input and grad_grid laid
+// out like input and grid.
+RuleResult grid_sampler_rule(const OpMeta& op) {
+  const ShardTensorSpec target = keep_leading_dims(op.input_named("input")->spec, 1);
+  RuleResult r;
+  for (const TensorInput& in : op.inputs)
+    r.input_targets.push_back(arg_name(op, in) == "input" ? target : leading_like(in.spec, target, 1));
+  r.outputs = {layout_of(target)};
+  if (op.schema->returns().size() == 2) r.outputs.push_back(layout_of(leading_like(op.input_named("grid")->spec, target, 1)));
+  return r;
+}
+
+// Anti-aliased resampling (_upsample_*_aa): its kernel's support grows with the scale, so the
+// spatial dims are read whole; the batch keeps its shards (libtorch refuses empty channels).
+RuleResult resample_whole_spatial_rule(const OpMeta& op) {
+  const ShardTensorSpec target = keep_leading_dims(op.input_named("self")->spec, 1);
+  RuleResult r;
+  r.input_targets = {target};
+  r.outputs = {layout_of(target)};
+  return r;
+}
+
 void register_resampling_rules(RuleRegistry& registry) {
+  for (const char* name : {"aten::grid_sampler_2d", "aten::grid_sampler_3d", "aten::grid_sampler_2d_backward",
+                           "aten::grid_sampler_3d_backward"})
+    registry.add(name, grid_sampler_rule);
+  for (const char* name : {"aten::_upsample_bilinear2d_aa", "aten::_upsample_bicubic2d_aa", "aten::_upsample_lanczos2d_aa"})
+    registry.add(name, resample_whole_spatial_rule);
   for (const char* name : {"aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",
                            "aten::_upsample_nearest_exact1d", "aten::_upsample_nearest_exact2d",
                            "aten::_upsample_nearest_exact3d", "aten::upsample_linear1d", "aten::upsample_bilinear2d",

@@ -1,5 +1,5 @@
 // Operators that read one dim whole: scans (cumsum, cumprod, cummax, cummin, logcumsumexp),
-// sort, topk and flip (which the scans' backward uses). That dim is gathered first when it is sharded (a scan over a sharded dim
+// sort, topk, flip (which the scans' backward uses) and roll. That dim is gathered first when it is sharded (a scan over a sharded dim
 // would need each rank's prefix from the ranks before it); every other dim keeps its sharding,
 // so a scan along an unsharded dim moves nothing. Every output (values and indices) takes the
 // input's layout; indices count within the whole dim, so they are global as they stand.
@@ -39,6 +39,19 @@ RuleResult flip_rule(const OpMeta& op) {
   return r;
 }
 
+// roll(self, shifts, dims): a rolled sharded dim moves rows across ranks, so rolled dims are
+// read whole; without dims the flattened tensor rolls, so the whole tensor is.
+RuleResult roll_rule(const OpMeta& op) {
+  const ShardTensorSpec& in = op.inputs[0].spec;
+  std::vector<int64_t> dims;
+  for (int64_t d : int_list_arg(op, "dims")) dims.push_back(wrap_dim(d, std::max<int64_t>(in.ndim(), 1), op));
+  const ShardTensorSpec target = dims.empty() ? replicated(in) : replicate_tensor_dims(in, dims);
+  RuleResult r;
+  r.input_targets = {target};
+  r.outputs = {layout_of(target)};
+  return r;
+}
+
 RuleResult histc_rule(const OpMeta& op) {
   const double low = number_arg(op, "min"), high = number_arg(op, "max");
   if (!(low < high))
@@ -54,10 +67,12 @@ RuleResult histc_rule(const OpMeta& op) {
 }  // namespace
 
 void register_scan_rules(RuleRegistry& registry) {
-  for (const char* name : {"aten::cumsum", "aten::cumprod", "aten::logcumsumexp"}) registry.add(name, along_dim_rule(1));
+  for (const char* name : {"aten::cumsum", "aten::cumprod", "aten::logcumsumexp", "aten::cumsum_", "aten::cumprod_"})
+    registry.add(name, along_dim_rule(1));
   for (const char* name : {"aten::cummax", "aten::cummin", "aten::sort", "aten::sort.stable", "aten::topk"})
     registry.add(name, along_dim_rule(2));
   registry.add("aten::flip", flip_rule);
+  registry.add("aten::roll", roll_rule);
   registry.add("aten::histc", histc_rule);
 }
 

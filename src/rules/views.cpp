@@ -367,7 +367,7 @@ RuleResult split_rule(const OpMeta& op) {
   if (op.name == "aten::split.Tensor") {
     const int64_t split = int_arg(op, "split_size");
     pieces = split == 0 ? 1 : std::max<int64_t>(1, (in.shape()[dim] + split - 1) / split);
-  } else if (op.name == "aten::split_with_sizes") {
+  } else if (op.name == "aten::split_with_sizes" || op.name == "aten::split_with_sizes_copy") {
     pieces = static_cast<int64_t>(int_list_arg(op, "split_sizes").size());
   }
   r.outputs.resize(std::max<int64_t>(pieces, 1), r.outputs[0]);
@@ -526,6 +526,12 @@ void register_view_rules(RuleRegistry& registry) {
   registry.add("aten::index_select", index_select_rule);
   for (const char* name : {"aten::split.Tensor", "aten::split_with_sizes", "aten::unbind.int"}) registry.add(name, split_rule);
   registry.add("aten::cat", cat_rule);
+  // The copying forms of views (what functionalization emits) lay out their result as the
+  // view would, in fresh memory.
+  registry.add("aten::view_copy", view_rule);
+  registry.add("aten::expand_copy", expand_rule);
+  registry.add("aten::diagonal_copy", diagonal_rule);
+  registry.add("aten::split_with_sizes_copy", split_rule);
   registry.add("aten::stack", stack_rule);
   registry.add("aten::select_backward",
                [](const OpMeta& op) { return scatter_back(op, "input_sizes", /*inserts_dim=*/true, false); });

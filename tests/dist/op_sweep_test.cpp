@@ -172,9 +172,93 @@ std::vector<Case> scalar_kind_cases() {
   return cases;
 }
 
+// Operators that read some dims whole and keep the others' shards (order statistics, rolls,
+// triangles, index writes, pools and samplers without a halo geometry), called by name: several
+// are missing from older libtorch.
+std::vector<Case> whole_dim_cases() {
+  std::vector<Case> cases;
+#if TORCH_VERSION_MAJOR >= 2
+  using L = std::vector<int64_t>;
+  cases.push_back(on("median/mode/kthvalue along a dim", [] { return Tensors{normal({5, 7})}; }, [](const Tensors& x) {
+    auto values = [](const std::string& op, std::vector<c10::IValue> args) { return call(op, std::move(args)); };
+    return values("aten::median.dim", {x[0], int64_t{1}}) + values("aten::nanmedian.dim", {x[0], int64_t{1}}) +
+           values("aten::mode", {x[0], int64_t{1}}) + values("aten::kthvalue", {x[0], int64_t{3}, int64_t{1}}) +
+           call("aten::median", {x[0]}) + call("aten::nanmedian", {x[0]});
+  }));
+  cases.push_back(on("var_mean/any.dims", [] { return Tensors{normal({5, 7})}; }, [](const Tensors& x) {
+    auto vm = at::var_mean(x[0], at::IntArrayRef{0}, /*correction=*/1, /*keepdim=*/false);
+    const at::Tensor any = call("aten::any.dims", {x[0] > 0.5, L{0}, true}).to(at::kDouble);
+    return std::get<0>(vm) + std::get<1>(vm) * 2 + any;
+  }));
+  cases.push_back(on("cumsum_/cumprod_/roll", [] { return Tensors{unit({5, 7})}; }, [](const Tensors& x) {
+    return call("aten::cumsum_", {x[0].clone(), int64_t{1}}) + call("aten::cumprod_", {x[0].clone(), int64_t{0}}) +
+           call("aten::roll", {x[0], L{2}, L{1}}) + call("aten::roll", {x[0], L{1, -3}, L{0, 1}}) +
+           call("aten::roll", {x[0], L{4}, L{}});
+  }));
+  cases.push_back(on("_safe_softmax", [] { return Tensors{normal({5, 7})}; },
+                     [](const Tensors& x) { return call("aten::_safe_softmax", {x[0], int64_t{1}}); }));
+  cases.push_back(on("copying views", [] { return Tensors{normal({5, 7}), normal({1, 7})}; }, [](const Tensors& x) {
+    const std::vector<at::Tensor> pieces = at::split_with_sizes_copy(x[0], L{2, 4, 1}, 1);
+    return call("aten::view_copy", {x[0], L{7, 5}}).t() + call("aten::expand_copy", {x[1], L{5, 7}}) +
+           at::cat(pieces, 1) + call("aten::diagonal_copy", {x[0]}).sum();
+  }));
+  cases.push_back(on("tril/triu", [] { return Tensors{normal({3, 5, 4})}; }, [](const Tensors& x) {
+    return at::tril(x[0], 1) + at::triu(x[0], -1) + x[0].clone().tril_(-2) + x[0].clone().triu_(2);
+  }));
+  cases.push_back(on("cholesky_inverse", [] {
+    return Tensors{at::tril(normal({3, 4, 4})) + at::eye(4, at::kDouble) * 3};
+  }, [](const Tensors& x) { return at::cholesky_inverse(x[0]); }));
+  cases.push_back(on("geqrf/ldl_factor", [] {
+    const at::Tensor a = normal({3, 4, 4});
+    return Tensors{a + a.transpose(-1, -2) + at::eye(4, at::kDouble) * 5};
+  }, [](const Tensors& x) {
+    const auto qr = at::geqrf(x[0]);
+    const auto ldl = at::linalg_ldl_factor_ex(x[0]);
+    return std::get<0>(qr).sum(-1) + std::get<1>(qr) + std::get<0>(ldl).sum(-1) + std::get<1>(ldl).to(at::kDouble);
+  }, {0}));
+  cases.push_back(on("index_fill/index_reduce", [] {
+    return Tensors{normal({5, 7}), at::tensor(L{0, 3, 5}), normal({5, 3}), at::tensor(L{4, 1, 1})};
+  }, [](const Tensors& x) {
+    return x[0].index_fill(1, x[1], 2.5) + x[0].clone().index_fill_(1, x[1], at::scalar_tensor(1.5, at::kDouble)) +
+           x[0].index_fill(1, x[1], at::scalar_tensor(0.5, at::kDouble)) + x[0].clone().index_fill_(0, x[3], -1.0) +
+           x[0].index_reduce(1, x[1], x[2], "amax") + x[0].clone().index_reduce_(1, x[1], x[2], "mean", false);
+  }, {0, 2}));
+  cases.push_back(on("bucketize", [] { return Tensors{normal({5, 7}), at::linspace(-1, 1, 6, at::kDouble)}; },
+                     [](const Tensors& x) { return at::bucketize(x[0], x[1]).to(at::kDouble); }));
+  cases.push_back(on("adaptive/fractional max pooling, unpooling", [] {
+    const at::Tensor x = normal({2, 3, 8, 6});
+    const auto pooled = at::max_pool2d_with_indices(x, {2, 2});
+    return Tensors{x, at::rand({2, 3, 2}, at::kDouble), std::get<0>(pooled), std::get<1>(pooled)};
+  }, [](const Tensors& x) {
+    const at::Tensor adaptive = std::get<0>(at::adaptive_max_pool2d(x[0], {3, 2}));
+    const at::Tensor fractional = std::get<0>(at::fractional_max_pool2d(x[0], {2, 2}, {3, 2}, x[1]));
+    return adaptive + fractional + at::max_unpool2d(x[2], x[3], {8, 6}).sum({2, 3}, true);
+  }, {0, 1, 2, 3}));
+  cases.push_back(on("3-d adaptive/fractional max pooling, unpooling", [] {
+    const at::Tensor x = normal({2, 2, 4, 6, 4});
+    const auto pooled = at::max_pool3d_with_indices(x, {2, 2, 2});
+    return Tensors{x, at::rand({2, 2, 3}, at::kDouble), std::get<0>(pooled), std::get<1>(pooled)};
+  }, [](const Tensors& x) {
+    const at::Tensor adaptive = std::get<0>(at::adaptive_max_pool3d(x[0], {2, 3, 2}));
+    const at::Tensor fractional = std::get<0>(at::fractional_max_pool3d(x[0], {2, 2, 2}, {2, 3, 2}, x[1]));
+    return adaptive + fractional + at::max_unpool3d(x[2], x[3], {4, 6, 4}, {2, 2, 2}, {0, 0, 0}).sum({2, 3, 4}, true);
+  }, {0, 1, 2, 3}));
+  cases.push_back(on("grid_sampler_2d", [] { return Tensors{normal({3, 2, 5, 6}), at::rand({3, 4, 3, 2}, at::kDouble) * 2 - 1}; },
+                     [](const Tensors& x) { return at::grid_sampler_2d(x[0], x[1], 0, 0, false); }));
+  cases.push_back(on("grid_sampler_3d", [] { return Tensors{normal({3, 2, 4, 5, 3}), at::rand({3, 2, 3, 2, 3}, at::kDouble) * 2 - 1}; },
+                     [](const Tensors& x) { return at::grid_sampler_3d(x[0], x[1], 0, 0, true); }));
+  cases.push_back(on("anti-aliased resampling", [] { return Tensors{normal({2, 3, 8, 6})}; }, [](const Tensors& x) {
+    return call("aten::_upsample_bilinear2d_aa", {x[0], L{5, 4}, false}) + call("aten::_upsample_bicubic2d_aa", {x[0], L{5, 4}, true}) +
+           call("aten::_upsample_lanczos2d_aa", {x[0], L{5, 4}, false});
+  }, {0}));
+#endif
+  return cases;
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const std::string& name : more_elementwise_op_names()) cases.push_back(elementwise_from_schema(name));
+  for (Case& c : whole_dim_cases()) cases.push_back(std::move(c));
   for (const char* name : {"abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan",
                            "asin", "acos", "atan", "sinh", "cosh", "tanh", "sigmoid", "relu", "sqrt", "rsqrt",
                            "reciprocal", "sign", "floor", "ceil", "round", "trunc", "frac", "erf", "erfc", "silu", "mish",

@@ -28,42 +28,30 @@ from ranks import run_ranks
 
 # Reason -> overloads. What gathers today, and why no rule serves it yet.
 FALLBACKS = {
-    "linear algebra on a whole matrix (factorisations and solves): a split matrix is gathered, "
-    "as DTensor's strategies replicate it too": (
-        "aten::_linalg_solve_ex", "aten::cholesky_inverse", "aten::cholesky_solve", "aten::geqrf",
-        "aten::linalg_householder_product", "aten::linalg_ldl_factor_ex", "aten::linalg_ldl_solve",
-        "aten::linalg_lu_solve", "aten::linalg_pinv.atol_rtol_tensor", "aten::linalg_solve_triangular",
-        "aten::lu_unpack", "aten::ormqr", "aten::triangular_solve", "aten::linalg_cross", "aten::linalg__powsum"),
-    "FFT over a dim reads every element of it: no rule yet keeps a split of another dim": (
+    "solves and factorisations with several operands (a right-hand side, pivots, Householder "
+    "factors) whose batch dims no rule aligns yet; each matrix is read whole in any case": (
+        "aten::_linalg_solve_ex", "aten::cholesky_solve", "aten::linalg_householder_product",
+        "aten::linalg_ldl_solve", "aten::linalg_lu_solve", "aten::linalg_pinv.atol_rtol_tensor",
+        "aten::linalg_solve_triangular", "aten::lu_unpack", "aten::ormqr", "aten::triangular_solve",
+        "aten::linalg_cross", "aten::linalg__powsum"),
+    "FFT reads every element of the transformed dims: no rule yet keeps the other dims' shards": (
         "aten::_fft_c2c", "aten::_fft_c2r", "aten::_fft_r2c"),
-    "order statistics (median, mode, k-th value) over a split dim need the whole dim; no rule yet "
-    "keeps a split of another dim": (
-        "aten::median", "aten::median.dim", "aten::nanmedian", "aten::nanmedian.dim", "aten::mode", "aten::kthvalue"),
     "the functional forms of in-place kernels (what functionalization emits when tracing; eager "
     "programs call the in-place forms, which are served)": (
         "aten::_fused_adam", "aten::_fused_adam.tensor_lr", "aten::_fused_adamw", "aten::_fused_adamw.tensor_lr",
         "aten::_batch_norm_with_update_functional", "aten::_native_batch_norm_legit_functional",
         "aten::normal_functional", "aten::rrelu_with_noise_functional"),
-    "kernels of dense or quantised GPU work without a sharding rule yet": (
-        "aten::_fused_rms_norm_backward", "aten::_grouped_mm", "aten::_scaled_mm",
-        "aten::_safe_softmax"),
-    "resampling with anti-aliasing and grid sampling read a data-dependent window: no halo rule yet": (
-        "aten::_upsample_bicubic2d_aa", "aten::_upsample_bicubic2d_aa_backward", "aten::_upsample_bilinear2d_aa",
-        "aten::_upsample_bilinear2d_aa_backward", "aten::_upsample_lanczos2d_aa", "aten::_upsample_lanczos2d_aa_backward",
-        "aten::grid_sampler_2d", "aten::grid_sampler_2d_backward", "aten::grid_sampler_3d", "aten::grid_sampler_3d_backward"),
-    "pooling whose windows are adaptive, random or given by indices: no halo rule yet": (
-        "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d", "aten::fractional_max_pool2d",
-        "aten::fractional_max_pool3d", "aten::max_unpool2d", "aten::max_unpool3d"),
-    "index writes along a dim (index_fill, index_reduce): no rule yet for a split dim they write": (
-        "aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor", "aten::index_fill_.int_Scalar",
-        "aten::index_fill_.int_Tensor", "aten::index_reduce", "aten::index_reduce_"),
-    "diagonals, triangles, rolls and scatters of slices read positions across a split: no rule yet": (
-        "aten::diag_embed", "aten::diagonal_copy", "aten::diagonal_scatter", "aten::select_scatter",
-        "aten::slice_scatter", "aten::tril", "aten::tril_", "aten::triu", "aten::triu_", "aten::roll"),
-    "copying forms of views, in-place matmuls and scans, and the rest without a rule yet": (
-        "aten::expand_copy", "aten::view_copy", "aten::split_with_sizes_copy", "aten::addmm_", "aten::baddbmm_",
-        "aten::cumprod_", "aten::cumsum_", "aten::any.dims", "aten::nansum", "aten::var_mean.correction",
-        "aten::bucketize.Tensor", "aten::frexp.Tensor", "aten::rrelu_with_noise"),
+    "GPU kernels without a sharding rule yet (grouped and scaled matmuls, fused RMSNorm's backward)": (
+        "aten::_fused_rms_norm_backward", "aten::_grouped_mm", "aten::_scaled_mm"),
+    "backward of anti-aliased resampling: its input_size argument names the whole batch": (
+        "aten::_upsample_bicubic2d_aa_backward", "aten::_upsample_bilinear2d_aa_backward",
+        "aten::_upsample_lanczos2d_aa_backward"),
+    "scatters into diagonals and slices, and diagonal embedding, place values across a split": (
+        "aten::diag_embed", "aten::diagonal_scatter", "aten::select_scatter", "aten::slice_scatter"),
+    "in-place matmuls: a contraction split across ranks yields a pending sum, which the tensor "
+    "written into cannot hold": ("aten::addmm_", "aten::baddbmm_"),
+    "nansum of a pending sum differs from the pending nansums (NaN in one term); two-output frexp; "
+    "random rrelu": ("aten::nansum", "aten::frexp.Tensor", "aten::rrelu_with_noise"),
 }
 
 
