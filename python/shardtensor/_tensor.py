@@ -301,9 +301,10 @@ def _redistribute(self, device_mesh=None, placements=None, *, async_op=False, sh
         encoded = _placements.encode(placements)
         return _traceable.redistribute(self, encoded, _encode_sizes(sharding_shapes, _placements.decode(encoded), None))
     _require(self, "redistribute")
+    if placements is None:  # DTensor's error (and type): a target layout is the call's point
+        raise RuntimeError("redistribute: placements is needed (the target layout, one placement per mesh dim); "
+                           f"this tensor's are {_placements_of(self)}")
     mesh = mesh_of_cpp(_C.mesh(self)) if device_mesh is None else _mesh_or_current(device_mesh, "redistribute")
-    if placements is None:
-        placements = _placements_of(self)
     encoded = _placements.encode(placements, mesh.ndim)
     return _C.redistribute(self, mesh._cpp, encoded, _encode_sizes(sharding_shapes, _placements.decode(encoded), mesh),
                            transport, peer_memory)

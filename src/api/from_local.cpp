@@ -332,7 +332,9 @@ at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Pla
     TORCH_CHECK_VALUE(local.defined(), "from_local: the local tensor is undefined.");
     TORCH_CHECK_VALUE(!is_shard_tensor(local), "from_local: expects this rank's plain local tensor, got a ShardTensor (",
                 shardtensor::spec(local), "); use redistribute to change its layout.");
-    check_on_mesh_device("from_local", local, mesh);
+    // A meta piece is deferred initialisation (a model built on the meta device, then
+    // to_empty): its pieces move to the mesh's device when they are materialised.
+    if (!local.is_meta()) check_on_mesh_device("from_local", local, mesh);
     normalized = normalize_placements("from_local", mesh, placements, local.dim());
     if (!infer) {
       spec = spec_from_arguments(local, mesh, normalized, sizing);

@@ -98,7 +98,8 @@ at::Tensor distribute_tensor(const at::Tensor& global, const DeviceMesh& mesh, c
   const std::exception_ptr failure = failure_of([&] {
     TORCH_CHECK_VALUE(global.defined() && !is_shard_tensor(global), "distribute_tensor: expects a plain tensor that every rank holds, got ",
                 global.defined() ? "a ShardTensor; use redistribute" : "an undefined tensor", ".");
-    TORCH_CHECK_VALUE(global.is_leaf(), "distribute_tensor: expects a leaf tensor, as DTensor's does, got a non-leaf (one ",
+    // RuntimeError, as DTensor raises.
+    TORCH_CHECK(global.is_leaf(), "distribute_tensor: expects a leaf tensor, as DTensor's does, got a non-leaf (one ",
                 "computed from a tensor that requires grad). Distribute the leaf it was computed from, or pass .detach() ",
                 "(the result is then a leaf of its own).");
     if (!global.is_meta()) check_on_mesh_device("distribute_tensor", global, mesh);

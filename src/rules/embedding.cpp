@@ -3,7 +3,10 @@
 // mesh dims, where the indices are whole, is looked up locally instead of gathered: each rank
 // answers the indices in its own rows and zeros elsewhere, a Partial(sum) over those mesh dims
 // (MaskedLookupPlan, DTensor's MaskPartial: see Note [Lookups along a split dim] in
-// rules/embedding.h, which gather and index_select share). Any other table layout is replicated.
+// rules/embedding.h, which gather and index_select share). A table split by the embedding dim
+// (Shard(1), colwise) where the indices are whole is looked up locally too: each rank reads its
+// columns, and the output is split on its last dim alike, with no message. Any other table
+// layout is replicated.
 //
 // The table's gradient sums rows over all indices, so it is Partial(sum) on every mesh dim
 // that shards the indices (unless gradients are scaled by global frequencies, which need every
@@ -42,6 +45,13 @@ RuleResult embedding_rule(const OpMeta& op) {
   const std::vector<int64_t> vocab = table.ndim() == 2 ? lookup_split_mesh_dims(table, 0, indices) : std::vector<int64_t>{};
   RuleResult r;
   r.outputs = {layout_of(indices)};
+  const std::vector<int64_t> columns = table.ndim() == 2 ? lookup_split_mesh_dims(table, 1, indices) : std::vector<int64_t>{};
+  if (!columns.empty()) {
+    r.input_targets = {table, indices};
+    for (int64_t m : columns) r.outputs[0].placements[m] = Shard(indices.ndim());
+    r.outputs[0].sizes.push_back({indices.ndim(), table.sharding_of(1)->sizes});
+    return r;
+  }
   if (vocab.empty()) {
     r.input_targets = {replicated(table), indices};
     return r;
@@ -59,10 +69,29 @@ RuleResult embedding_backward_rule(const OpMeta& op) {
   const ShardTensorSpec& grad = op.inputs[0].spec;
   ShardTensorSpec indices = without_partial(op.inputs[1].spec);
   if (by_frequency) indices = replicated(indices);
-  // grad_output is [*indices.shape, D]: its leading dims follow the indices.
+  // grad_output is [*indices.shape, D]: its leading dims follow the indices. Where it splits D
+  // on mesh dims where the indices are whole (a colwise table's lookup), the table's gradient
+  // is split on its columns alike, computed locally.
+  const int64_t last = grad.ndim() - 1;
+  const DimSharding* d_split = last >= 0 ? grad.sharding_of(last) : nullptr;
+  bool columns = d_split != nullptr;
+  for (int64_t m : d_split ? d_split->mesh_dims : std::vector<int64_t>{}) columns = columns && !indices.placements()[m].is_shard();
   RuleResult r;
-  r.input_targets = {align_to(grad, indices), indices};
-  r.outputs = {{summed_over_shards(indices), {}}};
+  if (!columns) {
+    r.input_targets = {align_to(grad, indices), indices};
+    r.outputs = {{summed_over_shards(indices), {}}};
+    return r;
+  }
+  Placements grad_ps = indices.placements(), out_ps = summed_over_shards(indices);
+  for (int64_t m : d_split->mesh_dims) {
+    grad_ps[m] = Shard(last);
+    out_ps[m] = Shard(1);
+  }
+  ShardTensorSpec grad_target = with_placements(grad, grad_ps);
+  for (const DimSharding& s : indices.shardings()) grad_target = with_dim_sizes(grad_target, s.tensor_dim, s.sizes);
+  grad_target = with_dim_sizes(grad_target, last, d_split->sizes);
+  r.input_targets = {grad_target, indices};
+  r.outputs = {{out_ps, {{1, d_split->sizes}}}};
   return r;
 }
 

@@ -4,7 +4,8 @@
 // Over an unsharded dim a reduction is local. Over a sharded dim it becomes Partial when the
 // per-rank results combine by one collective: sum -> P(sum); mean -> P(sum) of local sums over
 // the GLOBAL count (uneven shards make an average of averages wrong); prod -> P(product);
-// amax/amin -> P(max/min) unless some shard is empty (an empty max has no value). The others
+// amax/amin -> P(max/min), a rank with an empty piece holding the identity (EmptyExtremumPlan:
+// libtorch refuses the max of an empty tensor). The others
 // (indices, variances, logsumexp, boolean all/any) gather the reduced dims first. A p-norm
 // becomes a pending norm of the local norms (NormPartial: P(norm p), or P(sum) for p = 0 and 1,
 // P(max) / P(min) for +-inf: DTensor's _NormPartial), except a negative or infinite norm over a
@@ -49,11 +50,9 @@ std::optional<Placement> partial_for(Combine combine, const ShardTensorSpec& spe
       return Partial(ReduceOp::Sum);
     case Combine::Product:
       return Partial(ReduceOp::Product);
-    case Combine::Max:
-      if (has_empty_piece(spec, tensor_dim)) return std::nullopt;
+    case Combine::Max:  // an empty piece holds the identity (EmptyExtremumPlan)
       return Partial(ReduceOp::Max);
     case Combine::Min:
-      if (has_empty_piece(spec, tensor_dim)) return std::nullopt;
       return Partial(ReduceOp::Min);
     case Combine::Norm:  // its order decides (NormPartial)
     case Combine::Gather:
@@ -134,6 +133,11 @@ RuleResult reduction(const OpMeta& op, const ReductionArgs& ra) {
   r.input_targets.push_back(target);
   r.outputs.push_back(out);
   if (op.schema->returns().size() == 2) r.outputs.push_back(out);  // max.dim / min.dim indices
+  const bool extremum = ra.combine == Combine::Max || ra.combine == Combine::Min;
+  bool empty_piece = false;
+  for (const DimSharding& s : target.shardings())
+    empty_piece = empty_piece || (reduced(s.tensor_dim) && has_empty_piece(target, s.tensor_dim));
+  if (extremum && empty_piece) r.kernel_plan = declare(EmptyExtremumPlan(dims, keepdim, ra.combine == Combine::Max));
   if (ra.combine == Combine::Mean && partial_over_sharded) {
     int64_t count = 1;
     for (int64_t d : dims) count *= in.shape()[d];

@@ -19,4 +19,19 @@ struct GlobalMeanPlan : KernelPlan {
   std::string name() const override { return "global mean"; }
 };
 
+// amax/amin (and max/min of the whole tensor) over a sharded dim with an empty piece: the
+// result is still a pending max (min), and a rank with no element along the reduced dims
+// holds the reduction's identity (-inf / +inf, or the integer type's limit), where libtorch
+// would refuse the reduction of an empty tensor.
+struct EmptyExtremumPlan : KernelPlan {
+  std::vector<int64_t> dims;  // the reduced dims of the input
+  bool keepdim = false;
+  bool is_max = true;
+
+  EmptyExtremumPlan(std::vector<int64_t> d, bool keep, bool max) : dims(std::move(d)), keepdim(keep), is_max(max) {}
+
+  LocalKernel lower() const override;
+  std::string name() const override { return is_max ? "max with empty pieces" : "min with empty pieces"; }
+};
+
 }  // namespace shardtensor

@@ -155,23 +155,24 @@ TEST(Kernel, LinearThatAutogradDoesNotRecordIsOneOperatorLaidOutAsItsDecompositi
 }
 
 TEST(Kernel, OperatorsWithoutARuleFallBackCorrectlyOrRaiseInStrictMode) {
-  // tril has no rule: on row shards it would cut each rank's rows at the wrong diagonal.
+  // diag_embed and addmm_ have no rule (tests/python/test_operator_coverage.py's table).
   const at::Tensor global = same_randn({10, 4});
   const at::Tensor t = rows(global, uneven(10, false));
   {
     StrictScope strict(true);
-    EXPECT_ERROR_CONTAINS(at::tril(t), "aten::tril", "strict mode", "register_sharding_rule");
+    EXPECT_ERROR_CONTAINS(at::diag_embed(t), "aten::diag_embed", "strict mode", "register_sharding_rule");
   }
   StrictScope lenient(false);
-  const at::Tensor out = at::tril(t);
-  EXPECT_TRUE(at::allclose(full_tensor(out), at::tril(global)));
+  const at::Tensor out = at::diag_embed(t);
+  EXPECT_TRUE(at::allclose(full_tensor(out), at::diag_embed(global)));
   const std::vector<std::string> fell = fallback_operators();
-  EXPECT_NE(std::find(fell.begin(), fell.end(), "aten::tril"), fell.end());
+  EXPECT_NE(std::find(fell.begin(), fell.end(), "aten::diag_embed"), fell.end());
   // In place through the fallback: the result lands in self's own layout.
   at::Tensor s = rows(global, uneven(10, false));
-  s.tril_(-1);
+  const at::Tensor a = same_randn({10, 3}), b = same_randn({3, 4});
+  s.addmm_(a, b);
   EXPECT_EQ(spec(s).placements(), Placements{Shard(0)});
-  EXPECT_TRUE(at::allclose(full_tensor(s), at::tril(global, -1)));
+  EXPECT_TRUE(at::allclose(full_tensor(s), at::addmm(global, a, b)));
 }
 
 TEST(Kernel, ViewOperatorsWithoutARuleNeverFallBack) {
@@ -389,12 +390,13 @@ TEST(Kernel, InPlaceShapeOpsGiveTheCallersTensorTheOutOfPlaceLayout) {
 }
 
 TEST(Kernel, CustomRulesAndLocalMap) {
-  // A rule for an operator that has none: roll along dim 1 is local when dim 1 is whole.
-  register_sharding_rule("aten::roll", [](const OpMeta& op) {
+  // A rule for an operator that has none: nansum over dim 1 of row shards is local (the
+  // output keeps the rows' shards).
+  register_sharding_rule("aten::nansum", [](const OpMeta& op) {
     RuleResult r;
     r.input_targets = {op.inputs[0].spec};
     r.outputs = {layout_of(op.inputs[0].spec)};
-    if (op.arg("dims").toIntVector() != std::vector<int64_t>{1}) return RuleResult::unsupported("only dims [1] is supported by this test rule");
+    if (op.arg("dim").toIntVector() != std::vector<int64_t>{1}) return RuleResult::unsupported("only dim [1] is supported by this test rule");
     return r;
   });
   const at::Tensor global = same_randn({10, 4});
@@ -402,13 +404,13 @@ TEST(Kernel, CustomRulesAndLocalMap) {
   {
     StrictScope strict(true);
     std::optional<CommDebugMode> comms(std::in_place);
-    const at::Tensor rolled = at::roll(t, {1}, {1});
+    const at::Tensor summed = at::nansum(t, {1});
     EXPECT_EQ(comms->total(), 0) << comms->table();
     comms.reset();
-    EXPECT_TRUE(at::allclose(full_tensor(rolled), at::roll(global, {1}, {1})));
-    EXPECT_ERROR_CONTAINS(at::roll(t, {1}, {0}), "aten::roll", "only dims [1] is supported");
+    EXPECT_TRUE(at::allclose(full_tensor(summed), at::nansum(global, {1})));
+    EXPECT_ERROR_CONTAINS(at::nansum(t, {0}), "aten::nansum", "only dim [1] is supported");
   }
-  EXPECT_ERROR_CONTAINS(register_sharding_rule("roll", nullptr), "not a qualified operator name");
+  EXPECT_ERROR_CONTAINS(register_sharding_rule("nansum", nullptr), "not a qualified operator name");
 
   const std::vector<at::Tensor> out = local_map(
       [](const std::vector<at::Tensor>& locals) { return std::vector<at::Tensor>{locals[0].cumsum(0)}; }, {t},

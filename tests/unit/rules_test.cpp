@@ -212,13 +212,16 @@ TEST(EmbeddingRules, AVocabShardedTableLooksUpItsOwnRowsIntoAPendingSum) {
   EXPECT_EQ(a.outputs, "[P(sum), S(0)]{0: 2,2}");
   EXPECT_EQ(a.moves, "none");
   EXPECT_NE(a.kernel, "");
-  // Indices split where the table is: the table is replicated, as for a split embedding dim.
+  // Indices split where the table is: the table is replicated.
   const Answer split = call_rule("aten::embedding", {table, spec({2, 2}, {Shard(0), Replicate()}, {4, 5}), int64_t{-1}, false, false});
   EXPECT_EQ(split.targets, "[R, R] | [S(0), R]{0: 2,2}");
   EXPECT_EQ(split.kernel, "");
+  // A table split on the embedding dim (colwise) with whole indices: looked up where it lies,
+  // the output split on its last dim alike, no move.
   const Answer columns = call_rule("aten::embedding", {spec({4}, {Shard(1)}, {10, 8}), spec({4}, {Replicate()}, {6}), int64_t{-1}, false, false});
-  EXPECT_EQ(columns.targets, "[R] | [R]");
-  EXPECT_EQ(columns.outputs, "[R]");
+  EXPECT_EQ(columns.targets, "[S(1)]{1: 2,2,2,2} | [R]");
+  EXPECT_EQ(columns.outputs, "[S(1)]{1: 2,2,2,2}");
+  EXPECT_EQ(columns.moves, "none");
 }
 
 // ---- convolution ----
