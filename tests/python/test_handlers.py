@@ -199,20 +199,20 @@ def strict_body(rank, world_size):
     mesh = st.init_device_mesh("cpu", (world_size,))
     g = torch.arange(10.0).reshape(5, 2)
     x = st.distribute_tensor(g, mesh, [st.Shard(0)], sharding_shapes={0: _sizes(5, world_size)})
-    op = torch.ops.aten.special_i0e.default
+    op = torch.ops.aten.diag_embed.default
     assert st.is_strict()
-    with pytest.raises(NotImplementedError, match="special_i0e"):
-        op(x)                                           # no rule: strict mode refuses to gather
+    with pytest.raises(NotImplementedError, match="diag_embed"):
+        op(x)                                           # no rule (test_operator_coverage.py): strict mode refuses to gather
 
-    def i0e_on_pieces(t):
+    def diag_embed_on_pieces(t):
         return ShardTensor.from_local(op(t._local_tensor), t.device_mesh, t.placements, sharding_shapes=t.shard_sizes())
 
-    ShardTensor.register_dispatch_handler("aten::special_i0e", i0e_on_pieces)
+    ShardTensor.register_dispatch_handler("aten::diag_embed", diag_embed_on_pieces)
     try:
         assert_close(op(x).full_tensor(), op(g), "handler in strict mode")
     finally:
         ShardTensor._dispatch_registry.clear()
-    with pytest.raises(NotImplementedError, match="special_i0e"):
+    with pytest.raises(NotImplementedError, match="diag_embed"):
         op(x)
 
 
