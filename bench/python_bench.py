@@ -64,7 +64,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import shardtensor as st
-from shardtensor import _dtensor_operands
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import Partial as DPartial
 from torch.distributed.tensor import Replicate as DReplicate
@@ -72,7 +71,12 @@ from torch.distributed.tensor import Shard as DShard
 from torch.distributed.tensor import distribute_tensor as dt_distribute
 from torch.distributed.tensor.debug import CommDebugMode as DTCommDebugMode
 
-_dtensor_operands.uninstall()  # torch's DTensor timed as torch ships it, without shardtensor's operand check
+try:  # torch's DTensor timed as torch ships it, without shardtensor's operand check
+    from shardtensor import _dtensor_operands
+
+    _dtensor_operands.uninstall()
+except ImportError:  # an earlier package (bench/before_after.sh) installs no such check
+    pass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
