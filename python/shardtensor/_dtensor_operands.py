@@ -28,7 +28,8 @@ from ._placements import Replicate
 
 
 def _is_shard_tensor(a) -> bool:
-    return isinstance(a, torch.Tensor) and not isinstance(a, DTensor) and _C.is_shard_tensor(a)
+    # _tensor.is_shard_tensor without its compile-time branch: this runs on every DTensor operator.
+    return isinstance(a, torch.Tensor) and _C.is_shard_tensor(a)
 
 
 def _first_shard_tensor(args, kwargs):
