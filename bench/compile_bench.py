@@ -14,8 +14,8 @@ what torch.compile itself saves, or costs, on this computation at this size. U-N
 demo's model (examples/heat_unet_demo.py, float32, Replicate parameters) on its 250 x 190 field
 split unevenly over H, forward and loss compiled, eager and compiled.
 
-By default shardtensor's operators run eagerly behind graph breaks under torch.compile
-(python/shardtensor/_compile.py). With SHARDTENSOR_COMPILE=trace they are traced: the compiled
+By default shardtensor's operators are traced under torch.compile (python/shardtensor/_compile.py;
+SHARDTENSOR_COMPILE=eager runs them eagerly behind graph breaks instead): the compiled
 TP-MLP step is one graph of local operators and shardtensor's moves (exchange_parts through peer
 memory on one host, else torch's functional collectives), as DTensor's is one graph of local
 operators and functional collectives; the U-Net is one graph too, halos and upsampling
@@ -201,7 +201,7 @@ def main():
     dist.barrier()
     if dist.get_rank() == 0:
         where = torch.cuda.get_device_name() if device.kind == "cuda" else platform.processor() or "cpu"
-        mode = os.environ.get("SHARDTENSOR_COMPILE", "eager")
+        mode = os.environ.get("SHARDTENSOR_COMPILE", "trace")
         print(f"torch.compile (inductor, SHARDTENSOR_COMPILE={mode}) against eager, {mesh.size()} ranks on {where}, "
               f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}; median ms of {args.steps} steps, slowest rank")
         for r in tp:

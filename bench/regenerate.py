@@ -317,14 +317,14 @@ def bench_compile(r, s):
                   + steps, timeout=930)]
 
 
-def bench_compile_traced(r, s):
+def bench_compile_eager(r, s):
     steps = ["--steps", "5"] if r.args.quick else []
-    return [r.run("compile_traced_4ranks", [r.py_shardrun, "-n", "4", "--timeout", "900", r.python, "bench/compile_bench.py"]
-                  + steps, env={"SHARDTENSOR_COMPILE": "trace"}, timeout=930)]
+    return [r.run("compile_eager_4ranks", [r.py_shardrun, "-n", "4", "--timeout", "900", r.python, "bench/compile_bench.py"]
+                  + steps, env={"SHARDTENSOR_COMPILE": "eager"}, timeout=930)]
 
 
 # Benchmarks that run only the installed Python package (no C++ program of build-torch2).
-PYTHON_ONLY = {"collectives", "handlers", "tp_block", "unet_dp", "compile", "compile_traced"}
+PYTHON_ONLY = {"collectives", "handlers", "tp_block", "unet_dp", "compile", "compile_eager"}
 
 BENCHES = {
     "python_ops": bench_python_ops,            # per-op overhead and the TP-MLP step from Python, 2 ranks
@@ -342,8 +342,8 @@ BENCHES = {
     "handlers": bench_handlers,                # handlers' and register_sharding's cost to other operators
     "tp_block": bench_tp_block,                # a TP transformer block through parallelize_module, vs DTensor and by hand
     "unet_dp": bench_unet_dp,                  # the U-Net step under DDP x domain: ms and bytes against the fewest
-    "compile": bench_compile,                  # torch.compile against eager: TP-MLP (vs DTensor) and the U-Net
-    "compile_traced": bench_compile_traced,    # the same with ShardTensors traced (SHARDTENSOR_COMPILE=trace)
+    "compile": bench_compile,                  # torch.compile against eager: TP-MLP (vs DTensor) and the U-Net, traced
+    "compile_eager": bench_compile_eager,      # the same behind graph breaks (SHARDTENSOR_COMPILE=eager)
 }
 
 
@@ -751,7 +751,7 @@ def render_unet_dp(doc, records, figs):
                 f"{d.get('torch', '?')} (Python {d.get('python', '?')})")
 
 
-def render_compile(doc, records, figs, traced=False):
+def render_compile(doc, records, figs, traced=True):
     d = next((rec["data"] for rec in records if rec.get("data")), None) or {}
     variants = ["shardtensor eager", "shardtensor compiled", "DTensor eager", "DTensor compiled"]
     # The step's local work alone in plain torch (each rank's pieces, no all-reduce), where the run has it.
@@ -770,7 +770,7 @@ def render_compile(doc, records, figs, traced=False):
                   "shardtensor compiled / eager", "shardtensor compiled / DTensor compiled",
                   *(["torch compiled / eager (local work)"] if local else [])], rows) if rows else ""
     if rows and traced:
-        body += ("\n\nWith `SHARDTENSOR_COMPILE=trace` shardtensor's operators are traced (`python/shardtensor/"
+        body += ("\n\nshardtensor's operators are traced (the default: `python/shardtensor/"
                  "_compile_trace.py`): the compiled TP-MLP step is one graph of local operators and shardtensor's "
                  "moves, which Inductor compiles; ShardTensors enter and leave the graph as their plain pieces, so "
                  "AOTAutograd's runtime wrappers are those of a plain graph. On these same-host ranks the row-parallel "
@@ -783,11 +783,11 @@ def render_compile(doc, records, figs, traced=False):
                  "(each rank's pieces, no communication): where it makes them slower, a compiled step whose graph is "
                  "those operators and one all-reduce cannot be faster than the eager one.")
     elif rows:
-        body += ("\n\nBy default shardtensor's operators on ShardTensors are not traced: under torch.compile they run "
-                 "eagerly behind graph breaks (`python/shardtensor/_compile.py`), so its compiled step is its eager C++ "
-                 "work plus what dynamo's frame checks cost, and Inductor fuses nothing of it. The traced mode's "
-                 "figures are in the next table.")
-    doc.section("torch.compile against eager, ShardTensors traced" if traced else "torch.compile against eager",
+        body += ("\n\nWith `SHARDTENSOR_COMPILE=eager` shardtensor's operators on ShardTensors are not traced: under "
+                 "torch.compile they run eagerly behind graph breaks (`python/shardtensor/_compile.py`), so its compiled "
+                 "step is its eager C++ work plus what dynamo's frame checks cost, and Inductor fuses nothing of it. The "
+                 "default, traced, is the table above.")
+    doc.section("torch.compile against eager" if traced else "torch.compile against eager, SHARDTENSOR_COMPILE=eager",
                 f"One training step, {d.get('world', '?')} ranks (`bench/compile_bench.py`): the tensor-parallel MLP "
                 f"(W1 Shard(0), W2 Shard(1); forward and mean-square loss under `torch.compile(backend=\"inductor\")`, "
                 f"with the backward compiled alongside, and an eager SGD update) with shardtensor and with torch's DTensor, eager and compiled, and its local work alone in plain "
@@ -1102,7 +1102,7 @@ def render(results, args, machine_text, cxx_torch_text, total_s, out, tree):
         ("tp_block", render_tp_block, figs),
         ("unet_dp", render_unet_dp, figs),
         ("compile", render_compile, figs),
-        ("compile_traced", lambda d, r, f: render_compile(d, r, f, traced=True), figs),
+        ("compile_eager", lambda d, r, f: render_compile(d, r, f, traced=False), figs),
     ]
     for key, fn, f in order:
         if results.get(key):

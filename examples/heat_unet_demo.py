@@ -15,7 +15,7 @@ Usage (from the repository root):
     options: --steps N (20)  --out DIR (demo_output/python)  --mesh N | AxB (default: all ranks on one dim)
              --dp N: data parallel over a "dp" mesh axis of N times domain parallel over "domain"
              --fsdp: with --dp, torch's FSDP2 (fully_shard) instead of DDP
-             --compile: torch.compile the sharded model (operators on ShardTensors run eagerly)
+             --compile: torch.compile the sharded model (its operators and moves traced into graphs)
 
 (`shardrun` is .venv/bin/shardrun, or build-torch2/tools/shardrun/shardrun.)
 
@@ -70,7 +70,8 @@ def parse_args(argv=None):
                    help="data parallel over N groups (torch's DDP) times domain parallel (H split) in each")
     p.add_argument("--fsdp", action="store_true", help="with --dp: torch's FSDP2 (fully_shard) instead of DDP")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the sharded model (operators on ShardTensors run eagerly between compiled graphs)")
+                   help="torch.compile the sharded model (operators on ShardTensors traced; SHARDTENSOR_COMPILE=eager "
+                        "runs them eagerly between compiled graphs instead)")
     args = p.parse_args(argv)
     if args.dp is not None and args.mesh is not None:
         p.error("--dp and --mesh are exclusive: --dp N makes an N x (ranks / N) (dp, domain) mesh")

@@ -86,11 +86,26 @@ class _ModuleCommTrackerMixin:
         return self._flushing_first(super()._get_append_fn(w_mod, name, is_bw))
 
     def _get_pop_fn(self, w_mod, name, is_bw):
-        return self._flushing_first(super()._get_pop_fn(w_mod, name, is_bw))
+        pop = self._flushing_first(super()._get_pop_fn(w_mod, name, is_bw))
+
+        def fn(*args):
+            # A module whose pre-hook a compiled graph skipped (below) and whose post-hook runs
+            # eagerly after a graph break was never pushed: nothing to pop.
+            if is_bw or name in self.parents:
+                pop(*args)
+
+        return fn
+
+    def _fw_post_hook(self, mod, input, output):
+        if torch.compiler.is_compiling():
+            return
+        return super()._fw_post_hook(mod, input, output)
 
     def _fw_pre_hook(self, mod, input):
-        if torch._dynamo.eval_frame._is_in_optimized_module():
-            return  # as torch's: a compiled module's submodules are not tracked (their counts go to its parents)
+        # As torch's: a compiled module's submodules are not tracked (their counts go to its
+        # parents); nor is a module that dynamo traces (the counter it flushes is C++).
+        if torch._dynamo.eval_frame._is_in_optimized_module() or torch.compiler.is_compiling():
+            return
         name = self._get_mod_name(mod)
         if name not in self.module_types:  # the first forward call names it and its parameters
             self.module_types[name] = type(mod).__name__

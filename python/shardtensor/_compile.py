@@ -1,24 +1,23 @@
-"""torch.compile on ShardTensors: by default, what touches one runs eagerly, behind a graph break;
-with SHARDTENSOR_COMPILE=trace (experimental), ShardTensors are traced (_compile_trace.py).
+"""torch.compile on ShardTensors: traced by default (_compile_trace.py), every sharded operator
+and every move an operator of the graph, as DTensor is traced; with SHARDTENSOR_COMPILE=eager
+(the opt-out), what touches a ShardTensor runs eagerly behind a graph break instead.
 
 dynamo traces a tensor subclass only through Python's traceable-wrapper protocol
 (``__tensor_flatten__``). A ShardTensor is a plain ``torch.Tensor`` whose TensorImpl is
 shardtensor's C++ one, so dynamo would convert it to a fake tensor as if it were dense: that reads
 a storage the ShardTensor does not have (the crash "Cannot access storage of TensorImpl"), and a
-fake tensor of the global shape would lose the layout. torch treats its own storage-less C++
-tensors (sparse ones) in the same place the same way: ``VariableBuilder.wrap_tensor`` refuses
-them with a graph break. shardtensor adds ShardTensors to that refusal, so that under
-``torch.compile`` (any backend) and ``torch._dynamo.explain``:
+fake tensor of the global shape would lose the layout. So dynamo is taught, when it loads, one of
+two things:
 
-- plain-tensor work in a compiled function is compiled, in the graphs between the breaks;
-- every operator on a ShardTensor runs through shardtensor's C++ dispatcher exactly as in eager
-  mode: the same values, gradients and collectives, on any layout;
-- ``fullgraph=True`` raises torch's ``Unsupported`` error, which names the ShardTensor and says
-  what to do instead (or names the shardtensor function it met: dynamo skips those, below);
-- ``TORCH_LOGS=graph_breaks`` prints the reason at each break.
-
-The computation on each rank's piece does compile: ``local_map(torch.compile(fn), ...)`` runs a
-compiled ``fn`` on plain local tensors, and the collectives stay in C++.
+- traced (the default): it takes each ShardTensor as its local piece plus its layout, a constant
+  of the trace (_compile_trace.py); ``fullgraph=True`` works, and a region that cannot be traced
+  (an operator without a sharding rule after decomposition, a plain weight that requires grad
+  beside a ShardTensor) breaks the graph with a reason ``torch._dynamo.explain`` shows;
+- eager (SHARDTENSOR_COMPILE=eager, or a torch without what tracing needs): torch treats its own
+  storage-less C++ tensors (sparse ones) the same way, ``VariableBuilder.wrap_tensor`` refusing
+  them with a graph break. Plain-tensor work is compiled in the graphs between the breaks, every
+  operator on a ShardTensor runs through shardtensor's C++ dispatcher as in eager mode, and
+  ``fullgraph=True`` raises torch's ``Unsupported`` error naming the ShardTensor.
 
 dynamo is taught this when ``torch._dynamo`` is first imported (shardtensor does not import dynamo
 itself: it takes a second, and it binds ``torch.distributed.nn``'s defaults to the world group).
@@ -36,15 +35,15 @@ from ._after_import import after_import
 
 _DYNAMO = "torch._dynamo"
 _EXPLANATION = (
-    "a ShardTensor is a C++ tensor that dynamo cannot trace yet, so the operators on it run eagerly "
-    "through shardtensor's C++ dispatcher (the same values, gradients and collectives as without "
-    "torch.compile); plain-tensor work around them is still compiled")
+    "ShardTensors are not traced here (SHARDTENSOR_COMPILE=eager, or a torch without what tracing needs), so "
+    "the operators on them run eagerly through shardtensor's C++ dispatcher (the same values, gradients and "
+    "collectives as without torch.compile); plain-tensor work around them is still compiled")
 _HINTS = [
     "Use fullgraph=False (the default): the sharded operators then run eagerly between compiled graphs.",
     "To compile the work on each rank's piece, compile a function of plain tensors and apply it with "
     "shardtensor.local_map(torch.compile(fn), out_placements, in_placements).",
-    "To trace the sharded operators into the graph (fullgraph=True included), set SHARDTENSOR_COMPILE=trace in "
-    "the environment before torch._dynamo is imported (experimental; docs/python.md, \"torch.compile\").",
+    "To trace the sharded operators into the graph (fullgraph=True included), leave SHARDTENSOR_COMPILE unset "
+    "(or set it to 'trace') before torch._dynamo is imported (docs/python.md, \"torch.compile\").",
 ]
 _warned = False
 
@@ -67,16 +66,16 @@ def _warn_once() -> None:
     if not _warned:
         _warned = True
         warnings.warn("torch.compile: " + _EXPLANATION + " (each such operator is a graph break; "
-                      "TORCH_LOGS=graph_breaks lists them; SHARDTENSOR_COMPILE=trace traces them instead)", stacklevel=1)
+                      "TORCH_LOGS=graph_breaks lists them)", stacklevel=1)
 
 
 def traces() -> bool:
-    """Whether torch.compile traces ShardTensors (SHARDTENSOR_COMPILE=trace, read when dynamo
-    loads) instead of running their operators eagerly between graphs (the default)."""
-    mode = os.environ.get("SHARDTENSOR_COMPILE", "eager")
+    """Whether torch.compile traces ShardTensors (the default) or runs their operators eagerly
+    between compiled graphs (SHARDTENSOR_COMPILE=eager); read when dynamo loads."""
+    mode = os.environ.get("SHARDTENSOR_COMPILE", "trace")
     if mode not in ("eager", "trace"):
-        raise ValueError(f"SHARDTENSOR_COMPILE={mode!r}: allowed are 'eager' (the default: operators on ShardTensors "
-                         f"run eagerly between compiled graphs) and 'trace' (they are traced into the graph)")
+        raise ValueError(f"SHARDTENSOR_COMPILE={mode!r}: allowed are 'trace' (the default: operators on ShardTensors "
+                         f"are traced into the graph) and 'eager' (they run eagerly between compiled graphs)")
     return mode == "trace"
 
 
@@ -88,9 +87,9 @@ def _teach(dynamo) -> None:
         if missing is None:
             _compile_trace.teach(dynamo)
             return
-        warnings.warn(f"SHARDTENSOR_COMPILE=trace: torch {torch.__version__} lacks {missing}, which tracing "
-                      f"ShardTensors needs; their operators run eagerly behind graph breaks instead, as in the "
-                      f"default mode (the same values)")
+        warnings.warn(f"torch.compile: torch {torch.__version__} lacks {missing}, which tracing ShardTensors "
+                      f"needs; their operators run eagerly behind graph breaks instead, as with "
+                      f"SHARDTENSOR_COMPILE=eager (the same values)")
     _teach_graph_breaks(dynamo)
 
 
@@ -122,7 +121,29 @@ def _teach_graph_breaks(dynamo) -> None:
     cls.wrap_tensor = wrap_tensor
 
 
+class _PythonFunction(torch.autograd.Function):
+    """Any Python autograd Function: its node shows the C++ library the class of such nodes."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def _show_compiled_regions() -> None:
+    """Lets the C++ dispatch tell a compiled region's autograd node (AOTAutograd's
+    CompiledFunction, a Python autograd Function) from others: the regions' backward kernels
+    read data pointers, so the gradients of their outputs that meet ShardTensors are handed in
+    whole (dispatch/plain_gradients.cpp)."""
+    with torch.enable_grad():  # dynamo may first load under no_grad
+        _C.learn_python_function_node(_PythonFunction.apply(torch.zeros((), requires_grad=True)))
+
+
 def _teach_or_warn(dynamo) -> None:
+    _show_compiled_regions()
     try:
         _teach(dynamo)
     except Exception as e:  # noqa: BLE001 - another torch's dynamo: compile as it would without us

@@ -1,5 +1,5 @@
-"""torch.compile on ShardTensors, traced (SHARDTENSOR_COMPILE=trace, experimental): every move an
-operator of the graph.
+"""torch.compile on ShardTensors, traced (the default; SHARDTENSOR_COMPILE=eager opts out): every
+move an operator of the graph.
 
 dynamo traces a tensor subclass only through Python's traceable-wrapper protocol; a ShardTensor
 is a C++ tensor. So dynamo is taught, when it loads, to take each ShardTensor it meets (an
@@ -31,13 +31,13 @@ What dynamo is taught, and why each is needed:
 - the composite operators that eager mode takes whole or decomposes its own way (upsampling,
   linear) reach a traced ShardTensor the same way (_traced_composites.py).
 
-_compile.py teaches dynamo this when ``torch._dynamo`` is first imported, where the environment
-asks for it.
+_compile.py teaches dynamo this when ``torch._dynamo`` is first imported, unless the environment
+opts out. Every private part of torch used here is listed in _torch_private.py, with its reason.
 """
 
 from __future__ import annotations
 
-from . import _C, _placements, _tensor, _traceable, _traced_composites
+from . import _C, _placements, _traceable, _traced_composites
 
 
 def missing_support(dynamo) -> str | None:
@@ -104,7 +104,10 @@ def teach(dynamo) -> None:
         layout, strides = _C.layout_of(value), tuple(value.stride())
         piece = _traceable.guard_piece(value, layout, strides)
         dynamo.mark_static(piece)
-        slot = _traceable.new_gradient_slot()
+        slot, slot_object = _traceable.new_gradient_slot()
+        # Held by the frame's globals from now on, as long as the graph lives (the bytecode
+        # passes it to piece_into_graph: PieceSource.reconstruct).
+        self.tx.output.install_global_by_id("___shardtensor_gradient_slot", slot_object)
         piece_variable = cls(self.tx, PieceSource(self.get_source(), slot))(piece)
         # A call node of its own, not a traced call: dynamo would trace nonstrict_trace's
         # flattening of the arguments, and guard each call on pytree's globals.

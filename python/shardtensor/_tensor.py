@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import _C, _handlers, _placements, _traceable
+from ._args import _encode_sizes, _mesh_or_current
 from ._mesh import DeviceMesh, mesh_of_cpp
 from ._spec import ShardTensorSpec
 
@@ -109,54 +110,12 @@ def _require(t, what: str):
 
 
 
-def _mesh_or_current(device_mesh, what: str) -> DeviceMesh:
-    if device_mesh is None:
-        from . import _mesh
-
-        if not _mesh._BY_CPP:
-            raise ValueError(f"{what}: no device_mesh given and none has been created; call init_device_mesh first")
-        return list(_mesh._BY_CPP.values())[-1]
-    if not isinstance(device_mesh, DeviceMesh):
-        from ._mesh import from_torch_mesh
-
-        if type(device_mesh).__name__ == "DeviceMesh":  # torch's own
-            return from_torch_mesh(device_mesh)
-        raise TypeError(f"{what}: device_mesh must be a shardtensor.DeviceMesh, got {type(device_mesh).__name__}")
-    return device_mesh
-
-
 def _mesh_and_placements(device_mesh, placements, what: str):
     """The mesh (given, or the current one) and the placements encoded for it (default: Replicate)."""
     mesh = _mesh_or_current(device_mesh, what)
     if placements is None:
         placements = [_placements.Replicate()] * mesh.ndim
     return mesh, _placements.encode(placements, mesh.ndim)
-
-
-def _encode_sizes(sizes, placements, mesh: DeviceMesh):
-    """Explicit shard sizes as the C++ layer takes them: [(tensor dim, sizes)].
-
-    Two spellings are accepted:
-      {tensor_dim: [size per piece, ...]}            shardtensor's, e.g. {0: [1, 4, 2, 3]}
-      {mesh_dim: [local shape per rank, ...]}        PhysicsNeMo's sharding_shapes
-    """
-    if sizes is None:
-        return None
-    if not isinstance(sizes, dict):
-        raise TypeError(f"shard sizes must be a dict, got {type(sizes).__name__}")
-    out = []
-    placements = tuple(placements)
-    for key, values in sizes.items():
-        values = list(values)
-        if values and not isinstance(values[0], int):  # PhysicsNeMo: per-rank shapes along a mesh dim
-            if not (0 <= key < len(placements)) or not placements[key].is_shard():
-                raise ValueError(f"sharding_shapes: mesh dim {key} does not shard a tensor dim "
-                                 f"(placements {list(placements)})")
-            dim = placements[key].dim
-            out.append((dim, [int(tuple(s)[dim]) for s in values]))
-        else:
-            out.append((int(key), [int(v) for v in values]))
-    return out
 
 
 def from_local(local_tensor, device_mesh=None, placements=None, *, run_check=False, shape=None, stride=None,
@@ -276,16 +235,14 @@ def _device_mesh_of(self):
 
 def _to_local(self, *, grad_placements=None):
     if isinstance(self, _Traced):
-        return _traceable.to_local_in_graph(
-            self, None if grad_placements is None else _traceable._flat_placements(_placements.encode(grad_placements)))
+        return _traceable.to_local_in_graph(self, _traceable._flat_grad_placements(grad_placements))
     _require(self, "to_local")
     return _C.to_local(self, None if grad_placements is None else _placements.encode(grad_placements))
 
 
 def _full_tensor(self, *, grad_placements=None):
     if isinstance(self, _Traced):
-        return _traceable.full_tensor_in_graph(
-            self, None if grad_placements is None else _traceable._flat_placements(_placements.encode(grad_placements)))
+        return _traceable.full_tensor_in_graph(self, _traceable._flat_grad_placements(grad_placements))
     _require(self, "full_tensor")
     return _C.full_tensor(self, None if grad_placements is None else _placements.encode(grad_placements))
 

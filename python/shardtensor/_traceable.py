@@ -20,20 +20,29 @@ local ATen operators and collectives, and eager mode never meets this class.
 
 from __future__ import annotations
 
+import itertools
+import weakref
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
 
-from . import _C
+from . import _C, _placements
+from ._args import _encode_sizes, _mesh_or_current
 
-# The layouts compiled graphs name, by position: a layout is a constant of the trace.
+# The layouts compiled graphs name, by number: a layout is a constant of the trace. Layouts
+# compare by value, so this holds one entry per distinct layout ever traced (a program's own
+# handful), however often graphs are compiled.
 _IN_GRAPHS: list = []
+_LAYOUT_NUMBERS: dict = {}
 
 
 def layout_number(layout) -> int:
     """The layout's number in _IN_GRAPHS, by which a graph names it (a constant of the trace)."""
-    if layout not in _IN_GRAPHS:
+    number = _LAYOUT_NUMBERS.get(layout)
+    if number is None:
+        number = _LAYOUT_NUMBERS[layout] = len(_IN_GRAPHS)
         _IN_GRAPHS.append(layout)
-    return _IN_GRAPHS.index(layout)
+    return number
 
 
 def _layout_fx_repr(layout):
@@ -76,19 +85,17 @@ class TraceableShardTensor(torch.Tensor):
     # the ones shardtensor installs on torch.Tensor for operators to put in the graph).
     def redistribute(self, device_mesh=None, placements=None, *, async_op=False, sharding_shapes=None, transport=None,
                      peer_memory=None):
-        from ._tensor import _redistribute
-
-        return _redistribute(self, device_mesh, placements, sharding_shapes=sharding_shapes)
+        # On the same mesh: a compiled region cannot compare meshes.
+        if placements is None:
+            return self
+        encoded = _placements.encode(placements)
+        return redistribute(self, encoded, _encode_sizes(sharding_shapes, _placements.decode(encoded), None))
 
     def to_local(self, *, grad_placements=None):
-        from ._tensor import _to_local
-
-        return _to_local(self, grad_placements=grad_placements)
+        return to_local_in_graph(self, _flat_grad_placements(grad_placements))
 
     def full_tensor(self, *, grad_placements=None):
-        from ._tensor import _full_tensor
-
-        return _full_tensor(self, grad_placements=grad_placements)
+        return full_tensor_in_graph(self, _flat_grad_placements(grad_placements))
 
     def shard_sizes(self):
         return shard_sizes_of(self._layout)
@@ -150,28 +157,28 @@ def _refuse_plain_tensors_with_gradients(func, args, kwargs) -> None:
 
 def _run_or_break(func, cpp_args, cpp_kwargs):
     """The operator's shardtensor kernel on the traced pieces. While dynamo traces, an operator
-    without a sharding rule (often one that reached shardtensor decomposed, as batch norm does
-    under tracing) breaks the graph instead of falling back to gathering: run eagerly, the whole
-    operator has its kernel."""
+    that would fall back to gathering (no sharding rule, often because it reached shardtensor
+    decomposed, as batch norm does under tracing; or a rule that refuses these inputs) breaks the
+    graph instead: run eagerly, the whole operator has its kernel. The refusal is this thread's
+    (_C.FallbackRefusal), and names the operator it refused."""
     if not _dynamo_is_tracing():
         return _traced(func.redispatch, _SHARDTENSOR_KERNEL, *cpp_args, **cpp_kwargs)
-    strict = _C.is_strict()
-    _C.set_strict(True)
+    refusal = _C.FallbackRefusal()
     try:
-        return _traced(func.redispatch, _SHARDTENSOR_KERNEL, *cpp_args, **cpp_kwargs)
+        with refusal:
+            return _traced(func.redispatch, _SHARDTENSOR_KERNEL, *cpp_args, **cpp_kwargs)
     except NotImplementedError as e:
-        if "no sharding rule" not in str(e):
+        if refusal.refused is None:
             raise
         from torch._dynamo.exc import unimplemented
 
         unimplemented(
-            gb_type="An operator without a sharding rule on a ShardTensor",
-            context=str(func),
-            explanation=f"{func} has no sharding rule here (composite operators reach shardtensor decomposed while "
-                        f"tracing); it runs eagerly, where the operator it came from has its kernel",
+            gb_type="An operator that would fall back on a ShardTensor",
+            context=f"{func} (shardtensor: {refusal.refused})",
+            explanation=f"{refusal.refused} would fall back to gathering its inputs here ({str(e).splitlines()[0]}); composite operators "
+                        f"reach shardtensor decomposed while tracing. It runs eagerly, where the operator it came "
+                        f"from has its kernel",
             hints=["Register a rule for it (shardtensor.register_sharding), or leave the graph break."])
-    finally:
-        _C.set_strict(strict)
 
 
 def _dynamo_is_tracing() -> bool:
@@ -212,6 +219,11 @@ def _traced(fn, *args, **kwargs):
 # ---- redistribute, as an operator that a graph can hold ----
 # The target layout travels as integers: placements as (kind, value) pairs of the C++ encoding,
 # flattened, and shard sizes as (tensor dim, count, sizes...) runs.
+
+def _flat_grad_placements(grad_placements):
+    """A user's grad_placements (placements, or None) as to_local_in_graph takes them."""
+    return None if grad_placements is None else _flat_placements(_placements.encode(grad_placements))
+
 
 def _flat_placements(encoded) -> list:
     return [v for pair in encoded for v in pair]
@@ -374,9 +386,6 @@ torch.library._register_effectful_op("shardtensor::check_inferred_layout", torch
 def layout_for_piece(device_mesh, placements, sharding_shapes, shape, trusted, local_shape, dtype):
     """The layout from_local gives a piece of ``local_shape``, its global strides and its number
     (layout_number): constants of the trace (dynamo calls it once, at trace time: _compile.py)."""
-    from . import _placements
-    from ._tensor import _encode_sizes, _mesh_or_current
-
     mesh = _mesh_or_current(device_mesh, "from_local")
     placements = [(_REPLICATE, 0)] * mesh.ndim if placements is None else [tuple(p) for p in placements]
     if isinstance(sharding_shapes, str):
@@ -403,8 +412,6 @@ def placements_of(x: TraceableShardTensor):
 
 # What traced code reads of a layout: constants of the trace (dynamo evaluates them once).
 def placements_of_layout(layout) -> tuple:
-    from . import _placements
-
     return tuple(_placements.decode(layout.placements))
 
 
@@ -445,12 +452,20 @@ def into_graph(piece: torch.Tensor, layout, strides, slot: int) -> TraceableShar
     return _IntoGraph.apply(piece, layout, strides, slot)
 
 
-_GRADIENT_SLOTS: list = []  # the gradient layouts of graphs' input pieces, by number (into_graph)
+# The gradient layouts of graphs' input pieces, by number (into_graph). Held weakly: a slot lives
+# as long as the compiled code whose frame holds it (dynamo's installed globals, dropped with the
+# graph), so recompiling does not grow this.
+_GRADIENT_SLOTS: "weakref.WeakValueDictionary[int, _C.GradientLayoutSlot]" = weakref.WeakValueDictionary()
+_SLOT_NUMBERS = itertools.count()
 
 
-def new_gradient_slot() -> int:
-    _GRADIENT_SLOTS.append(_C.GradientLayoutSlot())
-    return len(_GRADIENT_SLOTS) - 1
+def new_gradient_slot():
+    """A new gradient slot and its number; the caller keeps the slot alive (dynamo: a global of
+    the frame it compiles)."""
+    slot = _C.GradientLayoutSlot()
+    number = next(_SLOT_NUMBERS)
+    _GRADIENT_SLOTS[number] = slot
+    return number, slot
 
 
 class _IntoGraph(torch.autograd.Function):

@@ -1,6 +1,6 @@
 // What torch.compile's traceable wrapper (shardtensor/_traceable.py) needs: a ShardTensor's
 // layout as a hashable constant (Layout, the C++ spec), the wrapper's piece and layout back to a
-// C++ ShardTensor and out again, and the tracing scope (shardtensor/tracing.h); and what a
+// C++ ShardTensor and out again, and the tracing scope (comm/traced_collectives.h); and what a
 // compiled graph's edges run on every call (shardtensor/_compile_trace.py): the guard of a
 // ShardTensor argument, its piece handed in, and the ShardTensor results rebuilt.
 #include <ATen/ScalarOps.h>
@@ -11,7 +11,10 @@
 
 #include "bindings.h"
 #include "shardtensor/shard_tensor.h"
-#include "shardtensor/tracing.h"
+#include "api/tracing.h"
+#include "comm/traced_collectives.h"
+#include "dispatch/dispatch_state.h"
+#include "dispatch/plain_gradients.h"
 
 namespace shardtensor::python {
 namespace {
@@ -20,6 +23,21 @@ struct TracingContext {
   std::optional<TracingScope> scope;
   void enter() { scope.emplace(); }
   void exit() { scope.reset(); }
+};
+
+// `with _C.FallbackRefusal() as refusal:` (dispatch/dispatch_state.h); `refusal.refused` names
+// the operator that would have fallen back, after the block raised.
+struct RefusalContext {
+  std::optional<FallbackRefusal> scope;
+  std::string refused;
+  RefusalContext& enter() {
+    scope.emplace();
+    return *this;
+  }
+  void exit(const py::args&) {
+    refused = scope->refused();
+    scope.reset();
+  }
 };
 
 // guard_piece for any Python object: None where it is no tensor or not a ShardTensor of `layout`.
@@ -118,6 +136,14 @@ void bind_tracing(py::module_& m) {
            py::arg("compiled"), py::arg("results"))
       .def("__call__", &ShardTensorResults::operator());
   py::class_<TracingContext>(m, "TracingScope").def(py::init<>()).def("enter", &TracingContext::enter).def("exit", &TracingContext::exit);
+  m.def("learn_python_function_node", &learn_python_function_node, py::arg("made_by_a_python_function"));
+  py::class_<RefusalContext>(m, "FallbackRefusal")
+      .def(py::init<>())
+      .def("__enter__", &RefusalContext::enter, py::return_value_policy::reference)
+      .def("__exit__", &RefusalContext::exit)
+      .def_property_readonly("refused", [](const RefusalContext& r) -> py::object {
+        return r.refused.empty() ? py::none() : py::cast(r.refused);
+      });
 }
 
 }  // namespace shardtensor::python

@@ -1,6 +1,6 @@
-// See shardtensor/tracing.h.
+// See api/tracing.h.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-#include "shardtensor/tracing.h"
+#include "api/tracing.h"
 
 #include <ATen/core/grad_mode.h>
 

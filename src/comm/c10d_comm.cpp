@@ -15,7 +15,7 @@
 #include "comm/c10d_comm.h"
 #include "comm/comm_debug.h"
 #include "comm/fingerprint.h"
-#include "comm/traced_collectives.h"
+#include "comm/traced_comm.h"
 #include "util/strings.h"
 
 namespace shardtensor {
@@ -91,13 +91,14 @@ class C10dComm final : public Comm {
         ranks_(std::move(global_ranks)),
         rank_(my_group_rank),
         timeout_(timeout),
-        traced_(std::move(registered_name), static_cast<int64_t>(ranks_.size()), group_name()) {}
+        traced_(*this, TracedCollectives(std::move(registered_name), static_cast<int64_t>(ranks_.size()), group_name())) {}
 
   int64_t rank() const override { return rank_; }
   int64_t size() const override { return static_cast<int64_t>(ranks_.size()); }
   const std::vector<int64_t>& global_ranks() const override { return ranks_; }
   std::string backend_name() const override { return group()->getBackendName(); }
   std::chrono::milliseconds timeout() const override { return timeout_; }
+  Comm* traced_form() override { return &traced_; }
 
   // Whether this Comm runs over `group`, and how that group fares.
   bool runs_over(const C10dBackend* group) const { return group_ && group_.get() == group; }
@@ -113,10 +114,6 @@ class C10dComm final : public Comm {
 
   void all_gather(const at::Tensor& input, const at::Tensor& output) override {
     TORCH_INTERNAL_ASSERT(output.size(0) == size() && output.is_contiguous());
-    if (tracing_collectives()) {
-      output.copy_(traced_.all_gather(input.reshape({1, -1})).view(output.sizes()));
-      return;
-    }
     std::vector<at::Tensor> inputs{movable(input.contiguous())};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int64_t i = 0; i < size(); ++i) outputs[0].push_back(movable(output).select(0, i));
@@ -131,10 +128,6 @@ class C10dComm final : public Comm {
 
   void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
     // Other backends (a user's own ProcessGroup) may lack it: they get Comm's all_to_all form.
-    if (tracing_collectives()) {
-      output.copy_(traced_.reduce_scatter(input.view({size(), -1}), op).view(output.sizes()));
-      return;
-    }
     if (!nccl_ && !(gloo_ && SHARDTENSOR_GLOO_HAS_REDUCE_SCATTER)) return Comm::reduce_scatter(output, input, op);
     TORCH_INTERNAL_ASSERT(input.is_contiguous() && output.is_contiguous() && input.numel() == size() * output.numel());
     // Flat: Gloo checks that the input's first dim is size() times the output's.
@@ -149,10 +142,6 @@ class C10dComm final : public Comm {
 
   void all_reduce(const at::Tensor& tensor, ReduceOp op) override {
     TORCH_INTERNAL_ASSERT(tensor.is_contiguous());
-    if (tracing_collectives()) {
-      tensor.copy_(traced_.all_reduce(tensor, op));
-      return;
-    }
     std::vector<at::Tensor> tensors{reducible(tensor, op)};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
@@ -163,10 +152,6 @@ class C10dComm final : public Comm {
 
   void broadcast(const at::Tensor& tensor, int64_t root) override {
     TORCH_INTERNAL_ASSERT(tensor.is_contiguous());
-    if (tracing_collectives()) {
-      tensor.copy_(traced_.broadcast(tensor, root));
-      return;
-    }
     std::vector<at::Tensor> tensors{movable(tensor)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
@@ -175,7 +160,6 @@ class C10dComm final : public Comm {
   }
 
   void barrier() override {
-    if (tracing_collectives()) return;  // a graph orders its collectives by their data alone
     run("barrier", 0, [&] { return group()->barrier(); }, [] { return std::string("barrier"); });
   }
 
@@ -185,10 +169,6 @@ class C10dComm final : public Comm {
     int64_t sent = 0;
     for (size_t q = 0; q < input_splits.size(); ++q)
       if (static_cast<int64_t>(q) != rank_) sent += input_splits[q];
-    if (tracing_collectives()) {
-      output.copy_(traced_.all_to_all(input, output_splits, input_splits));
-      return;
-    }
     at::Tensor in = movable(input), out = movable(output);
     std::vector<int64_t> out_splits = output_splits, in_splits = input_splits;
     // Split sizes differ per rank: the fingerprint names the dtype only; the split sizes follow
@@ -198,9 +178,8 @@ class C10dComm final : public Comm {
   }
 
   std::unique_ptr<Messages> start_messages(const char* counted_as, bool counts) override {
-    // NCCL would need a batched group (ncclGroupStart) for messages posted one by one; a traced
-    // graph has no point-to-point messages.
-    if (!gloo_ || tracing_collectives()) return Comm::start_messages(counted_as, counts);
+    // NCCL would need a batched group (ncclGroupStart) for messages posted one by one.
+    if (!gloo_) return Comm::start_messages(counted_as, counts);
     check_usable();
     return std::make_unique<PostedMessages>(*this, counted_as, counts);
   }
@@ -495,7 +474,7 @@ class C10dComm final : public Comm {
   std::vector<int64_t> ranks_;
   int64_t rank_;
   std::chrono::milliseconds timeout_;
-  TracedCollectives traced_;  // what this group's collectives record while tracing
+  TracedComm traced_;  // this group while torch.compile traces
 };
 
 // Every C10dComm made, so that release_communicators() can drop their backends at shutdown.

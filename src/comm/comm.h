@@ -62,6 +62,14 @@ class Comm {
   // How long a member waits for the others in a collective before it raises.
   virtual std::chrono::milliseconds timeout() const = 0;
 
+  // The communicator whose bytes move: this one, or the eager one a traced Comm stands for.
+  virtual Comm& eager() { return *this; }
+  // Whether this Comm records its collectives in a graph being traced instead of moving bytes
+  // (comm/traced_comm.h): a transport handed one records its own moves as graph operators too.
+  virtual bool records_graph() const { return false; }
+  // This group's traced form (comm/traced_comm.h), where it has one.
+  virtual Comm* traced_form() { return nullptr; }
+
   // Every rank gives `input` of one shape; `output` ([size(), *input.shape], contiguous) gets
   // them in group-rank order.
   virtual void all_gather(const at::Tensor& input, const at::Tensor& output) = 0;
@@ -95,9 +103,14 @@ class Comm {
   struct Attachment {
     virtual ~Attachment() = default;
   };
-  std::unique_ptr<Attachment>& attachment(const void* key) { return attachments_[key]; }
+  // A traced Comm shares its eager one's.
+  std::unique_ptr<Attachment>& attachment(const void* key) { return eager().attachments_[key]; }
   // Destroys them now, before the Comm (at shutdown: release_communicators).
   void drop_attachments() { attachments_.clear(); }
+
+ protected:
+  // A Comm that stands for another's group, under its number (comm/traced_comm.h).
+  explicit Comm(int64_t number) : number_(number) {}
 
  private:
   std::map<const void*, std::unique_ptr<Attachment>> attachments_;

@@ -1,6 +1,6 @@
 // See comm_debug.h and CommDebugMode in shardtensor/dispatch.h.
 #include "comm/comm_debug.h"
-#include "shardtensor/tracing.h"
+#include "comm/traced_collectives.h"
 
 #include <algorithm>
 #include <iomanip>

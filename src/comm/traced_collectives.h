@@ -3,9 +3,9 @@
 // Under torch.compile, the Python traceable wrapper (python/shardtensor/_traceable.py) runs
 // shardtensor's C++ dispatch on local pieces that hold no bytes (dynamo's fake tensors,
 // AOTAutograd's functional ones). Propagation, planning and the kernels run as in eager mode;
-// only the bytes cannot move. While a TracingScope is open on the thread, every collective a
-// Comm over torch.distributed groups is asked for is recorded instead as torch's functional
-// collective of the same meaning (torch.ops._c10d_functional: all_reduce,
+// only the bytes cannot move. While a TracingScope is open on the thread, the mesh hands out each
+// group's TracedComm (comm/traced_comm.h), whose every collective is recorded instead as torch's
+// functional collective of the same meaning (torch.ops._c10d_functional: all_reduce,
 // all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, broadcast), followed by its wait_tensor, so the compiled graph holds local ATen ops and
 // collectives that Inductor can schedule. Exchanges of parts (halos, uneven steps, the ring's
 // batches, peer memory) are recorded as shardtensor's own ordered operator instead
@@ -19,13 +19,29 @@
 #include <vector>
 
 #include "shardtensor/placement.h"
-#include "shardtensor/tracing.h"  // tracing_collectives(), TracingScope
 
 namespace at {
 class Tensor;
 }
 
 namespace shardtensor {
+
+// Whether this thread is tracing (a TracingScope is open): asked where a move is lowered.
+bool tracing_collectives();
+
+// Open while the traceable wrapper runs one operator on traced pieces: every move is then
+// recorded as an operator of the graph instead of moving bytes (torch's functional collective of
+// the same meaning, or, for a peer-memory step, shardtensor::exchange_parts).
+class TracingScope {
+ public:
+  TracingScope();
+  ~TracingScope();
+  TracingScope(const TracingScope&) = delete;
+  TracingScope& operator=(const TracingScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // Closes this thread's TracingScope for its life: an operator that a graph recorded and that now
 // runs, inside a region that still traces (dynamo's eager backend runs graphs on real pieces),

@@ -40,8 +40,19 @@ std::set<std::string>& fallbacks() {
 
 }  // namespace
 
+static thread_local FallbackRefusal* open_refusal = nullptr;
+
 void set_strict(bool strict) { strict_flag() = strict; }
-bool is_strict() { return strict_flag(); }
+// A refusal counts as strict mode for the propagation cache too (propagation_key::seed), so that
+// a propagation cached as a fallback is not reused without the refusal.
+bool is_strict() { return open_refusal != nullptr || strict_flag(); }
+
+FallbackRefusal::FallbackRefusal() : previous_(open_refusal) { open_refusal = this; }
+FallbackRefusal::~FallbackRefusal() { open_refusal = previous_; }
+
+void refuse_if_open(const std::string& op_name) {
+  if (open_refusal) open_refusal->refused_ = op_name;
+}
 
 std::set<std::string>& propagated() {
   static std::set<std::string> names;
@@ -83,6 +94,7 @@ bool log_enabled() {
 }
 
 void note_order_fallback(const std::string& op_name, const std::string& why) {
+  refuse_if_open(op_name);
   TORCH_CHECK_NOT_IMPLEMENTED(!is_strict(), op_name, ": ", why, ", and strict mode is on (SHARDTENSOR_STRICT=1 or set_strict(true)), ",
                               "so its inputs are not put back in sequence order first. zigzag_unshard them yourself, or "
                               "compute on to_local() pieces.");
@@ -99,6 +111,7 @@ void note_order_fallback(const std::string& op_name, const std::string& why) {
 }
 
 void note_fallback(const std::string& op_name, const std::string& why) {
+  refuse_if_open(op_name);
   TORCH_CHECK_NOT_IMPLEMENTED(!is_strict(), op_name, ": ", why, ", and strict mode is on (SHARDTENSOR_STRICT=1 or set_strict(true)), ",
               "so it does not fall back to gathering its inputs. Register a rule for '", op_name,
               "' with register_sharding_rule(), or compute on to_local() pieces.");

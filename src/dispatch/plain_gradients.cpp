@@ -6,7 +6,6 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <cstring>
 #include <memory>
 #include <typeinfo>
 #include <unordered_map>
@@ -61,11 +60,11 @@ struct FullGradientHook final : torch::autograd::FunctionPreHook {
 // tensors: Inductor's kernels read data pointers, which a ShardTensor does not have. The
 // gradients of such a region's outputs are handed on in full at its boundary instead (one
 // reduction per output per backward), so the leaves behind it receive plain gradients.
-// Only a Python autograd Function can be one: its node is a torch::autograd::PyNode, told by its
-// mangled type name (the class lives in libtorch_python, which this library does not link)
-// before asking for the Python class's name.
+const std::type_info* python_function_node = nullptr;  // learn_python_function_node
+
+// The class is compared first: a Python node's name is a Python call.
 bool takes_only_plain_gradients(const Node& node) {
-  return std::strcmp(typeid(node).name(), "N5torch8autograd6PyNodeE") == 0 && node.name() == "CompiledFunctionBackward";
+  return python_function_node && typeid(node) == *python_function_node && node.name() == "CompiledFunctionBackward";
 }
 
 void hook_compiled_region(Node& node) {
@@ -141,6 +140,12 @@ void hand_on_gradient_terms(const at::Tensor& leaf, int64_t ranks) {
               "hand_on_gradient_terms: expected a plain parameter (a leaf that requires grad)");
   TORCH_CHECK(ranks >= 1, "hand_on_gradient_terms: the sum is over at least one rank, got ", ranks);
   hook_leaf(leaf).term_of_ranks = ranks;
+}
+
+void learn_python_function_node(const at::Tensor& made_by_a_python_function) {
+  const NodePtr& node = made_by_a_python_function.grad_fn();
+  TORCH_CHECK(node, "learn_python_function_node: expected a tensor made by a Python autograd Function");
+  python_function_node = &typeid(*node);
 }
 
 }  // namespace shardtensor

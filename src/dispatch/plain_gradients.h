@@ -6,6 +6,12 @@
 
 namespace shardtensor {
 
+// Teaches the library the C++ class of a Python autograd Function's node (torch's PyNode, in
+// libtorch_python, which this library does not link), from `made_by_a_python_function`, a tensor
+// whose grad_fn is one. torch.compile's regions (AOTAutograd's CompiledFunction) are such nodes;
+// the Python package calls this when dynamo loads. Until then (a C++ program) no node is one.
+void learn_python_function_node(const at::Tensor& made_by_a_python_function);
+
 // `plain` (which requires grad) met ShardTensors in an operator and counted as Replicate, so
 // autograd will hand it a ShardTensor gradient, usually a Partial sum of the ranks'
 // contributions. Optimizers, clipping, torch's DDP and FSDP expect a plain parameter to have a

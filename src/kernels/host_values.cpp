@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include "shardtensor/tracing.h"
 #include "util/below_tracer_modes.h"
 
 namespace shardtensor {
@@ -20,6 +19,10 @@ at::Tensor host_tensor(const std::vector<int64_t>& values, c10::Device device) {
 
 at::Tensor host_tensor(const std::vector<double>& values, c10::Device device) { return real_tensor(values, at::kDouble, device); }
 
-at::Tensor as_operand(const at::Tensor& value) { return tracing_collectives() ? at::lift_fresh(value) : value; }
+at::Tensor as_operand(const at::Tensor& value, const at::Tensor& piece) {
+  const c10::DispatchKeySet keys = piece.key_set();
+  const bool traced = keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::Functionalize);
+  return traced ? at::lift_fresh(value) : value;
+}
 
 }  // namespace shardtensor

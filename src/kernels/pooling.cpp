@@ -7,6 +7,7 @@
 
 #include "domain/halo.h"
 #include "kernels/host_values.h"
+#include "util/below_tracer_modes.h"
 #include "kernels/stack.h"
 #include "rules/pooling.h"
 
@@ -16,6 +17,7 @@ namespace {
 // Average pooling's divisor at this rank's outputs (double, on the mesh's device), shaped to
 // broadcast over them: each dim's factors at the outputs this rank owns.
 at::Tensor divisor_of(const PoolPlan& plan, int64_t ndim) {
+  const BelowTracerModes real_bytes;  // a host value (host_values.h), however the plan is lowered
   at::Tensor divisor = at::ones({}, at::kDouble);
   if (plan.divisor_override) return divisor.fill_(static_cast<double>(*plan.divisor_override));
   for (int64_t i = 0; i < plan.spatial; ++i) {
@@ -23,13 +25,15 @@ at::Tensor divisor_of(const PoolPlan& plan, int64_t ndim) {
     const std::vector<double> factors(plan.divisor_factors[i].begin() + mine.begin, plan.divisor_factors[i].begin() + mine.end);
     std::vector<int64_t> shape(ndim, 1);
     shape[ndim - plan.spatial + i] = mine.size();
-    divisor = divisor * as_operand(host_tensor(factors, plan.halo.mesh.device())).view(shape);
+    divisor = divisor * host_tensor(factors, plan.halo.mesh.device()).view(shape);
   }
   return divisor;
 }
 
 // `t` (shaped like this rank's outputs) divided by the divisor, in t's dtype and device.
-at::Tensor divided(const at::Tensor& divisor, const at::Tensor& t) { return (t / divisor.to(t.device())).to(t.scalar_type()); }
+at::Tensor divided(const at::Tensor& divisor, const at::Tensor& t) {
+  return (t / as_operand(divisor, t).to(t.device())).to(t.scalar_type());
+}
 
 std::vector<int64_t> zero_list(int64_t n) { return std::vector<int64_t>(n, 0); }
 

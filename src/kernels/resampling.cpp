@@ -48,12 +48,12 @@ at::Tensor apply_forward(const DeviceMesh& mesh, const std::vector<LocalMap>& ma
     const int64_t d = a.halo.lowered().axis.tensor_dim;
     x = gather_window(x, a.halo, mesh);
     if (a.weights.empty()) {
-      x = x.index_select(d, as_operand(a.sources[0]).to(x.device()));
+      x = x.index_select(d, as_operand(a.sources[0], x).to(x.device()));
       continue;
     }
     at::Tensor sum;
     for (size_t k = 0; k < a.sources.size(); ++k) {
-      const at::Tensor term = x.index_select(d, as_operand(a.sources[k]).to(x.device())) * as_operand(a.weights[k]).to(x.options());
+      const at::Tensor term = x.index_select(d, as_operand(a.sources[k], x).to(x.device())) * as_operand(a.weights[k], x).to(x.options());
       sum = k == 0 ? term : sum + term;
     }
     x = sum;
@@ -70,8 +70,8 @@ at::Tensor apply_backward(const DeviceMesh& mesh, const std::vector<LocalMap>& m
     shape[d] = axis.axis.window[axis.me].size();
     at::Tensor g = at::zeros(shape, grad.options());
     for (size_t k = 0; k < a.sources.size(); ++k)
-      g.index_add_(d, as_operand(a.sources[k]).to(grad.device()),
-                   a.weights.empty() ? grad : grad * as_operand(a.weights[k]).to(grad.options()));
+      g.index_add_(d, as_operand(a.sources[k], grad).to(grad.device()),
+                   a.weights.empty() ? grad : grad * as_operand(a.weights[k], grad).to(grad.options()));
     grad = scatter_add_window(g, a.halo, mesh);
   }
   return grad;

@@ -9,6 +9,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "comm/traced_comm.h"
 #include "mesh/mesh_impl.h"
 #include "util/hash.h"
 #include "util/strings.h"
@@ -199,7 +200,7 @@ Comm& DeviceMesh::comm(int64_t mesh_dim) const {
   TORCH_CHECK(has_comms(), "DeviceMesh: ", to_string(),
               " was built without communicators (DeviceMesh::without_comms) and cannot run collectives.");
   size(mesh_dim);
-  return *impl_->comms[mesh_dim];
+  return comm_for_this_thread(*impl_->comms[mesh_dim]);
 }
 
 Comm& DeviceMesh::mesh_comm() const {
@@ -208,7 +209,7 @@ Comm& DeviceMesh::mesh_comm() const {
               " was built without communicators (DeviceMesh::without_comms) and cannot run collectives.");
   TORCH_CHECK(impl_->mesh_comm, "DeviceMesh: ", to_string(), " has no mesh-wide group; it was built with ",
               "from_process_groups without `mesh_group`. Pass a group over all its ranks to move data across mesh dims.");
-  return *impl_->mesh_comm;
+  return comm_for_this_thread(*impl_->mesh_comm);
 }
 
 bool DeviceMesh::operator==(const DeviceMesh& other) const {

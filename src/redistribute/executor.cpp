@@ -18,7 +18,6 @@
 
 #include "comm/comm.h"
 #include "comm/fingerprint.h"
-#include "comm/traced_collectives.h"
 #include "redistribute/boxes.h"
 #include "redistribute/transport.h"
 #include "redistribute/transports/collective_transport.h"
@@ -126,7 +125,7 @@ at::Tensor all_reduce_on(Comm& comm, const at::Tensor& local, ReduceOp op, StepT
   }
   // Traced, the two exchanges below would be two operators of the graph, with the copies between
   // them functionalized into passes over the whole tensor: one operator runs them as here.
-  if (tracing_collectives()) return traced_all_reduce(comm, local, op, how);
+  if (comm.records_graph()) return traced_all_reduce(comm, local, op, how);
   at::Tensor out = at::empty(local.sizes(), local.options());
   const at::Tensor flat = local.contiguous().view({-1});
   const at::Tensor out_flat = out.view({-1});
@@ -239,7 +238,7 @@ at::Tensor execute_plan(const at::Tensor& local, const ShardTensorSpec& source, 
 
 at::Tensor execute_redistribute(const at::Tensor& local, const ShardTensorSpec& source, const RedistributePlan& plan,
                                 const ResolvedTransportOptions& options) {
-  if (plan.empty() || !tracing_collectives() || !is_traced_piece(local)) return execute_plan(local, source, plan, options);
+  if (plan.empty() || !is_traced_piece(local)) return execute_plan(local, source, plan, options);
   std::pair<ShardTensorSpec, ShardTensorSpec> layouts{source, plan.steps.back().after};
   const std::vector<TracedBytes> read{TracedBytes(local)};
   if (const at::Tensor earlier = recorded_redistributes.find(layouts, read); earlier.defined()) return fresh_copy(earlier);
@@ -340,11 +339,12 @@ at::Tensor LoweredStep::exchange(const at::Tensor& piece, const DeviceMesh& mesh
   };
   // A step that moves nothing between ranks on any of them (transport_for: only cuts) is local
   // work alone; a graph still holds it as an exchange (part_transport.h says why).
-  if (how.kind == TransportKind::None && !tracing_collectives()) {
+  Comm& comm = mesh_dim < 0 ? mesh.mesh_comm() : mesh.comm(mesh_dim);
+  if (how.kind == TransportKind::None && !comm.records_graph()) {
     parts.local_work();
     return out;
   }
-  move_parts(mesh_dim < 0 ? mesh.mesh_comm() : mesh.comm(mesh_dim), how, parts);
+  move_parts(comm, how, parts);
   return out;
 }
 

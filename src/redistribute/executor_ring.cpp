@@ -18,7 +18,6 @@
 #include "redistribute/lowered_step.h"
 #include "redistribute/transport.h"
 #include "redistribute/transports/part_transport.h"
-#include "shardtensor/tracing.h"
 
 namespace shardtensor {
 namespace {
@@ -30,10 +29,11 @@ int64_t elements_of(const std::vector<at::Tensor>& tensors) {
 }
 
 // `tensors` as one flat tensor over the memory they already share, where they lie one after
-// another in one storage; undefined otherwise. Never while tracing: a compiled graph may give
-// each of them a buffer of its own (Inductor does), where such a view reaches past the first.
-at::Tensor already_flat(const std::vector<at::Tensor>& tensors) {
-  if (tensors.empty() || !tensors[0].is_contiguous() || tracing_collectives()) return {};
+// another in one storage; undefined otherwise. Never in a graph (`comm` records one): a compiled
+// graph may give each of them a buffer of its own (Inductor does), where such a view reaches
+// past the first.
+at::Tensor already_flat(const std::vector<at::Tensor>& tensors, const Comm& comm) {
+  if (tensors.empty() || !tensors[0].is_contiguous() || comm.records_graph()) return {};
   int64_t next = tensors[0].storage_offset();
   for (const at::Tensor& t : tensors) {
     if (!t.is_contiguous() || !t.is_alias_of(tensors[0]) || t.storage_offset() != next) return {};
@@ -118,7 +118,7 @@ std::vector<std::vector<at::Tensor>> LoweredStep::apply(int64_t batch, const std
     total += elements_of(to_peer[q]);
     if (!to_peer[q].empty()) receivers.push_back(q);
   }
-  at::Tensor source = receivers.size() == 1 ? already_flat(to_peer[receivers[0]]) : at::Tensor();
+  at::Tensor source = receivers.size() == 1 ? already_flat(to_peer[receivers[0]], comm) : at::Tensor();
   if (source.defined()) {
     send_at[receivers[0]] = 0;
   } else {

@@ -1,5 +1,5 @@
-"""torch.compile tracing ShardTensors (SHARDTENSOR_COMPILE=trace: shardtensor._compile_trace,
-_traceable): a tensor-parallel MLP, torchtitan's llama plan, the demo's U-Net on an H split and a
+"""torch.compile tracing ShardTensors, the default with no environment variable set
+(shardtensor._compile_trace, _traceable): a tensor-parallel MLP, torchtitan's llama plan, the demo's U-Net on an H split and a
 transformer block on a sequence split, each under the eager, aot_eager and inductor backends, on
 sizes the mesh does not divide, values and gradients against the same model on one process. All
 four compile with fullgraph=True; a graph holds the moves of eager mode (shardtensor::exchange_parts
@@ -11,6 +11,7 @@ import copy
 import os
 from functools import partial
 import time
+import warnings
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from ranks import run_ranks
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 # Inductor compiles in worker processes by default; the ranks already share two cores.
-ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1", "SHARDTENSOR_COMPILE": "trace"}
+ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}  # traced: the default, no SHARDTENSOR_COMPILE
 
 
 def _compiled(model, backend, fullgraph=True, dynamic=None):
@@ -133,6 +134,41 @@ def plain_work_body(rank, world_size):
 @pytest.mark.parametrize("world_size", [2])
 def test_plain_work_beside_sharded_work_compiles_with_right_gradients(world_size):
     run_ranks(plain_work_body, world_size, timeout=400, env=ENV)
+
+
+def _without_a_rule(t):
+    return torch.diag_embed(t * 2).sum()
+
+
+def refused_body(rank, world_size):
+    """An operator without a sharding rule in a traced region (diag_embed) is no gather in the
+    graph: the graph breaks there, with a reason torch._dynamo.explain shows that names it, and it
+    runs eagerly by its fallback (values as on one process); under fullgraph=True the same
+    reason is dynamo's Unsupported error, on every rank, never a crash."""
+    import shardtensor as st
+    from torch._dynamo.exc import Unsupported
+
+    st.set_strict(False)  # the operator runs eagerly after the break, by its fallback
+    mesh = st.init_device_mesh("cpu", (world_size,))
+    a = torch.arange((2 * world_size + 1) * 3, dtype=torch.float64).view(-1, 3)
+    x = st.distribute_tensor(a, mesh, [st.Shard(0)])
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(_without_a_rule)(x)
+    reasons = " ".join(str(r) for r in explained.break_reasons)
+    assert explained.graph_break_count >= 1 and "diag_embed" in reasons and "fall back" in reasons, explained
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's one-time warning
+        torch._dynamo.reset()
+        out = torch.compile(_without_a_rule, backend="aot_eager")(x)
+    assert_close(out.full_tensor(), _without_a_rule(a), "diag_embed behind a graph break", **TOL)
+    torch._dynamo.reset()
+    with pytest.raises(Unsupported, match="diag_embed"):
+        torch.compile(_without_a_rule, backend="aot_eager", fullgraph=True)(x)
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_an_operator_without_a_rule_breaks_the_graph_with_a_reason(world_size):
+    run_ranks(refused_body, world_size, env=ENV)
 
 
 def _split_sum(x):
@@ -437,8 +473,8 @@ print("fell back")
 
 
 def test_a_torch_without_what_tracing_needs_compiles_as_the_default_mode_with_a_warning():
-    """On a torch without constant opaque types (torch 2.11, as on the GPU machine), trace mode
-    says so once and runs ShardTensors' operators behind graph breaks, never half-taught."""
+    """On a torch without constant opaque types (torch 2.11, as on the GPU machine), the default
+    traced mode says so once and runs ShardTensors' operators behind graph breaks, never half-taught."""
     import subprocess
     import sys
 

@@ -404,8 +404,8 @@ def test_llama_under_torchtitans_plan_with_fsdp(config):
 
 
 def compiled_body(rank, world_size):
-    """torch.compile of a fully sharded model (the default mode: shardtensor's operators run
-    eagerly behind graph breaks): the gradients equal eager's."""
+    """torch.compile of a fully sharded model (traced: its all-gathers and reduce-scatters are in
+    the graphs): the gradients equal eager's."""
     import shardtensor as st
 
     mesh = st.init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))

@@ -116,13 +116,13 @@ if [ "${python_args[0]}" = -DSHARDTENSOR_PYTHON=ON ]; then
   #   cuda mesh over NCCL wants one GPU per rank): the host cost of each op's launch;
   # - torch.compile against eager on CUDA at one rank (bench/compile_bench.py --device cuda:
   #   the TP-MLP against DTensor, and the U-Net; Inductor's Triton kernels), with shardtensor's
-  #   operators behind graph breaks (eager, the default) and traced (SHARDTENSOR_COMPILE=trace).
+  #   operators traced (the default) and behind graph breaks (SHARDTENSOR_COMPILE=eager).
   step python_bench env PYTHONPATH="$PWD/build-gpu/pkg" OMP_NUM_THREADS=1 bash -c '
     shardrun=build-gpu/tools/shardrun/shardrun
     bench=(bench/python_bench.py --sections 1 --cxx none --cxx-dispatch none)
     timeout 150 $shardrun -n 2 python3 "${bench[@]}"
     timeout 150 $shardrun -n 1 python3 "${bench[@]}" --device cuda
-    for mode in eager trace; do
+    for mode in trace eager; do
       echo "== compile_bench --device cuda, SHARDTENSOR_COMPILE=$mode"
       SHARDTENSOR_COMPILE=$mode timeout 200 $shardrun -n 1 --timeout 200 python3 bench/compile_bench.py --device cuda --steps 20
     done'

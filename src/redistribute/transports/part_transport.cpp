@@ -3,7 +3,6 @@
 #include "redistribute/transports/part_transport.h"
 
 #include "comm/comm.h"
-#include "comm/traced_collectives.h"
 #include "redistribute/transports/peer_memory/peer_memory.h"
 
 namespace shardtensor {
@@ -34,7 +33,7 @@ void move_parts(Comm& comm, const StepTransport& how, const PartExchange& exchan
   // AOTAutograd then puts in the forward graph on that rank alone (a backward exchange of the
   // causal ring, say), and Inductor may reorder it; the ranks would run their collectives in
   // different orders. Ordered effects keep every rank's exchanges in the traced order.
-  if (tracing_collectives() && available.kind != TransportKind::None) {
+  if (comm.records_graph() && available.kind != TransportKind::None) {
     traced_exchange_transport().move(comm, exchange, available);
     return;
   }
@@ -47,7 +46,7 @@ void move_parts(Comm& comm, const StepTransport& how, const PartExchange& exchan
       all_to_all_transport().move(comm, exchange, how);
       return;
     case TransportKind::None:
-      if (!tracing_collectives()) break;
+      if (!comm.records_graph()) break;
       all_to_all_transport().move(comm, exchange, how);  // a one-member group: a graph holds no messages
       return;
     case TransportKind::Messages:

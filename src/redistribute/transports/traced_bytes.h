@@ -15,9 +15,11 @@
 namespace shardtensor {
 
 // Only pieces being traced (fake or functional) are compared so: a real piece (dynamo's eager
-// backend runs its graph on them) may hold the same bytes twice while a peer's changed.
+// backend runs its graph on them) may hold the same bytes twice while a peer's changed. A piece
+// whose place in its storage is symbolic (a view into a buffer that dynamo made dynamic: FSDP's
+// flat shards) is not compared either: its offset has no value to compare.
 inline bool is_traced_piece(const at::Tensor& t) {
-  return t.defined() && t.has_storage() &&
+  return t.defined() && t.has_storage() && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
          (t.is_meta() || t.key_set().has(c10::DispatchKey::Python) || t.key_set().has(c10::DispatchKey::Functionalize));
 }
 

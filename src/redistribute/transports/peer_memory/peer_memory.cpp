@@ -135,11 +135,12 @@ PeerMemory* peer_memory_of(Comm& comm) {
   PeerMemoryState& state = state_of(comm);
   if (!state.probed) {
     // The first move on a group may come while torch.compile traces (a from_local inside the
-    // compiled region): the probe's messages and tensors are real even then, below the tracer's
-    // modes; the graph records the moves that use the memory, not the probe.
+    // compiled region), on the group's traced Comm: the probe runs on its eager one, its
+    // messages and tensors real even then (below the tracer's modes, counted as eager mode's);
+    // the graph records the moves that use the memory, not the probe.
     const TracingPause real_messages;
     const BelowTracerModes real_tensors;
-    state.memory = PeerMemory::probe(comm, state.why_not);
+    state.memory = PeerMemory::probe(comm.eager(), state.why_not);
     state.probed = true;
   }
   // A member that gave up an exchange (an error) never offers or reads through memory again.

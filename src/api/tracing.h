@@ -1,7 +1,8 @@
 // What torch.compile's traceable wrapper (python/shardtensor/_traceable.py) needs to run
-// shardtensor's dispatch on traced local pieces: a ShardTensor over a given piece and layout,
-// the piece back, and the scope in which collectives are recorded as torch's functional ones
-// (src/comm/traced_collectives.h) instead of moving bytes. C++ programs have no use for it.
+// shardtensor's dispatch on traced local pieces and to pass ShardTensors across a compiled
+// graph's edges: a ShardTensor over a given piece and layout, the piece back, the guards' alias.
+// Internal: only the Python extension includes it (C++ programs have no use for it); the scope
+// in which collectives are recorded instead of moving bytes is comm/traced_collectives.h's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -45,22 +46,5 @@ at::Tensor shard_tensor_out_of_graph(const at::Tensor& piece, const ShardTensorS
 // tensors by identity); undefined where `t` is not a ShardTensor of that layout (the guard
 // fails: another graph).
 at::Tensor guard_piece(const at::Tensor& t, const ShardTensorSpec& spec, c10::IntArrayRef global_strides);
-
-// Whether this thread is tracing (a TracingScope is open).
-bool tracing_collectives();
-
-// Open while the traceable wrapper runs one operator on traced pieces: every move is then
-// recorded as an operator of the graph instead of moving bytes (torch's functional collective of
-// the same meaning, or, for a peer-memory step, shardtensor::exchange_parts).
-class TracingScope {
- public:
-  TracingScope();
-  ~TracingScope();
-  TracingScope(const TracingScope&) = delete;
-  TracingScope& operator=(const TracingScope&) = delete;
-
- private:
-  bool previous_;
-};
 
 }  // namespace shardtensor
