@@ -6,6 +6,8 @@
 
 #include <utility>
 
+#include "mesh/mesh_impl.h"
+
 namespace shardtensor {
 
 TracedComm::TracedComm(Comm& eager, TracedCollectives collectives)
@@ -33,5 +35,10 @@ Comm& comm_for_this_thread(Comm& comm) {
   Comm* traced = comm.traced_form();
   return traced ? *traced : comm;
 }
+
+namespace {
+// DeviceMesh::comm hands out comm_for_this_thread's choice (mesh/ is below comm/, so it is told).
+const bool handing_out = (set_comm_hand_out(&comm_for_this_thread), true);
+}  // namespace
 
 }  // namespace shardtensor

@@ -2,8 +2,8 @@
 // functional collectives (comm/traced_collectives.h) instead of moving bytes.
 //
 // The mesh hands it out in place of the group's eager communicator while a TracingScope is open
-// on the thread (DeviceMesh::comm, mesh_comm: through comm_for_this_thread, the one place that
-// reads the scope to pick a Comm). Transports above ask the Comm they were handed whether it
+// on the thread (DeviceMesh::comm, mesh_comm: through comm_for_this_thread, which this layer
+// gives the mesh when the library loads, the one place that reads the scope to pick a Comm). Transports above ask the Comm they were handed whether it
 // records a graph (Comm::records_graph) and record their own moves then as graph operators
 // (redistribute/transports/part_transport.h); nothing below comm/ reads the scope to decide how
 // to move. It shares its eager communicator's number (by which a graph's operators find that

@@ -9,7 +9,6 @@
 #include <ostream>
 #include <sstream>
 
-#include "comm/traced_comm.h"
 #include "mesh/mesh_impl.h"
 #include "util/hash.h"
 #include "util/strings.h"
@@ -195,12 +194,20 @@ DeviceMesh DeviceMesh::submesh(int64_t mesh_dim) const {
 
 DeviceMesh DeviceMesh::submesh(const std::string& dim_name) const { return submesh(mesh_dim(dim_name)); }
 
+namespace {
+CommHandOut comm_hand_out = nullptr;  // set_comm_hand_out
+
+Comm& handed_out(Comm& group_comm) { return comm_hand_out ? comm_hand_out(group_comm) : group_comm; }
+}  // namespace
+
+void set_comm_hand_out(CommHandOut hand_out) { comm_hand_out = hand_out; }
+
 Comm& DeviceMesh::comm(int64_t mesh_dim) const {
   check_includes_this_rank("cannot communicate on it");
   TORCH_CHECK(has_comms(), "DeviceMesh: ", to_string(),
               " was built without communicators (DeviceMesh::without_comms) and cannot run collectives.");
   size(mesh_dim);
-  return comm_for_this_thread(*impl_->comms[mesh_dim]);
+  return handed_out(*impl_->comms[mesh_dim]);
 }
 
 Comm& DeviceMesh::mesh_comm() const {
@@ -209,7 +216,7 @@ Comm& DeviceMesh::mesh_comm() const {
               " was built without communicators (DeviceMesh::without_comms) and cannot run collectives.");
   TORCH_CHECK(impl_->mesh_comm, "DeviceMesh: ", to_string(), " has no mesh-wide group; it was built with ",
               "from_process_groups without `mesh_group`. Pass a group over all its ranks to move data across mesh dims.");
-  return comm_for_this_thread(*impl_->mesh_comm);
+  return handed_out(*impl_->mesh_comm);
 }
 
 bool DeviceMesh::operator==(const DeviceMesh& other) const {

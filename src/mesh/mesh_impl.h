@@ -31,6 +31,12 @@ std::shared_ptr<DeviceMesh::Impl> make_mesh_topology(std::vector<int64_t> shape,
                                                      std::vector<std::string> dim_names,
                                                      int64_t my_rank, int64_t world_size);
 
+// Which communicator DeviceMesh::comm and mesh_comm hand out for a group's own: that one, or
+// while torch.compile traces on this thread its traced form. comm/ (above this layer) sets it
+// when the library loads (comm/traced_comm.cpp); unset, the group's own.
+using CommHandOut = Comm& (*)(Comm& group_comm);
+void set_comm_hand_out(CommHandOut hand_out);
+
 // The coordinate of row-major position `position` in a mesh of `shape`.
 std::vector<int64_t> coordinate_at(const std::vector<int64_t>& shape, int64_t position);
 
