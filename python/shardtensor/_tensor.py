@@ -235,14 +235,14 @@ def _device_mesh_of(self):
 
 def _to_local(self, *, grad_placements=None):
     if isinstance(self, _Traced):
-        return _traceable.to_local_in_graph(self, _traceable._flat_grad_placements(grad_placements))
+        return _Traced.to_local(self, grad_placements=grad_placements)
     _require(self, "to_local")
     return _C.to_local(self, None if grad_placements is None else _placements.encode(grad_placements))
 
 
 def _full_tensor(self, *, grad_placements=None):
     if isinstance(self, _Traced):
-        return _traceable.full_tensor_in_graph(self, _traceable._flat_grad_placements(grad_placements))
+        return _Traced.full_tensor(self, grad_placements=grad_placements)
     _require(self, "full_tensor")
     return _C.full_tensor(self, None if grad_placements is None else _placements.encode(grad_placements))
 
@@ -252,11 +252,8 @@ def _redistribute(self, device_mesh=None, placements=None, *, async_op=False, sh
     # transport: "auto", "collectives" or "messages"; peer_memory: whether same-host CPU ranks may
     # copy through each other's memory. None takes this process's default (SHARDTENSOR_TRANSPORT,
     # SHARDTENSOR_PEER_MEMORY). Every rank must pass the same.
-    if isinstance(self, _Traced):  # on the same mesh (a compiled region cannot compare meshes)
-        if placements is None:
-            return self
-        encoded = _placements.encode(placements)
-        return _traceable.redistribute(self, encoded, _encode_sizes(sharding_shapes, _placements.decode(encoded), None))
+    if isinstance(self, _Traced):
+        return _Traced.redistribute(self, device_mesh, placements, sharding_shapes=sharding_shapes)
     _require(self, "redistribute")
     if placements is None:  # DTensor's error (and type): a target layout is the call's point
         raise RuntimeError("redistribute: placements is needed (the target layout, one placement per mesh dim); "
