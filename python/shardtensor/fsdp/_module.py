@@ -73,9 +73,13 @@ def _cast_floating(tree, dtype):
 
 
 # Forwards of fully sharded modules running now, outermost first: the first is the root.
+# The hooks run eagerly under torch.compile (as FSDP2's do: dynamo's skip_fsdp_hooks): they
+# rebind module parameters and keep Python state, which a graph cannot hold; traced, each step
+# of theirs would break the graph on its own.
 _RUNNING: list = []
 
 
+@torch.compiler.disable
 def _pre_forward(module, args, kwargs):
     state = module._fsdp_state
     if state.reshard_after_forward is None:  # FSDP2's default: the root keeps them, the others do not
@@ -92,6 +96,7 @@ def _pre_forward(module, args, kwargs):
     return args, kwargs
 
 
+@torch.compiler.disable
 def _post_forward(module, args, output):
     state = module._fsdp_state
     if _RUNNING and _RUNNING[-1] is module:
