@@ -21,6 +21,12 @@ send less); FSDP2's padded dim-0 size gives its padding. Memory: the largest ran
 gradient and AdamW-state bytes against a quarter of the one-process model's (the gradients
 counted as during a step), and the unsharded parameter bytes held from a forward to its
 backward (by default the root's only) against the largest wrapped module's.
+
+Compiled (FSDP x TP): the same step with the model under torch.compile (inductor), each program
+against itself eager, in turns: shardtensor eager and compiled, FSDP2 eager and compiled. As in
+torch's FSDP2 (dynamo's skip_fsdp_hooks), the fully_shard hooks (the all-gathers and the
+reduce-scatters) run eagerly between the compiled blocks; the tensor-parallel moves are traced.
+Before timing, each compiled program's parameters after one step must equal its eager one's.
 """
 
 import argparse
@@ -74,11 +80,12 @@ def whole(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def step_fn(model, x):
+def step_fn(model, x, forward=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    forward = model if forward is None else forward
 
     def step():
-        model(x).pow(2).mean().backward()
+        forward(x).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
     step.optimizer = opt
@@ -164,6 +171,30 @@ def run(layout, size, mesh, tmesh, steps):
                 largest_module_unsharded=largest)
 
 
+def compiled_run(size, mesh, tmesh, steps):
+    """FSDP x TP, eager against torch.compile, for shardtensor and for torch's FSDP2."""
+    dim, hidden = SIZES[size]
+    torch.manual_seed(0)
+    reference = Model(dim, hidden)
+    ours, theirs = build(reference, "FSDP x TP", mesh, tmesh)
+    ours_c, theirs_c = build(reference, "FSDP x TP", mesh, tmesh)
+    x = torch.randn(2, BATCH, dim, generator=torch.Generator().manual_seed(1))[mesh.get_coordinate()[0]]
+    steps_of = {"shardtensor eager": step_fn(ours, x), "shardtensor compiled": step_fn(ours_c, x, torch.compile(ours_c)),
+                "FSDP2 eager": step_fn(theirs, x), "FSDP2 compiled": step_fn(theirs_c, x, torch.compile(theirs_c))}
+    # Gradients, not parameters after an AdamW step: Adam's first step moves every weight by about
+    # lr whatever its gradient's size, so a gradient near 0 summed in another order flips its sign.
+    for model, forward in ((ours, ours), (ours_c, torch.compile(ours_c)), (theirs, theirs), (theirs_c, torch.compile(theirs_c))):
+        forward(x).pow(2).mean().backward()
+    for eager, compiled, who in ((ours, ours_c, "shardtensor"), (theirs, theirs_c, "FSDP2")):
+        for (name, p), (_, q) in zip(compiled.named_parameters(), eager.named_parameters()):
+            g, h = whole(p.grad), whole(q.grad)
+            torch.testing.assert_close(g, h, rtol=0, atol=1e-5 * h.abs().max().item(),
+                                       msg=lambda m: f"compiled {who} {size}: gradient of {name} against eager's: {m}")
+            p.grad = q.grad = None
+    ms = dict(zip(steps_of, time_in_turns(list(steps_of.values()), steps)))
+    return dict(size=size, dim=dim, hidden=hidden, **{k: v.json() for k, v in ms.items()})
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20)
@@ -181,6 +212,7 @@ def main():
         tmesh = torch_mesh("cpu", shape, mesh_dim_names=names)
         for size in SIZES:
             rows.append(run(layout, size, mesh, tmesh, args.steps))
+    compiled = [compiled_run(size, mesh, tmesh, args.steps) for size in SIZES]  # the last mesh: FSDP x TP
     if dist.get_rank() == 0:
         print(f"FSDP step, 4 ranks, ms of the slowest rank, min / median / max of {args.steps} steps")
         print("| layout | size | shardtensor ms | torch FSDP2 ms | shardtensor / FSDP2 | bytes sent (all ranks) | "
@@ -194,9 +226,17 @@ def main():
                   f"| {r['ratio']:.2f} | {r['bytes_sent']:,} | {r['bytes_fewest']:,} "
                   f"| {r['padded_parameter_bytes'] / r['parameter_bytes']:.4f} | {r['held_bytes'] / r['one_process_bytes']:.4f} "
                   f"| {r['unsharded_after_forward']:,} / {r['largest_module_unsharded']:,} |")
+        print(f"\nFSDP x TP (dp 2, tp 2) under torch.compile (inductor), ms of the slowest rank, median of {args.steps} steps")
+        print("| size | shardtensor eager | shardtensor compiled | compiled / eager | FSDP2 eager | FSDP2 compiled | compiled / eager |")
+        print("|---|---|---|---|---|---|---|")
+        for r in compiled:
+            m = {k: r[k]["median"] for k in ("shardtensor eager", "shardtensor compiled", "FSDP2 eager", "FSDP2 compiled")}
+            print(f"| {r['size']}: dim {r['dim']}, hidden {r['hidden']} | {m['shardtensor eager']:.1f} | {m['shardtensor compiled']:.1f} "
+                  f"| {m['shardtensor compiled'] / m['shardtensor eager']:.2f} | {m['FSDP2 eager']:.1f} | {m['FSDP2 compiled']:.1f} "
+                  f"| {m['FSDP2 compiled'] / m['FSDP2 eager']:.2f} |")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(dict(rows=rows, steps=args.steps, torch=torch.__version__, python=platform.python_version()),
+                json.dump(dict(rows=rows, compiled=compiled, steps=args.steps, torch=torch.__version__, python=platform.python_version()),
                           f, indent=1)
 
 

@@ -330,8 +330,12 @@ class _FromLocal(torch.autograd.Function):
     def backward(ctx, grad):
         # The piece's gradient is the gradient's piece in the layout's gradient layout (a Partial
         # gradient's piece is only a term of it; a gradient laid out otherwise has other
-        # pieces), as eager from_local's backward moves it.
-        return _moved(grad, _gradient_placements(ctx.layout), ctx.layout.shard_sizes)._local, None, None
+        # pieces), as eager from_local's backward moves it. Always a redistribute, never a
+        # branch on the gradient's layout: dynamo traces this backward once, for a gradient
+        # laid out as the output is, and would keep only the moves that layout needs; the
+        # redistribute operator decides when AOTAutograd runs it on the gradient that comes
+        # (Partial where the output is Replicate: a tensor-parallel block's input).
+        return redistribute(grad, _gradient_placements(ctx.layout), ctx.layout.shard_sizes)._local, None, None
 
 
 def _moved(grad: TraceableShardTensor, placements: list, shard_sizes) -> TraceableShardTensor:

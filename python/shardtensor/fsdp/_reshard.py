@@ -56,6 +56,9 @@ class _Regather:
         return from_local(local, mesh, placements, shape=shape, sharding_shapes=sizes, _trusted_sizes=True)
 
 
+# Run as Python, also for a compiled region's saved tensors (its pieces): a note is about
+# storage addresses, which a graph does not have.
+@torch.compiler.disable
 def _pack(t: torch.Tensor):
     if _LIVE:
         key = _storage_key(t)
@@ -65,6 +68,7 @@ def _pack(t: torch.Tensor):
     return t
 
 
+@torch.compiler.disable
 def _unpack(saved):
     return saved.rebuild() if isinstance(saved, _Regather) else saved
 
