@@ -26,7 +26,7 @@ Compiled (FSDP x TP): the same step with the model under torch.compile (inductor
 against itself eager, in turns: shardtensor eager and compiled, FSDP2 eager and compiled. As in
 torch's FSDP2 (dynamo's skip_fsdp_hooks), the fully_shard hooks (the all-gathers and the
 reduce-scatters) run eagerly between the compiled blocks; the tensor-parallel moves are traced.
-Before timing, each compiled program's parameters after one step must equal its eager one's.
+Before timing, each compiled program's gradients after one step must equal its eager one's.
 """
 
 import argparse
@@ -179,11 +179,11 @@ def compiled_run(size, mesh, tmesh, steps):
     ours, theirs = build(reference, "FSDP x TP", mesh, tmesh)
     ours_c, theirs_c = build(reference, "FSDP x TP", mesh, tmesh)
     x = torch.randn(2, BATCH, dim, generator=torch.Generator().manual_seed(1))[mesh.get_coordinate()[0]]
-    steps_of = {"shardtensor eager": step_fn(ours, x), "shardtensor compiled": step_fn(ours_c, x, torch.compile(ours_c)),
-                "FSDP2 eager": step_fn(theirs, x), "FSDP2 compiled": step_fn(theirs_c, x, torch.compile(theirs_c))}
+    forwards = {"shardtensor eager": (ours, ours), "shardtensor compiled": (ours_c, torch.compile(ours_c)),
+                "FSDP2 eager": (theirs, theirs), "FSDP2 compiled": (theirs_c, torch.compile(theirs_c))}
     # Gradients, not parameters after an AdamW step: Adam's first step moves every weight by about
     # lr whatever its gradient's size, so a gradient near 0 summed in another order flips its sign.
-    for model, forward in ((ours, ours), (ours_c, torch.compile(ours_c)), (theirs, theirs), (theirs_c, torch.compile(theirs_c))):
+    for _, forward in forwards.values():
         forward(x).pow(2).mean().backward()
     for eager, compiled, who in ((ours, ours_c, "shardtensor"), (theirs, theirs_c, "FSDP2")):
         for (name, p), (_, q) in zip(compiled.named_parameters(), eager.named_parameters()):
@@ -191,6 +191,7 @@ def compiled_run(size, mesh, tmesh, steps):
             torch.testing.assert_close(g, h, rtol=0, atol=1e-5 * h.abs().max().item(),
                                        msg=lambda m: f"compiled {who} {size}: gradient of {name} against eager's: {m}")
             p.grad = q.grad = None
+    steps_of = {name: step_fn(model, x, forward) for name, (model, forward) in forwards.items()}
     ms = dict(zip(steps_of, time_in_turns(list(steps_of.values()), steps)))
     return dict(size=size, dim=dim, hidden=hidden, **{k: v.json() for k, v in ms.items()})
 
