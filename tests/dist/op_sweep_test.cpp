@@ -663,7 +663,10 @@ at::Tensor distribute_randomly(const at::Tensor& global, const DeviceMesh& mesh,
       if (pieces > 1) sizes.push_back({d, random_sizes(rng, global.size(d), pieces)});
     }
   }
-  at::Tensor t = distribute_tensor(global, mesh, ps, sizes);
+  // Every rank drew the same global tensor (run_case seeds them alike), so each cuts its own box
+  // and no byte moves (src_data_rank=None): the sweep checks operators, and distribute_tensor's
+  // scatter and agreement check have tests of their own (redistribute_test.cpp).
+  at::Tensor t = distribute_tensor(global, mesh, ps, sizes, /*src_data_rank=*/std::nullopt);
   trace += " " + spec(t).to_string();
   return t;
 }
@@ -672,6 +675,20 @@ void expect_close(const at::Tensor& actual, const at::Tensor& expected, const st
   ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
   const at::Tensor a = actual.to(at::kDouble), e = expected.to(at::kDouble);
   EXPECT_TRUE(at::allclose(a, e, 1e-7, 1e-9, /*equal_nan=*/true)) << what << "\nmax difference " << (a - e).abs().max().item<double>();
+}
+
+// `sharded` equals the single-device `expected`: each rank compares the piece it owns with the
+// same slice of `expected`, and the pieces together cover the whole tensor; a pending Partial,
+// whose pieces are terms of a sum, is compared whole (full_tensor). Gathering every result onto
+// every rank cost a collective per comparison: on CI's two cores, most of the sweep's time.
+void expect_matches(const at::Tensor& sharded, const at::Tensor& expected, const std::string& what) {
+  const ShardTensorSpec& s = spec(sharded);
+  if (s.has_partial()) return expect_close(full_tensor(sharded), expected, what);
+  ASSERT_EQ(s.shape(), expected.sizes().vec()) << what;
+  at::Tensor piece = expected;
+  const auto offsets = s.local_offsets(), shape = s.local_shape();
+  for (int64_t d = 0; d < piece.dim(); ++d) piece = piece.narrow(d, offsets[d], shape[d]);
+  expect_close(to_local(sharded).detach(), piece, what + ", the piece this rank owns");
 }
 
 void run_case(const Case& c, const DeviceMesh& mesh, std::mt19937& rng, int trial) {
@@ -691,14 +708,8 @@ void run_case(const Case& c, const DeviceMesh& mesh, std::mt19937& rng, int tria
   const at::Tensor expected = c.fn(refs);
   const at::Tensor out = c.fn(sharded);
   ASSERT_TRUE(is_shard_tensor(out)) << "the result is not a ShardTensor";
-  expect_close(full_tensor(out), expected.detach(), "forward");
+  expect_matches(out, expected.detach(), "forward");
   const ShardTensorSpec& s = spec(out);
-  if (!s.has_partial()) {
-    at::Tensor piece = expected.detach();
-    const auto offsets = s.local_offsets(), shape = s.local_shape();
-    for (int64_t d = 0; d < piece.dim(); ++d) piece = piece.narrow(d, offsets[d], shape[d]);
-    expect_close(to_local(out), piece, "this rank's piece");
-  }
   if (!expected.requires_grad()) return;
   at::manual_seed(2000 + trial);  // the same cotangent on every rank, whatever the case drew before
   const at::Tensor w = at::randn(expected.sizes(), at::kDouble);
@@ -716,7 +727,7 @@ void run_case(const Case& c, const DeviceMesh& mesh, std::mt19937& rng, int tria
   for (size_t i = 0; i < refs.size(); ++i) {
     if (!refs[i].grad().defined()) continue;
     ASSERT_TRUE(sharded[i].grad().defined()) << "input " << i << " got no gradient";
-    expect_close(full_tensor(sharded[i].grad()), refs[i].grad(), "gradient of input " + std::to_string(i));
+    expect_matches(sharded[i].grad(), refs[i].grad(), "gradient of input " + std::to_string(i));
     // The gradient is laid out like its input (#16 item 6): sharded where the input is, with its
     // sizes, never gathered onto every rank; where the input is Replicate it may be a pending
     // Partial (dispatch/relayout.h). (A Partial input's gradient is the adjoint of a reduction,
