@@ -34,7 +34,8 @@ COLLECTIVE_TIMEOUT_S = "20"
 # Read when torch.compile first loads dynamo and Inductor (torch._inductor.config reads the
 # first, shardtensor's hook on dynamo's import the second), which `import torch, shardtensor`
 # does not do: the fork server's ranks set them in time.
-READ_WHEN_FIRST_USED = frozenset({"TORCHINDUCTOR_COMPILE_THREADS", "SHARDTENSOR_COMPILE"})
+READ_WHEN_FIRST_USED = frozenset({"TORCHINDUCTOR_COMPILE_THREADS", "SHARDTENSOR_COMPILE",
+                                  "SHARDTENSOR_TIMEOUT_S"})  # read when a mesh is made
 PORT_ATTEMPTS = 3
 # What rank 0 raises when its store cannot bind the port (src/comm/c10d_mesh.cpp), and what a
 # rank that reached another job's store instead raises.
@@ -53,7 +54,22 @@ def _rank_main(body, rank, world_size, port, extra_env, args, errors, forked=Fal
         "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
         "SHARDTENSOR_TIMEOUT_S": COLLECTIVE_TIMEOUT_S, "SHARDTENSOR_STRICT": "1",
     })
+    extra_env = dict(extra_env)
+    if world_size > 2:
+        # Inductor compiles C++ kernels in a pool of worker processes by default. Beside up to
+        # two ranks on CI's two cores the pool keeps a core busy that would idle (a 2-rank
+        # compile test: 77 s with it, 98 s without); beside more ranks it only adds processes.
+        extra_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     os.environ.update(extra_env)
+    if world_size > 1 and "OMP_NUM_THREADS" not in extra_env:
+        # The ranks share the cores, as the demo's do (examples/heat_unet_demo.py): with torch's
+        # default of a thread per core each, their OpenMP threads spin-wait for cores other ranks
+        # hold (a 4-rank test of 100 small training steps on 2 cores: 21.5 s, 2.9 s shared).
+        import torch
+
+        threads = max(1, (os.cpu_count() or 1) // world_size)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # and for what the rank starts
+        torch.set_num_threads(threads)
     if forked and extra_env:
         import sys
 

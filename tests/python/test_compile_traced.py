@@ -20,12 +20,11 @@ from torch import nn
 
 from compile_models import MLP, TOL, check_gradients, llama_block, tp_mlp, unet
 from oracle import assert_close, chunk_sizes
-from peer_faults import RAISE_LIMIT_S, fail, read_report, report_and_leave
+from peer_faults import FAULT_ENV, RAISE_LIMIT_S, fail, read_report, report_and_leave
 from ranks import run_ranks
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
-# Inductor compiles in worker processes by default; the ranks already share two cores.
-ENV = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}  # traced: the default, no SHARDTENSOR_COMPILE
+ENV = {}  # traced: the default, no SHARDTENSOR_COMPILE (ranks.py sets Inductor's compile threads)
 
 
 def _compiled(model, backend, fullgraph=True, dynamic=None):
@@ -442,7 +441,7 @@ def peer_fails_body(rank, world_size, out_dir, fault):
 
 @pytest.mark.parametrize("fault", ["dies", "stops"])
 def test_a_peer_failing_before_a_compiled_step_is_an_error_on_every_other_rank(fault, tmp_path):
-    run_ranks(peer_fails_body, 3, str(tmp_path), fault, timeout=240, env=ENV)
+    run_ranks(peer_fails_body, 3, str(tmp_path), fault, timeout=240, env={**ENV, **FAULT_ENV})
     for rank in range(2):
         took, outcome = read_report(tmp_path, rank)
         assert outcome.startswith("raised") and "shardtensor" in outcome, f"rank {rank}, the last rank {fault}: {outcome}"

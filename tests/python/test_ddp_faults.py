@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from peer_faults import assert_survivors_raised_and_kept_their_parameters, fail, report_and_leave
+from peer_faults import FAULT_ENV, assert_survivors_raised_and_kept_their_parameters, fail, report_and_leave
 from ranks import run_ranks
 
 
@@ -56,5 +56,5 @@ def fails_in_hook_body(rank, world_size, out_dir, fault):
 
 @pytest.mark.parametrize("fault", ["dies", "stops"])
 def test_rank_failing_in_ddp_comm_hook(fault, tmp_path):
-    run_ranks(fails_in_hook_body, 4, str(tmp_path), fault, timeout=120)
+    run_ranks(fails_in_hook_body, 4, str(tmp_path), fault, timeout=120, env=FAULT_ENV)
     assert_survivors_raised_and_kept_their_parameters(tmp_path, 4, fault)

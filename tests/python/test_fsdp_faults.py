@@ -9,7 +9,7 @@ import pytest
 
 import torch
 
-from peer_faults import assert_survivors_raised_and_kept_their_parameters, fail, report_and_leave
+from peer_faults import FAULT_ENV, assert_survivors_raised_and_kept_their_parameters, fail, report_and_leave
 from ranks import run_ranks
 from test_fsdp import MLP, _batches
 
@@ -70,5 +70,5 @@ def _local_of(p, whole):
 
 @pytest.mark.parametrize("fault, where", [("dies", "backward"), ("stops", "forward")])
 def test_rank_failing_in_a_fully_sharded_step(fault, where, tmp_path):
-    run_ranks(fails_in_step_body, 4, str(tmp_path), fault, where, timeout=120)
+    run_ranks(fails_in_step_body, 4, str(tmp_path), fault, where, timeout=120, env=FAULT_ENV)
     assert_survivors_raised_and_kept_their_parameters(tmp_path, 4, fault)
