@@ -57,8 +57,9 @@ def _rank_main(body, rank, world_size, port, extra_env, args, errors, forked=Fal
     extra_env = dict(extra_env)
     if world_size > 2:
         # Inductor compiles C++ kernels in a pool of worker processes by default. Beside up to
-        # two ranks on CI's two cores the pool keeps a core busy that would idle (a 2-rank
-        # compile test: 77 s with it, 98 s without); beside more ranks it only adds processes.
+        # two ranks on CI's two cores the pool keeps a core busy that would idle (four models
+        # compiled at 2 ranks: 68 s with it, 71 s without); beside more it only adds processes
+        # (128 s with it, 124 s without at 4 ranks).
         extra_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     os.environ.update(extra_env)
     if world_size > 1 and "OMP_NUM_THREADS" not in extra_env:

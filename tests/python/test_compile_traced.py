@@ -8,7 +8,6 @@ torch's functional collectives for the collectives of equal pieces); a
 graph is specialised on the layout (another split of the same shape recompiles)."""
 
 import copy
-import os
 from functools import partial
 import time
 import warnings
@@ -24,7 +23,6 @@ from peer_faults import FAULT_ENV, RAISE_LIMIT_S, fail, read_report, report_and_
 from ranks import run_ranks
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
-ENV = {}  # traced: the default, no SHARDTENSOR_COMPILE (ranks.py sets Inductor's compile threads)
 
 
 def _compiled(model, backend, fullgraph=True, dynamic=None):
@@ -84,7 +82,7 @@ def models_body(rank, world_size, models):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_traced_models_compile_on_every_backend_and_match_one_process(world_size):
-    run_ranks(models_body, world_size, list(MODELS), timeout=600, env=ENV)
+    run_ranks(models_body, world_size, list(MODELS), timeout=600)
 
 
 def test_traced_models_without_peer_memory_match_one_process():
@@ -93,7 +91,7 @@ def test_traced_models_without_peer_memory_match_one_process():
     every rank runs its graphs' moves in the same order (as torch's all_to_all_single, a rank that
     sends nothing had its exchange put in its forward graph alone, and Gloo aborted on the
     mismatched sizes)."""
-    run_ranks(models_body, 3, ["llama", "ring_attention"], timeout=600, env={**ENV, "SHARDTENSOR_PEER_MEMORY": "0"})
+    run_ranks(models_body, 3, ["llama", "ring_attention"], timeout=600, env={"SHARDTENSOR_PEER_MEMORY": "0"})
 
 
 def _plain_around_sharded(x, w):
@@ -132,7 +130,7 @@ def plain_work_body(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [2])
 def test_plain_work_beside_sharded_work_compiles_with_right_gradients(world_size):
-    run_ranks(plain_work_body, world_size, timeout=400, env=ENV)
+    run_ranks(plain_work_body, world_size, timeout=400)
 
 
 def _without_a_rule(t):
@@ -167,7 +165,7 @@ def refused_body(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_an_operator_without_a_rule_breaks_the_graph_with_a_reason(world_size):
-    run_ranks(refused_body, world_size, env=ENV)
+    run_ranks(refused_body, world_size)
 
 
 def _split_sum(x):
@@ -235,12 +233,12 @@ def inferred_sizes_body(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [2])
 def test_a_graph_checks_the_sizes_it_inferred_each_run(world_size):
-    run_ranks(inferred_sizes_body, world_size, timeout=400, env=ENV)
+    run_ranks(inferred_sizes_body, world_size, timeout=400)
 
 
 @pytest.mark.parametrize("world_size", [1, 4])
 def test_a_compiled_graph_is_specialised_on_the_split(world_size):
-    run_ranks(layouts_body, world_size, env=ENV)
+    run_ranks(layouts_body, world_size)
 
 
 def _counted(step):
@@ -323,7 +321,7 @@ def graph_collectives_body(rank, world_size, peer_memory):
 
 @pytest.mark.parametrize("world_size,peer_memory", [(1, True), (3, True), (3, False)])
 def test_a_compiled_graph_holds_the_moves_of_eager_mode(world_size, peer_memory):
-    env = dict(ENV, SHARDTENSOR_PEER_MEMORY="1" if peer_memory else "0")
+    env = {"SHARDTENSOR_PEER_MEMORY": "1" if peer_memory else "0"}
     run_ranks(graph_collectives_body, world_size, peer_memory, env=env)
 
 
@@ -376,7 +374,7 @@ def edges_body(rank, world_size, backend):
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_what_crosses_a_graphs_edges_keeps_its_layout_and_gradient(world_size):
     for backend in ("aot_eager", "inductor"):
-        run_ranks(edges_body, world_size, backend, env=ENV)
+        run_ranks(edges_body, world_size, backend)
 
 
 def guard_body(rank, world_size):
@@ -408,7 +406,7 @@ def guard_body(rank, world_size):
 
 
 def test_a_guard_compares_an_argument_by_one_alias_of_its_piece():
-    run_ranks(guard_body, 2, env=ENV)
+    run_ranks(guard_body, 2)
 
 
 def peer_fails_body(rank, world_size, out_dir, fault):
@@ -441,7 +439,7 @@ def peer_fails_body(rank, world_size, out_dir, fault):
 
 @pytest.mark.parametrize("fault", ["dies", "stops"])
 def test_a_peer_failing_before_a_compiled_step_is_an_error_on_every_other_rank(fault, tmp_path):
-    run_ranks(peer_fails_body, 3, str(tmp_path), fault, timeout=240, env={**ENV, **FAULT_ENV})
+    run_ranks(peer_fails_body, 3, str(tmp_path), fault, timeout=240, env=FAULT_ENV)
     for rank in range(2):
         took, outcome = read_report(tmp_path, rank)
         assert outcome.startswith("raised") and "shardtensor" in outcome, f"rank {rank}, the last rank {fault}: {outcome}"
@@ -477,8 +475,7 @@ def test_a_torch_without_what_tracing_needs_compiles_as_the_default_mode_with_a_
     import subprocess
     import sys
 
-    env = {**os.environ, **ENV}
-    done = subprocess.run([sys.executable, "-c", FALLBACK_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", FALLBACK_SCRIPT], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "fell back" in done.stdout, done.stdout + done.stderr
 
 
@@ -506,7 +503,7 @@ def eval_batch_norm_body(rank, world_size):
 
 
 def test_eval_batch_norm_traces_with_its_rule():
-    run_ranks(eval_batch_norm_body, 2, env=ENV)
+    run_ranks(eval_batch_norm_body, 2)
 
 
 class _TwoBlocks(nn.Module):
@@ -555,4 +552,4 @@ def input_gradient_body(rank, world_size):
 def test_a_compiled_block_passes_the_gradient_of_its_plain_input_back(world_size):
     """from_local's traced backward reduces the Partial gradient that comes, although its output
     is Replicate (dynamo traces that backward for a gradient laid out as the output is)."""
-    run_ranks(input_gradient_body, world_size, timeout=400, env=ENV)
+    run_ranks(input_gradient_body, world_size, timeout=400)
