@@ -13,14 +13,15 @@ job on the machine can take it in between. A run whose rank 0 could not serve th
 (the store's "already listens on that port" error) is started again on a new port, at most
 `PORT_ATTEMPTS` times in all, so a busy machine does not fail a test.
 
-Ranks start from a fork server that has imported torch and shardtensor once: a fresh
-interpreter spends about 3 s of CPU importing them, which on CI's two cores was most of a short
-multi-rank test. A run that passes its own `env` starts fresh interpreters instead (spawn), since
-torch and the library read some variables at import (TORCH_LOGS, SHARDTENSOR_LOG,
-SHARDTENSOR_ARENA), unless every variable it sets is one of `READ_WHEN_FIRST_USED`, which a
-forked rank sets before anything reads them; so does a run that asks for `start_method="spawn"`,
-such as a test of what happens at interpreter exit, which a forked rank never reaches
-(multiprocessing ends it with os._exit).
+Ranks start from a fork server that has imported torch and shardtensor once, and what
+torch.compile loads the first time a process compiles (`COMPILE_MODULES`): a fresh interpreter
+spends about 3 s of CPU importing torch and shardtensor and a first compile 3.5 s more, which on
+CI's two cores was most of a short multi-rank test. A run that passes its own `env` starts fresh
+interpreters instead (spawn), since torch and the library read some variables at import
+(TORCH_LOGS, SHARDTENSOR_LOG, SHARDTENSOR_ARENA, SHARDTENSOR_COMPILE), unless every variable it
+sets is one of `FORKED_RANKS_APPLY`, which a forked rank applies itself; so does a run that asks
+for `start_method="spawn"`, such as a test of what happens at interpreter exit, which a forked
+rank never reaches (multiprocessing ends it with os._exit).
 """
 
 from __future__ import annotations
@@ -31,11 +32,15 @@ import socket
 import traceback
 
 COLLECTIVE_TIMEOUT_S = "20"
-# Read when torch.compile first loads dynamo and Inductor (torch._inductor.config reads the
-# first, shardtensor's hook on dynamo's import the second), which `import torch, shardtensor`
-# does not do: the fork server's ranks set them in time.
-READ_WHEN_FIRST_USED = frozenset({"TORCHINDUCTOR_COMPILE_THREADS", "SHARDTENSOR_COMPILE",
-                                  "SHARDTENSOR_TIMEOUT_S"})  # read when a mesh is made
+# What a process's first torch.compile imports (dynamo, AOTAutograd and its partitioner with
+# networkx, Inductor's compiler and C++ code generation): loaded once in the fork server.
+COMPILE_MODULES = ["torch._dynamo", "torch._functorch.aot_autograd", "torch._functorch.partitioners",
+                   "torch._inductor.compile_fx", "torch._inductor.codecache", "torch._inductor.codegen.cpp",
+                   "torch._inductor.fx_passes.post_grad", "torch._inductor.fx_passes.joint_graph"]
+# The variables a forked rank can still apply: SHARDTENSOR_TIMEOUT_S is read when a mesh is made;
+# Inductor read TORCHINDUCTOR_COMPILE_THREADS when the fork server imported it, so a rank sets
+# the config value it became.
+FORKED_RANKS_APPLY = frozenset({"TORCHINDUCTOR_COMPILE_THREADS", "SHARDTENSOR_TIMEOUT_S"})
 PORT_ATTEMPTS = 3
 # What rank 0 raises when its store cannot bind the port (src/comm/c10d_mesh.cpp), and what a
 # rank that reached another job's store instead raises.
@@ -62,6 +67,10 @@ def _rank_main(body, rank, world_size, port, extra_env, args, errors, forked=Fal
         # (128 s with it, 124 s without at 4 ranks).
         extra_env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     os.environ.update(extra_env)
+    if forked and "TORCHINDUCTOR_COMPILE_THREADS" in extra_env:
+        import torch._inductor.config
+
+        torch._inductor.config.compile_threads = int(extra_env["TORCHINDUCTOR_COMPILE_THREADS"])
     if world_size > 1 and "OMP_NUM_THREADS" not in extra_env:
         # The ranks share the cores, as the demo's do (examples/heat_unet_demo.py): with torch's
         # default of a thread per core each, their OpenMP threads spin-wait for cores other ranks
@@ -71,14 +80,6 @@ def _rank_main(body, rank, world_size, port, extra_env, args, errors, forked=Fal
         threads = max(1, (os.cpu_count() or 1) // world_size)
         os.environ["OMP_NUM_THREADS"] = str(threads)  # and for what the rank starts
         torch.set_num_threads(threads)
-    if forked and extra_env:
-        import sys
-
-        # Too late for READ_WHEN_FIRST_USED if the fork server already loaded what reads them.
-        loaded = [m for m in ("torch._dynamo", "torch._inductor.config") if m in sys.modules]
-        if loaded:
-            errors.put((rank, f"{sorted(extra_env)} were set after {loaded} were imported: run with spawn"))
-            raise SystemExit(1)
     try:
         body(rank, world_size, *args)
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent
@@ -102,11 +103,11 @@ def _rank_main(body, rank, world_size, port, extra_env, args, errors, forked=Fal
 
 def run_ranks(body, world_size: int, *args, timeout: float = 180.0, env: dict | None = None,
               start_method: str = "forkserver") -> None:
-    if start_method == "spawn" or (env and not set(env) <= READ_WHEN_FIRST_USED):
+    if start_method == "spawn" or (env and not set(env) <= FORKED_RANKS_APPLY):
         ctx = multiprocessing.get_context("spawn")
     else:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "shardtensor"])
+        ctx.set_forkserver_preload(["torch", "shardtensor", *COMPILE_MODULES])
     for attempt in range(1, PORT_ATTEMPTS + 1):
         port_taken = _run_once(ctx, body, world_size, args, timeout, env, last_attempt=attempt == PORT_ATTEMPTS)
         if not port_taken:
