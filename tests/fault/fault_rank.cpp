@@ -1,4 +1,6 @@
 // One rank of a fault scenario; fault_test.cpp starts the ranks, injects the fault and judges.
+// Built as a shared library (fault_rank_body), which the driver's forked ranks load, and as the
+// program fault_rank (fault_rank_main.cpp), to run a rank by hand:
 //
 //   fault_rank SCENARIO VICTIM SEED REPORT_DIR
 //
@@ -98,7 +100,7 @@ void run_step(const Step& s, char step, int64_t round) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+extern "C" int shardtensor_fault_rank_main(int argc, char** argv) {
   if (argc != 5) {
     std::cerr << "usage: fault_rank SCENARIO VICTIM SEED REPORT_DIR\n";
     return 2;

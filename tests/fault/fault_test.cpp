@@ -4,7 +4,14 @@
 // be stopped by this driver), no rank may report a wrong value, no rank may die of a signal it
 // was not sent (heap corruption shows as SIGSEGV or SIGABRT), and no process may outlive the
 // case. Every case is bounded: the driver kills everything it started at its deadline.
+//
+// The ranks are forked from this driver, which has libtorch loaded (it links it), and each
+// loads the rank's code (fault_rank_body, with the library) itself once it has its environment:
+// a fresh fault_rank program spent about 0.45 s of CPU loading libtorch and its CUDA libraries,
+// most of a case's CPU, and the suite starts about 430 ranks. The library is not in this
+// driver, because it reads variables when it loads (SHARDTENSOR_ARENA installs the shared arena).
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -68,6 +75,7 @@ std::vector<RankOutcome> run_case(const Case& c) {
   std::filesystem::create_directories(dir);
   const std::string port = std::to_string(free_port());
   std::vector<pid_t> pids;
+  std::fflush(nullptr);  // nothing of the driver's buffered output may reach a rank's log
   for (int r = 0; r < c.ranks; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
@@ -88,9 +96,16 @@ std::vector<RankOutcome> run_case(const Case& c) {
         dup2(fileno(f), 1);
         dup2(fileno(f), 2);
       }
-      const std::string victim = std::to_string(c.victim), seed = std::to_string(c.seed), report_dir = dir.string();
-      execl(FAULT_RANK_PATH, FAULT_RANK_PATH, c.scenario.c_str(), victim.c_str(), seed.c_str(), report_dir.c_str(), nullptr);
-      _exit(127);
+      std::string program = "fault_rank", scenario = c.scenario, victim = std::to_string(c.victim), seed = std::to_string(c.seed),
+                  report_dir = dir.string();
+      char* argv[] = {program.data(), scenario.data(), victim.data(), seed.data(), report_dir.data(), nullptr};
+      void* body = dlopen(FAULT_RANK_BODY_PATH, RTLD_NOW | RTLD_LOCAL);
+      auto rank_main = body ? reinterpret_cast<int (*)(int, char**)>(dlsym(body, "shardtensor_fault_rank_main")) : nullptr;
+      if (!rank_main) {
+        std::fprintf(stderr, "cannot load %s: %s\n", FAULT_RANK_BODY_PATH, dlerror());
+        _exit(127);
+      }
+      std::exit(rank_main(5, argv));  // as the program's main returns: the library's exit handlers run
     }
     pids.push_back(pid);
   }
