@@ -37,10 +37,11 @@ COLLECTIVE_TIMEOUT_S = "20"
 COMPILE_MODULES = ["torch._dynamo", "torch._functorch.aot_autograd", "torch._functorch.partitioners",
                    "torch._inductor.compile_fx", "torch._inductor.codecache", "torch._inductor.codegen.cpp",
                    "torch._inductor.fx_passes.post_grad", "torch._inductor.fx_passes.joint_graph"]
-# The variables a forked rank can still apply: SHARDTENSOR_TIMEOUT_S is read when a mesh is made;
-# Inductor read TORCHINDUCTOR_COMPILE_THREADS when the fork server imported it, so a rank sets
-# the config value it became.
-FORKED_RANKS_APPLY = frozenset({"TORCHINDUCTOR_COMPILE_THREADS", "SHARDTENSOR_TIMEOUT_S"})
+# The variables a forked rank can still apply: SHARDTENSOR_TIMEOUT_S is read when a mesh is made,
+# MPLBACKEND when matplotlib is imported (the fork server does not import it); Inductor read
+# TORCHINDUCTOR_COMPILE_THREADS when the fork server imported it, so a rank sets the config value
+# it became.
+FORKED_RANKS_APPLY = frozenset({"TORCHINDUCTOR_COMPILE_THREADS", "SHARDTENSOR_TIMEOUT_S", "MPLBACKEND"})
 PORT_ATTEMPTS = 3
 # What rank 0 raises when its store cannot bind the port (src/comm/c10d_mesh.cpp), and what a
 # rank that reached another job's store instead raises.
