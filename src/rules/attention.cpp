@@ -55,12 +55,12 @@ constexpr int64_t kBatchDim = 0, kHeadDim = 1, kSeqDim = 2;
 
 // SeqLocal: this rank's query rows against whole keys; Ring: rows and keys split alike;
 // KeysSplit: whole rows against this rank's keys.
-enum class Mode { Gather, Batch, Heads, SeqLocal, Ring, KeysSplit };
+enum class AttentionMode { Gather, Batch, Heads, SeqLocal, Ring, KeysSplit };
 
 // The layout every input runs in, decided from the query, key, value and mask specs alone, so
 // that the forward rule and the backward rule (which sees the same saved inputs) agree.
 struct Decision {
-  std::vector<Mode> modes;  // per mesh dim
+  std::vector<AttentionMode> modes;  // per mesh dim
   ShardTensorSpec query, key, value;
   std::optional<ShardTensorSpec> mask;
   int64_t seq_mesh_dim = -1;
@@ -79,39 +79,39 @@ std::vector<int64_t> divided(std::vector<int64_t> sizes, int64_t by) {
   return sizes;
 }
 
-std::vector<Mode> choose_modes(const ShardTensorSpec& q, const ShardTensorSpec& k, const ShardTensorSpec& v, bool heads_allowed) {
-  std::vector<Mode> modes;
+std::vector<AttentionMode> choose_modes(const ShardTensorSpec& q, const ShardTensorSpec& k, const ShardTensorSpec& v, bool heads_allowed) {
+  std::vector<AttentionMode> modes;
   bool seq_taken = false;
   for (int64_t m = 0; m < q.mesh().ndim(); ++m) {
     const Placement& p = q.placements()[m];
     const bool kv_split = k.placements()[m].is_shard(kSeqDim) || v.placements()[m].is_shard(kSeqDim);
-    Mode mode = Mode::Gather;
+    AttentionMode mode = AttentionMode::Gather;
     if (p.is_shard(kBatchDim)) {
-      mode = Mode::Batch;
+      mode = AttentionMode::Batch;
     } else if (p.is_shard(kHeadDim) && heads_allowed) {
-      mode = Mode::Heads;
+      mode = AttentionMode::Heads;
     } else if (p.is_shard(kSeqDim) && !seq_taken) {
       seq_taken = true;
-      mode = kv_split ? Mode::Ring : Mode::SeqLocal;
+      mode = kv_split ? AttentionMode::Ring : AttentionMode::SeqLocal;
     } else if (!p.is_shard() && kv_split && !seq_taken) {
       seq_taken = true;
-      mode = Mode::KeysSplit;
+      mode = AttentionMode::KeysSplit;
     }
     modes.push_back(mode);
   }
   return modes;
 }
 
-Placements placements_for(const std::vector<Mode>& modes, bool keys, bool zigzag) {
+Placements placements_for(const std::vector<AttentionMode>& modes, bool keys, bool zigzag) {
   Placements ps;
-  for (Mode mode : modes) {
+  for (AttentionMode mode : modes) {
     switch (mode) {
-      case Mode::Batch: ps.push_back(Shard(kBatchDim)); break;
-      case Mode::Heads: ps.push_back(Shard(kHeadDim)); break;
-      case Mode::Ring: ps.push_back(zigzag ? ZigzagShard(kSeqDim) : Shard(kSeqDim)); break;
-      case Mode::SeqLocal: ps.push_back(keys ? Replicate() : Shard(kSeqDim)); break;
-      case Mode::KeysSplit: ps.push_back(keys ? Shard(kSeqDim) : Replicate()); break;
-      case Mode::Gather: ps.push_back(Replicate()); break;
+      case AttentionMode::Batch: ps.push_back(Shard(kBatchDim)); break;
+      case AttentionMode::Heads: ps.push_back(Shard(kHeadDim)); break;
+      case AttentionMode::Ring: ps.push_back(zigzag ? ZigzagShard(kSeqDim) : Shard(kSeqDim)); break;
+      case AttentionMode::SeqLocal: ps.push_back(keys ? Replicate() : Shard(kSeqDim)); break;
+      case AttentionMode::KeysSplit: ps.push_back(keys ? Shard(kSeqDim) : Replicate()); break;
+      case AttentionMode::Gather: ps.push_back(Replicate()); break;
     }
   }
   return ps;
@@ -129,10 +129,10 @@ ShardTensorSpec key_layout(const ShardTensorSpec& kv, const Decision& d, int64_t
 
 ShardTensorSpec mask_layout(const ShardTensorSpec& mask, const Decision& d) {
   Placements ps;
-  for (Mode mode : d.modes) {
+  for (AttentionMode mode : d.modes) {
     // Split like the query's rows; whole along the keys, whose columns each block reads.
-    const int64_t logical = mode == Mode::Batch ? kBatchDim : mode == Mode::Heads ? kHeadDim
-                            : mode == Mode::SeqLocal || mode == Mode::Ring ? kSeqDim : -1;
+    const int64_t logical = mode == AttentionMode::Batch ? kBatchDim : mode == AttentionMode::Heads ? kHeadDim
+                            : mode == AttentionMode::SeqLocal || mode == AttentionMode::Ring ? kSeqDim : -1;
     const int64_t dim = logical >= 0 ? mask_dim(mask, logical) : -1;
     ps.push_back(dim >= 0 ? Shard(dim) : Replicate());
   }
@@ -177,17 +177,17 @@ Decision decide(const OpMeta& op) {
     d.query = with_placements(q, placements_for(d.modes, /*keys=*/false, false));
   }
   for (size_t m = 0; m < d.modes.size(); ++m)
-    if (d.modes[m] == Mode::SeqLocal || d.modes[m] == Mode::Ring || d.modes[m] == Mode::KeysSplit)
+    if (d.modes[m] == AttentionMode::SeqLocal || d.modes[m] == AttentionMode::Ring || d.modes[m] == AttentionMode::KeysSplit)
       d.seq_mesh_dim = static_cast<int64_t>(m);
   // The query's order decides (a zigzag key alone is put in order): its rows in zigzag order
   // meet keys in the same order, around the ring, whose steps then balance under a causal mask.
   if (d.seq_mesh_dim >= 0 && q.placements()[d.seq_mesh_dim].is_zigzag() && q.placements()[d.seq_mesh_dim].zigzag_unit == 1) {
     d.zigzag = true;
-    d.modes[d.seq_mesh_dim] = Mode::Ring;  // whole keys are cut locally into their zigzag chunks
+    d.modes[d.seq_mesh_dim] = AttentionMode::Ring;  // whole keys are cut locally into their zigzag chunks
     d.query = with_placements(q, placements_for(d.modes, /*keys=*/false, true));
   }
   std::vector<int64_t> seq_sizes;
-  if (d.seq_mesh_dim >= 0 && d.modes[d.seq_mesh_dim] != Mode::SeqLocal) {
+  if (d.seq_mesh_dim >= 0 && d.modes[d.seq_mesh_dim] != AttentionMode::SeqLocal) {
     // Split keys keep their own split (the values'; or torch.chunk) along their mesh dim.
     const ShardTensorSpec& lead = k.placements()[d.seq_mesh_dim].is_shard(kSeqDim) ? k : v;
     seq_sizes = with_placements(lead, placements_for(d.modes, /*keys=*/true, d.zigzag)).sharding_of(kSeqDim)->sizes;
@@ -199,14 +199,14 @@ Decision decide(const OpMeta& op) {
 }
 
 // `layout` with Partial(sum) on every mesh dim handled by `mode`: each rank holds its share.
-OutputLayout summed_where(OutputLayout layout, const Decision& d, Mode mode) {
+OutputLayout summed_where(OutputLayout layout, const Decision& d, AttentionMode mode) {
   for (size_t m = 0; m < d.modes.size(); ++m)
     if (d.modes[m] == mode) layout.placements[m] = Partial(ReduceOp::Sum);
   return layout;
 }
 
 bool any_split(const Decision& d) {
-  return std::any_of(d.modes.begin(), d.modes.end(), [](Mode m) { return m != Mode::Gather; });
+  return std::any_of(d.modes.begin(), d.modes.end(), [](AttentionMode m) { return m != AttentionMode::Gather; });
 }
 
 AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionOperator kind, AttentionPlan::Pass pass) {
@@ -215,11 +215,11 @@ AttentionPlan plan_of(const OpMeta& op, const Decision& d, AttentionOperator kin
   plan.op = kind;
   plan.is_causal = bool_arg(op, "is_causal");
   plan.seq_mesh_dim = d.seq_mesh_dim;
-  const Mode seq_mode = d.seq_mesh_dim >= 0 ? d.modes[d.seq_mesh_dim] : Mode::Gather;
-  plan.ring = seq_mode == Mode::Ring;
-  plan.keys_split = seq_mode == Mode::KeysSplit;
+  const AttentionMode seq_mode = d.seq_mesh_dim >= 0 ? d.modes[d.seq_mesh_dim] : AttentionMode::Gather;
+  plan.ring = seq_mode == AttentionMode::Ring;
+  plan.keys_split = seq_mode == AttentionMode::KeysSplit;
   const int64_t sq = d.query.shape()[kSeqDim], sk = d.key.shape()[kSeqDim];
-  const bool rows_split = seq_mode == Mode::Ring || seq_mode == Mode::SeqLocal;
+  const bool rows_split = seq_mode == AttentionMode::Ring || seq_mode == AttentionMode::SeqLocal;
   // Without a causal mask positions do not matter: zigzag pieces are then read as they lie.
   plan.zigzag = d.zigzag && plan.is_causal;
   if (plan.zigzag) {
@@ -289,7 +289,7 @@ RuleResult attention_rule(const OpMeta& op, AttentionOperator kind) {
   }
   // output [B, H, Sq, Dv] and logsumexp [B, H, Sq]; merged over split keys, the output is
   // each rank's weighted share and the log-sum-exp the merged one.
-  r.outputs = {summed_where(layout_of(d.query), d, Mode::KeysSplit), layout_of(d.query)};
+  r.outputs = {summed_where(layout_of(d.query), d, AttentionMode::KeysSplit), layout_of(d.query)};
   for (OutputLayout& other : other_forward_outputs(op, kind)) r.outputs.push_back(std::move(other));
   if (any_split(d)) r.kernel_plan = declare(plan_of(op, d, kind, AttentionPlan::Pass::Forward));
   return r;
@@ -314,8 +314,8 @@ RuleResult attention_backward_rule(const OpMeta& op, AttentionOperator kind) {
   }
   // Keys a rank saw whole got contributions from its own rows only: summed over the rows'
   // shards. Likewise whole rows that saw a rank's own keys only.
-  r.outputs = {summed_where(layout_of(d.query), d, Mode::KeysSplit), summed_where(layout_of(d.key), d, Mode::SeqLocal),
-               summed_where(layout_of(d.value), d, Mode::SeqLocal)};
+  r.outputs = {summed_where(layout_of(d.query), d, AttentionMode::KeysSplit), summed_where(layout_of(d.key), d, AttentionMode::SeqLocal),
+               summed_where(layout_of(d.value), d, AttentionMode::SeqLocal)};
   if (kind == AttentionOperator::CudaEfficient) r.outputs.push_back(replicated_layout(op.mesh()));  // grad_bias: undefined
   if (any_split(d)) r.kernel_plan = declare(plan_of(op, d, kind, AttentionPlan::Pass::Backward));
   return r;

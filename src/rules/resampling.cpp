@@ -148,10 +148,10 @@ MapAxis map_axis(int64_t tensor_dim, int64_t mesh_dim, int64_t length, std::vect
 
 // ---- the operators ----
 
-enum class Mode { Nearest, NearestExact, Linear, Cubic, Reflect, Replicate };
+enum class ResampleMode { Nearest, NearestExact, Linear, Cubic, Reflect, Replicate };
 
 struct Resample {
-  Mode mode;
+  ResampleMode mode;
   int64_t spatial;
   std::vector<int64_t> in_sizes, out_sizes;   // spatial dims
   std::vector<c10::optional<double>> scales;  // per spatial dim
@@ -165,26 +165,26 @@ int64_t dims_in_name(const std::string& name) {
   TORCH_INTERNAL_ASSERT(false, "no dimensionality in ", name);
 }
 
-Mode mode_of(const std::string& name) {
-  if (name.find("nearest_exact") != std::string::npos) return Mode::NearestExact;
-  if (name.find("nearest") != std::string::npos) return Mode::Nearest;
-  if (name.find("reflection") != std::string::npos) return Mode::Reflect;
-  if (name.find("replication") != std::string::npos) return Mode::Replicate;
-  if (name.find("bicubic") != std::string::npos) return Mode::Cubic;
-  return Mode::Linear;
+ResampleMode mode_of(const std::string& name) {
+  if (name.find("nearest_exact") != std::string::npos) return ResampleMode::NearestExact;
+  if (name.find("nearest") != std::string::npos) return ResampleMode::Nearest;
+  if (name.find("reflection") != std::string::npos) return ResampleMode::Reflect;
+  if (name.find("replication") != std::string::npos) return ResampleMode::Replicate;
+  if (name.find("bicubic") != std::string::npos) return ResampleMode::Cubic;
+  return ResampleMode::Linear;
 }
 
 IndexMap map_of(const Resample& r, int64_t i, bool as_float) {
   switch (r.mode) {
-    case Mode::Nearest:
-    case Mode::NearestExact:
-      return nearest_map(r.in_sizes[i], r.out_sizes[i], r.scales[i], r.mode == Mode::NearestExact);
-    case Mode::Linear:
+    case ResampleMode::Nearest:
+    case ResampleMode::NearestExact:
+      return nearest_map(r.in_sizes[i], r.out_sizes[i], r.scales[i], r.mode == ResampleMode::NearestExact);
+    case ResampleMode::Linear:
       return linear_map(r.in_sizes[i], r.out_sizes[i], r.align_corners, r.scales[i], as_float);
-    case Mode::Cubic:
+    case ResampleMode::Cubic:
       return cubic_map(r.in_sizes[i], r.out_sizes[i], r.align_corners, r.scales[i], as_float);
     default:
-      return pad_map(r.in_sizes[i], r.pads[2 * i], r.pads[2 * i + 1], r.mode == Mode::Reflect);
+      return pad_map(r.in_sizes[i], r.pads[2 * i], r.pads[2 * i + 1], r.mode == ResampleMode::Reflect);
   }
 }
 
@@ -197,7 +197,7 @@ IndexMapPlan map_plan(const Resample& r, const ShardTensorSpec& like, const std:
   const int64_t first = like.ndim() - r.spatial;
   for (int64_t i = 0; i < r.spatial; ++i) {
     IndexMap m = map_of(r, i, as_float);
-    const bool is_pad = r.mode == Mode::Reflect || r.mode == Mode::Replicate;
+    const bool is_pad = r.mode == ResampleMode::Reflect || r.mode == ResampleMode::Replicate;
     std::vector<Range> outputs = is_pad ? shifted_ranges(owned[i], r.pads[2 * i], r.out_sizes[i]) : outputs_by_source(m, owned[i]);
     plan.axes.push_back(map_axis(first + i, sharding_mesh_dim(like, first + i), r.in_sizes[i], owned[i], std::move(m), std::move(outputs)));
   }
@@ -225,7 +225,7 @@ Resample read_upsample(const OpMeta& op, const std::vector<int64_t>& in_shape) {
   r.spatial = dims_in_name(op.name);
   r.out_sizes = int_list_arg(op, "output_size");
   r.in_sizes.assign(in_shape.end() - r.spatial, in_shape.end());
-  r.align_corners = (r.mode == Mode::Linear || r.mode == Mode::Cubic) && bool_arg(op, "align_corners");
+  r.align_corners = (r.mode == ResampleMode::Linear || r.mode == ResampleMode::Cubic) && bool_arg(op, "align_corners");
   r.scales = read_scales(op, r.spatial);
   return r;
 }

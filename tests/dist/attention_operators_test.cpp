@@ -141,8 +141,6 @@ TORCH_LIBRARY_IMPL(aten, CPU, m) {
   m.impl("_scaled_dot_product_cudnn_attention_backward", torch::CppFunction::makeFromBoxedFunction<&cudnn_backward>());
 }
 
-const DeviceMesh& mesh_1d() { return test_meshes().front(); }
-
 // Uneven sequence sizes, one shard empty from two ranks on; the keys' split reversed and longer.
 std::vector<int64_t> row_sizes(int64_t n) {
   std::vector<int64_t> sizes;

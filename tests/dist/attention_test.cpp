@@ -30,8 +30,6 @@ using namespace shardtensor::testing;
 
 namespace {
 
-const DeviceMesh& mesh_1d() { return test_meshes().front(); }
-
 auto sdpa_op() {  // c10::optional on libtorch 1.13, std::optional on 2.x
   return c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""});
 }
@@ -49,8 +47,6 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, b
   sdpa_op()->callBoxed(&stack);
   return stack.back().toTensor();
 }
-
-int64_t total(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
 // Uneven sequence sizes with one empty shard where there are two ranks or more.
 std::vector<int64_t> with_an_empty_shard(int64_t n) {

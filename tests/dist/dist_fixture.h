@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,17 @@ inline const std::vector<DeviceMesh>& test_meshes() {
     return out;
   }();
   return meshes;
+}
+
+// The first of them: the world's ranks along one dimension.
+inline const DeviceMesh& mesh_1d() { return test_meshes().front(); }
+
+inline int64_t total(const std::vector<int64_t>& sizes) { return std::accumulate(sizes.begin(), sizes.end(), int64_t{0}); }
+
+// Standard normal doubles after a fixed seed: the same on every rank.
+inline at::Tensor draw_double(const std::vector<int64_t>& shape, uint64_t seed) {
+  at::manual_seed(seed);
+  return at::randn(shape, at::kDouble);
 }
 
 // Whether this machine's kernel forbids the ranks of `comm` to read or write each other's memory

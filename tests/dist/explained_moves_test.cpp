@@ -22,7 +22,7 @@ namespace {
 
 using Counts = std::map<std::string, int64_t>;
 
-const DeviceMesh& mesh_1d() {
+const DeviceMesh& world_mesh() {
   static const DeviceMesh mesh = DeviceMesh::create({world_size()});
   return mesh;
 }
@@ -34,11 +34,6 @@ ShardSizes uneven(int64_t dim, int64_t rows_each) {
   return ShardSizes{{dim, sizes}};
 }
 int64_t uneven_total(int64_t rows_each) { return rows_each * world_size() + 1; }
-
-at::Tensor draw(const std::vector<int64_t>& shape, uint64_t seed) {
-  at::manual_seed(seed);
-  return at::randn(shape, at::kDouble);
-}
 
 c10::OperatorHandle operator_named(const std::string& name, const std::string& overload = "") {
   const auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
@@ -96,15 +91,15 @@ TEST(ExplainedMoves, HaloFamiliesCountWhatTheyDeclare) {
   const at::NoGradGuard no_grad;  // no rows kept for a backward: each call gathers its own window
   const bool split = world_size() > 1;
   const int64_t h = uneven_total(3);
-  const at::Tensor x = distribute_tensor(draw({2, 3, h, 5}, 1), mesh_1d(), {Shard(2)}, uneven(2, 3));
-  const at::Tensor w = distribute_tensor(draw({4, 3, 3, 3}, 2), mesh_1d(), {Replicate()});
-  const at::Tensor wt = distribute_tensor(draw({3, 4, 3, 3}, 3), mesh_1d(), {Replicate()});
+  const at::Tensor x = distribute_tensor(draw_double({2, 3, h, 5}, 1), world_mesh(), {Shard(2)}, uneven(2, 3));
+  const at::Tensor w = distribute_tensor(draw_double({4, 3, 3, 3}, 2), world_mesh(), {Replicate()});
+  const at::Tensor wt = distribute_tensor(draw_double({3, 4, 3, 3}, 3), world_mesh(), {Replicate()});
   const c10::IValue none;
 
   const auto conv = operator_named("aten::convolution");
   expect_counted_as_explained("convolution", conv, {x, w, none, pair(1), pair(1), pair(1), false, pair(0), int64_t{1}}, split);
   expect_counted_as_explained("transposed convolution", conv, {x, wt, none, pair(1), pair(1), pair(1), true, pair(0), int64_t{1}}, split);
-  const at::Tensor grad = distribute_tensor(draw({2, 4, h, 5}, 4), mesh_1d(), {Shard(2)}, uneven(2, 3));
+  const at::Tensor grad = distribute_tensor(draw_double({2, 4, h, 5}, 4), world_mesh(), {Shard(2)}, uneven(2, 3));
   expect_counted_as_explained("convolution_backward", operator_named("aten::convolution_backward"),
                               {grad, x, w, c10::IValue(std::vector<int64_t>{4}), pair(1), pair(1), pair(1), false, pair(0), int64_t{1},
                                c10::List<bool>({true, true, true})},
@@ -120,7 +115,7 @@ TEST(ExplainedMoves, HaloFamiliesCountWhatTheyDeclare) {
   thin_first[0] = split ? 1 : 4;
   int64_t thin_total = 0;
   for (int64_t rows : thin_first) thin_total += rows;
-  const at::Tensor thin = distribute_tensor(draw({2, 3, thin_total, 5}, 5), mesh_1d(), {Shard(2)}, ShardSizes{{2, thin_first}});
+  const at::Tensor thin = distribute_tensor(draw_double({2, 3, thin_total, 5}, 5), world_mesh(), {Shard(2)}, ShardSizes{{2, thin_first}});
   expect_counted_as_explained("reflection_pad2d", operator_named("aten::reflection_pad2d"), {thin, std::vector<int64_t>{1, 1, 2, 2}},
                               split);
 }
@@ -131,24 +126,24 @@ TEST(ExplainedMoves, StatisticsReductionsCountWhatTheyDeclare) {
   const int64_t n = uneven_total(2);
   const c10::IValue none;
   // Layer norm over a split feature dim: the row statistics are summed over the ranks.
-  const at::Tensor rows = distribute_tensor(draw({3, n}, 5), mesh_1d(), {Shard(1)}, uneven(1, 2));
+  const at::Tensor rows = distribute_tensor(draw_double({3, n}, 5), world_mesh(), {Shard(1)}, uneven(1, 2));
   expect_counted_as_explained("native_layer_norm", operator_named("aten::native_layer_norm"),
                               {rows, std::vector<int64_t>{n}, none, none, 1e-5}, split);
   // Batch norm in training on a split batch; group norm on a split spatial dim.
-  const at::Tensor images = distribute_tensor(draw({n, 4, 3, 3}, 6), mesh_1d(), {Shard(0)}, uneven(0, 2));
+  const at::Tensor images = distribute_tensor(draw_double({n, 4, 3, 3}, 6), world_mesh(), {Shard(0)}, uneven(0, 2));
   expect_counted_as_explained("native_batch_norm", operator_named("aten::native_batch_norm"),
                               {images, none, none, none, none, true, 0.1, 1e-5}, split);
-  const at::Tensor field = distribute_tensor(draw({2, 4, n, 3}, 7), mesh_1d(), {Shard(2)}, uneven(2, 2));
+  const at::Tensor field = distribute_tensor(draw_double({2, 4, n, 3}, 7), world_mesh(), {Shard(2)}, uneven(2, 2));
   expect_counted_as_explained("native_group_norm", operator_named("aten::native_group_norm"),
                               {field, none, none, int64_t{2}, int64_t{4}, int64_t{n * 3}, int64_t{2}, 1e-5}, split);
   // A mean loss over split rows, and a comparison of two split tensors.
-  const at::Tensor target = distribute_tensor(draw({n, 4, 3, 3}, 8), mesh_1d(), {Shard(0)}, uneven(0, 2));
+  const at::Tensor target = distribute_tensor(draw_double({n, 4, 3, 3}, 8), world_mesh(), {Shard(0)}, uneven(0, 2));
   // mse_loss's mean leaves a pending sum (nothing moves in the op); nll_loss's mean divides by a
   // total weight summed over the ranks.
   expect_counted_as_explained("mse_loss", operator_named("aten::mse_loss"), {images, target, int64_t{1}}, false);
-  const at::Tensor log_probs = distribute_tensor(at::log_softmax(draw({n, 5}, 15), 1), mesh_1d(), {Shard(0)}, uneven(0, 2));
+  const at::Tensor log_probs = distribute_tensor(at::log_softmax(draw_double({n, 5}, 15), 1), world_mesh(), {Shard(0)}, uneven(0, 2));
   at::manual_seed(16);
-  const at::Tensor classes = distribute_tensor(at::randint(0, 5, {n}, at::kLong), mesh_1d(), {Shard(0)}, uneven(0, 2));
+  const at::Tensor classes = distribute_tensor(at::randint(0, 5, {n}, at::kLong), world_mesh(), {Shard(0)}, uneven(0, 2));
   expect_counted_as_explained("nll_loss", operator_named("aten::nll_loss_forward"), {log_probs, classes, none, int64_t{1}, int64_t{-100}},
                               split);
   expect_counted_as_explained("equal", operator_named("aten::equal"), {images, target}, split);
@@ -157,8 +152,8 @@ TEST(ExplainedMoves, StatisticsReductionsCountWhatTheyDeclare) {
 TEST(ExplainedMoves, RedistributedInputsCountTheirPlannedSteps) {
   const at::NoGradGuard no_grad;
   const int64_t n = uneven_total(2);
-  const at::Tensor by_rows = distribute_tensor(draw({n, n}, 9), mesh_1d(), {Shard(0)}, uneven(0, 2));
-  const at::Tensor by_cols = distribute_tensor(draw({n, n}, 10), mesh_1d(), {Shard(1)}, uneven(1, 2));
+  const at::Tensor by_rows = distribute_tensor(draw_double({n, n}, 9), world_mesh(), {Shard(0)}, uneven(0, 2));
+  const at::Tensor by_cols = distribute_tensor(draw_double({n, n}, 10), world_mesh(), {Shard(1)}, uneven(1, 2));
   expect_counted_as_explained("add of rows and columns", operator_named("aten::add", "Tensor"), {by_rows, by_cols, int64_t{1}},
                               world_size() > 1);
   expect_counted_as_explained("softmax over the split dim", operator_named("aten::_softmax"), {by_cols, int64_t{1}, false},
@@ -168,7 +163,7 @@ TEST(ExplainedMoves, RedistributedInputsCountTheirPlannedSteps) {
 TEST(ExplainedMoves, RandomDrawsCheckTheirProbabilitiesAsDeclared) {
   const at::NoGradGuard no_grad;
   const int64_t n = uneven_total(2);
-  const at::Tensor p = distribute_tensor(at::full({n, 3}, 0.25, at::kDouble), mesh_1d(), {Shard(0)}, uneven(0, 2));
+  const at::Tensor p = distribute_tensor(at::full({n, 3}, 0.25, at::kDouble), world_mesh(), {Shard(0)}, uneven(0, 2));
   expect_counted_as_explained("bernoulli of split probabilities", operator_named("aten::bernoulli"), {p, c10::IValue()},
                               world_size() > 1);
   expect_counted_as_explained("multinomial of split rows", operator_named("aten::multinomial"), {p, int64_t{2}, true, c10::IValue()},
@@ -186,7 +181,7 @@ TEST(ExplainedMoves, RingAttentionCountsItsBatchesAsDeclared) {
   int64_t s = 0;
   for (int64_t size : sizes) s += size;
   const c10::IValue none;
-  auto seq = [&](uint64_t seed) { return distribute_tensor(draw({1, 2, s, 4}, seed), mesh_1d(), {Shard(2)}, ShardSizes{{2, sizes}}); };
+  auto seq = [&](uint64_t seed) { return distribute_tensor(draw_double({1, 2, s, 4}, seed), world_mesh(), {Shard(2)}, ShardSizes{{2, sizes}}); };
   const at::Tensor q = seq(11), k = seq(12), v = seq(13), grad_out = seq(14);
   for (const bool causal : {false, true}) {
     const std::string how = causal ? "causal " : "";

@@ -15,10 +15,8 @@ using namespace shardtensor::testing;
 
 namespace {
 
-const DeviceMesh& mesh_1d() { return test_meshes().front(); }
-
 // Uneven row sizes, every shard at least `min_rows` rows: 2, 5, 3, 4, 2, ... around `per_rank`.
-std::vector<int64_t> uneven_rows(int64_t ranks, int64_t min_rows) {
+std::vector<int64_t> uneven_halo_rows(int64_t ranks, int64_t min_rows) {
   std::vector<int64_t> sizes;
   for (int64_t r = 0; r < ranks; ++r) sizes.push_back(min_rows + (r * 3) % 4);
   return sizes;
@@ -31,13 +29,6 @@ std::vector<int64_t> one_row_each_but_the_last(int64_t ranks, int64_t last_rows)
   return sizes;
 }
 
-int64_t total(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
-
-at::Tensor draw(std::vector<int64_t> shape, uint64_t seed) {
-  at::manual_seed(seed);
-  return at::randn(shape, at::kDouble);
-}
-
 void expect_matches(const at::Tensor& sharded, const at::Tensor& expected, const char* what) {
   EXPECT_TRUE(at::allclose(full_tensor(sharded), expected, 1e-9, 1e-11)) << what;
 }
@@ -46,11 +37,11 @@ void expect_matches(const at::Tensor& sharded, const at::Tensor& expected, const
 
 TEST(Halo, ShardedConvolutionMovesOnlyHaloRows) {
   const int64_t ranks = mesh_1d().size(0), n = 2, c = 3, w = 11;
-  const std::vector<int64_t> sizes = uneven_rows(ranks, 2);  // at least the halo (1 row)
-  const at::Tensor x = draw({n, c, total(sizes), w}, 1), weight = draw({4, c, 3, 3}, 2), bias = draw({4}, 3);
+  const std::vector<int64_t> sizes = uneven_halo_rows(ranks, 2);  // at least the halo (1 row)
+  const at::Tensor x = draw_double({n, c, total(sizes), w}, 1), weight = draw_double({4, c, 3, 3}, 2), bias = draw_double({4}, 3);
   const at::Tensor ref_x = x.clone().requires_grad_(), ref_w = weight.clone().requires_grad_();
   const at::Tensor expected = at::conv2d(ref_x, ref_w, bias, 1, 1);
-  const at::Tensor grad_out = draw(expected.sizes().vec(), 4);
+  const at::Tensor grad_out = draw_double(expected.sizes().vec(), 4);
   (expected * grad_out).sum().backward();
 
   at::Tensor sx = distribute_tensor(x, mesh_1d(), {Shard(2)}, ShardSizes{{2, sizes}}).requires_grad_();
@@ -88,8 +79,8 @@ TEST(Halo, ShardedConvolutionMovesOnlyHaloRows) {
 // gather when a window crosses a shard boundary, nothing otherwise, and no collective to find out.
 TEST(Halo, ExplainShowsTheKernelsHaloMovesWithoutCommunicating) {
   const int64_t ranks = mesh_1d().size(0);
-  const at::Tensor sx = distribute_tensor(draw({1, 2, 4 * ranks, 5}, 9), mesh_1d(), {Shard(2)});
-  const at::Tensor sw = distribute_tensor(draw({3, 2, 3, 3}, 10), mesh_1d(), {Replicate()});
+  const at::Tensor sx = distribute_tensor(draw_double({1, 2, 4 * ranks, 5}, 9), mesh_1d(), {Shard(2)});
+  const at::Tensor sw = distribute_tensor(draw_double({3, 2, 3, 3}, 10), mesh_1d(), {Replicate()});
   auto conv_args = [&](const at::Tensor& weight, int64_t padding) {
     return std::vector<c10::IValue>{sx, weight, c10::IValue(), std::vector<int64_t>{1, 1}, std::vector<int64_t>{padding, padding},
                                     std::vector<int64_t>{1, 1}, false, std::vector<int64_t>{0, 0}, int64_t{1}};
@@ -102,7 +93,7 @@ TEST(Halo, ExplainShowsTheKernelsHaloMovesWithoutCommunicating) {
   EXPECT_NE(text.find("input 'weight' [R]: used as it is"), std::string::npos) << text;
   EXPECT_NE(text.find("output 0: [S(2)] dim 2 sizes"), std::string::npos) << text;
   const std::string one_by_one = explain_operator("aten::convolution",
-                                                   conv_args(distribute_tensor(draw({3, 2, 1, 1}, 11), mesh_1d(), {Replicate()}), 0));
+                                                   conv_args(distribute_tensor(draw_double({3, 2, 1, 1}, 11), mesh_1d(), {Replicate()}), 0));
   EXPECT_NE(one_by_one.find("moves nothing between ranks"), std::string::npos) << one_by_one;
   EXPECT_THROW(explain_operator("aten::no_such_op", {}), c10::Error);
 }
@@ -110,7 +101,7 @@ TEST(Halo, ExplainShowsTheKernelsHaloMovesWithoutCommunicating) {
 TEST(Halo, ShardsThinnerThanTheHaloReachPastTheirNeighbours) {
   const int64_t ranks = mesh_1d().size(0);
   const std::vector<int64_t> sizes = one_row_each_but_the_last(ranks, 6);  // kernel 7: a halo of 3 rows
-  const at::Tensor x = draw({1, 2, total(sizes), 5}, 5), weight = draw({3, 2, 7, 3}, 6);
+  const at::Tensor x = draw_double({1, 2, total(sizes), 5}, 5), weight = draw_double({3, 2, 7, 3}, 6);
   const at::Tensor ref_x = x.clone().requires_grad_();
   const at::Tensor expected = at::conv2d(ref_x, weight, {}, 1, {3, 1});
   expected.sum().backward();
@@ -130,7 +121,7 @@ TEST(Halo, KeptRowsRebuildWindowsWithoutOwnRows) {
   std::vector<int64_t> sizes(static_cast<size_t>(ranks), 0);
   sizes.front() = 5;
   sizes.back() = 6;
-  const at::Tensor x = draw({2, 4, total(sizes), 9}, 19), weight = draw({6, 4, 3, 3}, 20), bias = draw({6}, 21);
+  const at::Tensor x = draw_double({2, 4, total(sizes), 9}, 19), weight = draw_double({6, 4, 3, 3}, 20), bias = draw_double({6}, 21);
   const at::Tensor ref_x = x.clone().requires_grad_(), ref_w = weight.clone().requires_grad_();
   const std::vector<int64_t> two{2, 2}, none{0, 0};  // stride and dilation 2, no padding
   const at::Tensor expected = at::conv2d(ref_x, ref_w, bias, two, none, two);
@@ -147,7 +138,7 @@ TEST(Halo, KeptRowsRebuildWindowsWithoutOwnRows) {
 TEST(Halo, TwoDimensionalSplitExchangesCorners) {
   if (world_size() != 4) GTEST_SKIP() << "needs a 2x2 mesh (4 ranks); the sweep covers other meshes";
   const DeviceMesh mesh = DeviceMesh::create({2, 2});
-  const at::Tensor x = draw({1, 2, 9, 8}, 7), weight = draw({2, 2, 3, 3}, 8);
+  const at::Tensor x = draw_double({1, 2, 9, 8}, 7), weight = draw_double({2, 2, 3, 3}, 8);
   const at::Tensor ref_x = x.clone().requires_grad_();
   const at::Tensor expected = at::conv2d(ref_x, weight, {}, 1, 1);
   expected.square().sum().backward();
@@ -164,8 +155,8 @@ TEST(Halo, TwoDimensionalSplitExchangesCorners) {
 
 TEST(Halo, CircularPaddingWrapsAroundThroughTheHalo) {
   const int64_t ranks = mesh_1d().size(0), n = 1, c = 2, h = 5;
-  const std::vector<int64_t> sizes = uneven_rows(ranks, 2);
-  const at::Tensor x = draw({n, c, h, total(sizes)}, 9), weights = draw({n, c, h, total(sizes) + 3}, 10);
+  const std::vector<int64_t> sizes = uneven_halo_rows(ranks, 2);
+  const at::Tensor x = draw_double({n, c, h, total(sizes)}, 9), weights = draw_double({n, c, h, total(sizes) + 3}, 10);
   const at::Tensor ref_x = x.clone().requires_grad_();
   const at::Tensor expected = at::pad(ref_x, {2, 1, 0, 0}, "circular");
   (expected * weights).sum().backward();
@@ -189,10 +180,10 @@ TEST(Halo, CircularPaddingWrapsAroundThroughTheHalo) {
 TEST(Halo, EveryTransportGivesTheSameWindowsAndBytes) {
   const int64_t ranks = mesh_1d().size(0);
   const std::vector<int64_t> sizes = one_row_each_but_the_last(ranks, 4);  // kernel 5: a halo of 2 rows
-  const at::Tensor x = draw({2, 3, total(sizes), 6}, 12), weight = draw({2, 3, 5, 3}, 13);
+  const at::Tensor x = draw_double({2, 3, total(sizes), 6}, 12), weight = draw_double({2, 3, 5, 3}, 13);
   const at::Tensor ref_x = x.clone().requires_grad_();
   const at::Tensor expected = at::conv2d(at::pad(ref_x, {1, 1, 2, 2}, "circular"), weight);
-  const at::Tensor grad_out = draw(expected.sizes().vec(), 14);
+  const at::Tensor grad_out = draw_double(expected.sizes().vec(), 14);
   (expected * grad_out).sum().backward();
   std::vector<int64_t> bytes_by_transport;
   for (UseTransport::Kind kind : {UseTransport::kMemory, UseTransport::kMessages, UseTransport::kCollectives}) {
@@ -229,7 +220,7 @@ TEST(Halo, AFailedPeerCopyFallsBackToMessagesOnEveryRank) {
   const DeviceMesh mesh = DeviceMesh::create({world_size()});  // its own groups: they stop copying through memory for good
   const UseTransport transport(UseTransport::kMemory);
   if (kernel_forbids_peer_memory(mesh.comm(0))) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory";
-  const at::Tensor x = draw({1, 2, 4 * world_size(), 5}, 15), weight = draw({2, 2, 3, 3}, 16);
+  const at::Tensor x = draw_double({1, 2, 4 * world_size(), 5}, 15), weight = draw_double({2, 2, 3, 3}, 16);
   const at::Tensor expected = at::conv2d(x, weight, {}, 1, 1);
   const at::Tensor sweight = distribute_tensor(weight, mesh, {Replicate()});
   const at::Tensor sx = distribute_tensor(x, mesh, {Shard(2)});
@@ -250,7 +241,7 @@ TEST(Halo, ATransportScopeSetsTheTransportOfOperators) {
   const DeviceMesh mesh = DeviceMesh::create({world_size()});  // its own groups: a failed copy would stop them for good
   const UseTransport transport(UseTransport::kMemory);
   if (kernel_forbids_peer_memory(mesh.comm(0))) GTEST_SKIP() << "this machine's kernel forbids reading another rank's memory";
-  const at::Tensor x = draw({1, 2, 4 * world_size(), 5}, 17), weight = draw({2, 2, 3, 3}, 18);
+  const at::Tensor x = draw_double({1, 2, 4 * world_size(), 5}, 17), weight = draw_double({2, 2, 3, 3}, 18);
   const at::Tensor sweight = distribute_tensor(weight, mesh, {Replicate()});
   const at::Tensor sx = distribute_tensor(x, mesh, {Shard(2)});
   const ShardTensorSpec by_columns(mesh, {Shard(3)}, x.sizes().vec(), c10::kDouble);

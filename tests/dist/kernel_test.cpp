@@ -18,8 +18,6 @@ at::Tensor replicated(const DeviceMesh& mesh, std::vector<int64_t> shape) {
   return from_local(iota(shape), mesh, Placements(mesh.ndim(), Replicate()));
 }
 
-const DeviceMesh& mesh_1d() { return test_meshes().front(); }
-
 // Every rank draws the same global tensors: the oracle must be the same everywhere.
 at::Tensor same_randn(std::vector<int64_t> shape) {
   static uint64_t draws = 0;

@@ -14,8 +14,6 @@ using namespace shardtensor::testing;
 
 namespace {
 
-const DeviceMesh& mesh_1d() { return test_meshes().front(); }
-
 at::Tensor same_randn(std::vector<int64_t> shape) {
   static uint64_t draws = 0;
   at::manual_seed(700 + draws++);

@@ -47,8 +47,6 @@ RecordingWarningHandler& warnings() {
 }
 const bool kHandlerInstalled = (warnings(), true);  // at static initialisation, before main
 
-const DeviceMesh& mesh_1d() { return test_meshes().front(); }
-
 // A [10, 3] tensor split by rows, uneven where the world allows (sizes 1..4 on 4 ranks).
 at::Tensor uneven_rows(const at::Tensor& global) {
   std::vector<int64_t> sizes = chunk_sizes(10, world_size());
