@@ -35,6 +35,8 @@ import sys
 
 import pytest
 
+from ranks import run_ranks
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGES = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
 README_MAX_LINES = 200
@@ -254,8 +256,6 @@ def test_python_block(block, tmp_path):
     script = tmp_path / f"{os.path.basename(block.page).replace('.', '_')}_line{block.line}.py"
     script.write_text(block.code)
     if not launched_fresh(block):
-        from ranks import run_ranks
-
         try:
             run_ranks(run_block_as_main, block.ranks, str(script), str(tmp_path), timeout=RUN_TIMEOUT_S,
                       env={name: BLOCK_ENV[name] for name in ("SHARDTENSOR_TIMEOUT_S", "MPLBACKEND")})
