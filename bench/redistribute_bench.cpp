@@ -391,7 +391,7 @@ Stats plan_us(const ShardTensorSpec& a, const ShardTensorSpec& b, bool cached, i
     const auto start = Clock::now();
     for (int i = 0; i < reps; ++i) {
       if (cached) {
-        volatile bool e = plan_redistribute(a, b, planner).empty();
+        volatile bool e = plan_redistribute(a, b, planner)->empty();
         (void)e;
       } else {
         volatile bool e = plan_redistribute_uncached(a, b, planner).empty();

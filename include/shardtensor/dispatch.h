@@ -35,7 +35,8 @@ std::vector<std::string> propagated_operators();
 // Drops every cached propagation and redistribute plan, and with them the references they
 // hold to meshes and their communicators. For shutdown (Python calls it at exit, so that
 // process groups are destroyed while the interpreter and c10d are still alive); call it only
-// while no operator runs. Later operators simply rebuild their cache entries.
+// while no operator runs. Later operators simply rebuild their cache entries. (After a process
+// group broke, the caches let go of their meshes by themselves.)
 void release_cached_layouts();
 
 // ---- Registration ------------------------------------------------------------------------

@@ -45,7 +45,7 @@ ShardTensorSpec checked_target(const at::Tensor& t, const DeviceMesh* mesh, cons
 at::Tensor scattered(const at::Tensor& global, const std::vector<int64_t>& root, const ShardTensorSpec& target) {
   if (!has_zigzag(target)) return scatter_boxes(global, root, target);
   const ShardTensorSpec ordered = in_order(target);
-  return execute_redistribute(scatter_boxes(global, root, ordered), ordered, plan_redistribute(ordered, target));
+  return execute_redistribute(scatter_boxes(global, root, ordered), ordered, *plan_redistribute(ordered, target));
 }
 
 }  // namespace

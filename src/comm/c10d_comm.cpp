@@ -9,6 +9,7 @@
 #include <ATen/ops/view_as_real.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <optional>
 
@@ -62,11 +63,15 @@ at::Tensor reducible(const at::Tensor& t, ReduceOp op) {
 // timeout on messages the failed collective left queued. (Shared through the live Comms, not a
 // table of groups: a weak reference to a ProcessGroupGloo keeps its destructor, which joins its
 // worker threads, from running.)
+std::atomic<uint64_t> broken_groups{0};
+
 class GroupHealth {
  public:
   void mark_broken(const std::string& why) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (why_.empty()) why_ = why;  // the first failure is the cause; later ones follow from it
+    if (!why_.empty()) return;  // the first failure is the cause; later ones follow from it
+    why_ = why;
+    broken_groups.fetch_add(1, std::memory_order_relaxed);
   }
   std::string why_broken() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -461,7 +466,9 @@ class C10dComm final : public Comm {
       for (int64_t p = 0; p < size(); ++p)
         if (p != rank_) check_record(theirs[p], mine, sequence, bytes_from ? (*bytes_from)[p] : -1, group_name(), rank_, p);
     } catch (const std::exception& e) {
-      if (bytes_to) health_->mark_broken(e.what());  // a batch's sends are posted already and stay queued on the pairs
+      // The ranks are out of step: a peer's batch may have posted bytes that this rank will
+      // never read (and this rank's own sends are posted already), queued on the group for good.
+      health_->mark_broken(e.what());
       throw;
     }
   }
@@ -489,6 +496,8 @@ CommRegistry& registry() {
 }
 
 }  // namespace
+
+uint64_t broken_group_count() { return broken_groups.load(std::memory_order_relaxed); }
 
 void release_communicators() {
   CommRegistry& r = registry();

@@ -117,6 +117,12 @@ class Comm {
   int64_t number_;
 };
 
+// How many process groups have become unusable in this process (a collective on them failed
+// or timed out; the count only grows). Dispatch compares it at each propagation lookup and drops
+// the layout caches when it changed: their entries keep meshes alive, and with them the broken
+// groups, whose Gloo event loops would otherwise go on polling the abandoned exchanges.
+uint64_t broken_group_count();
+
 // The group of a mesh dim of size 1: every collective is a local copy.
 std::shared_ptr<Comm> make_self_comm(int64_t global_rank);
 

@@ -98,7 +98,7 @@ class PeriodicHaloPad : public torch::autograd::Function<PeriodicHaloPad> {
     const ShardTensorImpl* grad = shard_tensor_impl(grads[0]);
     TORCH_CHECK(grad, "circular padding: the gradient of a ShardTensor output is a plain tensor");
     at::Tensor local = grad->local();
-    if (grad->spec() != plan.out) local = execute_redistribute(local, grad->spec(), plan_redistribute(grad->spec(), plan.out));
+    if (grad->spec() != plan.out) local = execute_redistribute(local, grad->spec(), *plan_redistribute(grad->spec(), plan.out));
     local = scatter_add_windows(LoweredHalo(HaloPlan{in.mesh(), plan.axes}), local);
     return {make_shard_tensor(local, in), at::Tensor()};
   }

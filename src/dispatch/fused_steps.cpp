@@ -50,7 +50,7 @@ at::Tensor piece_for_step(const std::string& op, const std::string& arg, size_t 
   TORCH_CHECK(arg == "grads" && from.mesh() == to.mesh(), op, ": parameter ", k, " is laid out as ", home->spec(), " but its '", arg,
               "' as ", from, "; the optimizer's state must be laid out as its parameter (zeros_like(param) makes it so)");
   // A gradient in another layout of the same mesh (a pending sum): moved to its parameter's.
-  return execute_redistribute(impl->local(), from, plan_redistribute(from, to));
+  return execute_redistribute(impl->local(), from, *plan_redistribute(from, to));
 }
 
 }  // namespace

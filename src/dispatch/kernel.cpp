@@ -89,7 +89,7 @@ void write_back_self(const at::Tensor& self, const ShardTensorSpec& target, cons
   for (size_t m = 0; m < reachable.size(); ++m)
     if (reachable[m].is_partial() && !target.placements()[m].is_partial()) reachable[m] = Replicate();
   const ShardTensorSpec resolved_home = with_placements(home, reachable);
-  at::Tensor moved = execute_redistribute(result, target, plan_redistribute(target, resolved_home));
+  at::Tensor moved = execute_redistribute(result, target, *plan_redistribute(target, resolved_home));
   at::Tensor local = impl->local();
   local.copy_(moved);
   for (size_t m = 0; m < reachable.size(); ++m) {
@@ -107,7 +107,7 @@ void write_back_input(const at::Tensor& caller, const ShardTensorSpec& home, con
                       const at::Tensor& written) {
   if (shard_tensor_impl(caller)) return write_back_self(caller, target, written);
   at::Tensor destination = caller;
-  destination.copy_(execute_redistribute(written, target, plan_redistribute(target, home)));
+  destination.copy_(execute_redistribute(written, target, *plan_redistribute(target, home)));
 }
 
 void log_call(const Propagation& p) {

@@ -67,7 +67,7 @@ void write_whole(const std::string& op_name, const at::Tensor& out, const ShardT
               " can't be cast to the desired output type ", out.scalar_type(), " of the out= tensor");
   const ShardTensorSpec& from = result.spec();
   const ShardTensorSpec whole(from.mesh(), Placements(from.mesh().ndim(), Replicate()), from.shape(), from.dtype());
-  at::Tensor gathered = from == whole ? result.local() : execute_redistribute(result.local(), from, plan_redistribute(from, whole));
+  at::Tensor gathered = from == whole ? result.local() : execute_redistribute(result.local(), from, *plan_redistribute(from, whole));
   at::Tensor plain = out;
   if (!plain.sizes().equals(gathered.sizes())) plain.resize_(gathered.sizes());
   plain.copy_(gathered);
@@ -101,7 +101,7 @@ void write_out(const std::string& op_name, const at::Tensor& out, at::Tensor res
   if (from == home) {
     local.copy_(source->local());
   } else {
-    local.copy_(execute_redistribute(source->local(), from, plan_redistribute(from, home)));
+    local.copy_(execute_redistribute(source->local(), from, *plan_redistribute(from, home)));
   }
 }
 

@@ -6,11 +6,13 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
 
+#include "comm/comm.h"
 #include "dispatch/dispatch_state.h"
 #include "dispatch/op_name.h"
 #include "dispatch/plain_gradients.h"
@@ -164,7 +166,7 @@ bool runs_on_local_pieces_alone(const Propagation& p) {
   const c10::FunctionSchema& schema = *p.meta.schema;
   for (size_t i = 0; i < schema.arguments().size(); ++i)
     if (is_out_argument(schema, i) || is_written_input(schema, i)) return false;
-  for (const RedistributePlan* plan : p.plans)
+  for (const auto& plan : p.plans)
     if (plan) return false;
   // A rule's kernel qualifies where it declares no moves (a local reshape); only declared ones can say so.
   const bool local_kernel_only = !p.result.local_kernel || (p.result.kernel_plan && p.result.kernel_plan->moves().empty());
@@ -283,7 +285,7 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
   for (size_t k = 0; k < meta.inputs.size(); ++k) {
     const ShardTensorSpec& from = meta.inputs[k].spec;
     const ShardTensorSpec& to = p->result.input_targets[k];
-    p->plans.push_back(from == to ? nullptr : &plan_redistribute(from, to));
+    p->plans.push_back(from == to ? nullptr : plan_redistribute(from, to));
   }
   p->output_specs.resize(p->result.outputs.size());
   p->direct = runs_on_local_pieces_alone(*p);
@@ -293,6 +295,7 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
 
 struct Cache {
   uint64_t generation = ~uint64_t{0};  // the rule registry's, when the entries were built
+  uint64_t broken_groups = 0;          // broken_group_count() then: entries hold meshes
   std::unordered_map<uint64_t, std::unique_ptr<Propagation>> entries;
 };
 
@@ -320,11 +323,14 @@ uint64_t seed(const c10::FunctionSchema& schema) {
 }
 
 Propagation* entry_for(uint64_t key) {
+  drop_plans_after_broken_groups();
   Cache& c = cache();
   const uint64_t generation = rule_registry().generation();
-  if (c.generation != generation) {
+  const uint64_t broken_groups = broken_group_count();
+  if (c.generation != generation || c.broken_groups != broken_groups) {
     c.entries.clear();
     c.generation = generation;
+    c.broken_groups = broken_groups;
   }
   auto it = c.entries.find(key);
   return it == c.entries.end() ? nullptr : it->second.get();
@@ -372,6 +378,13 @@ Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
 }
 
 void clear_propagation_cache() { cache().entries.clear(); }
+
+void drop_plans_after_broken_groups() {
+  static std::atomic<uint64_t> seen{0};
+  uint64_t before = seen.load(std::memory_order_relaxed);
+  const uint64_t now = broken_group_count();
+  if (now != before && seen.compare_exchange_strong(before, now)) clear_plan_cache();
+}
 
 }  // namespace shardtensor
 

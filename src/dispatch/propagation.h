@@ -37,7 +37,7 @@ struct Propagation {
   std::vector<c10::IValue> arguments;           // the non-tensor arguments built for; tensors as None
   std::vector<bool> tensor_arguments;           // which arguments are tensors (or tensor lists)
   RuleResult result;
-  std::vector<const RedistributePlan*> plans;   // per input; nullptr: already in place
+  std::vector<std::shared_ptr<const RedistributePlan>> plans;  // per input; null: already in place
   std::vector<std::optional<CachedOutput>> output_specs;  // filled on the first run
   bool fallback = false;                        // gathered inputs, Replicate outputs
   bool permutes_dims = false;                   // t, transpose, permute: strides follow (kernel.cpp)
@@ -66,9 +66,17 @@ Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
 // Drops every cached propagation (a rule was added or replaced).
 void clear_propagation_cache();
 
+// Cached propagations and plans hold meshes, and with them their process groups: once a group
+// broke (comm.h: broken_group_count), the layout caches let go of them, so that a broken
+// group's process group closes when the program drops its meshes. The plan cache is dropped
+// here, at the first call of any thread after a group broke (every propagation lookup and
+// redistribution calls it; one atomic load otherwise); each thread's propagations at its next
+// lookup. Plans are shared: one that another thread runs lives on.
+void drop_plans_after_broken_groups();
+
 namespace propagation_key {
 // The cached propagation under `key` (propagation_key.h), after dropping the cache if rules
-// changed; nullptr when none.
+// changed or a group broke; nullptr when none.
 Propagation* entry_for(uint64_t key);
 }  // namespace propagation_key
 

@@ -4,6 +4,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include "autograd/grad_fn.h"
+#include "dispatch/propagation.h"
 #include "dispatch/shard_tensor_impl.h"
 #include "redistribute/executor.h"
 #include "redistribute/plan.h"
@@ -18,8 +19,9 @@ at::Tensor move_to(const at::Tensor& t, const ShardTensorSpec& target, const Tra
   // Resolved at each call (not kept in the backward): unset fields follow this process's
   // defaults as they are when each move runs.
   const ResolvedTransportOptions resolved = resolve(options);
-  const RedistributePlan& plan = plan_redistribute(source, target, default_planner(), resolved);
-  at::Tensor local = execute_redistribute(shard_tensor_impl(t)->local(), source, plan, resolved);
+  drop_plans_after_broken_groups();
+  const std::shared_ptr<const RedistributePlan> plan = plan_redistribute(source, target, default_planner(), resolved);
+  at::Tensor local = execute_redistribute(shard_tensor_impl(t)->local(), source, *plan, resolved);
   at::Tensor out = make_shard_tensor(std::move(local), target);
   // A move to the layout it came from is a copy, and so is its backward: the gradient keeps the
   // layout it arrives in (a Partial stays pending, no collective). A copy, not the incoming

@@ -10,6 +10,7 @@
 // bytes; the search is the default. Plans are cached by (source spec, target spec, planner).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <variant>
 #include <vector>
@@ -101,13 +102,16 @@ void set_default_planner(Planner planner);
 
 // Plans (and caches by the pair of specs) a redistribution. Pure: no communication, the same
 // answer on every rank. Source and target must share mesh, shape and dtype.
-// Drops every cached plan (and the meshes their specs hold); only while no plan is in use.
+// Drops every cached plan (and the meshes their specs hold); a plan in use lives on with its
+// holders. Dispatch drops them when a process group breaks (dispatch/propagation.cpp).
 void clear_plan_cache();
 // Plans are cached by (source, target, planner, options), and lowered when made: each step gets
 // this rank's transport under `options` (a pure function of the specs and the options, so every
-// rank makes the same choice without communicating).
-const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target,
-                                          Planner planner = default_planner(), const ResolvedTransportOptions& options = resolve());
+// rank makes the same choice without communicating). Shared, so that a plan a caller runs (or a
+// cached propagation holds) stays valid while another thread clears the cache.
+std::shared_ptr<const RedistributePlan> plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target,
+                                                          Planner planner = default_planner(),
+                                                          const ResolvedTransportOptions& options = resolve());
 
 // The same plan computed afresh, bypassing the cache (for benchmarks and tests of the planner).
 RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const ShardTensorSpec& target,

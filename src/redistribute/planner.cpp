@@ -223,7 +223,7 @@ namespace {
 
 struct PlanCache {
   std::mutex mutex;
-  std::unordered_map<PlanKey, RedistributePlan, PlanKeyHash> plans;
+  std::unordered_map<PlanKey, std::shared_ptr<const RedistributePlan>, PlanKeyHash> plans;
 };
 
 PlanCache& plan_cache() {
@@ -233,19 +233,20 @@ PlanCache& plan_cache() {
 
 }  // namespace
 
-const RedistributePlan& plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner,
-                                          const ResolvedTransportOptions& options) {
+std::shared_ptr<const RedistributePlan> plan_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target,
+                                                          Planner planner, const ResolvedTransportOptions& options) {
   PlanCache& cache = plan_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   PlanKey key{source, target, planner, options};
   auto it = cache.plans.find(key);
   if (it == cache.plans.end()) {
-    it = cache.plans.emplace(std::move(key), plan_redistribute_uncached(source, target, planner, options)).first;
+    auto plan = std::make_shared<const RedistributePlan>(plan_redistribute_uncached(source, target, planner, options));
+    it = cache.plans.emplace(std::move(key), std::move(plan)).first;
     if (debug_log_enabled())
       log_line(LogLevel::Debug, "redistribute plan: " + source.to_string() + " -> " + to_string(target.placements()) + ": " +
-                                    (it->second.empty() ? std::string("nothing moves") : it->second.to_string()));
+                                    (it->second->empty() ? std::string("nothing moves") : it->second->to_string()));
   }
-  return it->second;  // unordered_map never moves its values, so the reference stays valid
+  return it->second;
 }
 
 void clear_plan_cache() {
@@ -278,7 +279,8 @@ RedistributePlan plan_redistribute_uncached(const ShardTensorSpec& source, const
 
 std::string explain_redistribute(const ShardTensorSpec& source, const ShardTensorSpec& target, Planner planner,
                                  const ResolvedTransportOptions& options) {
-  const RedistributePlan& plan = plan_redistribute(source, target, planner, options);
+  const std::shared_ptr<const RedistributePlan> held = plan_redistribute(source, target, planner, options);
+  const RedistributePlan& plan = *held;
   std::string out = to_string(source.placements());
   for (const PlannedStep& s : plan.steps)
     out += " -[" + to_string(s.step()) + " by " + to_string(s.transport) + "]-> " + to_string(s.after.placements());

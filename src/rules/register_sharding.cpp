@@ -122,7 +122,7 @@ OutputLayout output_layout(const OpMeta& op, const std::vector<ShardTensorSpec>&
 double move_cost(const ShardTensorSpec& from, const ShardTensorSpec& to) {
   if (from == to) return 0.0;
   try {
-    return plan_redistribute(from, to).cost();
+    return plan_redistribute(from, to)->cost();
   } catch (const c10::Error&) {
     return std::numeric_limits<double>::infinity();  // no redistribution reaches it (S -> P)
   }

@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "comm/agreement.h"
+#include "comm/c10d_comm.h"
 #include "comm/fingerprint.h"
 #include "dist/dist_fixture.h"
 
@@ -119,12 +120,14 @@ TEST(RankDisagreement, DistributeTensorGivenAnotherShapeOrDtypeOnOneRank) {
 TEST(RankDisagreement, RedistributeToDifferentTargetsRaisesOnEveryRank) {
   SKIP_ON_ONE_RANK();
   if (!message_fingerprints_enabled()) GTEST_SKIP() << "SHARDTENSOR_FINGERPRINT=0: the transports do not compare operations";
+  std::vector<int64_t> failed_comms;  // the communicators of the meshes whose exchanges failed
   for (UseTransport::Kind kind : {UseTransport::kMemory, UseTransport::kMessages, UseTransport::kCollectives}) {
     SCOPED_TRACE("transport " + std::to_string(kind));
     const UseTransport transport(kind);
     {
       // The last rank gathers, the others swap dims.
       DeviceMesh mesh = fresh_line();
+      failed_comms.push_back(mesh.comm(0).number());
       at::Tensor x = distribute_tensor(at::rand({8, 8}), mesh, {Shard(0)});
       const auto start = std::chrono::steady_clock::now();
       EXPECT_ERROR_CONTAINS(redistribute(x, last_rank() ? Placements{Replicate()} : Placements{Shard(1)}), "shardtensor");
@@ -133,6 +136,7 @@ TEST(RankDisagreement, RedistributeToDifferentTargetsRaisesOnEveryRank) {
     {
       // The same placements, but rank 0 was given other explicit sizes; every rank moves rows.
       DeviceMesh mesh = fresh_line();
+      failed_comms.push_back(mesh.comm(0).number());
       at::Tensor x = distribute_tensor(at::rand({4 * world_size(), 3}), mesh, {Shard(0)});
       std::vector<int64_t> sizes(world_size(), 4);
       sizes[0] = world_rank() == 0 ? 5 : 3;
@@ -144,6 +148,7 @@ TEST(RankDisagreement, RedistributeToDifferentTargetsRaisesOnEveryRank) {
       // once. Their next collective on the mesh is where they raise, and rank 0 with them: no
       // byte of either moves.
       DeviceMesh mesh = fresh_line();
+      failed_comms.push_back(mesh.comm(0).number());
       at::Tensor x = distribute_tensor(at::rand({4 * world_size(), 3}), mesh, {Shard(0)});
       std::vector<int64_t> sizes(world_size(), 4);
       if (world_rank() == 0) {
@@ -158,12 +163,13 @@ TEST(RankDisagreement, RedistributeToDifferentTargetsRaisesOnEveryRank) {
       }
     }
   }
-  // The layout caches keep every mesh they saw alive, and with it its process group: Gloo's
-  // event loop then spins on the bytes of the exchanges these errors abandoned (about 0.6 cores
-  // a rank, which slowed every later test of the binary several times over). Released here so
-  // that the meshes above close; that the library itself should let them go is noted in
-  // docs/transports_and_faults.md.
-  release_cached_layouts();
+  // The meshes above are dropped, and their groups broke: the layout caches, which held the
+  // meshes, must let go of them (kept, Gloo's event loop would go on polling the abandoned
+  // exchanges, about 0.6 cores a rank). They do at their first lookup after a group broke.
+  DeviceMesh next = fresh_line();
+  EXPECT_EQ(full_tensor(distribute_tensor(at::ones({world_size(), 2}), next, {Shard(0)})).sum().item<double>(), 2.0 * world_size());
+  for (int64_t number : failed_comms)
+    EXPECT_EQ(c10d_comm_numbered(number), nullptr) << "a mesh over a broken group is still alive (communicator " << number << ")";
 }
 
 TEST(RankDisagreement, ManualSeedThatDiffersBetweenRanks) {

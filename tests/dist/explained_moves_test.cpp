@@ -45,7 +45,7 @@ c10::OperatorHandle operator_named(const std::string& name, const std::string& o
 Counts explained(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
   const Propagation& p = propagate(op, args);
   Counts counts;
-  for (const RedistributePlan* plan : p.plans)
+  for (const auto& plan : p.plans)
     if (plan)
       for (const PlannedStep& step : plan->steps)
         if (step.transport.kind != TransportKind::None) ++counts[step.transport.counted_as];

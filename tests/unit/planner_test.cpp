@@ -17,7 +17,7 @@ namespace {
 ShardTensorSpec make(const std::vector<int64_t>& mesh_shape, Placements ps, std::vector<int64_t> shape, ShardSizes sizes = {}) {
   return ShardTensorSpec(DeviceMesh::without_comms(mesh_shape, 0), std::move(ps), std::move(shape), c10::kFloat, sizes);
 }
-std::string plan(const ShardTensorSpec& a, const ShardTensorSpec& b) { return plan_redistribute(a, b).to_string(); }
+std::string plan(const ShardTensorSpec& a, const ShardTensorSpec& b) { return plan_redistribute(a, b)->to_string(); }
 }  // namespace
 
 TEST(RedistributePlanner, SameSpecIsNoWork) {
@@ -50,7 +50,7 @@ TEST(RedistributePlanner, PartialOuterDimUnderAnInnerShardIsNotReduceScattered) 
   // pieces would not tile what each rank holds. Greedy reduces fully, then undoes and redoes the
   // inner split; the search finds one Exchange of the missing quarter instead.
   const auto from = make({2, 2}, {Partial(), Shard(0)}, {8}), to = make({2, 2}, {Shard(0), Shard(0)}, {8});
-  EXPECT_EQ(plan_redistribute(from, to, Planner::Greedy).to_string(),
+  EXPECT_EQ(plan_redistribute(from, to, Planner::Greedy)->to_string(),
             "AllReduce(mesh_dim=0, sum) -> AllGather(mesh_dim=1, tensor_dim=0) -> LocalChunk(mesh_dim=0, tensor_dim=0) -> "
             "LocalChunk(mesh_dim=1, tensor_dim=0)");
   EXPECT_EQ(plan(from, to), "AllReduce(mesh_dim=0, sum) -> Exchange()");
@@ -59,10 +59,10 @@ TEST(RedistributePlanner, PartialOuterDimUnderAnInnerShardIsNotReduceScattered) 
 TEST(RedistributePlanner, NestedShardToInnerShardUndoesTheInnerSplitFirstWhenGreedy) {
   // DTensor's trap: mesh dim 1 holds S(0) in both layouts but nested differently.
   const auto from = make({2, 2}, {Shard(0), Shard(0)}, {1024, 64}), to = make({2, 2}, {Replicate(), Shard(0)}, {1024, 64});
-  EXPECT_EQ(plan_redistribute(from, to, Planner::Greedy).to_string(),
+  EXPECT_EQ(plan_redistribute(from, to, Planner::Greedy)->to_string(),
             "AllGather(mesh_dim=1, tensor_dim=0) -> AllGather(mesh_dim=0, tensor_dim=0) -> LocalChunk(mesh_dim=1, tensor_dim=0)");
   EXPECT_EQ(plan(from, to), "Exchange()");
-  EXPECT_LT(plan_redistribute(from, to).cost(), plan_redistribute(from, to, Planner::Greedy).cost());
+  EXPECT_LT(plan_redistribute(from, to)->cost(), plan_redistribute(from, to, Planner::Greedy)->cost());
 }
 
 TEST(RedistributePlanner, ShardDimChangeOnLargeTensorsIsOneAllToAll) {
@@ -90,7 +90,7 @@ TEST(RedistributePlanner, ZigzagOrderChangesInOneExchange) {
   const ShardSizes zz{{1, {5, 5}}};
   EXPECT_EQ(plan(make({2, 2}, {Shard(0), ZigzagShard(1)}, {4, 10}), make({2, 2}, {Replicate(), ZigzagShard(1)}, {4, 10})),
             plan(make({2, 2}, {Shard(0), Shard(1)}, {4, 10}, zz), make({2, 2}, {Replicate(), Shard(1)}, {4, 10}, zz)));
-  EXPECT_EQ(plan_redistribute(make({4}, {Shard(1)}, {2, 10}), zigzag).steps.back().after, zigzag);
+  EXPECT_EQ(plan_redistribute(make({4}, {Shard(1)}, {2, 10}), zigzag)->steps.back().after, zigzag);
   // Another unit (a flattened sequence's, [10, 3] -> [30]) is another order: one Exchange from
   // one to the other, as between two zigzag dims that no usual move relates.
   EXPECT_EQ(plan(make({4}, {ZigzagShard(0, 3)}, {30}), make({4}, {ZigzagShard(0)}, {30})), "Exchange()");
@@ -108,8 +108,8 @@ TEST(RedistributePlanner, ExplainShowsTheChainOfLayouts) {
 TEST(RedistributePlanner, PlansAreCachedBySpecPair) {
   auto a = make({2, 1, 2}, {Shard(0), Replicate(), Shard(1)}, {5, 7});
   auto b = make({2, 1, 2}, {Shard(1), Replicate(), Shard(0)}, {5, 7});
-  EXPECT_EQ(&plan_redistribute(a, b), &plan_redistribute(a, b));
-  EXPECT_EQ(plan_redistribute(a, b).to_string(), plan_redistribute_uncached(a, b).to_string());
+  EXPECT_EQ(plan_redistribute(a, b), plan_redistribute(a, b));
+  EXPECT_EQ(plan_redistribute(a, b)->to_string(), plan_redistribute_uncached(a, b).to_string());
 }
 
 TEST(RedistributeTarget, KeepsSizesOfDimsShardedAsBeforeAndRefusesNewPartials) {
@@ -303,26 +303,26 @@ TEST(TransportChoice, PerCallOptionsOverrideTheProcessDefaultsAndGetTheirOwnLowe
   EXPECT_EQ(explain_redistribute(from, to, TransportOptions{TransportPreference::Collectives}),
             explain_redistribute(from, to, Planner::GraphSearch, collectives));
   // One cached plan per options, each lowered with its own, and the same plan again for the same.
-  const RedistributePlan& by_default = plan_redistribute(from, to, Planner::GraphSearch, defaults);
-  const RedistributePlan& by_messages = plan_redistribute(from, to, Planner::GraphSearch, messages);
+  const RedistributePlan& by_default = *plan_redistribute(from, to, Planner::GraphSearch, defaults);
+  const RedistributePlan& by_messages = *plan_redistribute(from, to, Planner::GraphSearch, messages);
   EXPECT_NE(&by_default, &by_messages);
-  EXPECT_EQ(&by_messages, &plan_redistribute(from, to, Planner::GraphSearch, messages));
+  EXPECT_EQ(&by_messages, plan_redistribute(from, to, Planner::GraphSearch, messages).get());
   EXPECT_TRUE(by_messages.lowered_with == messages);
   ASSERT_EQ(by_messages.steps.size(), 1u);
   EXPECT_EQ(by_messages.steps[0].transport.kind, TransportKind::Messages);
   EXPECT_EQ(std::string(by_messages.steps[0].transport.counted_as), "all_gather");
   // A scope's options make a new plan for a call that passes none: no stale lowering.
-  const RedistributePlan* in_scope = nullptr;
+  std::shared_ptr<const RedistributePlan> in_scope;
   {
     const TransportOptionsScope scope(TransportOptions{TransportPreference::Collectives});
-    in_scope = &plan_redistribute(from, to, Planner::GraphSearch);
+    in_scope = plan_redistribute(from, to, Planner::GraphSearch);
   }
   EXPECT_EQ(in_scope->steps[0].transport.kind, TransportKind::Collective);
-  EXPECT_EQ(plan_redistribute(from, to, Planner::GraphSearch).steps[0].transport.kind, by_default.steps[0].transport.kind);
+  EXPECT_EQ(plan_redistribute(from, to, Planner::GraphSearch)->steps[0].transport.kind, by_default.steps[0].transport.kind);
   // The message size is a plan option too: its own plan, its steps cut to it.
   TransportOptions small_messages{TransportPreference::Messages};
   small_messages.message_bytes = 4096;
-  const RedistributePlan& cut = plan_redistribute(from, to, Planner::GraphSearch, resolve(small_messages));
+  const RedistributePlan& cut = *plan_redistribute(from, to, Planner::GraphSearch, resolve(small_messages));
   EXPECT_NE(&cut, &by_messages);
   EXPECT_EQ(cut.steps[0].transport.message_bytes, 4096);
   EXPECT_EQ(by_messages.steps[0].transport.message_bytes, kDefaultMessageBytes);
