@@ -16,16 +16,21 @@ job on the machine can take it in between. A run whose rank 0 could not serve th
 Ranks start from a fork server that has imported torch and shardtensor once, and what
 torch.compile loads the first time a process compiles (`COMPILE_MODULES`): a fresh interpreter
 spends about 3 s of CPU importing torch and shardtensor and a first compile 3.5 s more, which on
-CI's two cores was most of a short multi-rank test. A run that passes its own `env` starts fresh
-interpreters instead (spawn), since torch and the library read some variables at import
-(TORCH_LOGS, SHARDTENSOR_LOG, SHARDTENSOR_ARENA, SHARDTENSOR_COMPILE), unless every variable it
-sets is one of `FORKED_RANKS_APPLY`, which a forked rank applies itself; so does a run that asks
-for `start_method="spawn"`, such as a test of what happens at interpreter exit, which a forked
-rank never reaches (multiprocessing ends it with os._exit).
+CI's two cores was most of a short multi-rank test. A run that passes its own `env` needs it before
+torch and the library are imported, since they read some variables then, unless every variable
+it sets is one of `FORKED_RANKS_APPLY`, which a forked rank applies itself. A run that also sets
+`LAUNCHER_APPLIES` goes to a launcher for its environment: a fresh interpreter that holds `env`
+from its start and forks the ranks from a fork server of its own, started under that
+environment, so a test file whose runs all set the same variables pays the imports once, not
+once per rank of every run. Any other variable (TORCH_LOGS, SHARDTENSOR_LOG, SHARDTENSOR_ARENA:
+state made at import that a fork would share) starts each rank as a fresh interpreter (spawn), as
+does `start_method="spawn"`, for a test of what happens at interpreter exit, which a forked rank
+never reaches (multiprocessing ends it with os._exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import socket
@@ -42,6 +47,10 @@ COMPILE_MODULES = ["torch._dynamo", "torch._functorch.aot_autograd", "torch._fun
 # TORCHINDUCTOR_COMPILE_THREADS when the fork server imported it, so a rank sets the config value
 # it became.
 FORKED_RANKS_APPLY = frozenset({"TORCHINDUCTOR_COMPILE_THREADS", "SHARDTENSOR_TIMEOUT_S", "MPLBACKEND"})
+# The variables a launcher's fork server may hold for its ranks: each is read once per process,
+# into a setting that holds no per-process state (the compile mode dynamo is taught when it
+# loads, whether peer memory is probed), so a forked rank behaves as a fresh one would.
+LAUNCHER_APPLIES = frozenset({"SHARDTENSOR_COMPILE", "SHARDTENSOR_PEER_MEMORY"})
 PORT_ATTEMPTS = 3
 # What rank 0 raises when its store cannot bind the port (src/comm/c10d_mesh.cpp), and what a
 # rank that reached another job's store instead raises.
@@ -104,6 +113,10 @@ def _rank_main(body, rank, world_size, port, extra_env, args, errors, forked=Fal
 
 def run_ranks(body, world_size: int, *args, timeout: float = 180.0, env: dict | None = None,
               start_method: str = "forkserver") -> None:
+    if start_method != "spawn" and env and not set(env) <= FORKED_RANKS_APPLY and \
+            set(env) <= FORKED_RANKS_APPLY | LAUNCHER_APPLIES:
+        _launcher_for(env).run(body, world_size, args, timeout)
+        return
     if start_method == "spawn" or (env and not set(env) <= FORKED_RANKS_APPLY):
         ctx = multiprocessing.get_context("spawn")
     else:
@@ -149,3 +162,82 @@ def _run_once(ctx, body, world_size, args, timeout, env, last_attempt) -> bool:
     if message or any(c != 0 for c in codes):
         raise AssertionError(f"{body.__name__} on {world_size} ranks failed (exit codes {codes}):{message}")
     return False
+
+
+class _Launcher:
+    """A process started with `env` that runs `run_ranks` for the parent, one request at a time."""
+
+    # How long past a run's own timeout the parent waits for the launcher's answer: the launcher
+    # kills hung ranks at the timeout and answers at once, so only a dead launcher needs this.
+    ANSWER_SLACK_S = 60.0
+
+    def __init__(self, env: dict):
+        ctx = multiprocessing.get_context("spawn")
+        self.env = dict(env)
+        self.connection, theirs = ctx.Pipe()
+        # Not a daemon: a daemonic process may not start the ranks. _close_launchers ends it.
+        self.process = ctx.Process(target=_launcher_main, args=(theirs, self.env), name="run_ranks launcher")
+        self.process.start()
+        theirs.close()
+
+    def run(self, body, world_size, args, timeout):
+        self.connection.send((body, world_size, args, timeout))
+        if not self.connection.poll(timeout + self.ANSWER_SLACK_S):
+            self.close()
+            raise AssertionError(f"{body.__name__} on {world_size} ranks: the launcher for {self.env} did not answer "
+                                 f"within {timeout + self.ANSWER_SLACK_S} s and was killed")
+        try:
+            failure = self.connection.recv()
+        except EOFError:
+            self.close()
+            raise AssertionError(f"{body.__name__} on {world_size} ranks: the launcher for {self.env} died "
+                                 f"(exit code {self.process.exitcode})") from None
+        if failure:
+            raise AssertionError(failure)
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def close(self):
+        try:
+            self.connection.send(None)
+        except OSError:
+            pass
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def _launcher_main(connection, env):
+    os.environ.update(env)  # before this process or its fork server imports torch
+    while True:
+        request = connection.recv()
+        if request is None:
+            return
+        body, world_size, args, timeout = request
+        try:
+            run_ranks(body, world_size, *args, timeout=timeout)
+            connection.send(None)
+        except BaseException as e:  # noqa: BLE001 - the parent raises it
+            connection.send(str(e) or repr(e))
+
+
+_LAUNCHERS: dict = {}
+
+
+def _launcher_for(env: dict) -> _Launcher:
+    key = tuple(sorted(env.items()))
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None or not launcher.alive():
+        launcher = _LAUNCHERS[key] = _Launcher(env)
+    return launcher
+
+
+@atexit.register
+def _close_launchers():
+    # Registered after multiprocessing's own exit handler, so it runs first: that one joins
+    # every child process, and a launcher ends only when asked.
+    for launcher in _LAUNCHERS.values():
+        launcher.close()
+    _LAUNCHERS.clear()
