@@ -1,5 +1,5 @@
-// The layer rules of shared/STYLE.md, checked on the source tree: every `#include "dir/..."`
-// in src/ must point to a layer below its own, c10d headers stay in src/comm, and no header
+// The layer rules of docs/design.md ("Layout of the code"), checked on the source tree: every
+// `#include "dir/..."` in src/ must point to a layer below its own, c10d headers stay in src/comm, and no header
 // pulls in <ATen/ATen.h> or <torch/torch.h>. A new include that breaks a rule fails here, with
 // the file and the line; so does an entry of the known-debt list that has been paid off (take
 // it out of the list).
@@ -20,7 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // The project layers each layer of src/ may include, besides itself, util/ and the public
-// shardtensor/ headers. Dependency order (STYLE.md): mesh -> spec -> rules, spec ->
+// shardtensor/ headers. Dependency order (docs/design.md): mesh -> spec -> rules, spec ->
 // redistribute (planner) -> comm <- executor, dispatch and autograd on top, api above all.
 const std::map<std::string, std::set<std::string>>& allowed() {
   static const std::map<std::string, std::set<std::string>> table = {
@@ -101,7 +101,7 @@ TEST(IncludeGraph, EveryProjectIncludePointsDownward) {
       continue;
     }
     EXPECT_TRUE(ok) << "src/" << inc.file << ":" << inc.line << " includes \"" << inc.target << "\": layer '" << from
-                    << "' may not include layer '" << to << "' (shared/STYLE.md, section 1)";
+                    << "' may not include layer '" << to << "' (docs/design.md, \"Layout of the code\")";
   }
   for (const auto& debt : kKnownDebt)
     EXPECT_TRUE(debt_seen.count(debt)) << "src/" << debt.first << " no longer includes " << debt.second
