@@ -57,14 +57,15 @@ at::Tensor reducible(const at::Tensor& t, ReduceOp op) {
   return movable(t);
 }
 
+// How many groups have broken in this process (comm.h: broken_group_count).
+std::atomic<uint64_t> broken_groups{0};
+
 // Why a process group is unusable, shared by every live Comm over it rather than kept by one. A
 // mesh made after a failure may wrap the same torch group (Python's 1-d init_device_mesh is
 // built over the world group each time); its new Comm must raise at once, not wait out the
 // timeout on messages the failed collective left queued. (Shared through the live Comms, not a
 // table of groups: a weak reference to a ProcessGroupGloo keeps its destructor, which joins its
 // worker threads, from running.)
-std::atomic<uint64_t> broken_groups{0};
-
 class GroupHealth {
  public:
   void mark_broken(const std::string& why) {

@@ -149,7 +149,8 @@ struct DirectKernel<Op, at::Tensor(Args...)> {
       if (!p) p = &propagate(op(), borrowed.view());
       if (p->direct) return run_direct(*p, borrowed.view(), args...);
     }
-    // The cache entry stays put (entries are owned by pointer) while nothing else dispatches.
+    // The cache entry stays put: entries are owned by pointer, and none is dropped while a
+    // run holds one (PropagationRun).
     torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
     run_propagated(op(), &stack, *p);
     return std::move(stack.back()).toTensor();
@@ -169,6 +170,7 @@ struct DirectKernel<Op, at::Tensor(Args...)> {
     // its own (pieces never require grad; the wrapper's view record, made above this kernel,
     // is the one autograd reads), and making one costs an allocation per call.
     c10::impl::ExcludeDispatchKeyGuard no_view_record(c10::DispatchKey::ADInplaceOrView);
+    const PropagationRun running;
     CurrentOperatorScope current(&p.meta.name);
     ++direct_calls;
     (keep_leaf_layout(args), ...);

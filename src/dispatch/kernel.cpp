@@ -191,6 +191,7 @@ void run_propagated(const c10::OperatorHandle& op, torch::jit::Stack* stack, Pro
   const c10::FunctionSchema& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   const size_t args_begin = stack->size() - num_args;
+  const PropagationRun running;
   CurrentOperatorScope current(&p.meta.name);
   if (log_enabled()) log_call(p);
 

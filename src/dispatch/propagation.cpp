@@ -293,6 +293,8 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
   return p;
 }
 
+thread_local int propagation_runs = 0;  // PropagationRun's nesting on this thread
+
 struct Cache {
   uint64_t generation = ~uint64_t{0};  // the rule registry's, when the entries were built
   uint64_t broken_groups = 0;          // broken_group_count() then: entries hold meshes
@@ -327,7 +329,7 @@ Propagation* entry_for(uint64_t key) {
   Cache& c = cache();
   const uint64_t generation = rule_registry().generation();
   const uint64_t broken_groups = broken_group_count();
-  if (c.generation != generation || c.broken_groups != broken_groups) {
+  if ((c.generation != generation || c.broken_groups != broken_groups) && propagation_runs == 0) {
     c.entries.clear();
     c.generation = generation;
     c.broken_groups = broken_groups;
@@ -378,6 +380,9 @@ Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
 }
 
 void clear_propagation_cache() { cache().entries.clear(); }
+
+PropagationRun::PropagationRun() { ++propagation_runs; }
+PropagationRun::~PropagationRun() { --propagation_runs; }
 
 void drop_plans_after_broken_groups() {
   static std::atomic<uint64_t> seen{0};

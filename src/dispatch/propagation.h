@@ -66,6 +66,18 @@ Propagation& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
 // Drops every cached propagation (a rule was added or replaced).
 void clear_propagation_cache();
 
+// Held while a cached propagation runs on this thread (its kernel may call operators on
+// ShardTensors): until the outermost run ends, lookups keep every entry of the thread's cache,
+// and the drop that a rule change or a broken group asks for waits for the next lookup outside
+// any run, so that an operator a kernel calls never frees its caller's propagation.
+class PropagationRun {
+ public:
+  PropagationRun();
+  ~PropagationRun();
+  PropagationRun(const PropagationRun&) = delete;
+  PropagationRun& operator=(const PropagationRun&) = delete;
+};
+
 // Cached propagations and plans hold meshes, and with them their process groups: once a group
 // broke (comm.h: broken_group_count), the layout caches let go of them, so that a broken
 // group's process group closes when the program drops its meshes. The plan cache is dropped
