@@ -325,14 +325,18 @@ uint64_t seed(const c10::FunctionSchema& schema) {
 }
 
 Propagation* entry_for(uint64_t key) {
-  drop_plans_after_broken_groups();
   Cache& c = cache();
   const uint64_t generation = rule_registry().generation();
   const uint64_t broken_groups = broken_group_count();
-  if ((c.generation != generation || c.broken_groups != broken_groups) && propagation_runs == 0) {
-    c.entries.clear();
-    c.generation = generation;
-    c.broken_groups = broken_groups;
+  if (c.generation != generation || c.broken_groups != broken_groups) {
+    // Every thread's cache sees a broken group at its next lookup, so the shared plan cache is
+    // checked only then, not on every hit. Plans are shared: dropping them is safe during a run.
+    drop_plans_after_broken_groups();
+    if (propagation_runs == 0) {
+      c.entries.clear();
+      c.generation = generation;
+      c.broken_groups = broken_groups;
+    }
   }
   auto it = c.entries.find(key);
   return it == c.entries.end() ? nullptr : it->second.get();

@@ -81,9 +81,9 @@ class PropagationRun {
 // Cached propagations and plans hold meshes, and with them their process groups: once a group
 // broke (comm.h: broken_group_count), the layout caches let go of them, so that a broken
 // group's process group closes when the program drops its meshes. The plan cache is dropped
-// here, at the first call of any thread after a group broke (every propagation lookup and
-// redistribution calls it; one atomic load otherwise); each thread's propagations at its next
-// lookup. Plans are shared: one that another thread runs lives on.
+// here, at the first call of any thread after a group broke (a propagation lookup that finds
+// its cache stale, or a redistribution; two atomic loads otherwise); each thread's propagations
+// at its next lookup. Plans are shared: one that another thread runs lives on.
 void drop_plans_after_broken_groups();
 
 namespace propagation_key {
