@@ -48,7 +48,8 @@ from ._debug import (
     transport_options,
     visualize_sharding,
 )
-from .parallel.api import distribute_module
+from ._distribute_module import distribute_module
+from . import parallel  # noqa: F401  (st.parallel without importing it)
 from ._sync import sync_module_over_mesh
 
 

@@ -9,11 +9,14 @@ from ._mesh import DeviceMesh, from_torch_mesh
 
 
 def _mesh_or_current(device_mesh, what: str) -> DeviceMesh:
-    """The mesh a call means: the one given (torch's own DeviceMesh too), or the last one made."""
+    """The mesh a call means: the one given (torch's own DeviceMesh too), else the current one
+    (_mesh.current_mesh: the innermost `with mesh:`, else the mesh the program built last)."""
     if device_mesh is None:
-        if not _mesh._BY_CPP:
-            raise ValueError(f"{what}: no device_mesh given and none has been created; call init_device_mesh first")
-        return list(_mesh._BY_CPP.values())[-1]
+        current = _mesh.current_mesh()
+        if current is None:
+            raise ValueError(f"{what}: no device_mesh given, no `with mesh:` is active and none has been created; "
+                             f"call init_device_mesh first")
+        return current
     if not isinstance(device_mesh, DeviceMesh):
         if type(device_mesh).__name__ == "DeviceMesh":  # torch's own
             return from_torch_mesh(device_mesh)

@@ -38,6 +38,7 @@ opts out. Every private part of torch used here is listed in _torch_private.py, 
 from __future__ import annotations
 
 from . import _C, _placements, _traceable, _traced_composites
+from ._mesh import DeviceMesh
 
 
 def missing_support(dynamo) -> str | None:
@@ -122,7 +123,6 @@ def teach(dynamo) -> None:
     # graph is specialised on; torch's own DeviceMesh is a symbolic opaque object instead, whose
     # fake stand-in would hide the C++ mesh that layouts are built on.
     from torch._library.opaque_object import MemberType, register_custom_class
-    from ._mesh import DeviceMesh
 
     register_custom_class(DeviceMesh, typ="constant")
     register_custom_class(_C.Layout, typ="constant",

@@ -9,7 +9,9 @@ import functools
 import torch
 
 from . import _C, _placements
+from ._args import _encode_sizes
 from ._comm_debug import CommDebugMode  # noqa: F401  (re-exported by the package)
+from ._mesh import mesh_of_cpp
 from ._tensor import _require
 
 set_strict = _C.set_strict
@@ -92,9 +94,6 @@ def layout_table(x) -> str:
 def explain_redistribute(x, placements, sharding_shapes=None, *, transport=None, peer_memory=None) -> str:
     """The plan that x.redistribute(placements, transport=..., peer_memory=...) would run, with
     the transport of each step, without running it."""
-    from ._tensor import _encode_sizes
-    from ._mesh import mesh_of_cpp
-
     _require(x, "explain_redistribute")
     mesh = mesh_of_cpp(_C.mesh(x))
     encoded = _placements.encode(placements, mesh.ndim)

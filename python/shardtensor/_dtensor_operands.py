@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from . import _C
 from ._mesh import DeviceMesh, root_and_dims
 from ._placements import Replicate
+from ._tensor import from_local
 
 
 def _is_shard_tensor(a) -> bool:
@@ -78,8 +79,6 @@ def layout_on(mesh: DeviceMesh, dtensor) -> list:
 def as_shard_tensor(dtensor, mesh: DeviceMesh):
     """The ShardTensor of the DTensor's layout on `mesh`: its local tensor, no copy; the gradient
     goes back through DTensor's to_local, so the DTensor receives it as a DTensor."""
-    from ._tensor import from_local
-
     return from_local(dtensor.to_local(), mesh, layout_on(mesh, dtensor), shape=dtensor.shape)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -86,6 +87,7 @@ class DeviceMesh(_TorchDeviceMesh):
     def __init__(self, device_type: str, mesh, *, mesh_dim_names=None):
         cpp, groups = _mesh_over_ranks(device_type, mesh, mesh_dim_names)
         self._attach(cpp, None, groups)
+        _made(self)
 
     @classmethod
     def _wrap(cls, cpp_mesh, torch_mesh=None, groups=None) -> "DeviceMesh":
@@ -252,6 +254,27 @@ class DeviceMesh(_TorchDeviceMesh):
 # Meshes by their C++ handle, so that x.device_mesh returns the object the program built.
 _BY_CPP: dict = {}
 
+# The mesh the program built last (init_device_mesh, DeviceMesh(...)): what a call that names no
+# mesh means outside every `with mesh:`. Sub-meshes, meshes looked up or converted do not count.
+_made_last = None  # a weakref.ref
+
+
+def _made(mesh: DeviceMesh) -> DeviceMesh:
+    global _made_last
+    _made_last = weakref.ref(mesh)
+    return mesh
+
+
+def current_mesh() -> DeviceMesh | None:
+    """The mesh a call that names none means: the innermost ``with mesh:`` (torch's own mesh
+    stack, so that it means the same to DTensor's calls; a torch DeviceMesh there is converted),
+    else the mesh the program built last, else None."""
+    stack = torch.distributed.device_mesh._mesh_resources.mesh_stack
+    if stack:
+        innermost = stack[-1]
+        return innermost if isinstance(innermost, DeviceMesh) else from_torch_mesh(innermost)
+    return _made_last() if _made_last is not None else None
+
 
 def _live_mesh(device_type: str, shape: tuple, ranks: tuple, mesh_dim_names) -> DeviceMesh:
     """The live mesh a pickled one names (DeviceMesh.__reduce__): the most recent of this
@@ -274,8 +297,10 @@ def mesh_of_cpp(cpp_mesh) -> DeviceMesh:
 def shutdown() -> None:
     """At exit: drop shardtensor's references to process groups, and destroy the default group if
     shardtensor created it (a program that created its own destroys it itself)."""
+    global _made_last
     _BY_CPP.clear()
     _OF_DIMS.clear()
+    _made_last = None
     _C.release_cached_layouts()
     _C.release_communicators()
     if _initialised_here and dist.is_available() and dist.is_initialized():
@@ -328,7 +353,7 @@ def init_device_mesh(device_type: str, mesh_shape, *, mesh_dim_names=None) -> De
     names = list(mesh_dim_names or ())
     cpp = _C.DeviceMesh.from_process_groups(list(mesh_shape), layout.flatten().tolist(), groups, names, device_type,
                                             collective_timeout_s(), dist.group.WORLD if len(mesh_shape) > 1 else None)
-    return DeviceMesh._wrap(cpp, groups=groups)
+    return _made(DeviceMesh._wrap(cpp, groups=groups))
 
 
 def _product(values) -> int:

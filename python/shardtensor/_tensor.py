@@ -15,7 +15,7 @@ import torch
 
 from . import _C, _handlers, _placements, _traceable
 from ._args import _encode_sizes, _mesh_or_current
-from ._mesh import DeviceMesh, mesh_of_cpp
+from ._mesh import DeviceMesh, from_torch_mesh, mesh_of_cpp
 from ._spec import ShardTensorSpec
 
 _Traced = _traceable.TraceableShardTensor
@@ -429,7 +429,5 @@ def from_dtensor(dtensor):
 
     if not isinstance(dtensor, DTensor):
         raise TypeError(f"from_dtensor: expected a torch.distributed.tensor.DTensor, got {type(dtensor).__name__}")
-    from ._mesh import from_torch_mesh
-
     mesh = from_torch_mesh(dtensor.device_mesh)
     return from_local(dtensor.to_local(), mesh, dtensor.placements, shape=dtensor.shape)

@@ -96,6 +96,9 @@ REACHES = (
     Reach("torch.distributed.fsdp._fully_shard._fsdp_init._get_managed_states", "patched", "_data_parallel_guards",
           "torch's FSDP2 would fail deep inside on a ShardTensor parameter; the error names shardtensor's"),
     # ---- DTensor interoperation ----
+    Reach("torch.distributed.device_mesh._mesh_resources.mesh_stack", "called", "_mesh",
+          "`with mesh:` pushes onto torch's mesh stack (DeviceMesh.__enter__); a call that names no mesh means its "
+          "innermost mesh, for shardtensor's calls as for DTensor's"),
     Reach("torch.distributed.tensor._ops._math_ops._NormPartial", "subclassed", "_placements",
           "shardtensor's NormPartial compares equal to DTensor's, as its other placements do"),
     Reach("torch.distributed.tensor.DTensor.__torch_function__", "patched", "_dtensor_operands",

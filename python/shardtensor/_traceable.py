@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 
 from . import _C, _placements
 from ._args import _encode_sizes, _mesh_or_current
+from ._mesh import mesh_of_cpp
 
 # The layouts compiled graphs name, by number: a layout is a constant of the trace. Layouts
 # compare by value, so this holds one entry per distinct layout ever traced (a program's own
@@ -420,8 +421,6 @@ def placements_of_layout(layout) -> tuple:
 
 
 def mesh_of_layout(layout):
-    from ._mesh import mesh_of_cpp
-
     return mesh_of_cpp(layout.mesh)
 
 

@@ -6,7 +6,8 @@ the collectives counted, at 1-4 ranks with uneven and empty pieces:
 - an embedding table split on the embedding dim (colwise) is looked up with no collective, the
   output split on its last dim, and its gradient split on the table's columns;
 - from_local of a meta tensor on a CPU mesh (deferred initialisation), materialised by to_empty;
-- redistribute with no placements raises RuntimeError on every rank, as DTensor does.
+- redistribute with no placements raises RuntimeError on every rank, as DTensor does;
+- a call that names no mesh means the innermost `with mesh:`, else the mesh built last.
 """
 
 import pytest
@@ -70,11 +71,34 @@ def _deferred_init_checks(mesh, world_size):
     assert_close(module.weight.full_tensor(), torch.full((3 * world_size, 4), 2.0), "materialised weight")
 
 
+def _current_mesh_checks(mesh, world_size):
+    """A call that names no mesh means the innermost `with mesh:` (torch's mesh stack, which DTensor
+    reads too), else the mesh the program built last; sub-meshes and lookups never change it."""
+    grid = st.init_device_mesh("cpu", (world_size, 1), mesh_dim_names=("dp", "tp"))
+    tp = grid["tp"]
+    st.from_local(torch.ones(1), tp, [st.Replicate()]).device_mesh  # a lookup, not a mesh the program built
+    x = torch.arange(6.0).reshape(3, 2)
+    assert st.distribute_tensor(x, placements=[st.Shard(0), st.Replicate()]).device_mesh == grid
+    with mesh:
+        assert st.distribute_tensor(x, placements=[st.Shard(0)]).device_mesh == mesh
+        with tp:
+            assert st.distribute_tensor(x, placements=[st.Replicate()]).device_mesh == tp
+            assert st.parallel.parallelize_module(torch.nn.Linear(2, 2), parallelize_plan=st.parallel.ColwiseParallel()
+                                                  ).weight.device_mesh == tp
+        torch_dtensor = torch.distributed.tensor.distribute_tensor(x, placements=[torch.distributed.tensor.Shard(0)])
+        assert torch_dtensor.device_mesh == mesh, torch_dtensor.device_mesh
+        assert st.distribute_tensor(x, placements=[st.Shard(1)]).device_mesh == mesh
+    with mesh.to_torch():  # torch's own DeviceMesh
+        assert st.distribute_tensor(x, placements=[st.Shard(0)]).device_mesh == mesh
+    assert st.distribute_tensor(x, placements=[st.Shard(0), st.Replicate()]).device_mesh == grid
+
+
 def conventions_body(rank, world_size):
     mesh = st.init_device_mesh("cpu", (world_size,))
     _extremum_checks(mesh, world_size)
     _colwise_embedding_checks(mesh)
     _deferred_init_checks(mesh, world_size)
+    _current_mesh_checks(mesh, world_size)
     x = st.distribute_tensor(torch.ones(4, 2), mesh, [st.Shard(0)])
     with pytest.raises(RuntimeError, match="placements is needed"):
         x.redistribute(mesh)

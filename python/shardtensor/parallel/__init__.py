@@ -5,7 +5,8 @@ where a mesh that does not divide a size gives uneven pieces instead of an error
     model = parallelize_module(model, mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
 """
 
-from .api import distribute_module, parallelize_module
+from .._distribute_module import distribute_module
+from .api import parallelize_module
 from .ddp import sum_gradients_with_ddp
 from .loss import loss_parallel
 from .style import (ColwiseParallel, ParallelStyle, PrepareModuleInput, PrepareModuleInputOutput, PrepareModuleOutput,

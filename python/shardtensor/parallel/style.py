@@ -22,7 +22,7 @@ from torch import nn
 from .. import _C, _placements
 from .._placements import Replicate, Shard
 from .._tensor import distribute_tensor, from_local, is_shard_tensor
-from .api import distribute_module
+from .._distribute_module import distribute_module
 
 __all__ = ["ColwiseParallel", "ParallelStyle", "PrepareModuleInput", "PrepareModuleInputOutput", "PrepareModuleOutput",
            "RowwiseParallel", "SequenceParallel"]
