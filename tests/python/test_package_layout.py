@@ -27,9 +27,10 @@ def _modules() -> dict:
 
 
 def _imports(name: str, path: pathlib.Path, modules: dict):
-    """(imported module, whether at module level) for each import of a package module."""
+    """(imported module, whether outside every function) for each import of a package module."""
     tree = ast.parse(path.read_text())
-    top_level = {id(node) for node in tree.body}
+    in_functions = {id(inner) for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    for inner in ast.walk(node)}
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
@@ -44,9 +45,9 @@ def _imports(name: str, path: pathlib.Path, modules: dict):
         for alias in node.names:
             imported = f"{target}.{alias.name}"
             if imported in modules:  # from . import _mesh
-                yield imported, id(node) in top_level
+                yield imported, id(node) not in in_functions
             elif target in modules and target != name and alias.name != "_C":  # from ._mesh import X
-                yield target, id(node) in top_level
+                yield target, id(node) not in in_functions
 
 
 def _graph():
