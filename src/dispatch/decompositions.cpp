@@ -11,7 +11,7 @@
 
 #include "dispatch/direct_kernel.h"
 #include "dispatch/shard_tensor_impl.h"
-#include "domain/halo.h"
+#include "domain/kernel_moves.h"
 #include "redistribute/executor.h"
 #include "redistribute/plan.h"
 #include "shardtensor/redistribute.h"
@@ -86,7 +86,8 @@ class PeriodicHaloPad : public torch::autograd::Function<PeriodicHaloPad> {
     const PeriodicPad plan = periodic_pad(in, pad);
     at::Tensor local = shard_tensor_impl(self)->local();
     // A decomposition, not a cached kernel: its halo is lowered per call.
-    local = gather_windows(LoweredHalo(HaloPlan{in.mesh(), plan.axes}), local);
+    const HaloPlan halo{in.mesh(), plan.axes};
+    local = KernelMoves(halo_gathers(halo), {halo.mesh, halo.axes}).gather_windows(local);
     ctx->saved_data["pad"] = pad;
     ctx->saved_data["spec"] = c10::IValue::make_capsule(c10::make_intrusive<SpecHolder>(in));
     return make_shard_tensor(local.contiguous(), plan.out);
@@ -99,7 +100,8 @@ class PeriodicHaloPad : public torch::autograd::Function<PeriodicHaloPad> {
     TORCH_CHECK(grad, "circular padding: the gradient of a ShardTensor output is a plain tensor");
     at::Tensor local = grad->local();
     if (grad->spec() != plan.out) local = execute_redistribute(local, grad->spec(), *plan_redistribute(grad->spec(), plan.out));
-    local = scatter_add_windows(LoweredHalo(HaloPlan{in.mesh(), plan.axes}), local);
+    const HaloPlan halo{in.mesh(), plan.axes};
+    local = KernelMoves(halo_scatter_adds(halo), {halo.mesh, halo.axes}).scatter_add_windows(local);
     return {make_shard_tensor(local, in), at::Tensor()};
   }
 };

@@ -65,11 +65,11 @@ std::string explain_operator(const std::string& op_name, std::vector<c10::IValue
   }
   if (p.result.kernel_plan) {
     os << "  kernel: " << p.result.kernel_plan->name() << "\n";
-    const std::vector<MoveStep> moves = p.result.kernel_plan->moves();
-    if (moves.empty()) os << "    moves nothing between ranks\n";
-    for (const MoveStep& m : moves) {
-      const bool halo = is_halo_step(m) && !p.meta.inputs.empty();
-      os << "    " << to_string(m) << (halo ? ", by " + halo_transport(p.meta.inputs[0].spec.mesh()) : "") << "\n";
+    // The moves the kernel runs, as dispatch lowered them for it (domain/kernel_moves.h).
+    if (p.kernel_moves.empty()) os << "    moves nothing between ranks\n";
+    for (const LoweredStep& lowered : p.kernel_moves.steps()) {
+      const MoveStep& m = lowered.step();
+      os << "    " << to_string(m) << (is_halo_step(m) ? ", by " + halo_transport(p.kernel_moves.mesh()) : "") << "\n";
     }
   } else {
     os << "  kernel: the operator on the local pieces\n";

@@ -169,7 +169,7 @@ bool runs_on_local_pieces_alone(const Propagation& p) {
   for (const auto& plan : p.plans)
     if (plan) return false;
   // A rule's kernel qualifies where it declares no moves (a local reshape); only declared ones can say so.
-  const bool local_kernel_only = !p.result.local_kernel || (p.result.kernel_plan && p.result.kernel_plan->moves().empty());
+  const bool local_kernel_only = !p.result.local_kernel || (p.result.kernel_plan && p.kernel_moves.empty());
   // SHARDTENSOR_LOG is read once per process: logged calls take the boxed kernel, which logs.
   return !log_enabled() && !p.fallback && local_kernel_only && !p.meta.is_inplace() && p.meta.mesh().includes_this_rank() &&
          p.result.outputs.size() == 1 && schema.returns().size() == 1 &&
@@ -268,9 +268,10 @@ std::unique_ptr<Propagation> build(const c10::OperatorHandle& op, c10::ArrayRef<
   } else {
     note_propagated(meta.name);
   }
-  if (p->result.kernel_plan) {  // lowered once: the propagation is cached with its kernel
+  if (p->result.kernel_plan) {  // lowered once, moves first: the propagation is cached with its kernel
     TORCH_INTERNAL_ASSERT(!p->result.local_kernel, meta.name, ": a rule sets both a local kernel and a kernel plan");
-    p->result.local_kernel = p->result.kernel_plan->lower();
+    p->kernel_moves = lower_moves(*p->result.kernel_plan);
+    p->result.local_kernel = p->result.kernel_plan->lower(p->kernel_moves);
     p->piece_kernel = p->result.kernel_plan->lower_for_piece();
   }
   meta.args = {};  // the stack does not outlive this call

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "domain/kernel_moves.h"
 #include "redistribute/plan.h"
 #include "shardtensor/sharding_rule.h"
 
@@ -37,6 +38,9 @@ struct Propagation {
   std::vector<c10::IValue> arguments;           // the non-tensor arguments built for; tensors as None
   std::vector<bool> tensor_arguments;           // which arguments are tensors (or tensor lists)
   RuleResult result;
+  // The moves the rule's kernel plan declares, lowered once (the kernel holds a copy; explain
+  // prints these). Empty without a plan.
+  KernelMoves kernel_moves;
   std::vector<std::shared_ptr<const RedistributePlan>> plans;  // per input; null: already in place
   std::vector<std::optional<CachedOutput>> output_specs;  // filled on the first run
   bool fallback = false;                        // gathered inputs, Replicate outputs

@@ -30,9 +30,8 @@ namespace shardtensor {
 namespace {
 
 // The forward of any SDPA operator (AttentionOperator; attention_operators.cpp calls each).
-LocalKernel attention_forward(const AttentionPlan& plan) {
-  return [plan, gather = DeclaredGather(plan.mesh, plan.moves()), ring = declared_ring(plan)](const c10::OperatorHandle& op,
-                                                                                          torch::jit::Stack* stack) {
+LocalKernel attention_forward(const AttentionPlan& plan, const KernelMoves& moves) {
+  return [plan, moves](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor query = args.tensor("query"), key = args.tensor("key"), value = args.tensor("value");
     const c10::optional<at::Tensor> user_mask = caller_mask(args);
@@ -73,7 +72,7 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
         }
       };
       if (passes_after(plan, step))
-        pass_keys(plan, ring, batch++, {key, value}, &held, compute);
+        pass_keys(plan, moves, batch++, {key, value}, &held, compute);
       else
         compute();
     }
@@ -81,13 +80,13 @@ LocalKernel attention_forward(const AttentionPlan& plan) {
       out = at::zeros(out_shape, query.options().dtype(acc));
       lse = at::full(lse_shape, -std::numeric_limits<double>::infinity(), query.options().dtype(acc));
     }
-    if (plan.keys_split) merge_over_key_shards(plan, gather, &out, &lse);
+    if (plan.keys_split) merge_over_key_shards(plan, moves, &out, &lse);
     push_forward_results(plan, stack, out, lse, first_others, query, key);
   };
 }
 
 }  // namespace
 
-LocalKernel AttentionPlan::lower() const { return pass == Pass::Forward ? attention_forward(*this) : attention_backward(*this); }
+LocalKernel AttentionPlan::lower(const KernelMoves& moves) const { return pass == Pass::Forward ? attention_forward(*this, moves) : attention_backward(*this, moves); }
 
 }  // namespace shardtensor

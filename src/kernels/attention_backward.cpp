@@ -60,18 +60,18 @@ struct RingGradients {
 // home where they are final, or stay parked here; those of block `next_index` (held from the
 // next step on) come from the previous rank where the block came with the keys' batch, and this
 // rank's own come home where the plan sends them now (ring_batches lowered which).
-void pass_gradients(const AttentionPlan& plan, const DeclaredRing& ring, int64_t batch, int64_t step, int64_t next_index,
+void pass_gradients(const AttentionPlan& plan, const KernelMoves& moves, int64_t batch, int64_t step, int64_t next_index,
                     RingGradients* state) {
   const int64_t me = plan.mesh.coordinate()[plan.seq_mesh_dim], block = state->held_index;
   const bool here = plan.present(block, step);
   if (here) state->accumulators(plan);
-  const RingBatch& lowered = ring.batch(RingPhase::GradientPass, batch);
+  const RingBatch& lowered = moves.ring_batch(RingPhase::GradientPass, batch);
   std::vector<Gradients> sent;
   for (const RingTransfer& t : lowered.sends) {
     TORCH_INTERNAL_ASSERT(here && t.block == block, "the ring's gradient pass sends block ", t.block, " but holds block ", block);
     sent.push_back(state->held);
   }
-  std::vector<Gradients> received = ring.run(RingPhase::GradientPass, batch, sent, state->like);
+  std::vector<Gradients> received = moves.run_ring(RingPhase::GradientPass, batch, sent, state->like);
   if (here && lowered.sends.empty()) state->parked[block] = std::move(state->held);
   state->held.clear();
   for (size_t i = 0; i < received.size(); ++i) {
@@ -84,15 +84,15 @@ void pass_gradients(const AttentionPlan& plan, const DeclaredRing& ring, int64_t
 
 // After the ring: sends the gradient accumulators still parked on this rank to their owners,
 // and receives this rank's own unless they came home during the ring (`mine` holds them then).
-Gradients return_gradients(const AttentionPlan& plan, const DeclaredRing& ring, int64_t me, RingGradients state) {
-  if (!ring.declares(RingPhase::Return)) return state.mine.empty() ? state.parked.at(me) : state.mine;
-  const RingBatch& lowered = ring.batch(RingPhase::Return, 0);
+Gradients return_gradients(const AttentionPlan& plan, const KernelMoves& moves, int64_t me, RingGradients state) {
+  if (!moves.declares_ring(RingPhase::Return)) return state.mine.empty() ? state.parked.at(me) : state.mine;
+  const RingBatch& lowered = moves.ring_batch(RingPhase::Return, 0);
   std::vector<Gradients> sent;
   for (const RingTransfer& t : lowered.sends) sent.push_back(state.parked.at(t.block));
   TORCH_INTERNAL_ASSERT(sent.size() == state.parked.size() - state.parked.count(me), "the ring returns ", sent.size(),
                         " blocks' gradients but holds ", state.parked.size());
   if (plan.gradient_holder(me) == me) state.mine = state.parked.at(me);
-  std::vector<Gradients> received = ring.run(RingPhase::Return, 0, sent, state.like);
+  std::vector<Gradients> received = moves.run_ring(RingPhase::Return, 0, sent, state.like);
   if (!received.empty()) state.mine = std::move(received[0]);
   return state.mine;
 }
@@ -102,8 +102,8 @@ Gradients return_gradients(const AttentionPlan& plan, const DeclaredRing& ring, 
 // The backward of any SDPA operator (AttentionOperator; attention_operators.cpp calls each).
 // Every one takes (grad_out, query, key, value, out, logsumexp), by these names but for the
 // efficient operator's first, which its schema calls grad_out_.
-LocalKernel attention_backward(const AttentionPlan& plan) {
-  return [plan, ring = declared_ring(plan)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+LocalKernel attention_backward(const AttentionPlan& plan, const KernelMoves& moves) {
+  return [plan, moves](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     OpArguments args(op, stack);
     const at::Tensor grad_out = args.tensor(plan.op == AttentionOperator::CudaEfficient ? "grad_out_" : "grad_out"),
                      query = args.tensor("query"), key = args.tensor("key"), value = args.tensor("value"),
@@ -169,12 +169,12 @@ LocalKernel attention_backward(const AttentionPlan& plan) {
       }
       // The keys and values just computed are not kept through the gradients' batch: the pass
       // replaces them with the next block's, and frees what it packed to send.
-      pass_keys(plan, ring, batch, keys_values, &held, compute);
-      pass_gradients(plan, ring, batch, step, held.index, &grads);
+      pass_keys(plan, moves, batch, keys_values, &held, compute);
+      pass_gradients(plan, moves, batch, step, held.index, &grads);
       ++batch;
     }
     const Gradients key_value_grads =
-        plan.ring ? return_gradients(plan, ring, me, std::move(grads)) : std::move(grads.parked.at(me));
+        plan.ring ? return_gradients(plan, moves, me, std::move(grads)) : std::move(grads.parked.at(me));
     if (!grad_query.defined()) grad_query = at::zeros(query.sizes(), query.options().dtype(acc));  // no row saw a key
     push_backward_results(plan, stack, grad_query, key_value_grads[0], key_value_grads[1], query, key, value);
   };

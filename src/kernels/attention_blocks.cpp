@@ -103,11 +103,11 @@ std::vector<BlockCall> step_calls(const AttentionPlan& plan, int64_t step, int64
 // sum_r exp(lse_r - lse) * out_r. Each rank keeps its term: the output is Partial(sum), so no
 // output-sized collective runs unless a reader needs the value (a following linear keeps it
 // pending). Rows that no key reaches on any rank get weight 0, not exp(-inf - -inf).
-void merge_over_key_shards(const AttentionPlan& plan, const DeclaredGather& gather, at::Tensor* out, at::Tensor* lse) {
+void merge_over_key_shards(const AttentionPlan& plan, const KernelMoves& moves, at::Tensor* out, at::Tensor* lse) {
   const int64_t n = static_cast<int64_t>(plan.key_rows.size());
   const at::Tensor mine = lse->contiguous();
   if (n == 1 || mine.numel() == 0) return;  // every rank of the group holds the same row count
-  const at::Tensor all = gather.run(mine);  // the plan's one declared gather (rules/attention.cpp)
+  const at::Tensor all = moves.gather_statistics(mine);  // the plan's one declared gather (rules/attention.cpp)
   const at::Tensor merged = at::logsumexp(all, 0);
   const at::Tensor weight = at::where(at::isneginf(merged), at::zeros({}, mine.options()), (mine - merged).exp());
   *out = *out * weight.unsqueeze(-1);
@@ -158,24 +158,22 @@ std::vector<RingBatch> ring_batches(const AttentionPlan& plan, RingPhase phase, 
   return batches;
 }
 
-DeclaredRing declared_ring(const AttentionPlan& plan) {
-  // A rank outside the mesh runs no kernel (dispatch/kernel.cpp) and has no place in the ring.
-  if (!plan.mesh.includes_this_rank()) return DeclaredRing(plan.mesh, {}, 0, {});
-  int64_t widest_rows = 0;
-  for (const Pieces& rows : plan.key_rows) widest_rows = std::max(widest_rows, length(rows));
-  return DeclaredRing(plan.mesh, plan.moves(), widest_rows,
-                      [&](RingPhase phase) { return ring_batches(plan, phase, plan.mesh.coordinate()[plan.seq_mesh_dim]); });
+MoveLowering AttentionPlan::move_lowering() const {
+  MoveLowering how{mesh};
+  for (const Pieces& rows : key_rows) how.widest_ring_rows = std::max(how.widest_ring_rows, length(rows));
+  how.ring_batches = [this](RingPhase phase) { return ring_batches(*this, phase, mesh.coordinate()[seq_mesh_dim]); };
+  return how;
 }
 
-void pass_keys(const AttentionPlan& plan, const DeclaredRing& ring, int64_t batch, const std::vector<at::Tensor>& like, KeyBlock* held,
+void pass_keys(const AttentionPlan& plan, const KernelMoves& moves, int64_t batch, const std::vector<at::Tensor>& like, KeyBlock* held,
                const std::function<void()>& compute) {
-  const RingBatch& lowered = ring.batch(RingPhase::Pass, batch);
+  const RingBatch& lowered = moves.ring_batch(RingPhase::Pass, batch);
   std::vector<std::vector<at::Tensor>> sent;
   for (const RingTransfer& t : lowered.sends) {
     TORCH_INTERNAL_ASSERT(t.block == held->index, "the ring's pass sends block ", t.block, " but holds block ", held->index);
     sent.push_back(held->parts);
   }
-  std::vector<std::vector<at::Tensor>> received = ring.run(RingPhase::Pass, batch, sent, like, compute);
+  std::vector<std::vector<at::Tensor>> received = moves.run_ring(RingPhase::Pass, batch, sent, like, compute);
   const int64_t n = plan.ring_size();
   held->index = (held->index - 1 + n) % n;
   if (received.empty()) return;

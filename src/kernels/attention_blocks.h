@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "domain/declared_reductions.h"
+#include "domain/kernel_moves.h"
 #include "kernels/stack.h"
 #include "rules/attention.h"
 
@@ -95,23 +95,21 @@ bool passes_after(const AttentionPlan& plan, int64_t step);
 // in attention_backward.cpp): which blocks it sends to which group rank, and which it receives.
 // Every send is some rank's receive, in the same batch.
 std::vector<RingBatch> ring_batches(const AttentionPlan& plan, RingPhase phase, int64_t me);
-// The plan's ring steps, lowered for this rank once, when the kernel is (its propagation cached).
-DeclaredRing declared_ring(const AttentionPlan& plan);
 
 // Ring step `step`'s pass of the keys and values, which is batch `batch` of the plan's Pass:
 // the block held here goes on to the next rank where it moves on, the previous rank's arrives
 // where it comes, and `compute` (this step's blocks) runs while they travel. `like` are this
 // rank's own key and value. After it `held` is the block of the next step (only its index
 // where none arrived: no rank needs that block here or further on).
-void pass_keys(const AttentionPlan& plan, const DeclaredRing& ring, int64_t batch, const std::vector<at::Tensor>& like, KeyBlock* held,
+void pass_keys(const AttentionPlan& plan, const KernelMoves& moves, int64_t batch, const std::vector<at::Tensor>& like, KeyBlock* held,
                const std::function<void()>& compute);
 
 // Split keys (AttentionPlan::keys_split): turns this rank's block result (`out` and `lse` in
 // the accumulation type, -inf where its rows saw no key) into its share of the merged output,
 // and `lse` into the merged log-sum-exp, after one all-gather of the per-row statistics.
-void merge_over_key_shards(const AttentionPlan& plan, const DeclaredGather& gather, at::Tensor* out, at::Tensor* lse);
+void merge_over_key_shards(const AttentionPlan& plan, const KernelMoves& moves, at::Tensor* out, at::Tensor* lse);
 
 // The backward pass's kernel (kernels/attention_backward.cpp).
-LocalKernel attention_backward(const AttentionPlan& plan);
+LocalKernel attention_backward(const AttentionPlan& plan, const KernelMoves& moves);
 
 }  // namespace shardtensor

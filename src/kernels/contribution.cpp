@@ -25,7 +25,7 @@ c10::IValue zero_like(const c10::IValue& value) {
 
 }  // namespace
 
-LocalKernel ContributedOncePlan::lower() const {
+LocalKernel ContributedOncePlan::lower(const KernelMoves& moves) const {
   return [mesh = mesh, values = values](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const size_t args_begin = stack->size() - op.schema().arguments().size();
     for (const ContributedValue& v : values) {

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "domain/halo.h"
+#include "domain/kernel_moves.h"
 #include "kernels/stack.h"
 #include "kernels/window_cache.h"
 #include "rules/convolution.h"
@@ -39,12 +39,12 @@ std::vector<int64_t> local_result_shape(const ConvolutionPlan& plan, const at::T
 }
 
 // Regular convolution on this rank's window.
-LocalKernel regular_forward(const ConvolutionPlan& plan) {
-  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+LocalKernel regular_forward(const ConvolutionPlan& plan, const KernelMoves& moves) {
+  return [plan = plan, moves = moves](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     OpArguments args(op, stack);
     const at::Tensor piece = args.tensor("input");
-    const at::Tensor window = gather_windows(halo, piece);
-    keep_received_rows(halo, piece, window);  // for convolution_backward
+    const at::Tensor window = moves.gather_windows(piece);
+    keep_received_rows(moves, piece, window);  // for convolution_backward
     const at::Tensor weight = args.tensor("weight");
     if (empty_here(plan, window)) {  // no outputs on this rank
       stack->push_back(at::zeros(local_result_shape(plan, window, weight.size(0)), window.options()));
@@ -59,13 +59,13 @@ LocalKernel regular_forward(const ConvolutionPlan& plan) {
 // convolution_backward for a regular convolution: the input window again (from the rows the
 // forward received, kernels/window_cache.h, or gathered again), then its gradient scattered back
 // to the owners.
-LocalKernel regular_backward(const ConvolutionPlan& plan) {
-  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+LocalKernel regular_backward(const ConvolutionPlan& plan, const KernelMoves& moves) {
+  return [plan = plan, moves = moves](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     OpArguments args(op, stack);
     const at::Tensor grad = args.tensor("grad_output"), weight = args.tensor("weight");
     const at::Tensor piece = args.tensor("input");
-    at::Tensor window = window_from_kept_rows(halo, piece);
-    if (!window.defined()) window = gather_windows(halo, piece);
+    at::Tensor window = window_from_kept_rows(moves, piece);
+    if (!window.defined()) window = moves.gather_windows(piece);
     const c10::List<bool> output_mask = args.bool_list("output_mask");
     const std::vector<bool> mask = {output_mask.get(0), output_mask.get(1), output_mask.get(2)};
     at::Tensor grad_window, grad_weight, grad_bias;
@@ -84,15 +84,15 @@ LocalKernel regular_backward(const ConvolutionPlan& plan) {
       grad_window = stack->back().toTensor();
       stack->pop_back();
     }
-    stack->push_back(mask[0] ? scatter_add_windows(halo, grad_window) : at::Tensor());
+    stack->push_back(mask[0] ? moves.scatter_add_windows(grad_window) : at::Tensor());
     stack->push_back(mask[1] ? grad_weight : at::Tensor());
     stack->push_back(mask[2] ? grad_bias : at::Tensor());
   };
 }
 
 // Transposed convolution: this rank's rows' contributions, added where they land.
-LocalKernel transposed_forward(const ConvolutionPlan& plan) {
-  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+LocalKernel transposed_forward(const ConvolutionPlan& plan, const KernelMoves& moves) {
+  return [plan = plan, moves = moves](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor input = args.tensor("input"), weight = args.tensor("weight");
     const c10::optional<at::Tensor> bias = args.optional_tensor("bias");
@@ -103,7 +103,7 @@ LocalKernel transposed_forward(const ConvolutionPlan& plan) {
       contributions = at::convolution(input, weight, c10::nullopt, plan.params.stride, plan.local_padding, plan.params.dilation,
                                       true, plan.local_output_padding, plan.params.groups);
     }
-    at::Tensor output = scatter_add_windows(halo, contributions);
+    at::Tensor output = moves.scatter_add_windows(contributions);
     if (bias && bias->defined()) {
       std::vector<int64_t> shape(output.dim(), 1);
       shape[1] = bias->numel();
@@ -113,13 +113,13 @@ LocalKernel transposed_forward(const ConvolutionPlan& plan) {
   };
 }
 
-LocalKernel transposed_backward(const ConvolutionPlan& plan) {
-  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+LocalKernel transposed_backward(const ConvolutionPlan& plan, const KernelMoves& moves) {
+  return [plan = plan, moves = moves](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor grad = args.tensor("grad_output"), input = args.tensor("input"), weight = args.tensor("weight");
     const c10::List<bool> output_mask = args.bool_list("output_mask");
     const std::vector<bool> mask = {output_mask.get(0), output_mask.get(1), output_mask.get(2)};
-    const at::Tensor grad_window = gather_windows(halo, grad);
+    const at::Tensor grad_window = moves.gather_windows(grad);
     at::Tensor grad_input, grad_weight;
     if (empty_here(plan, input) || grad_window.numel() == 0) {
       grad_input = at::zeros_like(input);
@@ -139,9 +139,9 @@ LocalKernel transposed_backward(const ConvolutionPlan& plan) {
 
 }  // namespace
 
-LocalKernel ConvolutionPlan::lower() const {
-  if (pass == Pass::Forward) return params.transposed ? transposed_forward(*this) : regular_forward(*this);
-  return params.transposed ? transposed_backward(*this) : regular_backward(*this);
+LocalKernel ConvolutionPlan::lower(const KernelMoves& moves) const {
+  if (pass == Pass::Forward) return params.transposed ? transposed_forward(*this, moves) : regular_forward(*this, moves);
+  return params.transposed ? transposed_backward(*this, moves) : regular_backward(*this, moves);
 }
 
 }  // namespace shardtensor

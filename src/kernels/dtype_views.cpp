@@ -6,7 +6,7 @@
 
 namespace shardtensor {
 
-LocalKernel ResolvedBitsPlan::lower() const {
+LocalKernel ResolvedBitsPlan::lower(const KernelMoves& moves) const {
   return [](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     op.callBoxed(stack);
     stack->back() = stack->back().toTensor().resolve_conj().resolve_neg();

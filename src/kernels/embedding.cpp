@@ -40,7 +40,7 @@ at::Tensor output_mask(const at::Tensor& elsewhere, int64_t out_ndim, int64_t te
 
 }  // namespace
 
-LocalKernel MaskedLookupPlan::lower() const {
+LocalKernel MaskedLookupPlan::lower(const KernelMoves& moves) const {
   return [table = table, tensor_dim = tensor_dim, table_arg = table_arg, index_arg = index_arg, mask = mask](
              const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // By position: the rule found them by name in whichever lookup this is (embedding's weight

@@ -7,8 +7,8 @@
 
 namespace shardtensor {
 
-LocalKernel EmptySafePlan::lower() const {
-  const LocalKernel run = inner ? inner->lower() : LocalKernel{};
+LocalKernel EmptySafePlan::lower(const KernelMoves& moves) const {
+  const LocalKernel run = inner ? inner->lower(moves) : LocalKernel{};
   return [run, follows = follows](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const size_t n = op.schema().arguments().size(), begin = stack->size() - n;
     const at::Tensor first = (*stack)[begin].toTensor();

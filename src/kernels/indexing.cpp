@@ -7,7 +7,7 @@
 
 namespace shardtensor {
 
-LocalKernel GatherBackwardPlan::lower() const {
+LocalKernel GatherBackwardPlan::lower(const KernelMoves& moves) const {
   return [dim = dim, split_self = split_self](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor grad = args.tensor("grad"), self = args.tensor("self"), index = args.tensor("index");

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "domain/declared_reductions.h"
+#include "domain/kernel_moves.h"
 #include "kernels/stack.h"
 #include "rules/normalization.h"
 
@@ -17,7 +17,7 @@ std::vector<int64_t> dims_from(int64_t first, int64_t ndim) {
 }
 
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
-LocalKernel layer_norm_forward(DeclaredReductions reduce, LayerNormGeometry g) {
+LocalKernel layer_norm_forward(KernelMoves reduce, LayerNormGeometry g) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor x = args.tensor("input");
@@ -25,7 +25,7 @@ LocalKernel layer_norm_forward(DeclaredReductions reduce, LayerNormGeometry g) {
     const std::vector<int64_t> row = dims_from(g.axis, x.dim());
     const at::Tensor xd = x.to(at::kDouble);
     const at::Tensor sums = at::stack({xd.sum(row, true), xd.square().sum(row, true)}).contiguous();
-    reduce.run(sums);
+    reduce.all_reduce(sums);
     const at::Tensor mean = sums[0] / g.count;
     const at::Tensor rstd = ((sums[1] / g.count - mean.square()).clamp_min(0) + args.to_double("eps")).rsqrt();
     at::Tensor out = ((xd - mean) * rstd).to(x.scalar_type());
@@ -38,7 +38,7 @@ LocalKernel layer_norm_forward(DeclaredReductions reduce, LayerNormGeometry g) {
 }
 
 // native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask)
-LocalKernel layer_norm_backward(DeclaredReductions reduce, LayerNormGeometry g) {
+LocalKernel layer_norm_backward(KernelMoves reduce, LayerNormGeometry g) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor grad = args.tensor("grad_out"), x = args.tensor("input");
@@ -49,7 +49,7 @@ LocalKernel layer_norm_backward(DeclaredReductions reduce, LayerNormGeometry g) 
     const at::Tensor normalised = (x.to(at::kDouble) - args.tensor("mean").to(at::kDouble)) * args.tensor("rstd").to(at::kDouble);
     const at::Tensor gw = weight && weight->defined() ? gd * weight->to(at::kDouble) : gd;
     const at::Tensor sums = at::stack({gw.sum(row, true), (gw * normalised).sum(row, true)}).contiguous();
-    reduce.run(sums);
+    reduce.all_reduce(sums);
     at::Tensor grad_input;
     if (mask.get(0))
       grad_input = (args.tensor("rstd").to(at::kDouble) * (gw - sums[0] / g.count - normalised * sums[1] / g.count)).to(x.scalar_type());
@@ -62,9 +62,9 @@ LocalKernel layer_norm_backward(DeclaredReductions reduce, LayerNormGeometry g) 
 
 }  // namespace
 
-LocalKernel LayerNormPlan::lower() const {
-  DeclaredReductions reduce(mesh, moves());  // the row statistics' sums over the split rows
-  return pass == Pass::Forward ? layer_norm_forward(std::move(reduce), geometry) : layer_norm_backward(std::move(reduce), geometry);
+LocalKernel LayerNormPlan::lower(const KernelMoves& moves) const {
+  // `moves`: the row statistics' sums over the split rows.
+  return pass == Pass::Forward ? layer_norm_forward(moves, geometry) : layer_norm_backward(moves, geometry);
 }
 
 }  // namespace shardtensor

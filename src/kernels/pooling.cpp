@@ -5,7 +5,7 @@
 
 #include <limits>
 
-#include "domain/halo.h"
+#include "domain/kernel_moves.h"
 #include "kernels/host_values.h"
 #include "util/below_tracer_modes.h"
 #include "kernels/stack.h"
@@ -73,10 +73,10 @@ at::Tensor global_to_window(const PoolPlan& plan, at::Tensor idx, const std::vec
 // lets `adjust` rewrite the arguments for it, runs the op and `finish`es its outputs. A rank
 // with nothing to pool returns zeros of its (empty) output shape, indices as long.
 template <typename Adjust, typename Finish>
-void forward_on_window(const PoolPlan& plan, const LoweredHalo& halo, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+void forward_on_window(const PoolPlan& plan, const KernelMoves& moves, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        Adjust adjust, Finish finish) {
   OpArguments args(op, stack);
-  const at::Tensor window = gather_windows(halo, args.tensor("self"));
+  const at::Tensor window = moves.gather_windows(args.tensor("self"));
   adjust(args, window);
   if (window.numel() == 0) {
     // Sliding pools have an axis per spatial dim; adaptive pooling only for the sharded ones,
@@ -99,7 +99,7 @@ void forward_on_window(const PoolPlan& plan, const LoweredHalo& halo, const c10:
 // ranks that own it. The op reads only self's shape, so an empty tensor of the window's shape
 // stands in for it (no input halo moves); `adjust` rewrites the other arguments.
 template <typename Adjust>
-void backward_on_window(const PoolPlan& plan, const LoweredHalo& halo, const c10::OperatorHandle& op, torch::jit::Stack* stack,
+void backward_on_window(const PoolPlan& plan, const KernelMoves& moves, const c10::OperatorHandle& op, torch::jit::Stack* stack,
                         Adjust adjust) {
   OpArguments args(op, stack);
   const at::Tensor self = args.tensor("self");
@@ -112,15 +112,15 @@ void backward_on_window(const PoolPlan& plan, const LoweredHalo& halo, const c10
     grad_window = stack->back().toTensor();
     stack->pop_back();
   }
-  stack->push_back(scatter_add_windows(halo, grad_window));
+  stack->push_back(moves.scatter_add_windows(grad_window));
 }
 
 // max_poolNd_with_indices(self, kernel, stride, padding, dilation, ceil_mode) -> (out, indices)
-LocalKernel max_pool_forward(const PoolPlan& plan) {
-  return [plan = plan, halo = LoweredHalo(plan.halo, -std::numeric_limits<double>::infinity())](const c10::OperatorHandle& op,
+LocalKernel max_pool_forward(const PoolPlan& plan, const KernelMoves& moves) {
+  return [plan = plan, moves = moves](const c10::OperatorHandle& op,
                                                                                                 torch::jit::Stack* stack) {
     forward_on_window(
-        plan, halo, op, stack,
+        plan, moves, op, stack,
         [&](OpArguments& args, const at::Tensor&) {
           args.set("padding", zero_list(plan.spatial));  // in the window already
           args.set("ceil_mode", false);                  // likewise
@@ -130,9 +130,9 @@ LocalKernel max_pool_forward(const PoolPlan& plan) {
 }
 
 // max_poolNd_with_indices_backward(grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices)
-LocalKernel max_pool_backward(const PoolPlan& plan) {
-  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    backward_on_window(plan, halo, op, stack, [&](OpArguments& args, const std::vector<int64_t>& window_shape) {
+LocalKernel max_pool_backward(const PoolPlan& plan, const KernelMoves& moves) {
+  return [plan = plan, moves = moves](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    backward_on_window(plan, moves, op, stack, [&](OpArguments& args, const std::vector<int64_t>& window_shape) {
       args.set("padding", zero_list(plan.spatial));
       args.set("ceil_mode", false);
       args.set("indices", global_to_window(plan, args.tensor("indices"), window_shape));
@@ -142,10 +142,10 @@ LocalKernel max_pool_backward(const PoolPlan& plan) {
 
 // avg_poolNd(self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
 // the window sum (divisor 1), divided by libtorch's divisor for each output.
-LocalKernel avg_pool_forward(const PoolPlan& plan, const at::Tensor& divisor) {
-  return [plan = plan, halo = LoweredHalo(plan.halo), divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+LocalKernel avg_pool_forward(const PoolPlan& plan, const KernelMoves& moves, const at::Tensor& divisor) {
+  return [plan = plan, moves = moves, divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     forward_on_window(
-        plan, halo, op, stack,
+        plan, moves, op, stack,
         [&](OpArguments& args, const at::Tensor&) {
           args.set("padding", zero_list(plan.spatial));
           args.set("ceil_mode", false);
@@ -157,9 +157,9 @@ LocalKernel avg_pool_forward(const PoolPlan& plan, const at::Tensor& divisor) {
 }
 
 // avg_poolNd_backward(grad_output, self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
-LocalKernel avg_pool_backward(const PoolPlan& plan, const at::Tensor& divisor) {
-  return [plan = plan, halo = LoweredHalo(plan.halo), divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    backward_on_window(plan, halo, op, stack, [&](OpArguments& args, const std::vector<int64_t>&) {
+LocalKernel avg_pool_backward(const PoolPlan& plan, const KernelMoves& moves, const at::Tensor& divisor) {
+  return [plan = plan, moves = moves, divisor](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    backward_on_window(plan, moves, op, stack, [&](OpArguments& args, const std::vector<int64_t>&) {
       args.set("grad_output", divided(divisor, args.tensor("grad_output")));
       args.set("padding", zero_list(plan.spatial));
       args.set("ceil_mode", false);
@@ -171,10 +171,10 @@ LocalKernel avg_pool_backward(const PoolPlan& plan, const at::Tensor& divisor) {
 
 // _adaptive_avg_poolNd(self, output_size): the local op on the window, sharded dims' output
 // sizes made local.
-LocalKernel adaptive_forward(const PoolPlan& plan) {
-  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+LocalKernel adaptive_forward(const PoolPlan& plan, const KernelMoves& moves) {
+  return [plan = plan, moves = moves](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     forward_on_window(
-        plan, halo, op, stack,
+        plan, moves, op, stack,
         [&](OpArguments& args, const at::Tensor& window) {
           std::vector<int64_t> out_size = args.int_list("output_size");
           for (size_t k = 0; k < plan.halo.axes.size(); ++k)
@@ -186,26 +186,26 @@ LocalKernel adaptive_forward(const PoolPlan& plan) {
 }
 
 // _adaptive_avg_poolNd_backward(grad_output, self)
-LocalKernel adaptive_backward(const PoolPlan& plan) {
-  return [plan = plan, halo = LoweredHalo(plan.halo)](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    backward_on_window(plan, halo, op, stack, [](OpArguments&, const std::vector<int64_t>&) {});
+LocalKernel adaptive_backward(const PoolPlan& plan, const KernelMoves& moves) {
+  return [plan = plan, moves = moves](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    backward_on_window(plan, moves, op, stack, [](OpArguments&, const std::vector<int64_t>&) {});
   };
 }
 
 }  // namespace
 
-LocalKernel PoolPlan::lower() const {
+LocalKernel PoolPlan::lower(const KernelMoves& moves) const {
   switch (kind) {
     case PoolKind::Max:
-      return backward ? max_pool_backward(*this) : max_pool_forward(*this);
+      return backward ? max_pool_backward(*this, moves) : max_pool_forward(*this, moves);
     case PoolKind::Avg: {
       const int64_t ndim = halo.axes.empty() ? 0 : static_cast<int64_t>(halo.axes.front().tensor_dim) + spatial;
       // A rank outside the mesh runs no kernel (dispatch/kernel.cpp) and has no divisor.
       const at::Tensor divisor = halo.mesh.includes_this_rank() ? divisor_of(*this, ndim) : at::Tensor();
-      return backward ? avg_pool_backward(*this, divisor) : avg_pool_forward(*this, divisor);
+      return backward ? avg_pool_backward(*this, moves, divisor) : avg_pool_forward(*this, moves, divisor);
     }
     case PoolKind::AdaptiveAvg:
-      return backward ? adaptive_backward(*this) : adaptive_forward(*this);
+      return backward ? adaptive_backward(*this, moves) : adaptive_forward(*this, moves);
   }
   return {};
 }

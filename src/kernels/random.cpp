@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "comm/agreement.h"  // next_random_key_on
-#include "domain/declared_reductions.h"
+#include "domain/kernel_moves.h"
 #include "kernels/stack.h"
 #include "redistribute/boxes.h"
 #include "rules/random.h"
@@ -27,7 +27,7 @@ at::Tensor integers_in(const at::Tensor& uniform, double low, double high) {
 
 }  // namespace
 
-LocalKernel RandomFillPlan::lower() const {
+LocalKernel RandomFillPlan::lower(const KernelMoves& moves) const {
   return [kind = kind, self = self, low = low, high = high](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     at::Tensor target = args.tensor("self");
@@ -62,15 +62,15 @@ at::Tensor box_of_whole(const at::Tensor& whole, const ShardTensorSpec& spec) {
 
 // Raises on every rank if any rank of the declared groups found `bad` (one sum of flags): the
 // data being checked is sharded, so one rank alone may hold the bad value.
-void check_on_every_rank(const DeviceMesh& mesh, const DeclaredReductions& sum_of_flags, bool bad, const std::string& message) {
+void check_on_every_rank(const DeviceMesh& mesh, const KernelMoves& sum_of_flags, bool bad, const std::string& message) {
   at::Tensor flags = at::full({1}, bad ? 1.0 : 0.0, at::TensorOptions().dtype(at::kFloat).device(mesh.device()));
-  sum_of_flags.run(flags);
+  sum_of_flags.all_reduce(flags);
   TORCH_CHECK(flags.item<float>() == 0, message, bad ? "" : " (on another rank)");
 }
 
 }  // namespace
 
-LocalKernel RandomLikePlan::lower() const {
+LocalKernel RandomLikePlan::lower(const KernelMoves& moves) const {
   return [kind = kind, layout = layout, low = low, high = high](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // Not the local factory itself: it would draw from torch's generator, a different number of
     // values on each rank, and leave the ranks' later torch.rand calls out of step.
@@ -90,8 +90,8 @@ LocalKernel RandomLikePlan::lower() const {
   };
 }
 
-LocalKernel BernoulliPlan::lower() const {
-  return [form = form, self = self, broadcasts = p_broadcasts, check = DeclaredReductions(self.mesh(), moves())](
+LocalKernel BernoulliPlan::lower(const KernelMoves& moves) const {
+  return [form = form, self = self, broadcasts = p_broadcasts, check = moves](
              const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor target = args.tensor("self");
@@ -117,8 +117,8 @@ LocalKernel BernoulliPlan::lower() const {
   };
 }
 
-LocalKernel MultinomialPlan::lower() const {
-  return [in = probabilities, n = num_samples, replacement = replacement, check = DeclaredReductions(probabilities.mesh(), moves())](
+LocalKernel MultinomialPlan::lower(const KernelMoves& moves) const {
+  return [in = probabilities, n = num_samples, replacement = replacement, check = moves](
              const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor local = args.tensor("self");
@@ -153,7 +153,7 @@ LocalKernel MultinomialPlan::lower() const {
 }
 
 // output = input * mask / (1 - p); not training: the input itself and an all-true mask.
-LocalKernel DropoutPlan::lower() const {
+LocalKernel DropoutPlan::lower(const KernelMoves& moves) const {
   return [whole = whole](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor input = args.tensor("input");

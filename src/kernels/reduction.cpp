@@ -10,7 +10,7 @@
 namespace shardtensor {
 
 // Each rank's local mean, rescaled to (local sum) / (global count).
-LocalKernel GlobalMeanPlan::lower() const {
+LocalKernel GlobalMeanPlan::lower(const KernelMoves& moves) const {
   return [dims = dims, global_count = global_count](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const size_t num_args = op.schema().arguments().size();
     const at::Tensor self = (*stack)[stack->size() - num_args].toTensor();
@@ -43,7 +43,7 @@ at::Scalar identity_of(at::ScalarType type, bool is_max) {
 }  // namespace
 
 // A rank with elements reduces them; one with none holds the identity in the output's shape.
-LocalKernel EmptyExtremumPlan::lower() const {
+LocalKernel EmptyExtremumPlan::lower(const KernelMoves& moves) const {
   return [dims = dims, keepdim = keepdim, is_max = is_max](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const size_t num_args = op.schema().arguments().size();
     const at::Tensor self = (*stack)[stack->size() - num_args].toTensor();

@@ -4,7 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "domain/halo.h"
+#include "domain/kernel_moves.h"
 #include "kernels/host_values.h"
 #include "kernels/stack.h"
 #include "rules/resampling.h"
@@ -12,12 +12,11 @@
 namespace shardtensor {
 namespace {
 
-// One map axis as this rank applies it, built once when the plan is lowered: its halo axis,
-// lowered, and its slice of the map, relative to its window: per tap, the sources of its
-// outputs and their weights (shaped to broadcast along the dim; none for one-tap maps). On the
-// mesh's device, where the pieces they index live.
+// One map axis as this rank applies it, built once when the plan is lowered: its slice of the
+// map, relative to its window (the halo axis of the same index in the kernel's moves): per
+// tap, the sources of its outputs and their weights (shaped to broadcast along the dim; none
+// for one-tap maps). On the mesh's device, where the pieces they index live.
 struct LocalMap {
-  HaloAxisSteps halo;
   std::vector<at::Tensor> sources, weights;
 };
 
@@ -28,7 +27,7 @@ at::Tensor local_indices(const std::vector<int64_t>& all, Range mine, int64_t wi
 }
 
 LocalMap slice_for_this_rank(const MapAxis& a, const DeviceMesh& mesh, int64_t ndim) {
-  LocalMap local{HaloAxisSteps(a.halo, mesh), {}, {}};
+  LocalMap local;
   if (!mesh.includes_this_rank()) return local;  // it runs no kernel (dispatch/kernel.cpp)
   const int64_t me = a.halo.me(mesh);
   const Range mine = a.outputs[me];
@@ -43,10 +42,11 @@ LocalMap slice_for_this_rank(const MapAxis& a, const DeviceMesh& mesh, int64_t n
   return local;
 }
 
-at::Tensor apply_forward(const DeviceMesh& mesh, const std::vector<LocalMap>& maps, at::Tensor x) {
-  for (const LocalMap& a : maps) {
-    const int64_t d = a.halo.lowered().axis.tensor_dim;
-    x = gather_window(x, a.halo, mesh);
+at::Tensor apply_forward(const KernelMoves& moves, const std::vector<LocalMap>& maps, at::Tensor x) {
+  for (size_t i = 0; i < maps.size(); ++i) {
+    const LocalMap& a = maps[i];
+    const int64_t d = moves.halo_axis(i).axis.tensor_dim;
+    x = moves.gather_window(i, x);
     if (a.weights.empty()) {
       x = x.index_select(d, as_operand(a.sources[0], x).to(x.device()));
       continue;
@@ -61,10 +61,10 @@ at::Tensor apply_forward(const DeviceMesh& mesh, const std::vector<LocalMap>& ma
   return x;
 }
 
-at::Tensor apply_backward(const DeviceMesh& mesh, const std::vector<LocalMap>& maps, at::Tensor grad) {
-  for (auto it = maps.rbegin(); it != maps.rend(); ++it) {
-    const LocalMap& a = *it;
-    const LoweredHaloAxis& axis = a.halo.lowered();
+at::Tensor apply_backward(const KernelMoves& moves, const std::vector<LocalMap>& maps, at::Tensor grad) {
+  for (size_t i = maps.size(); i-- > 0;) {
+    const LocalMap& a = maps[i];
+    const LoweredHaloAxis& axis = moves.halo_axis(i);
     const int64_t d = axis.axis.tensor_dim;
     std::vector<int64_t> shape = grad.sizes().vec();
     shape[d] = axis.axis.window[axis.me].size();
@@ -72,26 +72,26 @@ at::Tensor apply_backward(const DeviceMesh& mesh, const std::vector<LocalMap>& m
     for (size_t k = 0; k < a.sources.size(); ++k)
       g.index_add_(d, as_operand(a.sources[k], grad).to(grad.device()),
                    a.weights.empty() ? grad : grad * as_operand(a.weights[k], grad).to(grad.options()));
-    grad = scatter_add_window(g, a.halo, mesh);
+    grad = moves.scatter_add_window(i, g);
   }
   return grad;
 }
 
 }  // namespace
 
-LocalKernel IndexMapPlan::lower() const {
+LocalKernel IndexMapPlan::lower(const KernelMoves& moves) const {
   std::vector<LocalMap> maps;
   for (const MapAxis& a : axes) maps.push_back(slice_for_this_rank(a, mesh, ndim));
-  return [mesh = mesh, backward = backward, maps](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  return [moves, backward = backward, maps](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // Forward: upsample_*(self, ...) and the reflection and replication pads (self, padding);
     // backward: their backwards (grad_output, ...). The rules are registered for the base
     // overloads only: the upsample .vec ones, which call their input `input`, never get here.
     const OpArguments args(op, stack);
-    stack->push_back(backward ? apply_backward(mesh, maps, args.tensor("grad_output")) : apply_forward(mesh, maps, args.tensor("self")));
+    stack->push_back(backward ? apply_backward(moves, maps, args.tensor("grad_output")) : apply_forward(moves, maps, args.tensor("self")));
   };
 }
 
-LocalKernel LocalInputSizePlan::lower() const {
+LocalKernel LocalInputSizePlan::lower(const KernelMoves&) const {
   return [](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     OpArguments args(op, stack);
     std::vector<int64_t> input_size = args.int_list("input_size");
@@ -102,11 +102,11 @@ LocalKernel LocalInputSizePlan::lower() const {
   };
 }
 
-LocalKernel ConstantPadPlan::lower() const {
-  const LocalKernel pad_locally = EmptySafePlan().lower();
-  return [halo = LoweredHalo(halo, value), local_pad = local_pad, pad_locally](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+LocalKernel ConstantPadPlan::lower(const KernelMoves& moves) const {
+  const LocalKernel pad_locally = EmptySafePlan().lower(KernelMoves());
+  return [moves, local_pad = local_pad, pad_locally](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     OpArguments args(op, stack);
-    args.set("self", gather_windows(halo, args.tensor("self")));
+    args.set("self", moves.gather_windows(args.tensor("self")));
     args.set("pad", local_pad);
     std::move(args).push(stack);
     pad_locally(op, stack);

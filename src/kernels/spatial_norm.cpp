@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "domain/declared_reductions.h"
+#include "domain/kernel_moves.h"
 #include "kernels/stack.h"
 #include "rules/spatial_norm.h"
 
@@ -18,7 +18,7 @@ at::Tensor per_channel(const at::Tensor& v, int64_t ndim) {
 }
 
 // native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
-LocalKernel batch_norm_forward(const DeclaredReductions& reduce, int64_t count) {
+LocalKernel batch_norm_forward(const KernelMoves& reduce, int64_t count) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor x = args.tensor("input");
@@ -31,7 +31,7 @@ LocalKernel batch_norm_forward(const DeclaredReductions& reduce, int64_t count) 
     const std::vector<int64_t> dims = all_but_channel(x.dim());
     const at::Tensor xd = x.to(at::kDouble);
     const at::Tensor sums = at::stack({xd.sum(dims), xd.square().sum(dims)}).contiguous();
-    reduce.run(sums);
+    reduce.all_reduce(sums);
     const at::Tensor mean = sums[0] / count;
     const at::Tensor var = (sums[1] / count - mean.square()).clamp_min(0);
     const at::Tensor invstd = (var + eps).rsqrt();
@@ -53,7 +53,7 @@ LocalKernel batch_norm_forward(const DeclaredReductions& reduce, int64_t count) 
 
 // native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?, save_mean?,
 // save_invstd?, train, eps, output_mask)
-LocalKernel batch_norm_backward(const DeclaredReductions& reduce, int64_t count) {
+LocalKernel batch_norm_backward(const KernelMoves& reduce, int64_t count) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const OpArguments args(op, stack);
     const at::Tensor grad = args.tensor("grad_out"), x = args.tensor("input");
@@ -65,7 +65,7 @@ LocalKernel batch_norm_backward(const DeclaredReductions& reduce, int64_t count)
     const std::vector<int64_t> dims = all_but_channel(x.dim());
     const at::Tensor gd = grad.to(at::kDouble), centred = x.to(at::kDouble) - per_channel(mean, x.dim());
     const at::Tensor sums = at::stack({gd.sum(dims), (gd * centred).sum(dims)}).contiguous();
-    reduce.run(sums);
+    reduce.all_reduce(sums);
     const at::Tensor sum_dy = sums[0], sum_dy_xmu = sums[1];
     at::Tensor grad_input;
     if (mask.get(0)) {
@@ -84,12 +84,12 @@ LocalKernel batch_norm_backward(const DeclaredReductions& reduce, int64_t count)
 void set_local_batch(OpArguments& args, const at::Tensor& x) { args.set("N", x.size(0)); }
 
 // native_group_norm(input, weight?, bias?, N, C, HxW, group, eps)
-LocalKernel group_norm_forward(const DeclaredReductions& reduce, int64_t hxw) {
+LocalKernel group_norm_forward(const KernelMoves& reduce, int64_t hxw) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     OpArguments args(op, stack);
     const at::Tensor x = args.tensor("input");
     set_local_batch(args, x);
-    if (reduce.empty()) {  // no split spatial dim (of more than one rank): the op itself
+    if (!reduce.reduces()) {  // no split spatial dim (of more than one rank): the op itself
       std::move(args).call(op, stack);
       return;
     }
@@ -99,7 +99,7 @@ LocalKernel group_norm_forward(const DeclaredReductions& reduce, int64_t hxw) {
     const int64_t count = x.size(1) / groups * hxw;
     const at::Tensor xg = x.to(at::kDouble).reshape({n, groups, -1});
     const at::Tensor sums = at::stack({xg.sum(-1), xg.square().sum(-1)}).contiguous();
-    reduce.run(sums);
+    reduce.all_reduce(sums);
     const at::Tensor mean = sums[0] / count;
     const at::Tensor rstd = ((sums[1] / count - mean.square()).clamp_min(0) + eps).rsqrt();
     at::Tensor out = ((xg - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)).view(x.sizes()).to(x.scalar_type());
@@ -112,12 +112,12 @@ LocalKernel group_norm_forward(const DeclaredReductions& reduce, int64_t hxw) {
 }
 
 // native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C, HxW, group, output_mask)
-LocalKernel group_norm_backward(const DeclaredReductions& reduce, int64_t hxw) {
+LocalKernel group_norm_backward(const KernelMoves& reduce, int64_t hxw) {
   return [=](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     OpArguments args(op, stack);
     const at::Tensor grad = args.tensor("grad_out"), x = args.tensor("input");
     set_local_batch(args, x);
-    if (reduce.empty()) {  // no split spatial dim (of more than one rank): the op itself
+    if (!reduce.reduces()) {  // no split spatial dim (of more than one rank): the op itself
       std::move(args).call(op, stack);
       return;
     }
@@ -130,7 +130,7 @@ LocalKernel group_norm_backward(const DeclaredReductions& reduce, int64_t hxw) {
     const at::Tensor dyw = (weight && weight->defined() ? gd * per_channel(weight->to(at::kDouble), x.dim()) : gd).reshape({n, groups, -1});
     const at::Tensor centred = x.to(at::kDouble).reshape({n, groups, -1}) - mean;
     const at::Tensor sums = at::stack({(dyw * centred).sum(-1), dyw.sum(-1)}).contiguous();
-    reduce.run(sums);
+    reduce.all_reduce(sums);
     const at::Tensor sum_dyw_xmu = sums[0].unsqueeze(-1), sum_dyw = sums[1].unsqueeze(-1);
     const at::Tensor normalised = (centred * rstd).view(x.sizes());
     at::Tensor grad_input;
@@ -145,10 +145,10 @@ LocalKernel group_norm_backward(const DeclaredReductions& reduce, int64_t hxw) {
 
 }  // namespace
 
-LocalKernel SpatialNormPlan::lower() const {
-  const DeclaredReductions reduce(mesh, moves());  // the statistics' sums over the split dims
-  if (norm == Norm::Batch) return backward ? batch_norm_backward(reduce, count) : batch_norm_forward(reduce, count);
-  return backward ? group_norm_backward(reduce, count) : group_norm_forward(reduce, count);
+LocalKernel SpatialNormPlan::lower(const KernelMoves& moves) const {
+  // `moves`: the statistics' sums over the split dims.
+  if (norm == Norm::Batch) return backward ? batch_norm_backward(moves, count) : batch_norm_forward(moves, count);
+  return backward ? group_norm_backward(moves, count) : group_norm_forward(moves, count);
 }
 
 }  // namespace shardtensor

@@ -2,8 +2,8 @@
 //
 // src/kernels/ holds the code that runs the plans the built-in rules declare (rules/*.h): one
 // file per rule family, each defining its plans' lower(). Kernels may communicate (halo
-// windows through domain/, reductions through comm/); rules may not, which is why the two
-// live apart.
+// windows, reductions and ring passes, through the KernelMoves dispatch hands them:
+// domain/kernel_moves.h); rules may not, which is why the two live apart.
 #pragma once
 
 #include <ATen/core/ivalue.h>

@@ -10,7 +10,7 @@
 
 namespace shardtensor {
 
-LocalKernel LocalSizesPlan::lower() const {
+LocalKernel LocalSizesPlan::lower(const KernelMoves& moves) const {
   return [size_arg = size_arg, in_arg = in_arg, rewrites = rewrites, stride_arg = stride_arg](const c10::OperatorHandle& op,
                                                                                               torch::jit::Stack* stack) {
     const size_t begin = stack->size() - op.schema().arguments().size();
@@ -45,7 +45,7 @@ PieceKernel LocalReshapePlan::lower_for_piece() const {
   };
 }
 
-LocalKernel LocalReshapePlan::lower() const { return on_the_stack(lower_for_piece(), num_args); }
+LocalKernel LocalReshapePlan::lower(const KernelMoves& moves) const { return on_the_stack(lower_for_piece(), num_args); }
 
 PieceKernel SqueezePlan::lower_for_piece() const {
   return [dropped = dropped](const at::Tensor& self) {
@@ -55,6 +55,6 @@ PieceKernel SqueezePlan::lower_for_piece() const {
   };
 }
 
-LocalKernel SqueezePlan::lower() const { return on_the_stack(lower_for_piece(), num_args); }
+LocalKernel SqueezePlan::lower(const KernelMoves& moves) const { return on_the_stack(lower_for_piece(), num_args); }
 
 }  // namespace shardtensor

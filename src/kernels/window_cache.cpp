@@ -16,9 +16,9 @@ namespace {
 constexpr size_t kCapacity = 512;
 
 // The one axis that exchanges, or nullptr when there is none or more than one.
-const LoweredHaloAxis* single_exchanging_axis(const LoweredHalo& halo) {
-  if (halo.axes.size() != 1 || !halo.axes[0].lowered().exchanges) return nullptr;
-  return &halo.axes[0].lowered();
+const LoweredHaloAxis* single_exchanging_axis(const KernelMoves& moves) {
+  if (moves.halo_axes() != 1 || !moves.halo_axis(0).exchanges) return nullptr;
+  return &moves.halo_axis(0);
 }
 
 bool same_geometry(const HaloAxis& a, const HaloAxis& b) {
@@ -57,14 +57,14 @@ Split split_of(const LoweredHaloAxis& lowered) {
 
 }  // namespace
 
-void keep_received_rows(const LoweredHalo& halo, const at::Tensor& piece, const at::Tensor& window) {
-  const LoweredHaloAxis* axis = single_exchanging_axis(halo);
+void keep_received_rows(const KernelMoves& moves, const at::Tensor& piece, const at::Tensor& window) {
+  const LoweredHaloAxis* axis = single_exchanging_axis(moves);
   if (axis == nullptr || !c10::GradMode::is_enabled()) return;
   const int64_t dim = axis->axis.tensor_dim;
   const Split s = split_of(*axis);
   TORCH_INTERNAL_ASSERT(window.size(dim) == s.before + s.middle + s.after, "a halo window of ", window.size(dim),
                         " rows, expected ", s.before + s.middle + s.after);
-  Kept entry{c10::weak_intrusive_ptr<c10::TensorImpl>(piece.getIntrusivePtr()), piece._version(), axis->axis, halo.mesh,
+  Kept entry{c10::weak_intrusive_ptr<c10::TensorImpl>(piece.getIntrusivePtr()), piece._version(), axis->axis, moves.mesh(),
              window.narrow(dim, 0, s.before).clone(), window.narrow(dim, s.before + s.middle, s.after).clone()};
   std::lock_guard<std::mutex> lock(mutex);
   auto& entries = kept();
@@ -73,8 +73,8 @@ void keep_received_rows(const LoweredHalo& halo, const at::Tensor& piece, const 
   entries.push_back(std::move(entry));
 }
 
-at::Tensor window_from_kept_rows(const LoweredHalo& halo, const at::Tensor& piece) {
-  const LoweredHaloAxis* axis = single_exchanging_axis(halo);
+at::Tensor window_from_kept_rows(const KernelMoves& moves, const at::Tensor& piece) {
+  const LoweredHaloAxis* axis = single_exchanging_axis(moves);
   if (axis == nullptr) return {};
   at::Tensor before, after;
   {
@@ -83,7 +83,7 @@ at::Tensor window_from_kept_rows(const LoweredHalo& halo, const at::Tensor& piec
     // The newest match: a piece used by two convolutions with the same geometry has one entry each.
     auto it = std::find_if(entries.rbegin(), entries.rend(), [&](const Kept& k) {
       return k.piece.lock().get() == piece.unsafeGetTensorImpl() && k.version == piece._version() &&
-             same_geometry(k.axis, axis->axis) && k.mesh == halo.mesh;
+             same_geometry(k.axis, axis->axis) && k.mesh == moves.mesh();
     });
     if (it == entries.rend()) return {};
     before = std::move(it->before);

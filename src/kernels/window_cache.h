@@ -15,16 +15,16 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "domain/halo.h"
+#include "domain/kernel_moves.h"
 
 namespace shardtensor {
 
-// After a forward gathered `window` of `piece` under `halo`: keeps what arrived, when autograd
-// may ask for it (grad mode on) and the halo has a single exchanging axis.
-void keep_received_rows(const LoweredHalo& halo, const at::Tensor& piece, const at::Tensor& window);
+// After a forward gathered `window` of `piece` by the halo of `moves`: keeps what arrived, when
+// autograd may ask for it (grad mode on) and the halo has a single exchanging axis.
+void keep_received_rows(const KernelMoves& moves, const at::Tensor& piece, const at::Tensor& window);
 
-// The window of `piece` under `halo` rebuilt from the rows a forward kept, with no message; or
-// an undefined tensor when there are none (then gather it).
-at::Tensor window_from_kept_rows(const LoweredHalo& halo, const at::Tensor& piece);
+// The window of `piece` under the halo of `moves` rebuilt from the rows a forward kept, with no
+// message; or an undefined tensor when there are none (then gather it).
+at::Tensor window_from_kept_rows(const KernelMoves& moves, const at::Tensor& piece);
 
 }  // namespace shardtensor

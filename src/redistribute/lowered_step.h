@@ -7,7 +7,7 @@
 // (executor.cpp; the halo steps' part of it is executor_halo.cpp): every step of every
 // redistribute plan runs through it, and so does every move a kernel declares: mid-op
 // all-reduces (executor.h: reduce_in_place), halo gathers and their adjoint scatter-adds
-// (domain/halo.h), the attention merge's statistics gather (executor.h: run_kernel_step), and
+// (domain/kernel_moves.h), the attention merge's statistics gather (executor.h: run_kernel_step), and
 // the attention ring's batches (executor.h: run_ring_batch), whose apply takes the compute the
 // transfer overlaps.
 #pragma once
@@ -32,20 +32,6 @@ class Tensor;
 namespace shardtensor {
 
 struct StepTransport;  // plan.h
-
-// One block of a ring batch as this rank moves it: to or from group rank `peer`, the block that
-// group rank `block` owns, `rows` long along the ring step's tensor dim.
-struct RingTransfer {
-  int64_t peer;
-  int64_t block;
-  int64_t rows;
-};
-// One batch of a ring step (RingStep::batches of them), as this rank runs it: the blocks it
-// sends and those it receives, in the order both sides list them. Lowered from the kernel's
-// plan, once (kernels/attention_blocks.h: ring_batches).
-struct RingBatch {
-  std::vector<RingTransfer> sends, receives;
-};
 
 // Tensors of `shapes` that are views of one fresh flat buffer (zeros where `zeroed`): what a
 // ring batch sends on as it lies, without packing it (executor_ring.cpp).

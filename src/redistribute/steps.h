@@ -15,7 +15,7 @@
 //   Exchange                   any Shard/Replicate layout -> the target, in one all-to-all over
 //                              the mesh (boxes.h); it also rebalances shard sizes.
 // Kernel steps move what a kernel needs beyond its local pieces:
-//   HaloGather(m, d)           the window of dim d each rank needs from its neighbours (domain/halo.h)
+//   HaloGather(m, d)           the window of dim d each rank needs from its neighbours (domain/kernel_moves.h)
 //   HaloScatterAdd(m, d)       its adjoint: window pieces sent back to their owners and added
 //   Ring(phase, m, d)          attention's blocks passed around the ring, one batch per step
 //   StatisticsGather(m)        per-row statistics stacked over the group (attention's merge)
@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "shardtensor/placement.h"
 
@@ -76,6 +77,20 @@ struct RingStep {
   int64_t tensor_dim;  // the dim the blocks are cut from
   int64_t batches = 1;  // one per ring step that moves a block
 };
+// One block of a ring batch as this rank moves it: to or from group rank `peer`, the block that
+// group rank `block` owns, `rows` long along the ring step's tensor dim.
+struct RingTransfer {
+  int64_t peer;
+  int64_t block;
+  int64_t rows;
+};
+// One batch of a ring step (RingStep::batches of them), as this rank runs it: the blocks it
+// sends and those it receives, in the order both sides list them. Pure data, computed from the
+// kernel's plan once, when its moves are lowered (kernels/attention_blocks.h: ring_batches).
+struct RingBatch {
+  std::vector<RingTransfer> sends, receives;
+};
+
 struct StatisticsGatherStep {
   int64_t mesh_dim;
 };

@@ -52,7 +52,7 @@ StepTransport transport_for(const MoveStep& step, const ShardTensorSpec& from, c
 
 // Whether a transfer in which each member of a group on `mesh` moves `bytes_per_rank` goes
 // through peer memory under `options` (where the group has it: peer_memory_of(comm)): a
-// redistribute step's choice, and a halo exchange's (domain/halo.h). Every member must pass
+// redistribute step's choice, and a halo exchange's (domain/kernel_moves.h). Every member must pass
 // the same `bytes_per_rank`.
 bool uses_peer_memory(const DeviceMesh& mesh, int64_t bytes_per_rank, const ResolvedTransportOptions& options = resolve());
 // Which same-host transport such a transfer takes: SharedArena where the options allow reading

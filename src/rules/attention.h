@@ -73,11 +73,12 @@ struct AttentionPlan : KernelPlan {
   int64_t gradient_holder(int64_t block) const { return (block + last_step(block)) % ring_size(); }
   bool returns_during_ring(int64_t block) const;
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override;
   // Ring: K/V blocks passed along the mesh dim (backward: their gradients passed behind them,
   // then returned to their owners). Local attention moves nothing.
   std::vector<MoveStep> moves() const override;
+  MoveLowering move_lowering() const override;  // kernels/attention_blocks.cpp: the ring's batches
 };
 
 }  // namespace shardtensor

@@ -13,7 +13,7 @@ struct KnownAnswerPlan : KernelPlan {
 
   explicit KnownAnswerPlan(bool a) : answer(a) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return answer ? "known answer (true)" : "known answer (false)"; }
 };
 
@@ -25,9 +25,10 @@ struct GlobalEqualPlan : KernelPlan {
 
   GlobalEqualPlan(DeviceMesh m, std::vector<int64_t> dims) : mesh(std::move(m)), mesh_dims(std::move(dims)) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "equal over shards"; }
   std::vector<MoveStep> moves() const override { return sums_over(mesh, mesh_dims); }
+  MoveLowering move_lowering() const override { return {mesh}; }
 };
 
 }  // namespace shardtensor

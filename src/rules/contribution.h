@@ -30,7 +30,7 @@ struct ContributedOncePlan : KernelPlan {
 
   ContributedOncePlan(DeviceMesh m, std::vector<ContributedValue> v) : mesh(std::move(m)), values(std::move(v)) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "replicated values contributed once to a Partial(sum)"; }
 };
 

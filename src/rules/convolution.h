@@ -26,11 +26,12 @@ struct ConvolutionPlan : KernelPlan {
   std::vector<std::vector<Range>> outputs;  // per axis: the output range of every rank
   std::vector<int64_t> local_padding, local_output_padding;
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override;
   // Regular: gather the input window (backward: and scatter-add its gradient back).
   // Transposed: scatter-add the contributions (backward: gather the gradient's window).
   std::vector<MoveStep> moves() const override;
+  MoveLowering move_lowering() const override { return {halo.mesh, halo.axes}; }
 };
 
 }  // namespace shardtensor

@@ -10,7 +10,7 @@ namespace shardtensor {
 // carries no such bit, and the transport moves stored values, so the piece holds the values
 // it means. A copy, not a view.
 struct ResolvedBitsPlan : KernelPlan {
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "view with its conj/neg bit resolved"; }
 };
 

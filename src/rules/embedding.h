@@ -48,7 +48,7 @@ struct MaskedLookupPlan : KernelPlan {
   MaskedLookupPlan(ShardTensorSpec t, int64_t d, size_t table_at, size_t index_at, LookupMask m, std::string label)
       : table(std::move(t)), tensor_dim(d), table_arg(table_at), index_arg(index_at), mask(m), op_label(std::move(label)) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override {
     return op_label + " of the local range of dim " + std::to_string(tensor_dim) + " (others zero)";
   }

@@ -18,7 +18,7 @@ struct GatherBackwardPlan : KernelPlan {
 
   explicit GatherBackwardPlan(int64_t d, std::optional<ShardTensorSpec> s = std::nullopt) : dim(d), split_self(std::move(s)) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override {
     return split_self ? "gather backward into the local range of the split dim" : "gather backward into the local piece";
   }

@@ -9,7 +9,7 @@ std::vector<MoveStep> halo_gathers(const HaloPlan& plan) {
   return moves;
 }
 
-// The adjoint runs the axes in reverse (domain/halo.h: scatter_add_windows).
+// The adjoint runs the axes in reverse (domain/kernel_moves.h: scatter_add_windows).
 std::vector<MoveStep> halo_scatter_adds(const HaloPlan& plan) {
   std::vector<MoveStep> moves;
   for (auto axis = plan.axes.rbegin(); axis != plan.axes.rend(); ++axis)

@@ -5,14 +5,17 @@
 // statistics summed over the shards of a norm), the rule returns a KernelPlan: a const
 // description of that computation and of every move it makes between ranks (moves()). The
 // code that runs a plan lives in src/kernels/, one file per family, which defines the plan's
-// lower(); dispatch lowers a plan once, when the propagation that made it is cached. So no
-// rule includes comm/, domain/ or kernels/, and every rule, moves included, can be checked in
-// one process (tests/unit/rules_test.cpp).
+// lower(). Dispatch lowers a plan once, when the propagation that made it is cached: first its
+// declared moves, into one KernelMoves value (domain/kernel_moves.h), then the kernel, which is
+// handed those moves and runs them; it chooses no step and no transport. So no rule includes
+// comm/, domain/ or kernels/, and every rule, moves included, can be checked in one process
+// (tests/unit/rules_test.cpp).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,10 +37,28 @@ inline std::vector<MoveStep> sums_over(const DeviceMesh& mesh, const std::vector
 
 using PieceKernel = std::function<at::Tensor(const at::Tensor& piece)>;
 
+class KernelMoves;  // domain/kernel_moves.h
+
+// What lowering a plan's declared moves for this rank takes beyond the steps themselves.
+struct MoveLowering {
+  std::optional<DeviceMesh> mesh;  // whose groups the moves run on; none for a plan that declares none
+  // Halo steps: every axis of the plan's halo, in order. Those whose windows cross shards are
+  // the declared HaloGather and HaloScatterAdd steps; the others only assemble (or fold back)
+  // the window locally.
+  std::vector<HaloAxis> halo;
+  double halo_fill = 0.0;  // a halo gather's value outside the field (max pooling's: -inf)
+  // Ring steps: the batches of each declared phase as this rank runs them, and the longest
+  // block's length (the same on every member), which sizes the transport. Called only on a
+  // rank of the mesh.
+  std::function<std::vector<RingBatch>(RingPhase)> ring_batches;
+  int64_t widest_ring_rows = 0;
+};
+
 struct KernelPlan {
   virtual ~KernelPlan() = default;
-  // The code that runs this plan on one rank: defined in src/kernels/.
-  virtual LocalKernel lower() const = 0;
+  // The code that runs this plan on one rank, defined in src/kernels/: `moves` are moves()
+  // lowered with move_lowering(), and the kernel moves bytes between ranks through them only.
+  virtual LocalKernel lower(const KernelMoves& moves) const = 0;
   // The same kernel as a function of the first argument's local piece alone, where it needs
   // nothing else (a local reshape or squeeze; empty otherwise): the unboxed kernels
   // (dispatch/direct_kernel.h) call it without building an argument stack.
@@ -47,6 +68,8 @@ struct KernelPlan {
   // Every move between ranks the kernel makes, in order, in the vocabulary of redistribute plans
   // (redistribute/steps.h; none: a purely local kernel).
   virtual std::vector<MoveStep> moves() const { return {}; }
+  // What lowering moves() takes (none: a plan that declares none).
+  virtual MoveLowering move_lowering() const { return {}; }
   // How many keys of the counter-based generator one call draws, given the call's arguments
   // (tensors as None). A rank outside the mesh runs no kernel but draws as many, so that the
   // process's key stream stays in step with the ranks it shares other meshes with.

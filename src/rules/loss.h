@@ -13,7 +13,7 @@ struct SumThenDividePlan : KernelPlan {
 
   explicit SumThenDividePlan(int64_t n) : count(n) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "sum over the global count"; }
 };
 
@@ -26,9 +26,10 @@ struct NllGlobalMeanPlan : KernelPlan {
 
   NllGlobalMeanPlan(DeviceMesh m, std::vector<int64_t> dims) : mesh(std::move(m)), mesh_dims(std::move(dims)) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "nll loss mean over the global total weight"; }
   std::vector<MoveStep> moves() const override { return sums_over(mesh, mesh_dims); }
+  MoveLowering move_lowering() const override { return {mesh}; }
 };
 
 }  // namespace shardtensor

@@ -24,11 +24,12 @@ struct LayerNormPlan : KernelPlan {
 
   LayerNormPlan(Pass p, DeviceMesh m, LayerNormGeometry g) : pass(p), mesh(std::move(m)), geometry(std::move(g)) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override {
     return std::string("layer norm over sharded rows (") + (pass == Pass::Forward ? "forward" : "backward") + ")";
   }
   std::vector<MoveStep> moves() const override { return sums_over(mesh, geometry.row_mesh_dims); }
+  MoveLowering move_lowering() const override { return {mesh}; }
 };
 
 }  // namespace shardtensor

@@ -14,6 +14,8 @@
 
 #include <ATen/core/function_schema.h>
 
+#include <limits>
+
 namespace shardtensor {
 namespace {
 
@@ -182,6 +184,11 @@ std::string PoolPlan::name() const {
 }
 
 std::vector<MoveStep> PoolPlan::moves() const { return backward ? halo_scatter_adds(halo) : halo_gathers(halo); }
+
+// Max pooling's window holds -inf outside the field: no position there is ever the maximum.
+MoveLowering PoolPlan::move_lowering() const {
+  return {halo.mesh, halo.axes, kind == PoolKind::Max ? -std::numeric_limits<double>::infinity() : 0.0};
+}
 
 void register_pooling_rules(RuleRegistry& registry) {
   for (const char* name : {"aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices"})

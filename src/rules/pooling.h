@@ -27,9 +27,10 @@ struct PoolPlan : KernelPlan {
 
   int64_t my_outputs(size_t k) const { return outputs[k][halo.axes[k].me(halo.mesh)].size(); }
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override;
   std::vector<MoveStep> moves() const override;  // forward: halo gathers; backward: scatter-adds
+  MoveLowering move_lowering() const override;
 };
 
 }  // namespace shardtensor

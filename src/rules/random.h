@@ -24,7 +24,7 @@ struct RandomFillPlan : KernelPlan {
 
   RandomFillPlan(Draw k, ShardTensorSpec s, double lo = 0, double hi = 0) : kind(k), self(std::move(s)), low(lo), high(hi) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override;
   int64_t random_keys_drawn(c10::ArrayRef<c10::IValue>) const override { return 1; }
 };
@@ -38,7 +38,7 @@ struct RandomLikePlan : KernelPlan {
 
   RandomLikePlan(Draw k, ShardTensorSpec s, double lo = 0, double hi = 0) : kind(k), layout(std::move(s)), low(lo), high(hi) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "counter-based random factory"; }
   int64_t random_keys_drawn(c10::ArrayRef<c10::IValue>) const override { return 1; }
 };
@@ -58,9 +58,10 @@ struct BernoulliPlan : KernelPlan {
   BernoulliPlan(Form f, ShardTensorSpec s, bool broadcasts, std::vector<int64_t> check)
       : form(f), self(std::move(s)), p_broadcasts(broadcasts), check_mesh_dims(std::move(check)) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "counter-based bernoulli draw"; }
   std::vector<MoveStep> moves() const override { return sums_over(self.mesh(), check_mesh_dims); }
+  MoveLowering move_lowering() const override { return {self.mesh()}; }
   int64_t random_keys_drawn(c10::ArrayRef<c10::IValue>) const override { return 1; }
 };
 
@@ -79,9 +80,10 @@ struct MultinomialPlan : KernelPlan {
   MultinomialPlan(ShardTensorSpec p, int64_t n, bool with_replacement, std::vector<int64_t> check)
       : probabilities(std::move(p)), num_samples(n), replacement(with_replacement), check_mesh_dims(std::move(check)) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "counter-based multinomial draw"; }
   std::vector<MoveStep> moves() const override { return sums_over(probabilities.mesh(), check_mesh_dims); }
+  MoveLowering move_lowering() const override { return {probabilities.mesh()}; }
   int64_t random_keys_drawn(c10::ArrayRef<c10::IValue>) const override { return 1; }
 };
 
@@ -91,7 +93,7 @@ struct DropoutPlan : KernelPlan {
 
   explicit DropoutPlan(ShardTensorSpec w) : whole(std::move(w)) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "counter-based dropout"; }
   // Draws only in training (argument 2, `train`, None or true), as lower() does.
   int64_t random_keys_drawn(c10::ArrayRef<c10::IValue> arguments) const override {

@@ -15,7 +15,7 @@ struct GlobalMeanPlan : KernelPlan {
 
   GlobalMeanPlan(std::vector<int64_t> d, int64_t count) : dims(std::move(d)), global_count(count) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "global mean"; }
 };
 
@@ -30,7 +30,7 @@ struct EmptyExtremumPlan : KernelPlan {
 
   EmptyExtremumPlan(std::vector<int64_t> d, bool keep, bool max) : dims(std::move(d)), keepdim(keep), is_max(max) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return is_max ? "max with empty pieces" : "min with empty pieces"; }
 };
 

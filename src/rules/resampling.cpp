@@ -387,9 +387,14 @@ RuleResult constant_pad_rule(const OpMeta& op) {
 
 }  // namespace
 
+MoveLowering IndexMapPlan::move_lowering() const {
+  MoveLowering how{mesh};
+  for (const MapAxis& a : axes) how.halo.push_back(a.halo);
+  return how;
+}
+
 std::vector<MoveStep> IndexMapPlan::moves() const {
-  HaloPlan halo{mesh, {}};
-  for (const MapAxis& a : axes) halo.axes.push_back(a.halo);
+  const HaloPlan halo{mesh, move_lowering().halo};
   return backward ? halo_scatter_adds(halo) : halo_gathers(halo);
 }
 

@@ -32,15 +32,16 @@ struct IndexMapPlan : KernelPlan {
   int64_t ndim = 0;  // of the tensors the maps apply to
   bool backward = false;
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return backward ? "halo index map (backward)" : "halo index map (forward)"; }
   std::vector<MoveStep> moves() const override;
+  MoveLowering move_lowering() const override;  // one halo axis per map axis
 };
 
 // An upsample backward on unsharded spatial dims: the operator on this rank's pieces, with the
 // batch and channel entries of input_size (global in the call) made this rank's.
 struct LocalInputSizePlan : KernelPlan {
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "upsample backward with local input_size"; }
 };
 
@@ -53,9 +54,10 @@ struct ConstantPadPlan : KernelPlan {
   double value;  // the pad value (part of the propagation's key, as every argument)
   std::vector<int64_t> local_pad;
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "constant pad over a halo window"; }
   std::vector<MoveStep> moves() const override { return halo_gathers(halo); }
+  MoveLowering move_lowering() const override { return {halo.mesh, halo.axes, value}; }
 };
 
 }  // namespace shardtensor

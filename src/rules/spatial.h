@@ -73,9 +73,10 @@ struct EmptySafePlan : KernelPlan {
   std::shared_ptr<const KernelPlan> inner;
   std::vector<Follows> follows;
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return inner ? inner->name() + ", safe on empty pieces" : "the operator, safe on empty pieces"; }
   std::vector<MoveStep> moves() const override { return inner ? inner->moves() : std::vector<MoveStep>{}; }
+  MoveLowering move_lowering() const override { return inner ? inner->move_lowering() : MoveLowering{}; }
 };
 
 std::shared_ptr<const KernelPlan> empty_safe(std::shared_ptr<const KernelPlan> inner = {}, std::vector<Follows> follows = {});

@@ -20,9 +20,10 @@ struct SpatialNormPlan : KernelPlan {
   // Batch norm: elements per channel; group norm: spatial positions (HxW), both global.
   int64_t count;
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override;
   std::vector<MoveStep> moves() const override { return sums_over(mesh, mesh_dims); }
+  MoveLowering move_lowering() const override { return {mesh}; }
 };
 
 // The dims a norm over [N, C, *] reduces per channel: 0, 2, 3, ... (the rule counts them, the

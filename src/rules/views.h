@@ -28,7 +28,7 @@ struct LocalSizesPlan : KernelPlan {
   LocalSizesPlan(size_t size, size_t in, std::vector<SizeFromInput> r, std::optional<size_t> stride = std::nullopt)
       : size_arg(size), in_arg(in), rewrites(std::move(r)), stride_arg(stride) {}
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   std::string name() const override { return "the operator on local sizes"; }
 };
 
@@ -42,7 +42,7 @@ struct LocalReshapePlan : KernelPlan {
   std::vector<SizeFromInput> rewrites;
   int64_t num_args = 0;  // the operator's argument count
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   PieceKernel lower_for_piece() const override;
   std::string name() const override { return "local reshape"; }
 };
@@ -53,7 +53,7 @@ struct SqueezePlan : KernelPlan {
   std::vector<int64_t> dropped;
   int64_t num_args = 0;  // the operator's argument count
 
-  LocalKernel lower() const override;
+  LocalKernel lower(const KernelMoves& moves) const override;
   PieceKernel lower_for_piece() const override;
   std::string name() const override { return "squeeze of the global size-1 dims"; }
 };

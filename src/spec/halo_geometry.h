@@ -1,6 +1,6 @@
 // The geometry of a halo exchange, as pure metadata: which positions of one tensor dim every
 // rank owns and which window of them it needs. Rules compute it from specs (rules/spatial.h);
-// domain/halo.h moves the bytes it describes. Nothing here touches tensors or communicates,
+// domain/kernel_moves.h moves the bytes it describes. Nothing here touches tensors or communicates,
 // so a rule's halo plan can be checked in one process.
 #pragma once
 
@@ -60,7 +60,7 @@ std::vector<InField> in_field_runs(Range window, int64_t length, bool periodic);
 // stretches of this rank's tensor that q gets, and the stretches of q's tensor that this rank
 // gets, in the order both sides list them, each counted in positions from the start of the
 // tensor that holds it; with the field positions each received stretch holds. Pure metadata:
-// a kernel lowers its axes once, when its propagation is cached (domain/halo.h), so a call
+// a kernel lowers its axes once, when its propagation is cached (domain/kernel_moves.h), so a call
 // only moves bytes; and a test can check in one process that what one rank sends is what its
 // peer expects (tests/unit/halo_geometry_test.cpp).
 struct HaloExchange {

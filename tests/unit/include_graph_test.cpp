@@ -147,10 +147,10 @@ TEST(IncludeGraph, NoCycleInsideALayer) {
   for (const std::string& cycle : cycles) ADD_FAILURE() << "include cycle inside a layer: " << cycle;
 }
 
-// Kernels reach other ranks only through the moves their plans declare: the halo exchange
-// (domain/halo.h, lowered from the plan's halo), the declared mid-op reductions
-// and ring batches (domain/declared_reductions.h), each lowered with the plan and run as an
-// exchange of parts through the one transport seam. The executor and the transports are not
+// Kernels reach other ranks only through the moves their plans declare, which dispatch lowers
+// into one KernelMoves value (domain/kernel_moves.h: halo gathers and scatter-adds, mid-op
+// reductions, the statistics gather and the ring's batches) and hands to the kernel, each run
+// as an exchange of parts through the one transport seam. The executor and the transports are not
 // theirs to call, so a kernel cannot move bytes that explain does not print
 // (tests/dist/explained_moves_test.cpp counts what they move).
 TEST(IncludeGraph, KernelsMoveBytesOnlyThroughDeclaredMoves) {

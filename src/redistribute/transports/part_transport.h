@@ -2,7 +2,7 @@
 // boxes, moved by any transport.
 //
 // The executor (redistribute steps, scatters, the reductions' two phases) and the halo
-// exchange (domain/halo.h) describe what moves as a PartExchange: which part of which member's
+// exchange (domain/kernel_moves.h) describe what moves as a PartExchange: which part of which member's
 // tensor lands where in which member's tensor. They never post a message or a copy
 // themselves; a PartTransport does, one implementation per file:
 //   - messages_transport.cpp:    point-to-point messages, posted as they become ready;
