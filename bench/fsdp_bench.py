@@ -23,9 +23,10 @@ counted as during a step), and the unsharded parameter bytes held from a forward
 backward (by default the root's only) against the largest wrapped module's.
 
 Compiled (FSDP x TP): the same step with the model under torch.compile (inductor), each program
-against itself eager, in turns: shardtensor eager and compiled, FSDP2 eager and compiled. As in
-torch's FSDP2 (dynamo's skip_fsdp_hooks), the fully_shard hooks (the all-gathers and the
-reduce-scatters) run eagerly between the compiled blocks; the tensor-parallel moves are traced.
+against itself eager, in turns: shardtensor eager and compiled, FSDP2 eager and compiled.
+shardtensor's all-gathers and reduce-scatters are traced with the tensor-parallel moves
+(SimpleFSDP's form); FSDP2's hooks run eagerly between the compiled blocks (dynamo's
+skip_fsdp_hooks).
 Before timing, each compiled program's gradients after one step must equal its eager one's.
 """
 

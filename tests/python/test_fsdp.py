@@ -403,12 +403,7 @@ def test_llama_under_torchtitans_plan_with_fsdp(config):
     run_ranks(llama_body, 4, config, timeout=400)
 
 
-def compiled_body(rank, world_size, tensor_parallel):
-    """torch.compile of a fully sharded model, FSDP alone or FSDP x TP (2x2, uneven hidden 27):
-    three AdamW steps give one process's parameters. As with torch's FSDP2 (dynamo's
-    skip_fsdp_hooks), the fully_shard hooks, which all-gather the parameters and reduce-scatter
-    their gradients, run eagerly between compiled regions; everything else is traced: the
-    tensor-parallel moves are in the graphs, with no graph break of their own."""
+def _compiled_setup(rank, world_size, tensor_parallel):
     import shardtensor as st
     from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -421,18 +416,83 @@ def compiled_body(rank, world_size, tensor_parallel):
     batches = _batches(dp_mesh.size())
     torch.manual_seed(0)
     reference = MLP(27)
-    expected = _one_process(copy.deepcopy(reference), batches, steps=3)
     model = copy.deepcopy(reference)
     if tensor_parallel:
         parallelize_module(model, mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
     _wrap(model, dp_mesh)
-    _train(torch.compile(model), batches, dp_rank, steps=3)
+    return reference, model, batches, dp_rank
+
+
+def compiled_body(rank, world_size, tensor_parallel):
+    """torch.compile(fullgraph=True) of a fully sharded model, FSDP alone or FSDP x TP (2x2,
+    uneven hidden 27), by Inductor: three AdamW steps give one process's parameters. The
+    parameters' all-gathers and their gradients' reduce-scatters are traced with the rest
+    (SimpleFSDP's form), so the whole step compiles without a graph break."""
+    reference, model, batches, dp_rank = _compiled_setup(rank, world_size, tensor_parallel)
+    expected = _one_process(copy.deepcopy(reference), batches, steps=3)
+    _train(torch.compile(model, fullgraph=True), batches, dp_rank, steps=3)
     _assert_parameters(model, expected, f"compiled FSDP{' x TP' if tensor_parallel else ''}")
-    with torch.no_grad():  # the breaks are the forward's; explain's fake tensors meet no saved-tensor hook
-        explained = torch._dynamo.explain(model)(batches[0][dp_rank])
-    others = [str(b.reason)[:300] for b in explained.break_reasons
-              if not any(hook in str(b.reason) for hook in ("_pre_forward", "_post_forward"))]
-    assert not others, f"graph breaks other than fully_shard's hooks: {others}"
+
+
+def graphs_body(rank, world_size, tensor_parallel):
+    """What the compiled step's graphs hold: the forward graph gathers every managed parameter
+    and the backward graph reduce-scatters every gradient, as operators of the graphs (peer
+    memory's exchanges, or torch's functional collectives), and the values are one process's;
+    the eager hooks do not run. Where the traced form would not mean what the hooks do
+    (gradient sync off), the compiled step runs the hooks eagerly and still gives one process's
+    gradients."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    import shardtensor as st
+
+    torch._dynamo.reset()
+    reference, model, batches, dp_rank = _compiled_setup(rank, world_size, tensor_parallel)
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def moves(graph):
+        calls = [str(n.args[1] if n.target is torch.ops.higher_order.with_effects else n.target)
+                 for n in graph.graph.nodes if n.op == "call_function"]
+        return [c for c in calls if c.startswith(("shardtensor.exchange_parts", "shardtensor.all_reduce_parts", "_c10d_functional."))
+                and not c.startswith("_c10d_functional.wait_tensor")]
+
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep), fullgraph=True)
+    expected = _one_process(copy.deepcopy(reference), batches, steps=2)
+    _train(compiled, batches, dp_rank, steps=2)
+    _assert_parameters(model, expected, "FSDP gathered in the graph")
+    forward, backward = graphs[0], graphs[1]
+    managed = sum(1 for _ in model.parameters())  # 6: every weight and bias
+    if world_size > 1:
+        # One gather per managed parameter in the forward (a tensor-parallel all-reduce besides,
+        # under TP), one reduce-scatter per gradient in the backward: none runs outside them.
+        assert len(moves(forward)) >= managed, moves(forward)
+        assert len(moves(backward)) >= managed, moves(backward)
+    assert len(graphs) == 2, f"the step compiled into {len(graphs)} graphs, expected one forward and one backward"
+    assert isinstance(model.w1.weight, st.ShardTensor), "between steps a managed attribute is the sharded parameter"
+
+    # Gradient accumulation (sync off) does not take the traced form: the hooks run eagerly,
+    # between graphs (so not under fullgraph=True).
+    compiled = torch.compile(model, backend="aot_eager")
+    model.zero_grad()
+    model.set_requires_gradient_sync(False)
+    compiled(batches[0][dp_rank]).pow(2).mean().backward()
+    model.set_requires_gradient_sync(True)
+    compiled(batches[1][dp_rank]).pow(2).mean().backward()
+    single = copy.deepcopy(expected)
+    single.zero_grad()
+    for step in range(2):
+        chunks = batches[step]
+        (sum(single(x).pow(2).mean() for x in chunks) / len(chunks)).backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), single.named_parameters()):
+        assert_close(p.grad.full_tensor(), q.grad, f"accumulated gradient of {name}")
+
+
+@pytest.mark.parametrize("tensor_parallel", [False, True], ids=["fsdp", "fsdp_x_tp"])
+def test_fsdp_gathers_are_in_the_compiled_graphs(tensor_parallel):
+    run_ranks(graphs_body, 4 if tensor_parallel else 2, tensor_parallel)
 
 
 @pytest.mark.parametrize("tensor_parallel", [False, True], ids=["fsdp", "fsdp_x_tp"])

@@ -5,6 +5,14 @@ it (what the module's code reads as ``self.weight``) and the forward hook puts t
 back, so between steps ``parameters()``, ``state_dict()`` and optimizers see the sharded
 ShardTensors. With reshard_after_forward, autograd keeps notes instead of the unsharded tensors
 (_reshard.py); each gradient is reduce-scattered as soon as autograd has it (FSDPParam.reduce).
+
+Under torch.compile the gathers are traced instead (SimpleFSDP's form): while dynamo traces a
+forward of a fully sharded module, the hooks register nothing, and each managed attribute (a
+property of the owner's class) reads as the parameter all-gathered in the graph, whose backward
+reduce-scatters its gradient in the graph too (FSDPParam.gathered_in_graph); so Inductor sees
+every collective of the step. Where the traced form would not mean what the hooks do (gradient
+sync off, an explicit unshard(), a reduce_dtype other than param_dtype) the hooks run eagerly,
+as FSDP2's do under dynamo.
 """
 
 from __future__ import annotations
@@ -58,6 +66,17 @@ class _FSDPState:
         self.params, self.mp_policy = params, mp_policy
         self.reshard_after_forward = reshard_after_forward
         self.explicitly_unsharded = False
+        self.hooks = None  # a running eager forward's saved-tensor hooks (reshard_after_forward)
+
+    def gathers_in_graph(self) -> bool:
+        """Whether a traced forward gathers the parameters in its graph: only where that means
+        what the eager hooks do (each backward reduces, in param_dtype, with no unreduced term
+        left from a backward without sync; no unshard() holds them). dynamo guards on what this
+        reads, so a change recompiles."""
+        policy = self.mp_policy
+        return (not self.explicitly_unsharded
+                and all(p.requires_gradient_sync and p.pending_grad is None for p in self.params)
+                and (policy.reduce_dtype is None or policy.reduce_dtype == policy.param_dtype))
 
     def register(self, unsharded: bool) -> list:
         values = [p.unsharded() if unsharded else p.sharded for p in self.params]
@@ -73,14 +92,45 @@ def _cast_floating(tree, dtype):
 
 
 # Forwards of fully sharded modules running now, outermost first: the first is the root.
-# The hooks run eagerly under torch.compile (as FSDP2's do: dynamo's skip_fsdp_hooks): they
-# rebind module parameters and keep Python state, which a graph cannot hold; traced, each step
-# of theirs would break the graph on its own.
 _RUNNING: list = []
 
 
-@torch.compiler.disable
 def _pre_forward(module, args, kwargs):
+    state = module._fsdp_state
+    if torch.compiler.is_compiling() and state.gathers_in_graph():
+        for p in state.params:  # their attributes read as gathered in the graph (_parameter_property)
+            p.in_traced_forward = True
+        return _cast_inputs(state, args, kwargs)
+    return _pre_forward_eagerly(module, args, kwargs)
+
+
+def _post_forward(module, args, output):
+    state = module._fsdp_state
+    if torch.compiler.is_compiling() and state.gathers_in_graph():
+        for p in state.params:
+            p.in_traced_forward = False
+        return _cast_output(state, output)
+    return _post_forward_eagerly(module, args, output)
+
+
+def _cast_inputs(state, args, kwargs):
+    policy = state.mp_policy
+    if policy.param_dtype is not None and policy.cast_forward_inputs:
+        args, kwargs = _cast_floating((args, kwargs), policy.param_dtype)
+    return args, kwargs
+
+
+def _cast_output(state, output):
+    if state.mp_policy.output_dtype is not None:
+        output = _cast_floating(output, state.mp_policy.output_dtype)
+    return output
+
+
+# The eager hooks rebind module parameters and keep Python state (the running forwards, the
+# saved-tensor hooks), which a graph cannot hold: under torch.compile they run between graphs,
+# as FSDP2's do (dynamo's skip_fsdp_hooks), where the traced form does not apply.
+@torch.compiler.disable
+def _pre_forward_eagerly(module, args, kwargs):
     state = module._fsdp_state
     if state.reshard_after_forward is None:  # FSDP2's default: the root keeps them, the others do not
         state.reshard_after_forward = bool(_RUNNING)
@@ -90,15 +140,14 @@ def _pre_forward(module, args, kwargs):
         unsharded = state.register(unsharded=True)
         if state.reshard_after_forward and torch.is_grad_enabled():
             state.hooks = (_reshard.enter(state.params, unsharded), unsharded)
-    policy = state.mp_policy
-    if policy.param_dtype is not None and policy.cast_forward_inputs:
-        args, kwargs = _cast_floating((args, kwargs), policy.param_dtype)
-    return args, kwargs
+    return _cast_inputs(state, args, kwargs)
 
 
 @torch.compiler.disable
-def _post_forward(module, args, output):
+def _post_forward_eagerly(module, args, output):
     state = module._fsdp_state
+    for p in state.params:  # a traced forward that raised past its own post-hook left them set
+        p.in_traced_forward = False
     if _RUNNING and _RUNNING[-1] is module:
         _RUNNING.pop()
     if state.hooks is not None:
@@ -107,9 +156,47 @@ def _post_forward(module, args, output):
         state.hooks = None
     if not state.explicitly_unsharded:
         state.register(unsharded=False)
-    if state.mp_policy.output_dtype is not None:
-        output = _cast_floating(output, state.mp_policy.output_dtype)
-    return output
+    return _cast_output(state, output)
+
+
+def _parameter_property(name: str) -> property:
+    """The managed attribute `name` of an owner module: what its class reads as ``self.<name>``.
+    Eagerly it is what the hooks registered (the unsharded parameter during a forward, the
+    sharded one otherwise); while dynamo traces a forward that gathers in its graph, the
+    parameter gathered there."""
+
+    def get(module):
+        value = module._parameters[name]
+        param = getattr(value, "_fsdp_param", None)  # registered sharded: outside a forward, or traced
+        if param is not None and param.in_traced_forward:
+            if torch.compiler.is_compiling():
+                return param.gathered_in_graph()
+            # Code run eagerly inside a traced forward (a graph break) would compute with the
+            # sharded parameter: refuse it rather than give other values than the model's.
+            raise RuntimeError(
+                f"fully_shard: {type(module).__name__}.{name} ({param.fqn}) was read outside the graph of a compiled "
+                f"forward that gathers it in the graph: the forward broke its graph where it reads the parameter. "
+                f"Remove the graph break (torch._dynamo.explain shows it), or compile the module's blocks separately")
+        return value
+
+    return property(get)
+
+
+_OWNER_CLASSES: dict = {}
+
+
+def _with_parameter_properties(module: nn.Module, names) -> None:
+    """Gives module's class a property per managed attribute name (a subclass, one per class and
+    set of names, same name and module; isinstance checks hold)."""
+    cls = type(module)
+    missing = tuple(sorted(n for n in names if not isinstance(getattr(cls, n, None), property)))
+    if not missing:
+        return
+    key = (cls, missing)
+    if key not in _OWNER_CLASSES:
+        _OWNER_CLASSES[key] = type(cls.__name__, (cls,), {
+            "__module__": cls.__module__, **{n: _parameter_property(n) for n in missing}})
+    module.__class__ = _OWNER_CLASSES[key]
 
 
 _FSDP_CLASSES: dict = {}
@@ -181,6 +268,12 @@ def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_af
             owner._parameters[name] = p.sharded
     module._fsdp_state = _FSDPState(params, reshard_after_forward, mp_policy)
     module.__class__ = _fsdp_class(type(module))
+    names_of: dict = {}
+    for p in params:
+        for owner, name in p.owners:
+            names_of.setdefault(owner, set()).add(name)
+    for owner, names in names_of.items():
+        _with_parameter_properties(owner, names)
     module.register_forward_pre_hook(_pre_forward, with_kwargs=True)
     module.register_forward_hook(_post_forward, always_call=True)  # also when the forward raises
     return module

@@ -40,6 +40,7 @@ class FSDPParam:
         self.pending_grad = None  # this rank's unreduced gradient while sync is off
         self._regathered = None  # gathered again for the backward (reshard_after_forward)
         self.last_unsharded = lambda: None
+        self.in_traced_forward = False  # a forward of its module is being traced (_module.py)
         self.is_shard_tensor = _C.is_shard_tensor(param)
         dp_placements = data_parallel_placements(dp_mesh)
         dp_root, dp_dims = root_and_dims(dp_mesh)
@@ -98,6 +99,22 @@ class FSDPParam:
             with torch.no_grad():
                 self._regathered = self.gather(self.sharded)
         return self._regathered
+
+    def gathered_in_graph(self) -> torch.Tensor:
+        """The unsharded parameter as a forward that dynamo traces computes it (SimpleFSDP's
+        form): the all-gather, and in the backward the reduce-scatter of the gradient terms
+        (``Partial("avg")`` over the data-parallel dims), are operators of the graph, which
+        Inductor can bucket and overlap with compute. Only where it means what the eager hooks
+        do (_FSDPState.gathers_in_graph): the gradient reduced in param_dtype, every step."""
+        sharded = self.sharded
+        param_dtype = self.mp_policy.param_dtype
+        if param_dtype is not None and param_dtype != sharded.dtype:
+            sharded = sharded.to(param_dtype)  # before the all-gather: half the bytes
+        local = sharded.redistribute(self.mesh, self.gathered_placements).to_local(grad_placements=self.grad_placements)
+        if not self.is_shard_tensor:
+            return local
+        return from_local(local, self.unsharded_mesh, self.unsharded_placements, shape=self.shape,
+                          sharding_shapes=self.unsharded_sizes, _trusted_sizes=True)
 
     def gather(self, sharded: torch.Tensor) -> torch.Tensor:
         param_dtype = self.mp_policy.param_dtype
