@@ -488,6 +488,33 @@ def graphs_body(rank, world_size, tensor_parallel):
         (sum(single(x).pow(2).mean() for x in chunks) / len(chunks)).backward()
     for (name, p), (_, q) in zip(model.named_parameters(), single.named_parameters()):
         assert_close(p.grad.full_tensor(), q.grad, f"accumulated gradient of {name}")
+    if not tensor_parallel:
+        _eager_read_inside_a_traced_forward_raises(model._fsdp_state.params[0].mesh, batches[0][dp_rank])
+
+
+@torch.compiler.disable
+def _linear_eagerly(layer, x):
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def _eager_read_inside_a_traced_forward_raises(mesh, x):
+    """A forward whose graph breaks where it reads a managed parameter would run that code with
+    the sharded parameter (the traced forward registered no unsharded one): it raises, naming
+    the parameter, rather than compute something else than the model."""
+    from shardtensor.fsdp import fully_shard
+
+    class Breaks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(8, 3, dtype=torch.float64)
+
+        def forward(self, x):
+            return _linear_eagerly(self.layer, x)
+
+    model = fully_shard(Breaks(), mesh=mesh)
+    with pytest.raises(RuntimeError, match=r"layer\.weight.*read outside the graph of a compiled forward"):
+        torch.compile(model, backend="aot_eager")(x)
+    assert model(x).shape == (x.shape[0], 3), "after the refusal, eager forwards run as before"
 
 
 @pytest.mark.parametrize("tensor_parallel", [False, True], ids=["fsdp", "fsdp_x_tp"])
