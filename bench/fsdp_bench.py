@@ -19,8 +19,10 @@ all-gather and one reduce-scatter of every parameter and the backward's second a
 blocks' (they reshard after forward; shardtensor gathers only what the backward reads, so it may
 send less); FSDP2's padded dim-0 size gives its padding. Memory: the largest rank's parameter,
 gradient and AdamW-state bytes against a quarter of the one-process model's (the gradients
-counted as during a step), and the unsharded parameter bytes held from a forward to its
-backward (by default the root's only) against the largest wrapped module's.
+counted as during a step), the unsharded parameter bytes held from a forward to its
+backward (by default the root's only) against the largest wrapped module's, and the peak
+during one step (what the step began with plus the most the CPU allocator held on top of it at
+once, from torch's profiler's memory events) against issue 75's bar.
 
 Compiled (FSDP x TP): the same step with the model under torch.compile (inductor), each program
 against itself eager, in turns: shardtensor eager and compiled, FSDP2 eager and compiled.
@@ -73,8 +75,17 @@ class Model(nn.Module):
 
 
 def _local_bytes(t):
-    local = t._local_tensor if st.is_shard_tensor(t) else t
+    """The bytes of this rank's piece: a ShardTensor's or a torch DTensor's local tensor."""
+    from torch.distributed.tensor import DTensor
+
+    local = t._local_tensor if st.is_shard_tensor(t) or isinstance(t, DTensor) else t
     return local.numel() * local.element_size()
+
+
+def _largest_over_ranks(values):
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
 
 
 def whole(t):
@@ -91,6 +102,23 @@ def step_fn(model, x, forward=None):
         opt.zero_grad()
     step.optimizer = opt
     return step
+
+
+def peak_allocated_during(step) -> int:
+    """The most bytes the CPU allocator held at once during `step` beyond what it held when the
+    step began: torch's profiler records every allocation and free of the step (profile_memory),
+    summed in order. Shared-memory buffers of the peer-memory transport are not the allocator's
+    and are not counted."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
 
 
 def build(reference, layout, mesh, tmesh):
@@ -152,9 +180,20 @@ def run(layout, size, mesh, tmesh, steps):
     optimizer = ours_step.optimizer
     held = sum(p._local_tensor.numel() * 4 * 2 for p in ours.parameters())
     held += sum(v._local_tensor.numel() * 4 for s in optimizer.state.values() for k, v in s.items() if k != "step")
-    held = torch.tensor([held], dtype=torch.float64)
-    dist.all_reduce(held, op=dist.ReduceOp.MAX)
-    held = int(held.item())
+    # During a step: what is held when it begins (the parameter pieces and AdamW's states; the
+    # gradients were freed by zero_grad) and the most allocated on top of it at once (gradients,
+    # unsharded parameters, activations, buffers); the largest rank's.
+    # FSDP2's from the same profiler, beside it; and ours without the optimizer's step (where the
+    # peak is not AdamW's: foreach AdamW allocates temporaries the size of all parameter pieces).
+    at_start = held - sum(p._local_tensor.numel() * 4 for p in ours.parameters())
+    theirs_at_start = sum(_local_bytes(p) for p in theirs.parameters()) + sum(
+        _local_bytes(v) for s in theirs_step.optimizer.state.values() for k, v in s.items() if k != "step")
+    peak = at_start + peak_allocated_during(ours_step)
+    theirs_peak = theirs_at_start + peak_allocated_during(theirs_step)
+    peak_without_optimizer = at_start + peak_allocated_during(lambda: ours(x).pow(2).mean().backward())
+    ours_step.optimizer.zero_grad()
+    held, peak, theirs_peak, peak_without_optimizer = (
+        int(v.item()) for v in _largest_over_ranks([held, peak, theirs_peak, peak_without_optimizer]))
     # Between a forward and its backward: the unsharded parameter bytes still held (by default
     # only the root's: the blocks reshard after forward), against the largest wrapped module's.
     loss = ours(x).pow(2).mean()
@@ -168,7 +207,8 @@ def run(layout, size, mesh, tmesh, steps):
     return dict(layout=layout, size=size, dim=dim, hidden=hidden, dp=dp, tp=tp, shardtensor_ms=ours_ms.json(),
                 torch_ms=theirs_ms.json(), ratio=float(ours_ms) / float(theirs_ms), bytes_sent=int(sent.item()),
                 bytes_fewest=fewest, padded_parameter_bytes=padded_bytes, parameter_bytes=param_bytes,
-                held_bytes=held, one_process_bytes=param_bytes * 4, unsharded_after_forward=unsharded_held,
+                held_bytes=held, peak_bytes=peak, torch_peak_bytes=theirs_peak, peak_without_optimizer=peak_without_optimizer,
+                one_process_bytes=param_bytes * 4, unsharded_after_forward=unsharded_held,
                 largest_module_unsharded=largest)
 
 
@@ -197,6 +237,13 @@ def compiled_run(size, mesh, tmesh, steps):
     return dict(size=size, dim=dim, hidden=hidden, **{k: v.json() for k, v in ms.items()})
 
 
+def peak_bar(row) -> float:
+    """Issue 75's bar on the peak during a step: a quarter of the one-process model's parameter,
+    gradient and AdamW bytes + 5 % (the bar between steps), plus the largest wrapped module
+    unsharded, + 10 %."""
+    return 1.10 * (1.05 * row["one_process_bytes"] / 4 + row["largest_module_unsharded"])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20)
@@ -219,15 +266,17 @@ def main():
         print(f"FSDP step, 4 ranks, ms of the slowest rank, min / median / max of {args.steps} steps")
         print("| layout | size | shardtensor ms | torch FSDP2 ms | shardtensor / FSDP2 | bytes sent (all ranks) | "
               "fewest | FSDP2's padded parameter bytes / parameter bytes | held per rank / one process's | "
-              "unsharded bytes after forward / largest module's |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "unsharded bytes after forward / largest module's | peak during a step | forward and backward alone | "
+              "FSDP2's peak | bar |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             a, b = r["shardtensor_ms"], r["torch_ms"]
             print(f"| {r['layout']} (dp {r['dp']}, tp {r['tp']}) | {r['size']}: dim {r['dim']}, hidden {r['hidden']} "
                   f"| {a['min']:.1f} / {a['median']:.1f} / {a['max']:.1f} | {b['min']:.1f} / {b['median']:.1f} / {b['max']:.1f} "
                   f"| {r['ratio']:.2f} | {r['bytes_sent']:,} | {r['bytes_fewest']:,} "
                   f"| {r['padded_parameter_bytes'] / r['parameter_bytes']:.4f} | {r['held_bytes'] / r['one_process_bytes']:.4f} "
-                  f"| {r['unsharded_after_forward']:,} / {r['largest_module_unsharded']:,} |")
+                  f"| {r['unsharded_after_forward']:,} / {r['largest_module_unsharded']:,} | {r['peak_bytes']:,} "
+                  f"| {r['peak_without_optimizer']:,} | {r['torch_peak_bytes']:,} | {peak_bar(r):,.0f} |")
         print(f"\nFSDP x TP (dp 2, tp 2) under torch.compile (inductor), ms of the slowest rank, median of {args.steps} steps")
         print("| size | shardtensor eager | shardtensor compiled | compiled / eager | FSDP2 eager | FSDP2 compiled | compiled / eager |")
         print("|---|---|---|---|---|---|---|")
