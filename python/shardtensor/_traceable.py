@@ -251,7 +251,7 @@ def _runs(flat) -> list:
 
 
 # The C++ operators that peer-memory moves are traced as (src/redistribute/transports/
-# traced_exchange.cpp, src/redistribute/executor_traced.cpp) move bytes between ranks, so every
+# traced_exchange.cpp and traced_all_reduce.cpp) move bytes between ranks, so every
 # rank must run their calls in the order traced: ordered effects keep graph passes, Inductor's
 # scheduler among them, from reordering them against each other (two independent exchanges could
 # otherwise run in different orders on different ranks, which the transport refuses).

@@ -11,7 +11,7 @@
 
 #include "bindings.h"
 #include "shardtensor/shard_tensor.h"
-#include "api/tracing.h"
+#include "tracing.h"
 #include "comm/traced_collectives.h"
 #include "dispatch/dispatch_state.h"
 #include "dispatch/plain_gradients.h"

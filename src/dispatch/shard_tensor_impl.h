@@ -50,7 +50,7 @@ class ShardTensorImpl final : public c10::TensorImpl {
   // (keep_leaf_gradient_layout in dispatch/relayout.h).
   bool claim_gradient_hook() { return !std::exchange(gradient_hooked_, true); }
 
-  // The plain tensor that torch.compile's guards compare this ShardTensor by (api/tracing.h:
+  // The plain tensor that torch.compile's guards compare this ShardTensor by (python/src/tracing.h:
   // guard_piece): the piece, detached, requiring grad as asked. The same object while the piece
   // stays, for the guards compare tensors by identity (two arguments must not alias).
   const at::Tensor& guard_alias(bool requires_grad);

@@ -52,7 +52,7 @@ std::vector<std::vector<at::Tensor>> run_ring_batch(const LoweredStep& step, int
 // through peer memory or messages. While tracing, one operator of the graph (traced_all_reduce).
 at::Tensor all_reduce_on(Comm& comm, const at::Tensor& local, ReduceOp op, StepTransport how);
 // all_reduce_on recorded as one shardtensor::all_reduce_parts call, whose kernel runs it
-// (redistribute/executor_traced.cpp). Only while tracing.
+// (redistribute/transports/traced_all_reduce.cpp). Only while tracing.
 at::Tensor traced_all_reduce(Comm& comm, const at::Tensor& local, ReduceOp op, const StepTransport& how);
 // The same over the groups of `mesh_dims` of `mesh`, one reduction per mesh dim, lowered per call.
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims, const at::Tensor& tensor, ReduceOp op);

@@ -1,6 +1,5 @@
-// See api/tracing.h.
-#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
-#include "api/tracing.h"
+// See tracing.h.
+#include "tracing.h"
 
 #include <ATen/core/grad_mode.h>
 

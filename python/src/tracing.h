@@ -1,8 +1,9 @@
 // What torch.compile's traceable wrapper (python/shardtensor/_traceable.py) needs to run
 // shardtensor's dispatch on traced local pieces and to pass ShardTensors across a compiled
 // graph's edges: a ShardTensor over a given piece and layout, the piece back, the guards' alias.
-// Internal: only the Python extension includes it (C++ programs have no use for it); the scope
-// in which collectives are recorded instead of moving bytes is comm/traced_collectives.h's.
+// Part of the Python extension, which alone uses it (C++ programs have no use for it), over the
+// library's internal headers; the scope in which collectives are recorded instead of moving
+// bytes is comm/traced_collectives.h's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
