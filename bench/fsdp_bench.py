@@ -82,6 +82,13 @@ def _local_bytes(t):
     return local.numel() * local.element_size()
 
 
+def _state_bytes(model, optimizer):
+    """This rank's parameter pieces and the optimizer's states of them: what it holds between
+    steps, its gradients freed."""
+    states = (v for s in optimizer.state.values() for k, v in s.items() if k != "step")
+    return sum(_local_bytes(p) for p in model.parameters()) + sum(_local_bytes(v) for v in states)
+
+
 def _largest_over_ranks(values):
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -177,19 +184,15 @@ def run(layout, size, mesh, tmesh, steps):
     fewest = int(stored[0].item() * 2 + stored[1].item()) * (dp - 1)
     # Between steps: the parameter pieces, their gradients (freed by zero_grad, counted as held
     # during the step) and AdamW's two states; the largest rank's.
-    optimizer = ours_step.optimizer
-    held = sum(p._local_tensor.numel() * 4 * 2 for p in ours.parameters())
-    held += sum(v._local_tensor.numel() * 4 for s in optimizer.state.values() for k, v in s.items() if k != "step")
+    held = _state_bytes(ours, ours_step.optimizer) + sum(_local_bytes(p) for p in ours.parameters())
     # During a step: what is held when it begins (the parameter pieces and AdamW's states; the
     # gradients were freed by zero_grad) and the most allocated on top of it at once (gradients,
     # unsharded parameters, activations, buffers); the largest rank's.
     # FSDP2's from the same profiler, beside it; and ours without the optimizer's step (where the
     # peak is not AdamW's: foreach AdamW allocates temporaries the size of all parameter pieces).
-    at_start = held - sum(p._local_tensor.numel() * 4 for p in ours.parameters())
-    theirs_at_start = sum(_local_bytes(p) for p in theirs.parameters()) + sum(
-        _local_bytes(v) for s in theirs_step.optimizer.state.values() for k, v in s.items() if k != "step")
+    at_start = _state_bytes(ours, ours_step.optimizer)
     peak = at_start + peak_allocated_during(ours_step)
-    theirs_peak = theirs_at_start + peak_allocated_during(theirs_step)
+    theirs_peak = _state_bytes(theirs, theirs_step.optimizer) + peak_allocated_during(theirs_step)
     peak_without_optimizer = at_start + peak_allocated_during(lambda: ours(x).pow(2).mean().backward())
     ours_step.optimizer.zero_grad()
     held, peak, theirs_peak, peak_without_optimizer = (

@@ -16,6 +16,11 @@ bool on_axis(const MoveStep& move, const HaloAxis& axis) {
   return step && step->mesh_dim == axis.mesh_dim && step->tensor_dim == axis.tensor_dim;
 }
 
+// A halo step (either direction) on `axis`.
+bool move_lies_on(const MoveStep& move, const HaloAxis& axis) {
+  return on_axis<HaloGatherStep>(move, axis) || on_axis<HaloScatterAddStep>(move, axis);
+}
+
 }  // namespace
 
 KernelMoves::KernelMoves(const std::vector<MoveStep>& declared, const MoveLowering& how) : mesh_(how.mesh) {
@@ -52,9 +57,8 @@ KernelMoves::KernelMoves(const std::vector<MoveStep>& declared, const MoveLoweri
       steps_.emplace_back(*ring, how.ring_batches(ring->phase), how.widest_ring_rows);
     } else if (is_halo_step(move)) {
       const bool gathers = std::holds_alternative<HaloGatherStep>(move);
-      const auto axis = std::find_if(halo_.begin(), halo_.end(), [&](const HaloAxisSteps& a) {
-        return gathers ? on_axis<HaloGatherStep>(move, a.gather.halo().axis) : on_axis<HaloScatterAddStep>(move, a.gather.halo().axis);
-      });
+      const auto axis = std::find_if(halo_.begin(), halo_.end(),
+                                     [&](const HaloAxisSteps& a) { return move_lies_on(move, a.gather.halo().axis); });
       TORCH_INTERNAL_ASSERT(axis != halo_.end(), "a plan declares ", to_string(move), " on no axis of its halo");
       steps_.push_back(gathers ? axis->gather : axis->scatter_add);
     } else {

@@ -117,8 +117,7 @@ void backward_on_window(const PoolPlan& plan, const KernelMoves& moves, const c1
 
 // max_poolNd_with_indices(self, kernel, stride, padding, dilation, ceil_mode) -> (out, indices)
 LocalKernel max_pool_forward(const PoolPlan& plan, const KernelMoves& moves) {
-  return [plan = plan, moves = moves](const c10::OperatorHandle& op,
-                                                                                                torch::jit::Stack* stack) {
+  return [plan = plan, moves = moves](const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     forward_on_window(
         plan, moves, op, stack,
         [&](OpArguments& args, const at::Tensor&) {

@@ -263,15 +263,13 @@ def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_af
             raise ValueError(f"fully_shard: parameter {fqns[param]!r} is a scalar; FSDP shards dim 0 (make it a 1-D "
                              f"tensor of one element)")
     params = [FSDPParam(fqns[p], p, owners[p], mesh, mp_policy) for p in owners]
+    names_of: dict = {}  # owner module -> the attribute names it holds managed parameters under
     for p in params:
         for owner, name in p.owners:
             owner._parameters[name] = p.sharded
+            names_of.setdefault(owner, set()).add(name)
     module._fsdp_state = _FSDPState(params, reshard_after_forward, mp_policy)
     module.__class__ = _fsdp_class(type(module))
-    names_of: dict = {}
-    for p in params:
-        for owner, name in p.owners:
-            names_of.setdefault(owner, set()).add(name)
     for owner, names in names_of.items():
         _with_parameter_properties(owner, names)
     module.register_forward_pre_hook(_pre_forward, with_kwargs=True)

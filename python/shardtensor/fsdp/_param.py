@@ -106,23 +106,24 @@ class FSDPParam:
         (``Partial("avg")`` over the data-parallel dims), are operators of the graph, which
         Inductor can bucket and overlap with compute. Only where it means what the eager hooks
         do (_FSDPState.gathers_in_graph): the gradient reduced in param_dtype, every step."""
-        sharded = self.sharded
-        param_dtype = self.mp_policy.param_dtype
-        if param_dtype is not None and param_dtype != sharded.dtype:
-            sharded = sharded.to(param_dtype)  # before the all-gather: half the bytes
-        local = sharded.redistribute(self.mesh, self.gathered_placements).to_local(grad_placements=self.grad_placements)
-        if not self.is_shard_tensor:
-            return local
-        return from_local(local, self.unsharded_mesh, self.unsharded_placements, shape=self.shape,
-                          sharding_shapes=self.unsharded_sizes, _trusted_sizes=True)
+        gathered = self._in_param_dtype(self.sharded).redistribute(self.mesh, self.gathered_placements)
+        return self._unsharded_from(gathered.to_local(grad_placements=self.grad_placements))
 
     def gather(self, sharded: torch.Tensor) -> torch.Tensor:
-        param_dtype = self.mp_policy.param_dtype
-        if param_dtype is not None and param_dtype != sharded.dtype:
-            sharded = sharded.to(param_dtype)  # before the all-gather: half the bytes
-        local = sharded.redistribute(self.mesh, self.gathered_placements).to_local()
+        local = self._in_param_dtype(sharded).redistribute(self.mesh, self.gathered_placements).to_local()
         if local.data_ptr() == self.sharded._local_tensor.data_ptr():  # one data-parallel rank: no copy was made
             local = local.clone()
+        return self._unsharded_from(local)
+
+    def _in_param_dtype(self, sharded: torch.Tensor) -> torch.Tensor:
+        param_dtype = self.mp_policy.param_dtype
+        if param_dtype is not None and param_dtype != sharded.dtype:
+            return sharded.to(param_dtype)  # before the all-gather: half the bytes
+        return sharded
+
+    def _unsharded_from(self, local: torch.Tensor) -> torch.Tensor:
+        """The gathered piece as the module computes with it: plain, or laid out as tensor
+        parallelism left it."""
         if not self.is_shard_tensor:
             return local
         return from_local(local, self.unsharded_mesh, self.unsharded_placements, shape=self.shape,
