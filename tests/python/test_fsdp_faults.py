@@ -1,7 +1,8 @@
 """Issue 75, faults: a rank that dies or stops inside a fully sharded step (in the forward's
 all-gather of a parameter, or in the backward's reduce-scatter of a gradient): every other rank
 raises within the collective timeout, and none changes its parameters (no optimizer step on a
-half-reduced gradient). 2x2 ("dp", "tp") mesh, FSDP x TP; the last rank fails."""
+half-reduced gradient). 2x2 ("dp", "tp") mesh, FSDP x TP; the last rank fails. Under
+torch.compile too, where the gathers and reduce-scatters are operators of the graphs."""
 
 import time
 
@@ -71,4 +72,47 @@ def _local_of(p, whole):
 @pytest.mark.parametrize("fault, where", [("dies", "backward"), ("stops", "forward")])
 def test_rank_failing_in_a_fully_sharded_step(fault, where, tmp_path):
     run_ranks(fails_in_step_body, 4, str(tmp_path), fault, where, timeout=120, env=FAULT_ENV)
+    assert_survivors_raised_and_kept_their_parameters(tmp_path, 4, fault)
+
+
+def fails_before_compiled_step_body(rank, world_size, out_dir, fault):
+    """The compiled step (fullgraph: the parameters' gathers are in its forward graph, the
+    gradients' reduce-scatters in its backward graph): the last rank dies or stops before its
+    step, so the others meet it missing inside the forward graph's first gather."""
+    import shardtensor as st
+    from shardtensor.fsdp import fully_shard
+    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = st.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = parallelize_module(MLP(27), mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    fully_shard(model.w1, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = _batches(2)[0][mesh.get_coordinate()[0]]
+    compiled(x).pow(2).mean().backward()  # one healthy step, which also compiles
+    opt.step()
+    torch.distributed.barrier()
+    before = [p.detach().full_tensor().clone() for p in model.parameters()]
+    torch.distributed.barrier()
+    if rank == world_size - 1:
+        fail(out_dir, fault)
+    started = time.monotonic()
+    outcome = "no error"
+    try:
+        opt.zero_grad()
+        compiled(x).pow(2).mean().backward()
+        torch.distributed.barrier()
+        opt.step()
+    except Exception as error:  # noqa: BLE001 - the kind is what the graph's operator raised
+        outcome = f"raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    took = time.monotonic() - started
+    unchanged = all(torch.equal(p.detach()._local_tensor, _local_of(p, b)) for p, b in zip(model.parameters(), before))
+    report_and_leave(out_dir, rank, fault, f"{took:.1f}", int(unchanged), outcome)
+
+
+@pytest.mark.parametrize("fault", ["dies", "stops"])
+def test_rank_failing_before_a_compiled_fully_sharded_step(fault, tmp_path):
+    run_ranks(fails_before_compiled_step_body, 4, str(tmp_path), fault, timeout=180, env=FAULT_ENV)
     assert_survivors_raised_and_kept_their_parameters(tmp_path, 4, fault)
