@@ -8,8 +8,8 @@ Results: bench/RESULTS.md.
 The model: 4 residual feed-forward blocks (x + W2 gelu(W1 x)), each wrapped by fully_shard, and
 the root; float32. Sizes: "even" (dim 256, hidden 1024: every split is even) and "uneven"
 (dim 250, hidden 1002: 250 rows over 4 ranks, 501 over 2; FSDP2 pads them, shardtensor does not).
-A step: forward of this rank's batch (16 rows), mean-square loss, backward, AdamW (foreach),
-zero_grad. Before timing, both programs take one step from the same weights and data, and
+A step: forward of this rank's batch (16 rows), mean-square loss, backward, AdamW (fused, as
+torchtitan's configurations step it), zero_grad. Before timing, both programs take one step from the same weights and data, and
 their parameters must agree with each other. Each step's time is the slowest rank's, median of
 --steps, the programs in turns with a barrier before each step.
 
@@ -22,7 +22,9 @@ gradient and AdamW-state bytes against a quarter of the one-process model's (the
 counted as during a step), the unsharded parameter bytes held from a forward to its
 backward (by default the root's only) against the largest wrapped module's, and the peak
 during one step (what the step began with plus the most the CPU allocator held on top of it at
-once, from torch's profiler's memory events) against issue 75's bar.
+once, from torch's profiler's memory events) against issue 75's bar; and the same peak with
+foreach AdamW, whose step allocates one temporary the size of all parameter pieces (the fused
+kernel allocates none).
 
 Compiled (FSDP x TP): the same step with the model under torch.compile (inductor), each program
 against itself eager, in turns: shardtensor eager and compiled, FSDP2 eager and compiled.
@@ -99,8 +101,8 @@ def whole(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def step_fn(model, x, forward=None):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+def step_fn(model, x, forward=None, implementation="fused"):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **{implementation: True})
     forward = model if forward is None else forward
 
     def step():
@@ -188,15 +190,19 @@ def run(layout, size, mesh, tmesh, steps):
     # During a step: what is held when it begins (the parameter pieces and AdamW's states; the
     # gradients were freed by zero_grad) and the most allocated on top of it at once (gradients,
     # unsharded parameters, activations, buffers); the largest rank's.
-    # FSDP2's from the same profiler, beside it; and ours without the optimizer's step (where the
-    # peak is not AdamW's: foreach AdamW allocates temporaries the size of all parameter pieces).
+    # FSDP2's from the same profiler, beside it; ours without the optimizer's step; and ours with
+    # foreach AdamW (its own states, made by one step before the measured one).
     at_start = _state_bytes(ours, ours_step.optimizer)
     peak = at_start + peak_allocated_during(ours_step)
     theirs_peak = _state_bytes(theirs, theirs_step.optimizer) + peak_allocated_during(theirs_step)
     peak_without_optimizer = at_start + peak_allocated_during(lambda: ours(x).pow(2).mean().backward())
     ours_step.optimizer.zero_grad()
-    held, peak, theirs_peak, peak_without_optimizer = (
-        int(v.item()) for v in _largest_over_ranks([held, peak, theirs_peak, peak_without_optimizer]))
+    foreach_step = step_fn(ours, x, implementation="foreach")
+    foreach_step()
+    peak_foreach = _state_bytes(ours, foreach_step.optimizer) + peak_allocated_during(foreach_step)
+    del foreach_step
+    held, peak, theirs_peak, peak_without_optimizer, peak_foreach = (
+        int(v.item()) for v in _largest_over_ranks([held, peak, theirs_peak, peak_without_optimizer, peak_foreach]))
     # Between a forward and its backward: the unsharded parameter bytes still held (by default
     # only the root's: the blocks reshard after forward), against the largest wrapped module's.
     loss = ours(x).pow(2).mean()
@@ -211,6 +217,7 @@ def run(layout, size, mesh, tmesh, steps):
                 torch_ms=theirs_ms.json(), ratio=float(ours_ms) / float(theirs_ms), bytes_sent=int(sent.item()),
                 bytes_fewest=fewest, padded_parameter_bytes=padded_bytes, parameter_bytes=param_bytes,
                 held_bytes=held, peak_bytes=peak, torch_peak_bytes=theirs_peak, peak_without_optimizer=peak_without_optimizer,
+                peak_foreach_bytes=peak_foreach,
                 one_process_bytes=param_bytes * 4, unsharded_after_forward=unsharded_held,
                 largest_module_unsharded=largest)
 
@@ -270,8 +277,8 @@ def main():
         print("| layout | size | shardtensor ms | torch FSDP2 ms | shardtensor / FSDP2 | bytes sent (all ranks) | "
               "fewest | FSDP2's padded parameter bytes / parameter bytes | held per rank / one process's | "
               "unsharded bytes after forward / largest module's | peak during a step | forward and backward alone | "
-              "FSDP2's peak | bar |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "FSDP2's peak | bar | peak with foreach AdamW |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             a, b = r["shardtensor_ms"], r["torch_ms"]
             print(f"| {r['layout']} (dp {r['dp']}, tp {r['tp']}) | {r['size']}: dim {r['dim']}, hidden {r['hidden']} "
@@ -279,7 +286,7 @@ def main():
                   f"| {r['ratio']:.2f} | {r['bytes_sent']:,} | {r['bytes_fewest']:,} "
                   f"| {r['padded_parameter_bytes'] / r['parameter_bytes']:.4f} | {r['held_bytes'] / r['one_process_bytes']:.4f} "
                   f"| {r['unsharded_after_forward']:,} / {r['largest_module_unsharded']:,} | {r['peak_bytes']:,} "
-                  f"| {r['peak_without_optimizer']:,} | {r['torch_peak_bytes']:,} | {peak_bar(r):,.0f} |")
+                  f"| {r['peak_without_optimizer']:,} | {r['torch_peak_bytes']:,} | {peak_bar(r):,.0f} | {r['peak_foreach_bytes']:,} |")
         print(f"\nFSDP x TP (dp 2, tp 2) under torch.compile (inductor), ms of the slowest rank, median of {args.steps} steps")
         print("| size | shardtensor eager | shardtensor compiled | compiled / eager | FSDP2 eager | FSDP2 compiled | compiled / eager |")
         print("|---|---|---|---|---|---|---|")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 
 import torch
 
@@ -143,6 +144,12 @@ class CommDebugMode:
         return self
 
     def __exit__(self, *exc):
+        # fully_shard's prefetched gathers started in the block count in it, as they would run
+        # in the block on the thread that started them (fsdp/_prefetch.py); and the counter they
+        # add to must outlive them.
+        prefetch = sys.modules.get("shardtensor.fsdp._prefetch")
+        if prefetch is not None:
+            prefetch.STREAM.drain()
         self._tracker.flush()
         self._tracker.__exit__(*exc)
         self._counter.stop()

@@ -90,22 +90,29 @@ class DeviceMesh(_TorchDeviceMesh):
         _made(self)
 
     @classmethod
-    def _wrap(cls, cpp_mesh, torch_mesh=None, groups=None) -> "DeviceMesh":
+    def _wrap(cls, cpp_mesh, torch_mesh=None, groups=None, private=False) -> "DeviceMesh":
         """Ours over a C++ mesh already built (init_device_mesh, sub-meshes, interop)."""
         mesh = cls.__new__(cls)
+        mesh._private = private
         mesh._attach(cpp_mesh, torch_mesh, groups)
         return mesh
 
     # The mesh this one is a dim of (mesh["tp"] of a ("dp", "tp") mesh), and which dim: how
     # fully_shard finds the mesh a tensor-parallel parameter and the data-parallel dim share.
     _parent = None
+    # A mesh shardtensor keeps for its own use (fully_shard's prefetch twins: fsdp/_prefetch.py):
+    # the same layout as a program's mesh over other process groups. C++ meshes compare by
+    # layout, so a private one stays out of the lookups by C++ mesh (_BY_CPP), which would
+    # otherwise hand it to the program's tensors.
+    _private = False
 
     def _attach(self, cpp_mesh, torch_mesh, groups) -> None:
         self._cpp = cpp_mesh
         self._torch_mesh = torch_mesh
         self._groups = groups  # this rank's ProcessGroup per mesh dim
         self._subs = {}  # mesh dim -> the 1-d mesh along it (__getitem__)
-        _BY_CPP[cpp_mesh] = self
+        if not self._private:
+            _BY_CPP[cpp_mesh] = self
 
     # ---- shape and this rank's place ----
     @property
@@ -438,7 +445,7 @@ def mesh_of_dims(root: DeviceMesh, dims) -> DeviceMesh:
     dims = [root._dim(d) for d in dims]
     if dims == list(range(root.ndim)):
         return root
-    key = (root._cpp, tuple(dims))
+    key = (root._cpp, tuple(dims), root._private)
     found = _OF_DIMS.get(key)
     if found is not None:
         return found
@@ -453,7 +460,7 @@ def mesh_of_dims(root: DeviceMesh, dims) -> DeviceMesh:
     cpp = _C.DeviceMesh.from_process_groups(list(layout.shape), layout.flatten().tolist(), groups, names,
                                             root.device_type, root._cpp.timeout_s, None,
                                             build_mesh_group_through=dist.distributed_c10d._get_default_store())
-    mesh = DeviceMesh._wrap(cpp, groups=groups)
+    mesh = DeviceMesh._wrap(cpp, groups=groups, private=root._private)
     _OF_DIMS[key] = mesh
     return mesh
 

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "bindings.h"
+#include "comm/comm_debug.h"
 #include "shardtensor/dispatch.h"
 #include "shardtensor/sharding_rule.h"
 #include "shardtensor/log.h"
@@ -35,6 +36,7 @@ struct CommCounter : Scope<CommDebugMode> {
 
   void snapshot() {
     if (!guard) return;
+    auto lock = comm_debug_lock();  // a prefetching thread may be recording into it
     counts = guard->counts();
     by_operator = guard->counts_by_operator();
     total = guard->total();
@@ -127,6 +129,12 @@ void bind_dispatch(py::module_& m) {
       .def_readonly("total", &CommCounter::total)
       .def_readonly("bytes", &CommCounter::bytes)
       .def_readonly("table", &CommCounter::table);
+  // fully_shard's prefetch thread counts its all-gathers into the mode of the thread that
+  // started them (python/shardtensor/fsdp/_prefetch.py).
+  py::class_<CommDebugHandoff>(m, "CommDebugHandoff")
+      .def(py::init<>())
+      .def("enter", &CommDebugHandoff::enter)
+      .def("exit", &CommDebugHandoff::exit);
 }
 
 }  // namespace shardtensor::python

@@ -22,10 +22,25 @@ const std::string& current_operator() {
 CurrentOperatorScope::CurrentOperatorScope(const std::string* name) : previous_(current_op) { current_op = name; }
 CurrentOperatorScope::~CurrentOperatorScope() { current_op = previous_; }
 
+std::unique_lock<std::mutex> comm_debug_lock() {
+  static std::mutex mutex;
+  return std::unique_lock<std::mutex>(mutex);
+}
+
 void record_collective(const char* kind, int64_t bytes, bool counts) {
   // A trace moves no bytes (comm/traced_collectives.h): its graph's collectives run as torch's.
-  if (active_mode && !tracing_collectives()) active_mode->record(kind, current_operator(), bytes, counts);
+  if (active_mode && !tracing_collectives()) {
+    auto lock = comm_debug_lock();
+    active_mode->record(kind, current_operator(), bytes, counts);
+  }
 }
+
+CommDebugHandoff::CommDebugHandoff() : mode_(active_mode) {}
+void CommDebugHandoff::enter() {
+  previous_ = active_mode;
+  active_mode = mode_;
+}
+void CommDebugHandoff::exit() { active_mode = previous_; }
 
 CommDebugPause::CommDebugPause() : paused_(active_mode) { active_mode = nullptr; }
 CommDebugPause::~CommDebugPause() { active_mode = paused_; }

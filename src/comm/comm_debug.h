@@ -3,6 +3,7 @@
 // current operator, the c10d adapter records every collective it launches.
 #pragma once
 
+#include <mutex>
 #include <string>
 
 namespace shardtensor {
@@ -32,6 +33,25 @@ class CommDebugPause {
  private:
   CommDebugMode* paused_;
 };
+
+// Makes the CommDebugMode active on the thread that made it (if any) this thread's while it
+// lives: a collective another thread runs for it (fully_shard's prefetched all-gathers) counts
+// where that thread's would. The mode must outlive the scope; records from both threads are
+// serialised by comm_debug_lock().
+class CommDebugHandoff {
+ public:
+  CommDebugHandoff();  // on the thread whose mode it carries
+  void enter();        // on the thread that runs the collectives
+  void exit();
+
+ private:
+  CommDebugMode* mode_;
+  CommDebugMode* previous_ = nullptr;
+};
+
+// Held while a collective is recorded; a reader of a mode's counts that another thread may be
+// adding to takes it too.
+std::unique_lock<std::mutex> comm_debug_lock();
 
 // Counts one collective of `kind`, which sent `bytes` from this rank to others, into the
 // active CommDebugMode of this thread, if any; with `counts` false it only adds the bytes (the

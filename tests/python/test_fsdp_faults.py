@@ -116,3 +116,58 @@ def fails_before_compiled_step_body(rank, world_size, out_dir, fault):
 def test_rank_failing_before_a_compiled_fully_sharded_step(fault, tmp_path):
     run_ranks(fails_before_compiled_step_body, 4, str(tmp_path), fault, timeout=180, env=FAULT_ENV)
     assert_survivors_raised_and_kept_their_parameters(tmp_path, 4, fault)
+
+
+def fails_in_prefetch_body(rank, world_size, out_dir, fault):
+    """Prefetch configured (test_fsdp_prefetch.with_prefetch): the last rank dies or stops on its
+    prefetch stream, inside the first gather that stream runs in the armed step, while its main
+    thread computes; the others meet it missing on the stream's own process groups and raise
+    where the main thread takes that gather."""
+    import shardtensor as st
+    from shardtensor.fsdp import _prefetch
+    from shardtensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from test_fsdp import _wrap
+    from test_fsdp_prefetch import with_prefetch
+
+    mesh = st.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = parallelize_module(MLP(27), mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    with_prefetch(_wrap(model, mesh["dp"]))
+    armed = [False]
+    real = _prefetch.STREAM.submit
+
+    def failing_submit(fn):  # in this rank's process only
+        def gather():
+            if armed[0]:
+                fail(out_dir, fault)
+            return fn()
+        return real(gather if rank == world_size - 1 else fn)
+
+    _prefetch.STREAM.submit = failing_submit
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = _batches(2)[0][mesh.get_coordinate()[0]]
+    model(x).pow(2).mean().backward()  # one healthy step first
+    opt.step()
+    torch.distributed.barrier()
+    before = [p.detach().full_tensor().clone() for p in model.parameters()]
+    torch.distributed.barrier()
+
+    armed[0] = True
+    started = time.monotonic()
+    outcome = "no error"
+    try:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        torch.distributed.barrier()
+        opt.step()
+    except Exception as error:  # noqa: BLE001 - the kind is shardtensor's
+        outcome = f"raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    took = time.monotonic() - started
+    unchanged = all(torch.equal(p.detach()._local_tensor, _local_of(p, b)) for p, b in zip(model.parameters(), before))
+    report_and_leave(out_dir, rank, fault, f"{took:.1f}", int(unchanged), outcome)
+
+
+@pytest.mark.parametrize("fault", ["dies", "stops"])
+def test_rank_failing_in_a_prefetched_gather(fault, tmp_path):
+    run_ranks(fails_in_prefetch_body, 4, str(tmp_path), fault, timeout=120, env=FAULT_ENV)
+    assert_survivors_raised_and_kept_their_parameters(tmp_path, 4, fault)

@@ -23,7 +23,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from .. import _C
 from .._mesh import DeviceMesh
-from . import _reshard
+from . import _prefetch, _reshard
 from ._param import FSDPParam
 
 
@@ -32,11 +32,31 @@ class FSDPModule:
     an ``nn.Linear``. isinstance(module, shardtensor.fsdp.FSDPModule) tells them apart."""
 
     def unshard(self, async_op: bool = False):
-        """Registers the unsharded parameters now (all-gathered) until ``reshard()``: the next
-        forwards use them without gathering. Returns None (the gather is synchronous)."""
-        self._fsdp_state.register(unsharded=True)
-        self._fsdp_state.explicitly_unsharded = True
-        return None
+        """Registers the unsharded parameters (all-gathered) until ``reshard()``: the next
+        forwards use them without gathering. With ``async_op`` the gathers run on the prefetch
+        stream and the returned handle's ``wait()`` registers them (the module's next forward
+        waits for it if the program did not); else they are registered now and None returned."""
+        state = self._fsdp_state
+        state.explicitly_unsharded = True
+        if not async_op:
+            state.register(unsharded=True)
+            return None
+        state.start_gathers()
+        state.pending_unshard = UnshardHandle(state)
+        return state.pending_unshard
+
+    def set_modules_to_forward_prefetch(self, modules) -> None:
+        """FSDP2's: at each forward of this module, once its own parameters are gathered, the
+        all-gathers of ``modules`` start in the background, to overlap this module's compute.
+        Collective (call it on every rank, in one order): it makes the prefetch stream's process
+        groups the first time."""
+        self._fsdp_state.forward_prefetch = _prefetch_targets(modules, "set_modules_to_forward_prefetch")
+
+    def set_modules_to_backward_prefetch(self, modules) -> None:
+        """FSDP2's: when this module's backward begins, the all-gathers the backwards of
+        ``modules`` need again (those that reshard after forward) start in the background.
+        Collective, as set_modules_to_forward_prefetch."""
+        self._fsdp_state.backward_prefetch = _prefetch_targets(modules, "set_modules_to_backward_prefetch")
 
     def reshard(self) -> None:
         """Registers the sharded parameters again (after ``unshard()``)."""
@@ -61,12 +81,66 @@ class FSDPModule:
         return [m._fsdp_state for m in modules if isinstance(m, FSDPModule)]
 
 
+class UnshardHandle:
+    """FSDP2's: what ``unshard(async_op=True)`` returns; ``wait()`` registers the gathered
+    parameters."""
+
+    def __init__(self, state):
+        self._state = state
+
+    def wait(self) -> None:
+        state, self._state = self._state, None
+        if state is not None and state.pending_unshard is self:
+            state.pending_unshard = None
+            state.register(unsharded=True)
+
+
+def _prefetch_targets(modules, call: str) -> list:
+    modules = list(modules)
+    for m in modules:
+        if not isinstance(m, FSDPModule):
+            raise ValueError(f"{call}: expected fully sharded modules (FSDPModule), got {type(m).__name__}")
+    for m in modules:
+        m._fsdp_state.make_twins()
+    return modules
+
+
 class _FSDPState:
     def __init__(self, params: list[FSDPParam], reshard_after_forward, mp_policy):
         self.params, self.mp_policy = params, mp_policy
+        for p in params:
+            p.state = self
         self.reshard_after_forward = reshard_after_forward
         self.explicitly_unsharded = False
+        self.pending_unshard = None  # unshard(async_op=True)'s handle until waited on
+        self.forward_prefetch: list = []  # modules whose gathers this one's forward starts
+        self.backward_prefetch: list = []  # ... and its backward
         self.hooks = None  # a running eager forward's saved-tensor hooks (reshard_after_forward)
+
+    # ---- prefetch (_prefetch.py) ---------------------------------------------------------
+    def make_twins(self) -> None:
+        for p in self.params:
+            if p.twin is None:
+                p.twin = _prefetch.twin_mesh(p.mesh_root, p.mesh_dims)
+
+    def start_gathers(self) -> None:
+        self.make_twins()
+        for p in self.params:
+            p.start_gather()
+
+    def prefetch_forward(self) -> None:
+        for m in self.forward_prefetch:
+            target = m._fsdp_state
+            if not target.explicitly_unsharded:
+                target.start_gathers()
+
+    def prefetch_backward(self) -> None:
+        for m in self.backward_prefetch:
+            target = m._fsdp_state
+            if target.reshard_after_forward and not target.explicitly_unsharded:
+                for p in target.params:
+                    if p.needs_regather():
+                        p.start_gather()
 
     def gathers_in_graph(self) -> bool:
         """Whether a traced forward gathers the parameters in its graph: only where that means
@@ -136,10 +210,13 @@ def _pre_forward_eagerly(module, args, kwargs):
         state.reshard_after_forward = bool(_RUNNING)
     _RUNNING.append(module)
     state.hooks = None
+    if state.pending_unshard is not None:
+        state.pending_unshard.wait()
     if not state.explicitly_unsharded:
         unsharded = state.register(unsharded=True)
         if state.reshard_after_forward and torch.is_grad_enabled():
             state.hooks = (_reshard.enter(state.params, unsharded), unsharded)
+    state.prefetch_forward()
     return _cast_inputs(state, args, kwargs)
 
 
@@ -156,7 +233,27 @@ def _post_forward_eagerly(module, args, output):
         state.hooks = None
     if not state.explicitly_unsharded:
         state.register(unsharded=False)
+    if not _RUNNING:  # the root's forward ended: a module prefetched for and not run lets go
+        _prefetch.discard_pending()
+    if state.backward_prefetch and torch.is_grad_enabled():
+        _prefetch_when_backward_begins(state, output)
     return _cast_output(state, output)
+
+
+def _prefetch_when_backward_begins(state, output) -> None:
+    """FSDP2's pre-backward point: the first gradient of the module's outputs to arrive starts
+    its backward prefetch; at the end of that backward, prefetches nobody took let go."""
+    outputs = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+    fired = []
+
+    def begin(_grad):
+        if not fired:
+            fired.append(True)
+            state.prefetch_backward()
+            torch.autograd.Variable._execution_engine.queue_callback(_prefetch.discard_pending)
+
+    for t in outputs:
+        t.register_hook(begin)
 
 
 def _parameter_property(name: str) -> property:

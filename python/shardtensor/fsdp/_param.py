@@ -13,6 +13,7 @@ those dims and reduce-scatters back to the sharded layout.
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
@@ -22,6 +23,7 @@ from .. import _C
 from .._mesh import DeviceMesh, mesh_of_dims, root_and_dims
 from .._placements import Partial, Replicate, Shard
 from .._tensor import from_local
+from . import _prefetch
 
 
 def data_parallel_placements(dp_mesh: DeviceMesh) -> list:
@@ -41,6 +43,10 @@ class FSDPParam:
         self._regathered = None  # gathered again for the backward (reshard_after_forward)
         self.last_unsharded = lambda: None
         self.in_traced_forward = False  # a forward of its module is being traced (_module.py)
+        self.state = None  # its module's _FSDPState (_module.py)
+        self.twin = None  # where the prefetch stream gathers it (_prefetch.py), once configured
+        self._prefetched = None  # (Future of the gathered local piece, the sharded piece's versions)
+        self.saved_for_backward = False  # the last forward saved it for backward as a note (_reshard.py)
         self.is_shard_tensor = _C.is_shard_tensor(param)
         dp_placements = data_parallel_placements(dp_mesh)
         dp_root, dp_dims = root_and_dims(dp_mesh)
@@ -61,10 +67,12 @@ class FSDPParam:
                     f"{[dp_root.mesh_dim_names[d] if dp_root.mesh_dim_names else d for d in dp_dims]} "
                     f"(placements {list(self.unsharded_placements)} on {self.unsharded_mesh}); fully_shard shards "
                     f"parameters over mesh dims they are not laid out on")
-            self.mesh = mesh_of_dims(root, dims + dp_dims)
+            self.mesh_root, self.mesh_dims = root, dims + dp_dims
+            self.mesh = mesh_of_dims(root, self.mesh_dims)
             lead = list(self.unsharded_placements)
         else:
             self.unsharded_mesh, self.unsharded_placements, self.unsharded_sizes = None, (), {}
+            self.mesh_root, self.mesh_dims = dp_root, dp_dims
             self.mesh, lead = dp_mesh, []
         n = len(dp_placements)
         self.placements = tuple(lead + dp_placements)
@@ -80,14 +88,16 @@ class FSDPParam:
         self.sharded = nn.Parameter(sharded, requires_grad=param.requires_grad)
         self.sharded._fsdp_param = self
 
-    def _on_mesh(self, local: torch.Tensor, placements, sizes):
+    def _on_mesh(self, local: torch.Tensor, placements, sizes, mesh=None):
         # The sizes follow from the layout every rank shares: no agreement all-gather.
-        return from_local(local, self.mesh, placements, shape=self.shape, sharding_shapes=sizes, _trusted_sizes=True)
+        return from_local(local, self.mesh if mesh is None else mesh, placements, shape=self.shape, sharding_shapes=sizes,
+                          _trusted_sizes=True)
 
     # ---- the forward's parameter -------------------------------------------------------
     def unsharded(self) -> torch.Tensor:
         """The parameter as the module computes with it (plain, or a ShardTensor laid out as
         tensor parallelism left it), in the policy's param_dtype; differentiable."""
+        self.saved_for_backward = False
         out = _AllGather.apply(self.sharded, self)
         self.last_unsharded = weakref.ref(out)  # whether it is still held (tests, bench/fsdp_bench.py)
         return out
@@ -100,6 +110,50 @@ class FSDPParam:
                 self._regathered = self.gather(self.sharded)
         return self._regathered
 
+    def needs_regather(self) -> bool:
+        """Whether the running backward will gather it again and has not started to."""
+        return self.saved_for_backward and self._regathered is None and self._prefetched is None
+
+    # ---- prefetch (_prefetch.py) ---------------------------------------------------------
+    def _versions(self):
+        return self.sharded._version, self.sharded._local_tensor._version
+
+    def start_gather(self) -> None:
+        """Starts gathering the parameter on the prefetch stream, for the next gather() of it to
+        take; nothing if one is already under way."""
+        if self._prefetched is not None:
+            return
+        local, dtype, twin = self.sharded._local_tensor, self.mp_policy.param_dtype, self.twin
+
+        def gather_on_twin():
+            piece = local.to(dtype) if dtype is not None and dtype != local.dtype else local
+            sharded = self._on_mesh(piece, self.placements, self.sharded_sizes, twin)
+            gathered = sharded.redistribute(twin, self.gathered_placements).to_local()
+            return gathered.clone() if gathered.data_ptr() == local.data_ptr() else gathered
+
+        self._prefetched = (_prefetch.STREAM.submit(gather_on_twin), self._versions())
+        _prefetch.PENDING.add(self)
+
+    def discard_prefetch(self) -> None:
+        self._prefetched = None
+        _prefetch.PENDING.discard(self)
+
+    def _take_prefetched(self):
+        """The prefetched local piece, or None where none was started or the parameter changed
+        since (an optimizer step): then the caller gathers it now."""
+        if self._prefetched is None:
+            return None
+        future, versions = self._prefetched
+        self.discard_prefetch()
+        if versions != self._versions():
+            return None
+        began = time.perf_counter()
+        try:
+            return future.result()  # raises the stream's error (a peer that failed) here
+        finally:
+            _prefetch.STATISTICS.taken += 1
+            _prefetch.STATISTICS.waited_s += time.perf_counter() - began
+
     def gathered_in_graph(self) -> torch.Tensor:
         """The unsharded parameter as a forward that dynamo traces computes it (SimpleFSDP's
         form): the all-gather, and in the backward the reduce-scatter of the gradient terms
@@ -110,6 +164,9 @@ class FSDPParam:
         return self._unsharded_from(gathered.to_local(grad_placements=self.grad_placements))
 
     def gather(self, sharded: torch.Tensor) -> torch.Tensor:
+        prefetched = self._take_prefetched() if sharded is self.sharded else None
+        if prefetched is not None:
+            return self._unsharded_from(prefetched)
         local = self._in_param_dtype(sharded).redistribute(self.mesh, self.gathered_placements).to_local()
         if local.data_ptr() == self.sharded._local_tensor.data_ptr():  # one data-parallel rank: no copy was made
             local = local.clone()

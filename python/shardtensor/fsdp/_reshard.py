@@ -43,6 +43,7 @@ class _Regather:
     def __init__(self, param, start: int, t: torch.Tensor):
         local = _local(t)
         self.param = param
+        param.saved_for_backward = True  # what backward prefetch starts (_prefetch.py)
         self.size, self.stride = local.size(), local.stride()
         self.offset = local.storage_offset() - start
         self.layout = (t.device_mesh, t.placements, t.shape, t.shard_sizes()) if _C.is_shard_tensor(t) else None
