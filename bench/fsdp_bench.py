@@ -26,6 +26,10 @@ once, from torch's profiler's memory events) against issue 75's bar; and the sam
 foreach AdamW, whose step allocates one temporary the size of all parameter pieces (the fused
 kernel allocates none).
 
+Prefetch: shardtensor again, with FSDP2's explicit prefetch (each module's forward starts the
+next one's all-gathers, its backward the previous one's), in the same turns; and the share of
+the prefetched gathers' time its main thread computed through (the overlap).
+
 Compiled (FSDP x TP): the same step with the model under torch.compile (inductor), each program
 against itself eager, in turns: shardtensor eager and compiled, FSDP2 eager and compiled.
 shardtensor's all-gathers and reduce-scatters are traced with the tensor-parallel moves
@@ -47,6 +51,7 @@ from torch import nn
 
 import shardtensor as st
 from shardtensor import _dtensor_operands
+from shardtensor.fsdp import _prefetch
 from python_bench import time_in_turns
 
 _dtensor_operands.uninstall()  # torch's DTensor timed as torch ships it, without shardtensor's operand check
@@ -113,6 +118,17 @@ def step_fn(model, x, forward=None, implementation="fused"):
     return step
 
 
+def with_prefetch(model):
+    """FSDP2's explicit prefetch, as torchtitan configures it: each module's forward starts the
+    next one's all-gathers, its backward the previous one's."""
+    order = [model, *model.blocks]
+    for module, following in zip(order, order[1:]):
+        module.set_modules_to_forward_prefetch([following])
+    for module, preceding in zip([model, *reversed(model.blocks)], reversed(model.blocks)):
+        module.set_modules_to_backward_prefetch([preceding])
+    return model
+
+
 def peak_allocated_during(step) -> int:
     """The most bytes the CPU allocator held at once during `step` beyond what it held when the
     step began: torch's profiler records every allocation and free of the step (profile_memory),
@@ -163,13 +179,16 @@ def run(layout, size, mesh, tmesh, steps):
     torch.manual_seed(0)
     reference = Model(dim, hidden)
     ours, theirs = build(reference, layout, mesh, tmesh)
+    prefetching = with_prefetch(build(reference, layout, mesh, tmesh)[0])
     x = torch.randn(dp, BATCH, dim, generator=torch.Generator().manual_seed(1))[dp_rank]
-    ours_step, theirs_step = step_fn(ours, x), step_fn(theirs, x)
+    ours_step, theirs_step, prefetching_step = step_fn(ours, x), step_fn(theirs, x), step_fn(prefetching, x)
     with st.CommDebugMode() as comms:
         ours_step()
     theirs_step()
-    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
+    prefetching_step()
+    for (name, p), (_, q), (_, r) in zip(ours.named_parameters(), theirs.named_parameters(), prefetching.named_parameters()):
         torch.testing.assert_close(whole(p), whole(q), rtol=1e-3, atol=1e-4, msg=lambda m: f"{layout} {size} {name}: {m}")
+        torch.testing.assert_close(whole(r), whole(p), rtol=0, atol=0, msg=lambda m: f"{layout} {size} {name}, prefetch: {m}")
     sent = torch.tensor([comms.get_bytes()], dtype=torch.float64)
     dist.all_reduce(sent)
     param_bytes = sum(p.numel() * 4 for p in reference.parameters())
@@ -212,9 +231,18 @@ def run(layout, size, mesh, tmesh, steps):
     with torch.no_grad():
         largest = max(sum(_local_bytes(fp.gather(fp.sharded)) for fp in m._fsdp_state.params)
                       for m in [ours, *ours.blocks])
-    ours_ms, theirs_ms = time_in_turns([ours_step, theirs_step], steps)
+    stats = _prefetch.STATISTICS
+    gathers, gather_s, waited_s = stats.gathers, stats.gather_s, stats.waited_s
+    ours_ms, theirs_ms, prefetching_ms = time_in_turns([ours_step, theirs_step, prefetching_step], steps)
+    _prefetch.STREAM.drain()
+    # The share of the prefetched gathers' time the main thread computed through instead of
+    # waiting for them to finish; the smallest over the ranks.
+    overlap = 1 - (stats.waited_s - waited_s) / (stats.gather_s - gather_s)
+    prefetch_overlap = -_largest_over_ranks([-overlap])[0].item()
     return dict(layout=layout, size=size, dim=dim, hidden=hidden, dp=dp, tp=tp, shardtensor_ms=ours_ms.json(),
                 torch_ms=theirs_ms.json(), ratio=float(ours_ms) / float(theirs_ms), bytes_sent=int(sent.item()),
+                prefetch_ms=prefetching_ms.json(), prefetch_gathers=(stats.gathers - gathers) // (steps + 3),
+                prefetch_overlap=prefetch_overlap,
                 bytes_fewest=fewest, padded_parameter_bytes=padded_bytes, parameter_bytes=param_bytes,
                 held_bytes=held, peak_bytes=peak, torch_peak_bytes=theirs_peak, peak_without_optimizer=peak_without_optimizer,
                 peak_foreach_bytes=peak_foreach,
@@ -277,16 +305,17 @@ def main():
         print("| layout | size | shardtensor ms | torch FSDP2 ms | shardtensor / FSDP2 | bytes sent (all ranks) | "
               "fewest | FSDP2's padded parameter bytes / parameter bytes | held per rank / one process's | "
               "unsharded bytes after forward / largest module's | peak during a step | forward and backward alone | "
-              "FSDP2's peak | bar | peak with foreach AdamW |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "FSDP2's peak | bar | peak with foreach AdamW | shardtensor with prefetch ms | prefetched gathers per step | overlap |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            a, b = r["shardtensor_ms"], r["torch_ms"]
+            a, b, c = r["shardtensor_ms"], r["torch_ms"], r["prefetch_ms"]
             print(f"| {r['layout']} (dp {r['dp']}, tp {r['tp']}) | {r['size']}: dim {r['dim']}, hidden {r['hidden']} "
                   f"| {a['min']:.1f} / {a['median']:.1f} / {a['max']:.1f} | {b['min']:.1f} / {b['median']:.1f} / {b['max']:.1f} "
                   f"| {r['ratio']:.2f} | {r['bytes_sent']:,} | {r['bytes_fewest']:,} "
                   f"| {r['padded_parameter_bytes'] / r['parameter_bytes']:.4f} | {r['held_bytes'] / r['one_process_bytes']:.4f} "
                   f"| {r['unsharded_after_forward']:,} / {r['largest_module_unsharded']:,} | {r['peak_bytes']:,} "
-                  f"| {r['peak_without_optimizer']:,} | {r['torch_peak_bytes']:,} | {peak_bar(r):,.0f} | {r['peak_foreach_bytes']:,} |")
+                  f"| {r['peak_without_optimizer']:,} | {r['torch_peak_bytes']:,} | {peak_bar(r):,.0f} | {r['peak_foreach_bytes']:,} "
+                  f"| {c['min']:.1f} / {c['median']:.1f} / {c['max']:.1f} | {r['prefetch_gathers']} | {r['prefetch_overlap']:.2f} |")
         print(f"\nFSDP x TP (dp 2, tp 2) under torch.compile (inductor), ms of the slowest rank, median of {args.steps} steps")
         print("| size | shardtensor eager | shardtensor compiled | compiled / eager | FSDP2 eager | FSDP2 compiled | compiled / eager |")
         print("|---|---|---|---|---|---|---|")
