@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace c10d {
@@ -97,6 +99,14 @@ class DeviceMesh {
   // Raises outside the mesh.
   DeviceMesh submesh(int64_t mesh_dim) const;
   DeviceMesh submesh(const std::string& dim_name) const;
+  // For a submesh: the mesh it was taken from and which dim of it; nullopt otherwise.
+  std::optional<std::pair<DeviceMesh, int64_t>> parent() const;
+  // The mesh of this mesh's dims `dims`, in that order, through this rank (the other dims at
+  // this rank's coordinate), over this mesh's groups per dim: dims {1, 0} of a ("dp", "tp")
+  // mesh is the ("tp", "dp") mesh fully_shard nests data parallelism in. Unless `dims` is every
+  // dim in order (this mesh), it has no mesh-wide group: moves that cross one dim at a time run
+  // on it, mesh_comm() raises. Raises outside the mesh.
+  DeviceMesh of_dims(const std::vector<int64_t>& dims) const;
 
   const std::string& device_type() const;
   // The device of this rank's local tensors: cpu, or on a "cuda" mesh cuda:LOCAL_RANK (modulo

@@ -28,6 +28,8 @@
 //   par::parallelize_module(*mlp, mesh, {{"up", par::ColwiseParallel()}, {"down", par::RowwiseParallel()}});
 //   at::Tensor y = mlp(x);  // x: the whole input on every rank; y: one process's value, replicated
 //
+// fully_shard (namespace fsdp, below) adds sharded data parallelism on another mesh dim.
+//
 // Parameters a style leaves whole stay plain tensors, with rank 0's values copied into them: they
 // count as Replicate beside ShardTensors, and their gradients come back plain, equal to one
 // process's (dispatch.h, set_implicit_replication).
@@ -37,6 +39,7 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 
 #include <functional>
@@ -206,4 +209,79 @@ DistributedModule parallelize_module(ModuleType module, const DeviceMesh& mesh, 
 }
 
 }  // namespace parallel
+
+// Sharded data parallelism: FSDP2's fully_shard for torch::nn modules, with the meanings of
+// shardtensor.fsdp.fully_shard in Python. Each parameter of the module becomes a ShardTensor
+// split on dim 0 over the data-parallel mesh (nested inside what tensor parallelism gave it),
+// on any sizes, unevenly, without padding; a call of the module all-gathers them for its
+// forward, and backward reduce-scatters each gradient, averaged over the data-parallel ranks.
+// Between calls parameters(), optimizers and checkpoints see the sharded ShardTensors.
+//
+//   namespace fsdp = shardtensor::fsdp;
+//   torch::nn::Sequential net(Block(), Block(), torch::nn::Linear(64, 10));
+//   par::parallelize_module(*net, mesh.submesh("tp"), plan);   // optional, before fully_shard
+//   fsdp::fully_shard(*net, mesh.submesh("dp"), "0");           // each block, in place
+//   fsdp::fully_shard(*net, mesh.submesh("dp"), "1");
+//   fsdp::FSDPModule model = fsdp::fully_shard(net, mesh.submesh("dp"));  // the root: the rest
+//   at::Tensor loss = model(x).pow(2).mean();  // x: this data-parallel rank's batch
+//
+// As with parallelize_module, a C++ forward has no hooks, so the gathers happen where the module
+// is called through shardtensor: the FSDPModule fully_shard returns, or a Sequential entry a
+// path names (its registered child and parameter names stay).
+namespace fsdp {
+
+// FSDP2's MixedPrecisionPolicy: the forward computes in param_dtype (the gather moves it),
+// gradients are reduced in reduce_dtype (default: param_dtype), the output is cast to
+// output_dtype; the sharded parameters keep their dtype, which optimizers step.
+struct MixedPrecisionPolicy {
+  std::optional<c10::ScalarType> param_dtype;
+  std::optional<c10::ScalarType> reduce_dtype;
+  std::optional<c10::ScalarType> output_dtype;
+};
+
+struct FullyShardOptions {
+  // true: the unsharded parameters are not kept from the forward to the backward: their memory
+  // is freed when the forward returns and gathered again when the backward of the module's
+  // output begins (FSDP2 frees and refills the same storage, and so does this). So the module's
+  // backward must start from its output, as it does for a module whose forward returns it.
+  bool reshard_after_forward = true;
+  MixedPrecisionPolicy mp_policy;
+};
+
+// A module called through fully_shard's gathers: forward(x) gathers the parameters it manages,
+// runs the module, and puts the sharded parameters back. The wrapped module is its child
+// "module", except inside a Sequential that fully_shard(root, mesh, path) rewired.
+class FSDPModuleImpl : public torch::nn::Module {
+ public:
+  struct State;
+  using Call = std::function<at::Tensor(const at::Tensor&)>;
+  FSDPModuleImpl(std::shared_ptr<torch::nn::Module> module, Call call, std::shared_ptr<State> state, bool register_child = true);
+  at::Tensor forward(const at::Tensor& input);
+  torch::nn::Module& module() { return *module_; }
+  void set_reshard_after_forward(bool reshard_after_forward);
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  Call call_;  // the module's forward
+  std::shared_ptr<State> state_;
+};
+TORCH_MODULE(FSDPModule);
+
+// Shards every parameter of `module` that no earlier fully_shard call took: over `mesh`, 1-D
+// (FSDP: Shard(0)) or 2-D (HSDP: (Replicate(), Shard(0))). A parameter that is a ShardTensor
+// already (tensor parallelism) must lie on another dim of the mesh `mesh` is a dim of
+// (mesh.submesh("tp") beside mesh.submesh("dp")). Returns the module called through the gathers.
+FSDPModule fully_shard(torch::nn::AnyModule module, const DeviceMesh& mesh, FullyShardOptions options = {});
+// A Sequential (which AnyModule cannot hold: its forward is a template), called as forward(x).
+FSDPModule fully_shard(torch::nn::Sequential module, const DeviceMesh& mesh, FullyShardOptions options = {});
+template <typename ModuleType>  // a ModuleHolder (torch::nn::Linear) or a std::shared_ptr to a module
+FSDPModule fully_shard(ModuleType module, const DeviceMesh& mesh, FullyShardOptions options = {}) {
+  return fully_shard(torch::nn::AnyModule(std::move(module)), mesh, std::move(options));
+}
+// The same for each entry of a Sequential that `path` names in `root` (a dotted path of globs,
+// as parallelize_module's plans), in place: the Sequential calls the entry through its gathers.
+// A path that names no Sequential entry raises.
+void fully_shard(torch::nn::Module& root, const DeviceMesh& mesh, const std::string& path, FullyShardOptions options = {});
+
+}  // namespace fsdp
 }  // namespace shardtensor

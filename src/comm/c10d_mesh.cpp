@@ -28,8 +28,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <functional>
 #include <mutex>
+#include <numeric>
 #include <random>
+#include <tuple>
 
 #include "comm/c10d_comm.h"
 #include "shardtensor/mesh_over_groups.h"
@@ -413,6 +416,72 @@ DeviceMesh mesh_over_process_groups(std::vector<int64_t> shape, std::vector<int6
                                  resolve_backend(options), options.timeout, build_mesh_group_through);
   }
   return DeviceMesh(std::move(impl));
+}
+
+DeviceMesh DeviceMesh::of_dims(const std::vector<int64_t>& dims) const {
+  std::vector<int64_t> all(static_cast<size_t>(ndim()));
+  for (size_t d = 0; d < all.size(); ++d) all[d] = static_cast<int64_t>(d);
+  if (dims == all) return *this;
+  check_includes_this_rank("has no slice of it to take");
+  // One mesh (and mesh-wide group) per mesh and dims, made once: every parameter fully_shard
+  // nests in the same dims asks for it.
+  static std::mutex cache_mutex;
+  static std::vector<std::tuple<std::shared_ptr<const Impl>, std::vector<int64_t>, DeviceMesh>> cache;
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    for (const auto& [root, root_dims, mesh] : cache)
+      if (root == impl_ && root_dims == dims) return mesh;
+  }
+  std::vector<bool> seen(all.size(), false);
+  for (int64_t d : dims) {
+    size(d);  // range check
+    TORCH_CHECK(!seen[static_cast<size_t>(d)], "DeviceMesh::of_dims: dim ", d, " appears twice in [", join(dims, ", "), "]");
+    seen[static_cast<size_t>(d)] = true;
+  }
+  std::vector<int64_t> shape, ranks;
+  std::vector<std::string> names;
+  for (int64_t d : dims) {
+    shape.push_back(impl_->shape[d]);
+    if (!impl_->dim_names.empty()) names.push_back(impl_->dim_names[d]);
+  }
+  std::vector<int64_t> coordinate = impl_->coordinate;
+  const int64_t count = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+  for (int64_t position = 0; position < count; ++position) {  // row-major over `dims`
+    int64_t rest = position;
+    for (size_t i = dims.size(); i-- > 0;) {
+      coordinate[dims[i]] = rest % impl_->shape[dims[i]];
+      rest /= impl_->shape[dims[i]];
+    }
+    ranks.push_back(rank_at(coordinate));
+  }
+  auto out = make_mesh_topology(std::move(shape), std::move(ranks), std::move(names), impl_->rank, world_env().world_size);
+  out->device_type = impl_->device_type;
+  out->device = impl_->device;
+  out->timeout = impl_->timeout;
+  if (has_comms()) {
+    for (int64_t d : dims) out->comms.push_back(impl_->comms[d]);
+    if (dims.size() == 1) {
+      out->mesh_comm = impl_->comms[dims[0]];
+    } else {
+      // Named by the layout and how many times this process built it: the mesh's ranks build
+      // the same layouts in one order, as every mesh's groups are built.
+      static std::map<std::vector<int64_t>, int64_t> built;
+      int64_t n;
+      {
+        std::lock_guard<std::mutex> lock(cache_mutex);
+        n = built[out->ranks]++;
+      }
+      MeshOptions options;
+      options.device_type = impl_->device_type;
+      options.timeout = impl_->timeout;
+      out->mesh_comm = make_group(out->ranks, impl_->rank, "shardtensor/of_dims/" + join(out->ranks, ",") + "/" +
+                                  std::to_string(n) + "/", resolve_backend(options), impl_->timeout);
+    }
+  }
+  DeviceMesh mesh(std::move(out));
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  cache.emplace_back(impl_, dims, mesh);
+  return mesh;
 }
 
 bool built_with_nccl() {

@@ -187,12 +187,21 @@ DeviceMesh DeviceMesh::submesh(int64_t mesh_dim) const {
     sub->mesh_comm = impl_->comms[mesh_dim];  // a 1-D mesh's whole group is its one dim's group
   }
   sub->device_type = impl_->device_type;
+  sub->device = impl_->device;
   sub->timeout = impl_->timeout;
   sub->hash = layout_hash(sub->shape, sub->ranks);
+  sub->parent = impl_;
+  sub->parent_dim = mesh_dim;
   return DeviceMesh(std::move(sub));
 }
 
 DeviceMesh DeviceMesh::submesh(const std::string& dim_name) const { return submesh(mesh_dim(dim_name)); }
+
+std::optional<std::pair<DeviceMesh, int64_t>> DeviceMesh::parent() const {
+  if (!impl_->parent) return std::nullopt;
+  return std::make_pair(DeviceMesh(impl_->parent), impl_->parent_dim);
+}
+
 
 namespace {
 CommHandOut comm_hand_out = nullptr;  // set_comm_hand_out

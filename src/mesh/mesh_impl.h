@@ -21,6 +21,8 @@ struct DeviceMesh::Impl {
   c10::Device device = c10::Device(c10::kCPU);  // where this rank's local tensors live
   std::chrono::milliseconds timeout{0};
   size_t hash = 0;
+  std::shared_ptr<const Impl> parent;  // what submesh() took this mesh from (null otherwise)
+  int64_t parent_dim = -1;             // ... and which of its dims this mesh is
 };
 
 // Validates the layout (shape positive, ranks distinct ranks of the world, names unique;

@@ -55,12 +55,7 @@ std::vector<std::string> child_names(const torch::nn::Module& module) {
   return names;
 }
 
-// The submodules a plan path names, with each one's parent (nullptr for the root) and, where it
-// names nothing, what was there to match.
-struct Resolved {
-  std::vector<std::pair<torch::nn::Module*, std::shared_ptr<torch::nn::Module>>> modules;  // (parent, module)
-  std::vector<std::string> misses;
-};
+using Resolved = nn_detail::ResolvedPath;
 
 Resolved resolve(torch::nn::Module& root, const std::string& path) {
   std::vector<std::pair<torch::nn::Module*, std::shared_ptr<torch::nn::Module>>> found = {{nullptr, root.shared_from_this()}};
@@ -119,6 +114,18 @@ void replace_parameter(torch::nn::Module& module, const std::string& name, at::T
 }
 
 namespace nn_detail {
+
+ResolvedPath resolve_path(torch::nn::Module& root, const std::string& path) { return resolve(root, path); }
+
+bool has_known_member(torch::nn::Module& module, const std::string& name) { return member_holding(module, name) != nullptr; }
+
+void set_parameter_slot(torch::nn::Module& module, const std::string& name, const at::Tensor& value) {
+  at::Tensor* slot = ParameterSlots::of(module).find(name);
+  at::Tensor* member = member_holding(module, name);
+  TORCH_CHECK(slot != nullptr && member != nullptr, "internal: ", module.name(), " has no swappable parameter '", name, "'");
+  *slot = value;
+  *member = value;
+}
 
 void replicate_plain_parameters(torch::nn::Module& module, const DeviceMesh& mesh) {
   const Placements replicate(static_cast<size_t>(mesh.ndim()), Replicate());
