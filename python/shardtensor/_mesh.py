@@ -305,6 +305,9 @@ def shutdown() -> None:
     """At exit: drop shardtensor's references to process groups, and destroy the default group if
     shardtensor created it (a program that created its own destroys it itself)."""
     global _made_last
+    prefetch = sys.modules.get("shardtensor.fsdp._prefetch")  # loaded only if fully_shard was
+    if prefetch is not None:
+        prefetch.shutdown()
     _BY_CPP.clear()
     _OF_DIMS.clear()
     _made_last = None

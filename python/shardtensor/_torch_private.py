@@ -95,6 +95,10 @@ REACHES = (
     # ---- torch's data parallelism refuses ShardTensor parameters clearly (_data_parallel_guards.py) ----
     Reach("torch.distributed.fsdp._fully_shard._fsdp_init._get_managed_states", "patched", "_data_parallel_guards",
           "torch's FSDP2 would fail deep inside on a ShardTensor parameter; the error names shardtensor's"),
+    # ---- fully_shard's prefetch (fsdp/_module.py) ----
+    Reach("torch.autograd.Variable._execution_engine.queue_callback", "called", "fsdp._module",
+          "runs when the running backward ends, where prefetched gathers nobody took are let go (FSDP2's own "
+          "post-backward is queued the same way)"),
     # ---- DTensor interoperation ----
     Reach("torch.distributed.device_mesh._mesh_resources.mesh_stack", "called", "_mesh",
           "`with mesh:` pushes onto torch's mesh stack (DeviceMesh.__enter__); a call that names no mesh means its "

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from .._mesh import DeviceMesh, mesh_of_dims
+from .._mesh import DeviceMesh, collective_timeout_s, mesh_of_dims
 
 
 class PrefetchStatistics:
@@ -149,3 +149,11 @@ def _twin_root(root: DeviceMesh) -> DeviceMesh:
 def twin_mesh(root: DeviceMesh, dims) -> DeviceMesh:
     """The mesh of `root`'s dims `dims` (as mesh_of_dims) over the twin's process groups."""
     return mesh_of_dims(_twin_root(root), dims)
+
+
+def shutdown() -> None:
+    """At exit (shardtensor's shutdown, before it releases the communicators): waits, at most
+    the collective timeout, for gathers still on the stream, and lets go of the twin meshes."""
+    STREAM.drain(timeout=collective_timeout_s())
+    discard_pending()
+    _TWIN_ROOTS.clear()
