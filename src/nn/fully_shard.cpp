@@ -223,7 +223,8 @@ at::Tensor reduce(const Param& p, const FullyShardOptions& options, at::Tensor g
     }
     grad = to_local(grad);
   }
-  grad = grad.to(options.mp_policy.reduce_dtype.value_or(p.sharded.scalar_type())).contiguous();
+  const MixedPrecisionPolicy& policy = options.mp_policy;  // FSDP2's default: reduce in param_dtype
+  grad = grad.to(policy.reduce_dtype.value_or(policy.param_dtype.value_or(p.sharded.scalar_type()))).contiguous();
   const at::Tensor terms = from_local(grad, p.mesh, p.grad_placements, ShardSizing::trusted(p.unsharded_sizes));
   return redistribute(terms, p.mesh, p.placements, sizes_or_none(p.sharded_sizes)).to(p.sharded.scalar_type());
 }

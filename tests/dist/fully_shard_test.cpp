@@ -178,6 +178,27 @@ TEST(FullyShard, MixedPrecisionGathersAndComputesInParamDtype) {
     EXPECT_EQ(p.scalar_type(), torch::kDouble) << named.key() << ": the sharded parameter keeps its dtype";
     EXPECT_TRUE(torch::allclose(full_tensor(p.grad()), named.value().grad().to(torch::kDouble), 1e-4, 1e-6)) << named.key();
   }
+  // Without reduce_dtype the gradients are reduced in param_dtype (FSDP2's default): the
+  // backward's reduce-scatters (no gathers: reshard_after_forward off) send half the bytes.
+  std::vector<double> sent;
+  for (bool reduce_in_double : {true, false}) {
+    fsdp::FullyShardOptions o;
+    o.reshard_after_forward = false;
+    o.mp_policy.param_dtype = torch::kFloat;
+    if (reduce_in_double) o.mp_policy.reduce_dtype = torch::kDouble;
+    fsdp::FSDPModule m = fsdp::fully_shard(make_mlp(27), mesh, o);
+    const at::Tensor out = m->forward(data[static_cast<size_t>(mesh.coordinate()[0])]);
+    CommDebugMode comms;
+    out.pow(2).mean().backward();
+    sent.push_back(static_cast<double>(comms.bytes()));
+  }
+  at::Tensor all = at::tensor(sent, torch::kDouble);
+  mesh.comm(0).all_reduce(all, ReduceOp::Sum);
+  int64_t elements = 0;
+  for (const at::Tensor& p : single->parameters()) elements += p.numel();
+  const double n = static_cast<double>(mesh.size() - 1);
+  EXPECT_EQ(all[0].item<double>(), n * static_cast<double>(elements) * 8);
+  EXPECT_EQ(all[1].item<double>(), n * static_cast<double>(elements) * 4);
 }
 
 namespace {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 # The collective timeout of these tests' ranks (run_ranks(..., env=FAULT_ENV)): shorter than
 # ranks.py's, since a survivor of a stopped peer waits it out, and nothing else waits on it: the
@@ -26,7 +27,10 @@ def fail(out_dir: str, fault: str) -> None:
     if fault == "stops":  # until rank 0 has its report; then it leaves
         with open(os.path.join(out_dir, "stopped.pid"), "w") as f:
             f.write(str(os.getpid()))
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # To this thread, not the process: a process-directed SIGSTOP may be taken by another
+        # thread (the main one, when a background thread fails), and the caller would run on
+        # into os._exit before the stop reached it: the rank would die, not stop.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     os._exit(0)  # the parent checks the other ranks' reports, not this exit code
 
 

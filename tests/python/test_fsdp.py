@@ -210,7 +210,8 @@ def test_fsdp_with_domain_parallelism():
 
 def mixed_precision_body(rank, world_size):
     """param_dtype=bf16, reduce_dtype=fp32: the forward computes in bf16 like one process's
-    model cast to bf16, gradients are reduced in fp32 and the fp32 parameters step."""
+    model cast to bf16, gradients are reduced in fp32 and the fp32 parameters step; without
+    reduce_dtype they are reduced in bf16 (FSDP2's default)."""
     import shardtensor as st
     from shardtensor.fsdp import MixedPrecisionPolicy
 
@@ -235,6 +236,21 @@ def mixed_precision_body(rank, world_size):
             expected[name] += q.grad.float() / world_size
     for name, p in model.named_parameters():
         assert_close(p.grad.full_tensor(), expected[name], f"bf16 gradient of {name}", rtol=1e-5, atol=1e-6)
+
+    # reduce_dtype None reduces in param_dtype, as FSDP2 does: the backward's reduce-scatters
+    # (no gathers: reshard_after_forward off) send half the bytes of an fp32 reduction.
+    sent = []
+    for policy in (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+                   MixedPrecisionPolicy(param_dtype=torch.bfloat16)):
+        model = _wrap(copy.deepcopy(reference), mesh, mp_policy=policy, reshard_after_forward=False)
+        out = model(batches[0][rank])
+        with st.CommDebugMode() as comms:
+            out.float().pow(2).mean().backward()
+        sent.append(comms.get_bytes())
+    sent = torch.tensor(sent, dtype=torch.float64)
+    torch.distributed.all_reduce(sent)
+    elements = sum(p.numel() for p in reference.parameters())
+    assert sent.tolist() == [(world_size - 1) * elements * 4, (world_size - 1) * elements * 2], sent.tolist()
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

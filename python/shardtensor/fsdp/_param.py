@@ -199,7 +199,8 @@ class FSDPParam:
             else:  # a plain weight used on ShardTensor activations (PhysicsNeMo's recipe)
                 grad = grad.redistribute(grad.device_mesh, [Replicate()] * grad.device_mesh.ndim)
             grad = grad.to_local()
-        reduce_dtype = self.mp_policy.reduce_dtype or self.sharded.dtype
+        # FSDP2's default: reduce in param_dtype (as the traced backward does), else the parameter's.
+        reduce_dtype = self.mp_policy.reduce_dtype or self.mp_policy.param_dtype or self.sharded.dtype
         grad = grad.to(reduce_dtype)
         if self.pending_grad is not None:
             grad = grad + self.pending_grad
