@@ -132,7 +132,12 @@ Param make_param(std::string fqn, std::vector<std::pair<torch::nn::Module*, std:
 
 // The parameters of `module`'s subtree no fully_shard call manages yet, each with its owners.
 std::vector<Param> take_parameters(torch::nn::Module& module, const DeviceMesh& mesh) {
-  std::vector<std::pair<at::Tensor, std::pair<std::string, std::vector<std::pair<torch::nn::Module*, std::string>>>>> found;
+  struct Found {
+    at::Tensor tensor;
+    std::string fqn;
+    std::vector<std::pair<torch::nn::Module*, std::string>> owners;
+  };
+  std::vector<Found> found;
   for (const auto& named : module.named_modules()) {
     torch::nn::Module& owner = *named.value();
     for (const auto& p : owner.named_parameters(/*recurse=*/false)) {
@@ -146,15 +151,15 @@ std::vector<Param> take_parameters(torch::nn::Module& module, const DeviceMesh& 
                         "module given to fully_shard");
       TORCH_CHECK_VALUE(t.dim() > 0, "fully_shard: parameter '", fqn, "' is a scalar; FSDP shards dim 0 (make it a 1-D "
                         "tensor of one element)");
-      auto same = std::find_if(found.begin(), found.end(), [&](const auto& f) { return f.first.is_same(t); });
-      if (same != found.end()) same->second.second.emplace_back(&owner, p.key());
-      else found.push_back({t, {fqn, {{&owner, p.key()}}}});
+      auto tied = std::find_if(found.begin(), found.end(), [&](const Found& f) { return f.tensor.is_same(t); });
+      if (tied != found.end()) tied->owners.emplace_back(&owner, p.key());
+      else found.push_back({t, fqn, {{&owner, p.key()}}});
     }
   }
   std::vector<Param> params;
   params.reserve(found.size());
-  for (auto& [t, named] : found) params.push_back(make_param(named.first, std::move(named.second), t, mesh));
-  for (Param& p : params) {
+  for (Found& f : found) params.push_back(make_param(std::move(f.fqn), std::move(f.owners), f.tensor, mesh));
+  for (const Param& p : params) {
     for (const auto& [owner, name] : p.owners) nn_detail::set_parameter_slot(*owner, name, p.sharded);
     managed().add(p.sharded);
   }

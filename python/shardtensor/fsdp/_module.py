@@ -108,8 +108,6 @@ def _prefetch_targets(modules, call: str) -> list:
 class _FSDPState:
     def __init__(self, params: list[FSDPParam], reshard_after_forward, mp_policy):
         self.params, self.mp_policy = params, mp_policy
-        for p in params:
-            p.state = self
         self.reshard_after_forward = reshard_after_forward
         self.explicitly_unsharded = False
         self.pending_unshard = None  # unshard(async_op=True)'s handle until waited on

@@ -43,7 +43,6 @@ class FSDPParam:
         self._regathered = None  # gathered again for the backward (reshard_after_forward)
         self.last_unsharded = lambda: None
         self.in_traced_forward = False  # a forward of its module is being traced (_module.py)
-        self.state = None  # its module's _FSDPState (_module.py)
         self.twin = None  # where the prefetch stream gathers it (_prefetch.py), once configured
         self._prefetched = None  # (Future of the gathered local piece, the sharded piece's versions)
         self.saved_for_backward = False  # the last forward saved it for backward as a note (_reshard.py)
