@@ -15,6 +15,32 @@ from ranks import run_ranks
 from test_fsdp import MLP, _batches
 
 
+def _step_armed_and_report(rank, out_dir, fault, model, forward, x, arm):
+    """The protocol of these tests: one healthy step (over on every rank before the fault, as in
+    test_compile_traced.py), then `arm()` and the step again; each rank reports how long it took,
+    whether its parameters kept their values, and what it raised."""
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    forward(x).pow(2).mean().backward()
+    opt.step()
+    torch.distributed.barrier()
+    before = [p.detach().full_tensor().clone() for p in model.parameters()]
+    torch.distributed.barrier()
+
+    arm()
+    started = time.monotonic()
+    outcome = "no error"
+    try:
+        opt.zero_grad()
+        forward(x).pow(2).mean().backward()
+        torch.distributed.barrier()  # a survivor whose own moves completed learns of the fault here
+        opt.step()
+    except Exception as error:  # noqa: BLE001 - the kind is torch's, shardtensor's or a graph operator's
+        outcome = f"raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    took = time.monotonic() - started
+    unchanged = all(torch.equal(p.detach()._local_tensor, _local_of(p, b)) for p, b in zip(model.parameters(), before))
+    report_and_leave(out_dir, rank, fault, f"{took:.1f}", int(unchanged), outcome)
+
+
 def fails_in_step_body(rank, world_size, out_dir, fault, where):
     import shardtensor as st
     from shardtensor.fsdp import _param, fully_shard
@@ -35,28 +61,8 @@ def fails_in_step_body(rank, world_size, out_dir, fault, where):
         return real(self, *args)
 
     setattr(_param.FSDPParam, method, failing)  # in this rank's process only
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     x = _batches(2)[0][mesh.get_coordinate()[0]]
-    model(x).pow(2).mean().backward()  # one healthy step first
-    opt.step()
-    torch.distributed.barrier()  # over on every rank before the fault (as in test_compile_traced.py)
-    before = [p.detach().full_tensor().clone() for p in model.parameters()]
-    torch.distributed.barrier()
-
-    armed[0] = True
-    started = time.monotonic()
-    outcome = "no error"
-    try:
-        opt.zero_grad()
-        model(x).pow(2).mean().backward()
-        torch.distributed.barrier()  # a survivor whose own moves completed learns of the death here
-        opt.step()
-    except Exception as error:  # noqa: BLE001 - the kind is torch's or shardtensor's
-        outcome = f"raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
-    took = time.monotonic() - started
-    unchanged = all(torch.equal(p.detach()._local_tensor, b) for p, b in
-                    zip(model.parameters(), (_local_of(p, b) for p, b in zip(model.parameters(), before))))
-    report_and_leave(out_dir, rank, fault, f"{took:.1f}", int(unchanged), outcome)
+    _step_armed_and_report(rank, out_dir, fault, model, model, x, lambda: armed.__setitem__(0, True))
 
 
 def _local_of(p, whole):
@@ -88,28 +94,14 @@ def fails_before_compiled_step_body(rank, world_size, out_dir, fault):
     model = parallelize_module(MLP(27), mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
     fully_shard(model.w1, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # the healthy step compiles it
     x = _batches(2)[0][mesh.get_coordinate()[0]]
-    compiled(x).pow(2).mean().backward()  # one healthy step, which also compiles
-    opt.step()
-    torch.distributed.barrier()
-    before = [p.detach().full_tensor().clone() for p in model.parameters()]
-    torch.distributed.barrier()
-    if rank == world_size - 1:
-        fail(out_dir, fault)
-    started = time.monotonic()
-    outcome = "no error"
-    try:
-        opt.zero_grad()
-        compiled(x).pow(2).mean().backward()
-        torch.distributed.barrier()
-        opt.step()
-    except Exception as error:  # noqa: BLE001 - the kind is what the graph's operator raised
-        outcome = f"raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
-    took = time.monotonic() - started
-    unchanged = all(torch.equal(p.detach()._local_tensor, _local_of(p, b)) for p, b in zip(model.parameters(), before))
-    report_and_leave(out_dir, rank, fault, f"{took:.1f}", int(unchanged), outcome)
+
+    def arm():
+        if rank == world_size - 1:
+            fail(out_dir, fault)
+
+    _step_armed_and_report(rank, out_dir, fault, model, compiled, x, arm)
 
 
 @pytest.mark.parametrize("fault", ["dies", "stops"])
@@ -144,27 +136,8 @@ def fails_in_prefetch_body(rank, world_size, out_dir, fault):
         return real(gather if rank == world_size - 1 else fn)
 
     _prefetch.STREAM.submit = failing_submit
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     x = _batches(2)[0][mesh.get_coordinate()[0]]
-    model(x).pow(2).mean().backward()  # one healthy step first
-    opt.step()
-    torch.distributed.barrier()
-    before = [p.detach().full_tensor().clone() for p in model.parameters()]
-    torch.distributed.barrier()
-
-    armed[0] = True
-    started = time.monotonic()
-    outcome = "no error"
-    try:
-        opt.zero_grad()
-        model(x).pow(2).mean().backward()
-        torch.distributed.barrier()
-        opt.step()
-    except Exception as error:  # noqa: BLE001 - the kind is shardtensor's
-        outcome = f"raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
-    took = time.monotonic() - started
-    unchanged = all(torch.equal(p.detach()._local_tensor, _local_of(p, b)) for p, b in zip(model.parameters(), before))
-    report_and_leave(out_dir, rank, fault, f"{took:.1f}", int(unchanged), outcome)
+    _step_armed_and_report(rank, out_dir, fault, model, model, x, lambda: armed.__setitem__(0, True))
 
 
 @pytest.mark.parametrize("fault", ["dies", "stops"])
